@@ -1,0 +1,18 @@
+"""`python -m agent ...`: one agent process. Exit 0 when every hosted worker returned, 1 when one raised."""
+
+from __future__ import annotations
+
+import sys
+
+from agent.config import parse_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    from agent.runtime import run_agent
+
+    return run_agent(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Everything an agent process needs to know to start, parsed from its command line."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from agent.layout import hosted_ranks
+
+
+@dataclass(slots=True)
+class AgentConfig:
+    script: str                 # path of the user's script
+    func: str | None            # name of the @elastic function; None = the only one in the script
+    workers: int                # N logical workers
+    rank: int                   # physical rank p of M
+    world: int                  # M physical agents
+    device_type: str = "cpu"    # "cpu" or "cuda"
+    device_index: int = 0       # CUDA ordinal on this node (ignored on CPU)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    job_id: str = "local"
+    control: str | None = None  # ZeroMQ endpoint of the node daemon; None = NullControl
+    error_file: str | None = None  # where a failing agent writes its error as JSON
+    threads: int = 0            # torch intra-op threads; 0 = share the machine's cores between agents
+
+    @property
+    def hosted(self) -> list[int]:
+        return hosted_ranks(self.workers, self.world, self.rank)
+
+    def to_argv(self) -> list[str]:
+        """The command line that `python -m agent` parses back into this config."""
+        argv = [
+            "--script", self.script, "--workers", str(self.workers), "--rank", str(self.rank),
+            "--world", str(self.world), "--device-type", self.device_type,
+            "--device-index", str(self.device_index), "--master-addr", self.master_addr,
+            "--master-port", str(self.master_port), "--job-id", self.job_id, "--threads", str(self.threads),
+        ]
+        if self.func:
+            argv += ["--func", self.func]
+        if self.control:
+            argv += ["--control", self.control]
+        if self.error_file:
+            argv += ["--error-file", self.error_file]
+        return argv
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    p = argparse.ArgumentParser(prog="python -m agent", description="elasticd agent: one per (job, device)")
+    p.add_argument("--script", required=True)
+    p.add_argument("--func", default=None)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--device-type", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device-index", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--job-id", default="local")
+    p.add_argument("--control", default=None)
+    p.add_argument("--error-file", default=None)
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args(argv)
+    cfg = AgentConfig(
+        script=a.script, func=a.func, workers=a.workers, rank=a.rank, world=a.world,
+        device_type=a.device_type, device_index=a.device_index, master_addr=a.master_addr,
+        master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
+        threads=a.threads,
+    )
+    cfg.hosted  # validates the layout early, with a clear ValueError
+    return cfg

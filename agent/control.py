@@ -1,0 +1,65 @@
+"""The agent's channel to whoever launched it (the local launcher or a node daemon).
+
+The runtime only sees this interface. `NullControl` is used by `elasticd run` and standalone runs
+(progress goes to stdout); the node daemon passes `--control ENDPOINT` and the agent talks ZeroMQ
+through `agent.control_zmq.ZmqControl`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class ControlChannel(Protocol):
+    def hello(self, info: dict[str, Any]) -> None:
+        """Announce the agent (job, physical rank, hosted logical ranks, pid, host)."""
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        """A physical step finished; `metrics` holds the last `ctx.log` values of the agent's lowest rank."""
+
+    def done(self, result: dict[str, Any]) -> None:
+        """Every hosted worker returned normally."""
+
+    def failed(self, error: dict[str, Any]) -> None:
+        """A worker raised: logical rank, host, message and the formatted traceback."""
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Commands waiting for the agent (e.g. {"op": "stop"}); never blocks."""
+
+    def close(self) -> None: ...
+
+
+class NullControl:
+    """No launcher to talk to: print throttled progress from physical agent 0."""
+
+    def __init__(self, physical_rank: int = 0, every_s: float = 2.0) -> None:
+        self._print = physical_rank == 0
+        self._every = every_s
+        self._last = 0.0
+
+    def hello(self, info: dict[str, Any]) -> None:
+        log.debug("agent up: %s", info)
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        now = time.monotonic()
+        if self._print and now - self._last >= self._every:
+            self._last = now
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+            print(f"[elasticd] step {step} {shown}".rstrip(), file=sys.stderr, flush=True)
+
+    def done(self, result: dict[str, Any]) -> None:
+        pass
+
+    def failed(self, error: dict[str, Any]) -> None:
+        pass
+
+    def poll(self) -> list[dict[str, Any]]:
+        return []
+
+    def close(self) -> None:
+        pass
