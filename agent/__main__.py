@@ -9,7 +9,7 @@ from agent.config import parse_args
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    from agent.runtime import run_agent
+    from agent.process import run_agent
 
     return run_agent(cfg)
 

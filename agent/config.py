@@ -67,5 +67,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
         threads=a.threads,
     )
-    cfg.hosted  # validates the layout early, with a clear ValueError
+    try:
+        cfg.hosted  # noqa: B018 - computing the layout validates it
+    except ValueError as e:
+        p.error(str(e))
     return cfg

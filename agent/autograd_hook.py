@@ -1,0 +1,35 @@
+"""The context-switch point at the end of backward.
+
+DDP averages gradients from autograd hooks inside the engine; a time-slicer must not block there
+(on CUDA the engine's device threads are shared by every worker). So the switch happens right after
+`torch.autograd.backward` returns in the worker's own thread, which is also where DDP guarantees the
+gradients are averaged. `Tensor.backward` calls `torch.autograd.backward`, so one patch covers both.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+_installed = False
+
+
+def install_backward_hook() -> None:
+    global _installed
+    if _installed:
+        return
+    original = torch.autograd.backward
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        from agent.runtime import current_worker
+
+        w = current_worker()
+        if w is not None and w.ctx is not None:
+            w.ctx._rt.after_backward(w)
+
+    torch.autograd.backward = backward
+    _installed = True

@@ -1,0 +1,175 @@
+"""Collectives over logical ranks, buffered and flushed as one physical collective.
+
+A worker that calls a collective records a pending op and gives up the baton. When every hosted worker
+waits at the same collective, the agent calls the op class's `flush` with the ops in rank order: the
+hosted contributions are pre-combined locally and one physical collective over the M agents finishes
+the job. In deterministic mode reductions are done over logical ranks in rank order on every agent
+(all-gather, then a fixed-order sum), so the result does not depend on how ranks are spread over agents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from agent.layout import hosted_ranks, owner_of
+from agent.physical import PhysicalGroup
+
+
+class CollectiveMismatch(RuntimeError):
+    """Two logical ranks called different collectives at the same point of the program."""
+
+
+@dataclass(slots=True)
+class FlushEnv:
+    phys: PhysicalGroup
+    workers: int
+    deterministic: bool
+
+    def gather_over_ranks(self, hosted: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every logical rank's tensor, in rank order, from each agent's hosted tensors in rank order."""
+        m = self.phys.world
+        if m == 1:
+            return hosted
+        counts = [len(hosted_ranks(self.workers, m, p)) for p in range(m)]
+        kmax = max(counts)
+        stack = torch.stack(hosted)
+        if stack.shape[0] < kmax:  # uneven layouts: all_gather wants equal shapes everywhere
+            pad = stack.new_zeros((kmax - stack.shape[0], *stack.shape[1:]))
+            stack = torch.cat([stack, pad])
+        parts = self.phys.all_gather(stack)
+        return [t for p, part in enumerate(parts) for t in part[: counts[p]]]
+
+    def sum_over_ranks(self, hosted: list[torch.Tensor]) -> torch.Tensor:
+        """The sum over all N logical ranks of their tensors (each agent passes its hosted ones)."""
+        if self.deterministic:
+            every = self.gather_over_ranks(hosted)
+            total = every[0].clone()
+            for t in every[1:]:
+                total.add_(t)
+            return total
+        total = hosted[0].clone()
+        for t in hosted[1:]:
+            total.add_(t)
+        return self.phys.all_reduce_(total)
+
+
+@dataclass(slots=True)
+class Collective:
+    """Base of every logical collective; subclasses set `op` and implement `flush`."""
+
+    op: ClassVar[str] = "collective"
+    rank: int
+    result: Any = field(default=None, init=False)
+
+    def signature(self) -> tuple:
+        return (self.op,)
+
+    def on_arrive(self, deterministic: bool) -> None:
+        """Runs in the worker's thread when it queues the op, before any other worker runs."""
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        raise NotImplementedError
+
+
+def _tensor_sig(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), str(t.dtype), t.device.type)
+
+
+_REDUCE_OPS = ("sum", "avg", "max", "min", "product")
+
+
+@dataclass(slots=True)
+class AllReduce(Collective):
+    op: ClassVar[str] = "all_reduce"
+    tensor: torch.Tensor = None  # type: ignore[assignment]
+    reduce_op: str = "sum"
+
+    def signature(self) -> tuple:
+        return (self.op, self.reduce_op, *_tensor_sig(self.tensor))
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        first: AllReduce = ops[0]  # type: ignore[assignment]
+        tensors = [o.tensor for o in ops]  # type: ignore[attr-defined]
+        rop = first.reduce_op
+        if rop in ("sum", "avg"):
+            out = env.sum_over_ranks(tensors)
+            if rop == "avg":
+                out = out / env.workers if not out.is_floating_point() else out.div_(env.workers)
+        elif rop == "product" and env.deterministic:
+            every = env.gather_over_ranks(tensors)
+            out = every[0].clone()
+            for t in every[1:]:
+                out.mul_(t)
+        else:
+            out = tensors[0].clone()
+            for t in tensors[1:]:
+                {"max": torch.maximum, "min": torch.minimum, "product": torch.mul}[rop](out, t, out=out)
+            env.phys.all_reduce_(out, rop)
+        for t in tensors:
+            t.copy_(out)
+
+
+@dataclass(slots=True)
+class Broadcast(Collective):
+    op: ClassVar[str] = "broadcast"
+    tensor: torch.Tensor = None  # type: ignore[assignment]
+    src: int = 0
+
+    def signature(self) -> tuple:
+        return (self.op, self.src, *_tensor_sig(self.tensor))
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        src = ops[0].src  # type: ignore[attr-defined]
+        local = {o.rank: o.tensor for o in ops}  # type: ignore[attr-defined]
+        buf = local[src].clone() if src in local else torch.empty_like(ops[0].tensor)  # type: ignore[attr-defined]
+        env.phys.broadcast_(buf, owner_of(env.workers, env.phys.world, src))
+        for r, t in local.items():
+            if r != src:
+                t.copy_(buf)
+
+
+@dataclass(slots=True)
+class AllGather(Collective):
+    op: ClassVar[str] = "all_gather"
+    tensor: torch.Tensor = None  # type: ignore[assignment]
+
+    def signature(self) -> tuple:
+        return (self.op, *_tensor_sig(self.tensor))
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        every = env.gather_over_ranks([o.tensor for o in ops])  # type: ignore[attr-defined]
+        for o in ops:
+            o.result = [t.clone() for t in every]
+
+
+@dataclass(slots=True)
+class Barrier(Collective):
+    op: ClassVar[str] = "barrier"
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        env.phys.barrier()
+
+
+def check_matching(ops: list[Collective]) -> None:
+    """Raise CollectiveMismatch naming two ranks whose collectives differ (else the job would hang)."""
+    first = ops[0]
+    for o in ops[1:]:
+        if o.signature() != first.signature():
+            raise CollectiveMismatch(
+                f"logical ranks {first.rank} and {o.rank} called different collectives at the same point: "
+                f"rank {first.rank}: {first.signature()}, rank {o.rank}: {o.signature()}"
+            )
+
+
+def validate_reduce_op(op: str) -> str:
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"unknown reduce op {op!r}; expected one of {', '.join(_REDUCE_OPS)}")
+    return op

@@ -1,0 +1,148 @@
+"""`ctx`: what the decorated function sees of its logical worker.
+
+The surface is a contract (DESIGN.md, "User-facing surface"); `agent.native.NativeContext` offers the
+same one over plain torch DDP so the same script can be checked against the real thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agent.collectives import AllGather, AllReduce, Barrier, Broadcast, validate_reduce_op
+from agent.loader import ResumableBatches
+
+if TYPE_CHECKING:
+    from agent.runtime import Runtime, Worker
+
+
+class Work:
+    """Handle of an async collective; `wait()` completes it (and any queued before it)."""
+
+    def __init__(self, runtime: Runtime, op: Any) -> None:
+        self._runtime = runtime
+        self._op = op
+        self._done = False
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._done:
+            self._runtime.drain(self._runtime.current)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def result(self) -> Any:
+        self.wait()
+        return self._op.result
+
+    def _complete(self) -> None:
+        self._done = True
+
+
+class WorkerContext:
+    """One logical worker's view: rank r of N, the agent's device, and the elastic helpers."""
+
+    def __init__(self, runtime: Runtime, worker: Worker) -> None:
+        self._rt = runtime
+        self._w = worker
+        self.step = 0
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._w.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._rt.workers
+
+    @property
+    def device(self) -> torch.device:
+        return self._rt.device
+
+    @property
+    def local_ranks(self) -> list[int]:
+        """Logical ranks time-sliced on this worker's device (this agent)."""
+        return list(self._rt.hosted)
+
+    @property
+    def deterministic(self) -> bool:
+        return self._rt.deterministic
+
+    def __repr__(self) -> str:
+        return f"<elasticd ctx rank={self.rank}/{self.world_size} device={self.device} step={self.step}>"
+
+    # -- replicated state ---------------------------------------------------------------------
+    def replicate(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                  lr_scheduler: Any | None = None) -> Any:
+        """Share `model` (and its optimizer and scheduler) between every hosted worker, DDP-style.
+
+        Returns `(model, optimizer)` or `(model, optimizer, lr_scheduler)` to use from here on; with no
+        optimizer, just the model. Gradients are averaged over all N logical ranks at the end of each
+        backward; `optimizer.step()`, `zero_grad()` and `lr_scheduler.step()` run once per physical step.
+        """
+        return self._rt.replicate(self._w, model, optimizer, lr_scheduler)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged gradient of every replicated parameter, once per physical step."""
+        return self._rt.clip_grad_norm_(self._w, max_norm, norm_type)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients without averaging (as `DDP.no_sync`)."""
+        self._w.no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self._w.no_sync_depth -= 1
+
+    # -- progress -----------------------------------------------------------------------------
+    def steps(self, total: int) -> Iterator[int]:
+        """Step indices `ctx.step .. total-1`; each boundary between two steps is a physical-step boundary."""
+        for s in range(self._w.start_step, total):
+            self.step = s
+            yield s
+            self._rt.step_boundary(self._w, s)
+
+    def batches(self, loader: Any) -> ResumableBatches:
+        """An endless iterator over `loader`, epoch after epoch (`sampler.set_epoch(e)` at each start)."""
+        it = ResumableBatches(loader)
+        self._w.loaders.append(it)
+        return it
+
+    def log(self, **metrics: Any) -> None:
+        """Per-job metrics (e.g. `loss=...`); the latest values reach `elasticd status` and `logs`."""
+        for k, v in metrics.items():
+            self._w.metrics[k] = float(v.item()) if isinstance(v, torch.Tensor) else v
+
+    # -- collectives over logical ranks -------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Work | None:
+        return self._collective(AllReduce(self.rank, tensor=tensor, reduce_op=validate_reduce_op(op)), async_op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Work | None:
+        if not 0 <= src < self.world_size:
+            raise ValueError(f"broadcast src={src} is not a logical rank of {self.world_size}")
+        return self._collective(Broadcast(self.rank, tensor=tensor, src=src), async_op)
+
+    def all_gather(self, tensor: torch.Tensor, async_op: bool = False) -> list[torch.Tensor] | Work:
+        op = AllGather(self.rank, tensor=tensor)
+        work = self._collective(op, True)
+        if async_op:
+            return work
+        work.wait()
+        return op.result
+
+    def barrier(self) -> None:
+        self._collective(Barrier(self.rank), False)
+
+    def _collective(self, op: Any, async_op: bool) -> Work | None:
+        work = Work(self._rt, op)
+        self._rt.enqueue(self._w, op, work)
+        if async_op:
+            return work
+        work.wait()
+        return None

@@ -1,0 +1,53 @@
+"""`ctx.batches(loader)`: an endless, resumable walk over a DataLoader, epoch after epoch.
+
+The position (epoch, batches taken in it) is part of a worker's private state, so after a resize the
+walk continues at the next unseen batch: no sample skipped or repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+class ResumableBatches:
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.epoch = 0
+        self.position = 0  # batches already taken in this epoch
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> ResumableBatches:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            if self._it is None:
+                self._it = self._start_epoch()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._it = None
+                self.epoch += 1
+                self.position = 0
+                continue
+            self.position += 1
+            return batch
+
+    def _start_epoch(self) -> Iterator[Any]:
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        it = iter(self.loader)
+        # Resuming mid-epoch: batches are consumed (not loaded anew) only up to the saved position.
+        for _ in range(self.position):
+            next(it)
+        return it
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._it = None

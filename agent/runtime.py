@@ -1,0 +1,277 @@
+"""The time-slicer: hosted logical workers as threads, one running at a time.
+
+Each hosted logical rank runs the user's function in its own thread. A worker runs until it reaches a
+collective (its own `ctx` collectives, or the end of a backward pass over replicated parameters); it
+then queues the op, hands the baton to the next worker and sleeps on its own semaphore. When every
+live worker waits at the same collective, the worker that arrived last flushes: one physical collective
+over the M agents, results handed back, and the baton starts again at the lowest rank. The decisions
+are `agent.baton.Baton`'s; this module only executes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agent import rng
+from agent.autograd_hook import install_backward_hook
+from agent.baton import AllDone, Baton, Flush, Run, Stranded
+from agent.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
+from agent.context import Work, WorkerContext
+from agent.control import ControlChannel, NullControl
+from agent.loader import ResumableBatches
+from agent.physical import PhysicalGroup
+from agent.replicate import GradSync, OncePerStep, ReplicatedGroup
+
+log = logging.getLogger(__name__)
+
+
+class WorkerFailed(RuntimeError):
+    """A logical worker raised; carries its rank and formatted traceback to the launcher."""
+
+    def __init__(self, rank: int, message: str, tb: str) -> None:
+        super().__init__(f"logical rank {rank} failed: {message}")
+        self.rank = rank
+        self.message = message
+        self.traceback = tb
+
+
+class _Aborted(BaseException):
+    """Unwinds a worker thread after another worker failed (BaseException: user `except Exception` can't eat it)."""
+
+
+@dataclass(eq=False)
+class Worker:
+    rank: int
+    sem: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    ctx: WorkerContext | None = None
+    rng: rng.RngState | None = None
+    queued: list[tuple[Collective, Work]] = field(default_factory=list)
+    touched_grads: bool = False
+    no_sync_depth: int = 0
+    replicate_calls: int = 0
+    start_step: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    loaders: list[ResumableBatches] = field(default_factory=list)
+    result: Any = None
+
+
+_tls = threading.local()
+
+
+def current_worker() -> Worker | None:
+    """The worker whose thread this is (None outside worker threads)."""
+    return getattr(_tls, "worker", None)
+
+
+class Runtime:
+    def __init__(self, fn: Callable[[Any], Any], workers: int, hosted: list[int], phys: PhysicalGroup,
+                 device: torch.device, deterministic: bool = False,
+                 control: ControlChannel | None = None) -> None:
+        self.fn = fn
+        self.workers = workers
+        self.hosted = list(hosted)
+        self.phys = phys
+        self.device = device
+        self.deterministic = deterministic
+        self.control: ControlChannel = control or NullControl(phys.rank)
+        self.env = FlushEnv(phys=phys, workers=workers, deterministic=deterministic)
+        self.baton = Baton(self.hosted)
+        self.current: Worker | None = None
+        self.groups: list[ReplicatedGroup] = []
+        self.clip_once: Any = None
+        self._workers = {r: Worker(r) for r in self.hosted}
+        self._done = threading.Event()
+        self._failure: WorkerFailed | None = None
+        self._aborted = False
+        self._cuda = device if device.type == "cuda" else None
+        self._step_times: list[float] = []
+        install_backward_hook()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def run(self) -> dict[int, Any]:
+        """Run every hosted worker to completion; returns their results by rank.
+
+        Raises:
+            WorkerFailed: a worker raised (every other hosted worker has been unwound).
+        """
+        initial = rng.capture(self._cuda)
+        threads = []
+        for r, w in self._workers.items():
+            w.rng = rng.RngState.from_dict(initial.to_dict())
+            w.ctx = WorkerContext(self, w)
+            t = threading.Thread(target=self._body, args=(w,), name=f"elasticd-rank{r}", daemon=True)
+            threads.append(t)
+            t.start()
+        self._execute(None, self.baton.start())
+        self._done.wait()
+        if self._failure is not None:
+            for t in threads:
+                t.join(timeout=5.0)
+            raise self._failure
+        for t in threads:
+            t.join()
+        return {r: w.result for r, w in self._workers.items()}
+
+    def _body(self, w: Worker) -> None:
+        _tls.worker = w
+        w.sem.acquire()
+        if self._aborted:
+            return
+        try:
+            w.result = self.fn(w.ctx)
+            if w.queued:  # async collectives never waited on still complete, as in torch.distributed
+                self.drain(w)
+        except _Aborted:
+            return
+        except BaseException as e:  # noqa: BLE001 - the user's error, reported with its rank
+            self._fail(w.rank, e)
+            return
+        try:
+            self._execute(w, self.baton.finish(w.rank))
+        except _Aborted:
+            return
+        except BaseException as e:  # noqa: BLE001
+            self._fail(w.rank, e)
+
+    def _fail(self, rank: int, e: BaseException) -> None:
+        if self._failure is None:
+            tb = "".join(traceback.format_exception(e))
+            self._failure = WorkerFailed(rank, f"{type(e).__name__}: {e}", tb)
+            log.error("logical rank %d failed on %s: %s", rank, socket.gethostname(), e)
+        self._aborted = True
+        for w in self._workers.values():
+            w.sem.release()
+        self._done.set()
+
+    # -- baton --------------------------------------------------------------------------------
+    def _execute(self, me: Worker | None, action: Any) -> bool:
+        """Carry out the baton's decisions; True if `me` still holds the baton afterwards.
+
+        The answer must come from the action, not from `self.current`: once the baton is handed over,
+        it may come back to `me` before `me` looks.
+        """
+        while True:
+            if isinstance(action, Run):
+                nxt = self._workers[action.rank]
+                if nxt is me:
+                    return True
+                self._hand_over(me, nxt)
+                return False
+            if isinstance(action, Flush):
+                self._flush(action.ranks)
+                action = self.baton.flushed()
+                continue
+            if isinstance(action, AllDone):
+                self.current = None
+                self._done.set()
+                return False
+            if isinstance(action, Stranded):
+                raise CollectiveMismatch(
+                    f"logical ranks {list(action.returned)} returned from the function while ranks "
+                    f"{list(action.waiting)} wait at their collective #{action.seq}: every rank must make "
+                    f"the same collective calls"
+                )
+            raise AssertionError(f"unknown baton action {action!r}")
+
+    def _hand_over(self, me: Worker | None, nxt: Worker) -> None:
+        if me is not None:
+            me.rng = rng.capture(self._cuda)
+        rng.restore(nxt.rng, self._cuda)
+        self.current = nxt
+        nxt.sem.release()
+
+    def _wait_turn(self, w: Worker) -> None:
+        w.sem.acquire()
+        if self._aborted:
+            raise _Aborted()
+
+    def _flush(self, ranks: tuple[int, ...]) -> None:
+        batches = [self._workers[r].queued for r in ranks]
+        lengths = {len(b) for b in batches}
+        if len(lengths) != 1:
+            raise CollectiveMismatch(
+                f"logical ranks {ranks[0]} and {ranks[-1]} have different numbers of pending collectives "
+                f"({len(batches[0])} vs {len(batches[-1])})"
+            )
+        for i in range(lengths.pop()):
+            ops = [b[i][0] for b in batches]
+            check_matching(ops)
+            type(ops[0]).flush(ops, self.env)
+            for b in batches:
+                b[i][1]._complete()
+        for r in ranks:
+            self._workers[r].queued = []
+
+    # -- called from worker threads -----------------------------------------------------------
+    def current_rank(self) -> int:
+        w = current_worker()
+        if w is None:
+            raise RuntimeError("elasticd: replicated state used outside a logical worker")
+        return w.rank
+
+    def enqueue(self, w: Worker, op: Collective, work: Work) -> None:
+        op.on_arrive(self.deterministic)
+        w.queued.append((op, work))
+
+    def drain(self, w: Worker | None) -> None:
+        """Give up the baton until every hosted worker reaches this point and the queue is flushed."""
+        if w is None or w is not current_worker():
+            raise RuntimeError("elasticd: a collective handle was waited on outside its worker")
+        if not self._execute(w, self.baton.arrive(w.rank)):
+            self._wait_turn(w)
+
+    def after_backward(self, w: Worker) -> None:
+        """The end of a backward pass: averaging the replicated gradients is a collective."""
+        if not w.touched_grads or w.no_sync_depth > 0 or not self.groups:
+            return
+        w.touched_grads = False
+        op = GradSync(w.rank, groups=self.groups)
+        work = Work(self, op)
+        self.enqueue(w, op, work)
+        work.wait()
+
+    def replicate(self, w: Worker, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> Any:
+        index = w.replicate_calls
+        w.replicate_calls += 1
+        if index == len(self.groups):
+            # The first hosted worker to get here builds the shared copy (on agent 0 that is rank 0),
+            # and every agent adopts agent 0's state, as DDP's constructor does.
+            group = ReplicatedGroup(index, self, model, optimizer, scheduler)
+            group.broadcast_state()
+            self.groups.append(group)
+        group = self.groups[index]
+        if optimizer is None:
+            return group.model
+        if scheduler is None:
+            return group.model, group.opt_view
+        return group.model, group.opt_view, group.sched_view
+
+    def clip_grad_norm_(self, w: Worker, max_norm: float, norm_type: float) -> torch.Tensor:
+        if not self.groups:
+            raise RuntimeError("ctx.clip_grad_norm_ needs a model passed to ctx.replicate first")
+        if self.clip_once is None:
+            self.clip_once = OncePerStep(self.hosted)
+        params = [p for g in self.groups for p in g.params]
+        return self.clip_once.call(
+            w.rank, lambda: torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+        )
+
+    def step_boundary(self, w: Worker, step: int) -> None:
+        if w.rank != self.hosted[0]:
+            return
+        now = time.monotonic()
+        self._step_times.append(now)
+        del self._step_times[:-20]
+        metrics = dict(w.metrics)
+        if len(self._step_times) > 1:
+            metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
+        self.control.step(step, metrics)

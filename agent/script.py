@@ -1,0 +1,50 @@
+"""Import a user's script and find its `@elastic` function."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from agent.decorator import ElasticFunction
+
+
+class ScriptError(Exception):
+    """The script cannot be imported, or holds no (or several) elastic functions."""
+
+
+def load_function(script: str, func: str | None) -> ElasticFunction:
+    """Import `script` as a module (not `__main__`, so its `train()` footer does not fire).
+
+    Raises:
+        ScriptError: unreadable script, import error, or no unambiguous `@elastic` function.
+    """
+    path = os.path.abspath(script)
+    if not os.path.isfile(path):
+        raise ScriptError(f"no such script: {script}")
+    name = os.path.splitext(os.path.basename(path))[0]
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) != path:
+        name = "__elasticd_script__"
+    script_dir = os.path.dirname(path)
+    if script_dir not in sys.path:
+        sys.path.insert(0, script_dir)  # the script's own imports work as under `python script.py`
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ScriptError(f"cannot import {script}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # errors in the user's module propagate with their traceback
+    if func:
+        obj = getattr(module, func, None)
+        if obj is None:
+            raise ScriptError(f"{script} has no function {func!r}")
+        if not isinstance(obj, ElasticFunction):
+            raise ScriptError(f"{script}:{func} is not decorated with @elasticd.elastic(workers=N)")
+        return obj
+    found = [v for v in vars(module).values() if isinstance(v, ElasticFunction)]
+    if not found:
+        raise ScriptError(f"{script} has no function decorated with @elasticd.elastic(workers=N)")
+    if len({id(f) for f in found}) > 1:
+        names = ", ".join(sorted(f.fn.__name__ for f in found))
+        raise ScriptError(f"{script} has several elastic functions ({names}); name one as SCRIPT:FUNC")
+    return found[0]

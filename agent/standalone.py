@@ -1,0 +1,38 @@
+"""Calling a decorated function directly: all N logical workers on this machine's devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agent.decorator import ElasticFunction
+from agent.layout import hosted_ranks
+from agent.physical import PhysicalGroup
+from agent.runtime import Runtime
+
+
+def run_standalone(ef: ElasticFunction) -> Any:
+    """Run every logical worker; returns logical rank 0's return value.
+
+    One device (a CPU, or a single GPU) runs in this very process. Several GPUs get one agent process
+    each, through the same launcher as `elasticd run`.
+
+    Raises:
+        WorkerFailed: a logical worker raised (with its rank and traceback).
+        SystemExit: a multi-GPU run failed (the failing rank's traceback was printed).
+    """
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus > 1:
+        from elasticd.launcher import run_local
+
+        if ef.script_path is None:
+            raise RuntimeError("cannot spread an elastic function defined outside a script over several GPUs")
+        code = run_local(ef.script_path, ef.fn.__name__, ef.workers, min(gpus, ef.workers), "cuda")
+        if code != 0:
+            raise SystemExit(code)
+        return None
+    device = torch.device("cuda", 0) if gpus == 1 else torch.device("cpu")
+    phys = PhysicalGroup(0, 1, device)
+    runtime = Runtime(ef.fn, ef.workers, hosted_ranks(ef.workers, 1, 0), phys, device, ef.deterministic)
+    return runtime.run().get(0)

@@ -1,0 +1,59 @@
+"""`elasticd run`: run a job locally, no daemon."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from elasticd.cli import EXIT_USAGE
+
+
+def split_target(target: str) -> tuple[str, str | None]:
+    """SCRIPT[:FUNC] -> (script, func)."""
+    script, sep, func = target.rpartition(":")
+    if sep and script and func.isidentifier():
+        return script, func
+    return target, None
+
+
+@click.command("run")
+@click.argument("target", metavar="SCRIPT[:FUNC]")
+@click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
+              help="N logical workers (default: the script's @elastic(workers=N)).")
+@click.option("--devices", "-m", type=click.IntRange(min=1), default=1, show_default=True,
+              help="M devices (one agent process each); N logical workers are time-sliced over them.")
+@click.option("--device-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--threads", type=click.IntRange(min=0), default=0,
+              help="torch threads per agent (default: the machine's cores split between agents).")
+@click.option("--ddp", is_flag=True,
+              help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
+def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, ddp: bool) -> None:
+    """Run SCRIPT's @elastic function with N logical workers on M local devices.
+
+    The result is what N real data-parallel workers would compute: same global batch, data order and
+    random streams. A worker that raises stops the whole run, with its logical rank and traceback.
+    """
+    import os
+
+    script, func = split_target(target)
+    if not os.path.isfile(script):
+        raise click.UsageError(f"no such script: {script}")
+    if workers is None:
+        from agent.script import ScriptError, load_function
+
+        try:
+            workers = load_function(script, func).workers
+        except ScriptError as e:
+            raise click.UsageError(str(e)) from None
+    if devices > workers:
+        click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
+                   f"logical worker", err=True)
+        sys.exit(EXIT_USAGE)
+    if ddp:
+        from agent.native import run_native_ddp
+
+        sys.exit(run_native_ddp(script, func, workers))
+    from elasticd.launcher import run_local
+
+    sys.exit(run_local(script, func, workers, devices, device_type, threads))
