@@ -1,0 +1,139 @@
+"""The job table's records and their lifecycle."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class JobState(str, Enum):
+    """Lifecycle of a job in the island scheduler.
+
+    ``queued`` until the policy finds devices for it; then ``starting`` while the nodes spawn its M
+    agents (gang: the job holds all M devices or none); ``running`` once every node reports its
+    agents up; ``resizing`` while live resize moves it to another M (issue 5), then ``running``
+    again. It ends ``finished`` (every agent exited 0), ``failed`` (an agent raised, a node was
+    lost, or the agents did not come up in time) or ``stopped`` (`elasticd stop`). A job whose
+    start is interrupted by a node loss goes back to ``queued``: none of its agents keep running.
+    """
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESIZING = "resizing"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def active(self) -> bool:
+        """Holds devices (its agents are, or are about to be, running)."""
+        return self in (JobState.STARTING, JobState.RUNNING, JobState.RESIZING)
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.FINISHED, JobState.FAILED, JobState.STOPPED)
+
+
+_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.STARTING, JobState.STOPPED, JobState.FAILED}),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.STOPPED}),
+    JobState.RUNNING: frozenset({JobState.RESIZING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED}),
+    JobState.RESIZING: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED}),
+    JobState.FINISHED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.STOPPED: frozenset(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    """A state change the lifecycle does not allow: a bug in the scheduler, never user input."""
+
+
+def allowed(src: JobState, dst: JobState) -> bool:
+    return dst in _TRANSITIONS[src]
+
+
+@dataclass(slots=True)
+class JobSpec:
+    """What the user submitted; never changes after submission (except through `scale`)."""
+
+    script: str
+    func: str | None
+    workers: int
+    min_devices: int
+    max_devices: int
+    priority: int = 0
+    name: str = ""
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Job:
+    job_id: str
+    seq: int
+    spec: JobSpec
+    state: JobState = JobState.QUEUED
+    submitted_at: float = 0.0
+    state_since: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    # rank -> [node_id, device_id]; kept after the job ends so `status` can show where it ran.
+    placement: list[list[str]] = field(default_factory=list)
+    master_addr: str = ""
+    master_port: int = 0
+    launched: list[str] = field(default_factory=list)    # nodes sent their LaunchJob
+    ready: list[str] = field(default_factory=list)       # nodes whose agents are all up
+    ended: list[str] = field(default_factory=list)       # nodes whose agents all exited 0
+    # node -> device ids possibly still occupied by agents of this job after it stopped holding
+    # them (ended, or sent back to the queue); freed when the node confirms the agents are gone.
+    zombies: dict[str, list[str]] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    requested_devices: int | None = None
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
+    # live progress, reported by the node hosting rank 0 (not persisted on every heartbeat)
+    step: int = 0
+    steps_per_s: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def transition(self, dst: JobState, now: float, reason: str = "") -> None:
+        """Move to `dst`.
+
+        Raises:
+            InvalidTransition: if the lifecycle does not allow it.
+        """
+        if not allowed(self.state, dst):
+            raise InvalidTransition(f"job {self.job_id}: {self.state.value} -> {dst.value} not allowed")
+        self.state = dst
+        self.state_since = now
+        self.history.append([round(now, 3), dst.value, reason])
+        if dst is JobState.RUNNING and self.started_at is None:
+            self.started_at = now
+        if dst.terminal:
+            self.ended_at = now
+
+    @property
+    def nodes(self) -> list[str]:
+        """Nodes of the placement, in rank order of first appearance."""
+        seen: dict[str, None] = {}
+        for node, _dev in self.placement:
+            seen.setdefault(node, None)
+        return list(seen)
+
+    def ranks_on(self, node: str) -> list[int]:
+        return [r for r, (n, _d) in enumerate(self.placement) if n == node]
+
+    def to_doc(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_doc(cls, d: dict[str, Any]) -> Job:
+        d = dict(d)
+        d["spec"] = JobSpec(**d["spec"])
+        d["state"] = JobState(d["state"])
+        return cls(**d)

@@ -1,0 +1,397 @@
+"""The island scheduler's core: the job table and node table as a synchronous state machine.
+
+Stimuli (requests from clients, hellos and heartbeats from nodes, clock ticks) go in; what comes out
+is a list of `Send` actions (messages for nodes) and the set of jobs to persist. No sockets, threads
+or clocks in here: `now` is always passed in, so tests drive time by hand (as torch elastic's
+rendezvous tests do with a fake clock).
+
+Reconciliation is by full state: every node heartbeat carries the node's view of all its jobs, and
+the scheduler answers a disagreement (a stray or stopped job still running there) with a repeated
+`KillJob`. Lost messages, a restarted scheduler or a restarted daemon are all repaired that way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd import protocol as p
+from elasticd.scheduler import policy
+from elasticd.scheduler.jobs import Job, JobSpec, JobState
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerError(Exception):
+    """A request the scheduler refuses; `code` is a protocol error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class Send:
+    """Action: deliver `msg` to node `node_id` (dropped by the server if the node is not connected)."""
+
+    node_id: str
+    msg: p.Message
+
+
+@dataclass(slots=True)
+class Node:
+    node_id: str
+    host: str = ""
+    devices: list[str] = field(default_factory=list)
+    last_seen: float = 0.0
+    alive: bool = True
+    known: bool = False   # said hello since this scheduler started (else a placeholder from the table)
+
+
+@dataclass(slots=True)
+class Config:
+    heartbeat_s: float = 1.0
+    node_timeout_s: float = 10.0
+    start_timeout_s: float = 300.0
+    kill_repeat_s: float = 2.0
+    resize_enabled: bool = False  # live resize lands with issue 5
+
+
+class SchedulerState:
+    def __init__(self, jobs: list[Job] | None = None, *, now: float, config: Config | None = None) -> None:
+        self.cfg = config or Config()
+        self.jobs: dict[str, Job] = {}
+        self.nodes: dict[str, Node] = {}
+        self.dirty: set[str] = set()
+        self._kill_sent: dict[tuple[str, str], float] = {}
+        self._next_seq = 1
+        # Placement is deterministic given the tables, so it only reruns after something that can
+        # change its answer (a submit, a node joining or leaving, devices freed); heartbeats that
+        # change nothing stay cheap with hundreds of nodes.
+        self._resched = True
+        for job in sorted(jobs or [], key=lambda j: j.seq):
+            self.jobs[job.job_id] = job
+            self._next_seq = max(self._next_seq, job.seq + 1)
+            # Nodes of jobs that were running before a restart are presumed alive until they
+            # either say hello or stay silent for a node timeout.
+            for node_id in list(job.nodes if job.state.active else []) + list(job.zombies):
+                self.nodes.setdefault(node_id, Node(node_id, last_seen=now))
+
+    # --- client requests -------------------------------------------------------------------------
+
+    def submit(self, req: p.Submit, now: float) -> tuple[Job, list[Send]]:
+        """Queue a job; it may start right away.
+
+        Raises:
+            SchedulerError: `bad_request` for sizes that describe no valid job.
+        """
+        n = req.workers
+        hi = req.max_devices or n
+        if n < 1 or n > 65536:
+            raise SchedulerError(p.BAD_REQUEST, f"--workers must be between 1 and 65536, got {n}")
+        if not 1 <= req.min_devices <= hi <= n:
+            raise SchedulerError(p.BAD_REQUEST, "need 1 <= --min-devices <= --max-devices <= --workers, got "
+                                 f"{req.min_devices} <= {hi} <= {n}")
+        if not req.script:
+            raise SchedulerError(p.BAD_REQUEST, "script path is empty")
+        seq = self._next_seq
+        self._next_seq += 1
+        spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
+                       max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
+                       env=dict(req.env))
+        job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
+                  history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
+        self.jobs[job.job_id] = job
+        self.dirty.add(job.job_id)
+        self._resched = True
+        log.info("job %s submitted: %s workers=%d devices=%d..%d priority=%d",
+                 job.job_id, spec.script, n, spec.min_devices, hi, spec.priority)
+        return job, self._schedule(now)
+
+    def stop(self, job_id: str, now: float) -> tuple[str, list[Send]]:
+        job = self._job(job_id)
+        if job.state.terminal:
+            return f"job {job_id} already {job.state.value}", []
+        out = self._end(job, JobState.STOPPED, now, "stopped by user")
+        return f"job {job_id} stopped", out + self._schedule(now)
+
+    def scale(self, job_id: str, devices: int, now: float) -> tuple[str, list[Send]]:
+        job = self._job(job_id)
+        n = job.spec.workers
+        if not 1 <= devices <= n:
+            raise SchedulerError(p.BAD_REQUEST, f"job {job_id} has {n} workers: --devices must be in 1..{n}, "
+                                 f"got {devices}")
+        if job.state.terminal:
+            raise SchedulerError(p.INVALID_STATE, f"job {job_id} is {job.state.value}")
+        job.requested_devices = devices
+        self.dirty.add(job_id)
+        self._resched = True
+        if job.state is JobState.QUEUED:
+            return f"job {job_id} will start on {devices} devices", self._schedule(now)
+        if job.state is JobState.RUNNING and self.cfg.resize_enabled and devices != len(job.placement):
+            job.transition(JobState.RESIZING, now, f"scale to {devices}")
+            return f"job {job_id} resizing to {devices} devices", [
+                Send(node, p.ResizeJob(job_id=job_id, devices=devices)) for node in job.nodes]
+        return (f"job {job_id}: scale to {devices} devices recorded; live resize is not available yet, "
+                "so it applies when the job is next placed"), []
+
+    def status(self, job_id: str | None, now: float) -> p.StatusReply:
+        if job_id is not None:
+            jobs = [self._job(job_id)]
+        else:
+            jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
+        busy = self._busy()
+        nodes = [p.NodeInfo(node_id=nd.node_id, host=nd.host, alive=nd.alive, devices=list(nd.devices),
+                            free=[d for d in nd.devices if (nd.node_id, d) not in busy],
+                            last_seen_s=round(max(0.0, now - nd.last_seen), 3))
+                 for nd in sorted(self.nodes.values(), key=lambda x: x.node_id) if nd.known]
+        return p.StatusReply(jobs=[self._info(j) for j in jobs], nodes=nodes)
+
+    # --- node stimuli ----------------------------------------------------------------------------
+
+    def node_hello(self, hello: p.NodeHello, now: float) -> list[Send]:
+        nd = self.nodes.get(hello.node_id)
+        rejoin = nd is not None and nd.known
+        nd = nd or Node(hello.node_id)
+        self.nodes[hello.node_id] = nd
+        nd.host, nd.devices = hello.host, [d.device_id for d in hello.devices]
+        nd.last_seen, nd.alive, nd.known = now, True, True
+        self._resched = True
+        log.info("node %s %s: host=%s devices=%s jobs=%s", hello.node_id, "rejoined" if rejoin else "joined",
+                 hello.host, ",".join(nd.devices), [r.job_id for r in hello.jobs])
+        out: list[Send] = [Send(nd.node_id, p.Welcome(node_id=nd.node_id, heartbeat_s=self.cfg.heartbeat_s))]
+        reported = {r.job_id for r in hello.jobs}
+        # A hello means the daemon may be new: agents it should run but does not report are gone.
+        for job in list(self.jobs.values()):
+            if job.state.active and nd.node_id in job.launched and job.job_id not in reported:
+                out += self._lost(job, nd.node_id, now, f"agents on node {nd.node_id} vanished (daemon restarted?)")
+            if nd.node_id in job.zombies and job.job_id not in reported:
+                self._unzombie(job, nd.node_id)
+        out += self._reports(nd.node_id, hello.jobs, now)[0]
+        return out + self._schedule(now)
+
+    def node_status(self, st: p.NodeStatus, now: float) -> list[Send]:
+        """A heartbeat.
+
+        Raises:
+            SchedulerError: `unknown_node` if the node has not said hello to this scheduler.
+        """
+        nd = self.nodes.get(st.node_id)
+        if nd is None or not nd.known or not nd.alive:
+            raise SchedulerError(p.UNKNOWN_NODE, f"node {st.node_id} must say hello first")
+        nd.last_seen = now
+        out, forget = self._reports(st.node_id, st.jobs, now)
+        out.append(Send(st.node_id, p.NodeAck(seq=st.seq, forget=forget)))
+        return out + self._schedule(now)
+
+    def node_bye(self, node_id: str, now: float) -> list[Send]:
+        nd = self.nodes.get(node_id)
+        if nd is None or not nd.alive:
+            return []
+        log.info("node %s left", node_id)
+        return self._node_lost(nd, now, f"node {node_id} shut down") + self._schedule(now)
+
+    def tick(self, now: float) -> list[Send]:
+        out: list[Send] = []
+        for nd in list(self.nodes.values()):
+            if nd.alive and now - nd.last_seen > self.cfg.node_timeout_s:
+                log.warning("node %s lost: no heartbeat for %.1fs", nd.node_id, now - nd.last_seen)
+                out += self._node_lost(nd, now, f"node {nd.node_id} lost (no heartbeat for "
+                                       f"{now - nd.last_seen:.0f}s)")
+        for job in list(self.jobs.values()):
+            if job.state is JobState.STARTING and now - job.state_since > self.cfg.start_timeout_s:
+                out += self._end(job, JobState.FAILED, now, "agents did not start within "
+                                 f"{self.cfg.start_timeout_s:.0f}s",
+                                 error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
+        return out + self._schedule(now)
+
+    def take_dirty(self) -> list[Job]:
+        jobs = [self.jobs[j] for j in sorted(self.dirty) if j in self.jobs]
+        self.dirty.clear()
+        return jobs
+
+    def validate(self) -> None:
+        """Invariants (for tests): no device is given to two active jobs; placements fit the bounds."""
+        seen: dict[tuple[str, str], str] = {}
+        for job in self.jobs.values():
+            if job.state.active:
+                m = len(job.placement)
+                assert 1 <= m <= job.spec.workers, (job.job_id, m)
+                for node, dev in job.placement:
+                    assert (node, dev) not in seen, f"{node}/{dev} held by {seen[(node, dev)]} and {job.job_id}"
+                    seen[(node, dev)] = job.job_id
+            if job.state is JobState.QUEUED:
+                assert not job.placement and not job.launched, job.job_id
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise SchedulerError(p.UNKNOWN_JOB, f"no job {job_id!r}")
+        return job
+
+    def _busy(self) -> set[tuple[str, str]]:
+        busy: set[tuple[str, str]] = set()
+        for job in self.jobs.values():
+            if job.state.active:
+                busy.update((n, d) for n, d in job.placement)
+            for node, devs in job.zombies.items():
+                busy.update((node, d) for d in devs)
+        return busy
+
+    def _schedule(self, now: float) -> list[Send]:
+        if not self._resched:
+            return []
+        self._resched = False
+        queued = [j for j in self.jobs.values() if j.state is JobState.QUEUED]
+        if not queued:
+            return []
+        busy = self._busy()
+        load: dict[str, int] = {}
+        for node, _dev in busy:
+            load[node] = load.get(node, 0) + 1
+        views = [policy.NodeView(nd.node_id, tuple(d for d in nd.devices if (nd.node_id, d) not in busy),
+                                 load.get(nd.node_id, 0), len(nd.devices))
+                 for nd in sorted(self.nodes.values(), key=lambda x: x.node_id) if nd.alive and nd.known]
+        reqs = [policy.JobRequest(j.job_id, j.spec.workers, j.spec.min_devices, j.spec.max_devices,
+                                  j.spec.priority, j.seq, j.requested_devices) for j in queued]
+        out: list[Send] = []
+        for job_id, chosen in policy.place(reqs, views).items():
+            out += self._start(self.jobs[job_id], chosen, now)
+        return out
+
+    def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[Send]:
+        job.placement = [[n, d] for n, d in chosen]
+        job.launched, job.ready, job.ended = [], [], []
+        job.master_addr, job.master_port = self.nodes[chosen[0][0]].host, 0
+        job.step, job.steps_per_s, job.metrics, job.error = 0, 0.0, {}, None
+        job.transition(JobState.STARTING, now, f"placed on {len(chosen)} devices of {','.join(job.nodes)}")
+        self.dirty.add(job.job_id)
+        log.info("job %s starting: %d workers on %d devices %s", job.job_id, job.spec.workers, len(chosen),
+                 " ".join(f"{n}/{d}" for n, d in chosen))
+        # Rank 0's node goes first: it picks the rendezvous port, which the other nodes need.
+        return [self._launch(job, job.nodes[0])]
+
+    def _launch(self, job: Job, node: str) -> Send:
+        job.launched.append(node)
+        self.dirty.add(job.job_id)
+        return Send(node, p.LaunchJob(
+            job_id=job.job_id, script=job.spec.script, func=job.spec.func, workers=job.spec.workers,
+            world=len(job.placement),
+            placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
+                        if n == node],
+            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=job.spec.env))
+
+    def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[Send], list[str]]:
+        out: list[Send] = []
+        forget: list[str] = []
+        for r in reports:
+            job = self.jobs.get(r.job_id)
+            if job is None or not (job.state.active and node in job.launched):
+                if r.state == "ended":
+                    if job is not None:
+                        self._unzombie(job, node)
+                    forget.append(r.job_id)
+                else:
+                    out += self._kill(node, r.job_id, now, "not scheduled here")
+                continue
+            if r.state == "ended":
+                out += self._ended(job, node, r, now)
+                if job.state.terminal:
+                    forget.append(job.job_id)
+                continue
+            if r.master_port and not job.master_port and node == job.nodes[0]:
+                job.master_port = r.master_port
+                self.dirty.add(job.job_id)
+                out += [self._launch(job, other) for other in job.nodes[1:]]
+            if r.state == "running" and node not in job.ready:
+                job.ready.append(node)
+                self.dirty.add(job.job_id)
+                if job.state is JobState.STARTING and set(job.ready) == set(job.nodes):
+                    job.transition(JobState.RUNNING, now, "all agents up")
+                    log.info("job %s running", job.job_id)
+            if node == job.nodes[0]:
+                job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, p.flat_scalars(r.metrics)
+        return out, forget
+
+    def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+        if node in job.ended:
+            return []
+        if node == job.nodes[0]:
+            job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, p.flat_scalars(r.metrics)
+        if not r.ok:
+            err = dict(p.flat_scalars(r.error or {}))
+            err.setdefault("message", "agent failed")
+            err["node"] = node
+            log.warning("job %s failed on node %s: %s", job.job_id, node, err.get("message"))
+            return self._end(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
+        job.ended.append(node)
+        self.dirty.add(job.job_id)
+        if set(job.ended) == set(job.nodes):
+            if job.state is JobState.STARTING:
+                job.transition(JobState.RUNNING, now, "all agents up")
+            job.transition(JobState.FINISHED, now, "all agents exited 0")
+            self._resched = True
+            log.info("job %s finished at step %d", job.job_id, job.step)
+        return []
+
+    def _end(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
+             gone: str | None = None) -> list[Send]:
+        """Leave an active (or queued) state for `dst`; kill agents wherever they may still run."""
+        out: list[Send] = []
+        if job.state.active:
+            for node in job.launched:
+                if node == gone or node in job.ended:
+                    continue
+                job.zombies[node] = [d for n, d in job.placement if n == node]
+                out += self._kill(node, job.job_id, now, reason, force=True)
+        job.transition(dst, now, reason)
+        self._resched = True
+        if error is not None:
+            job.error = error
+        self.dirty.add(job.job_id)
+        return out
+
+    def _lost(self, job: Job, node: str, now: float, reason: str) -> list[Send]:
+        """Agents of an active job are gone on `node`: a start is retried, a running job fails."""
+        if job.state is JobState.STARTING:
+            out = self._end(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
+            job.placement, job.launched, job.ready, job.ended = [], [], [], []
+            return out
+        return self._end(job, JobState.FAILED, now, reason, error={"message": reason, "node": node}, gone=node)
+
+    def _node_lost(self, nd: Node, now: float, reason: str) -> list[Send]:
+        nd.alive = False
+        self._resched = True
+        out: list[Send] = []
+        for job in list(self.jobs.values()):
+            job.zombies.pop(nd.node_id, None)
+            if job.state.active and nd.node_id in job.nodes:
+                out += self._lost(job, nd.node_id, now, reason)
+            self.dirty.add(job.job_id)
+        return out
+
+    def _unzombie(self, job: Job, node: str) -> None:
+        if job.zombies.pop(node, None) is not None:
+            self.dirty.add(job.job_id)
+            self._resched = True
+
+    def _kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False) -> list[Send]:
+        last = self._kill_sent.get((node, job_id))
+        if not force and last is not None and now - last < self.cfg.kill_repeat_s:
+            return []
+        self._kill_sent[(node, job_id)] = now
+        return [Send(node, p.KillJob(job_id=job_id, reason=reason))]
+
+    def _info(self, job: Job) -> p.JobInfo:
+        return p.JobInfo(
+            job_id=job.job_id, name=job.spec.name, state=job.state.value, workers=job.spec.workers,
+            devices=len(job.placement) if (job.state.active or job.state.terminal) else 0,
+            min_devices=job.spec.min_devices, max_devices=job.spec.max_devices, priority=job.spec.priority,
+            nodes=job.nodes, step=job.step, steps_per_s=job.steps_per_s, metrics=dict(job.metrics),
+            script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
+            ended_at=job.ended_at, error=job.error, requested_devices=job.requested_devices,
+            resizes=list(job.resizes), history=[list(h) for h in job.history])

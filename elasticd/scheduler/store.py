@@ -1,0 +1,60 @@
+"""The job table on disk: one SQLite row per job, written through on every state change.
+
+WAL mode with synchronous=NORMAL survives the scheduler process being killed at any point (only a
+power loss can drop the last transactions), so a restarted scheduler resumes with the same table.
+The row holds the job as JSON (data we wrote ourselves; never pickled).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+from elasticd.scheduler.jobs import Job
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+class JobStore:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The scheduler loop owns the connection; check_same_thread=False only lets the embedded
+        # scheduler thread open it in __init__ and use it in run().
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, "
+                         "state TEXT NOT NULL, doc TEXT NOT NULL)")
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path}: job table schema {row[0]}, this elasticd reads {SCHEMA_VERSION}")
+
+    def load(self) -> list[Job]:
+        jobs = []
+        for job_id, doc in self._db.execute("SELECT job_id, doc FROM jobs ORDER BY seq"):
+            try:
+                jobs.append(Job.from_doc(json.loads(doc)))
+            except Exception as e:  # a row we cannot read must not keep the scheduler down
+                log.error("skipping unreadable job row %s in %s: %s", job_id, self.path, e)
+        return jobs
+
+    def save(self, jobs: Iterable[Job]) -> None:
+        rows = [(j.job_id, j.seq, j.state.value, json.dumps(j.to_doc(), separators=(",", ":")))
+                for j in jobs]
+        if not rows:
+            return
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", rows)
+
+    def close(self) -> None:
+        self._db.close()

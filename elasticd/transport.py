@@ -1,0 +1,189 @@
+"""ZeroMQ sockets as the control plane uses them: CURVE on TCP, 0600 on IPC, bounded everything.
+
+Servers are ROUTER sockets, peers are DEALER sockets. Sends never block the sender's loop: a full
+queue drops the message (every message that matters is repeated by the heartbeat, see protocol.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from elasticd import keys, protocol
+
+log = logging.getLogger(__name__)
+
+# Larger frames are cut off by libzmq before they reach Python (the connection is dropped);
+# frames between protocol.MAX_FRAME_BYTES and this get a typed `too_large` reply.
+TRANSPORT_MAX_BYTES = 4 * protocol.MAX_FRAME_BYTES
+SEND_HWM = 10_000
+IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for the NUL
+
+
+class TransportError(RuntimeError):
+    """A socket could not be set up (bad endpoint, path too long, port taken)."""
+
+
+def is_tcp(endpoint: str) -> bool:
+    return endpoint.startswith("tcp://")
+
+
+def ipc_endpoint(path: Path) -> str:
+    """The ipc:// endpoint of a socket file.
+
+    Raises:
+        TransportError: if the path exceeds what a Unix socket address can hold.
+    """
+    s = str(Path(path).absolute())
+    if len(s.encode()) > IPC_PATH_MAX:
+        raise TransportError(f"socket path too long for a Unix socket ({len(s)} bytes): {s}; "
+                             "use a shorter --state-dir")
+    return "ipc://" + s
+
+
+def _common(sock: zmq.Socket) -> None:
+    sock.linger = 0
+    sock.maxmsgsize = TRANSPORT_MAX_BYTES
+    sock.sndhwm = SEND_HWM
+    sock.rcvhwm = SEND_HWM
+
+
+def router(ctx: zmq.Context) -> zmq.Socket:
+    sock = ctx.socket(zmq.ROUTER)
+    _common(sock)
+    return sock
+
+
+def dealer(ctx: zmq.Context, *, immediate: bool = True) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    _common(sock)
+    # Without IMMEDIATE a DEALER queues messages for a peer that is not connected yet and floods it
+    # with stale heartbeats when it comes back.
+    sock.immediate = 1 if immediate else 0
+    return sock
+
+
+def bind_ipc(sock: zmq.Socket, path: Path) -> str:
+    """Bind a Unix socket readable and writable by the owner only.
+
+    The directory is made 0700 first so there is no window in which another user could connect
+    between bind() and chmod().
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    ep = ipc_endpoint(path)
+    try:
+        sock.bind(ep)
+    except zmq.ZMQError as e:
+        raise TransportError(f"cannot bind {ep}: {e}") from e
+    os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    return ep
+
+
+def bind_tcp(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind a TCP endpoint (port 0 or * picks a free port) and return the actual endpoint.
+
+    Raises:
+        TransportError: if the address cannot be bound.
+    """
+    ep = endpoint
+    if ep.endswith(":0"):
+        ep = ep[:-2] + ":*"
+    try:
+        sock.bind(ep)
+    except zmq.ZMQError as e:
+        raise TransportError(f"cannot bind {endpoint}: {e}") from e
+    return sock.last_endpoint.decode()
+
+
+def curve_server(sock: zmq.Socket, identity: tuple[bytes, bytes]) -> None:
+    public, secret = identity
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.curve_server = True
+
+
+def curve_client(sock: zmq.Socket, identity: tuple[bytes, bytes], server_public: bytes) -> None:
+    public, secret = identity
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.curve_serverkey = server_public
+
+
+class AllowList:
+    """The ZAP check of a CURVE server: is this client's public key on the state dir's allow-list?
+
+    The list is re-read when the directory changes, so `elasticd keygen --allow` takes effect on a
+    running daemon without a restart.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self._state_dir = Path(state_dir)
+        self._lock = threading.Lock()
+        self._mtime: float | None = None
+        self._keys: set[bytes] = set()
+        self.denied = 0
+
+    def _reload(self) -> None:
+        try:
+            mtime = keys.allowed_dir(self._state_dir).stat().st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        if mtime != self._mtime:
+            self._keys = keys.allowed_keys(self._state_dir)
+            self._mtime = mtime
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        with self._lock:
+            self._reload()
+            ok = zmq.utils.z85.encode(client_key) in self._keys if len(client_key) == 32 else (
+                client_key in self._keys)
+            if not ok:
+                self.denied += 1
+                log.warning("refused CURVE client %s: key not on the allow-list of %s",
+                            _printable(client_key), self._state_dir)
+            return ok
+
+
+def _printable(key: bytes) -> str:
+    try:
+        return (zmq.utils.z85.encode(key) if len(key) == 32 else key).decode()
+    except Exception:
+        return repr(key)
+
+
+class _Callback:
+    def __init__(self, fn: Callable[[str, bytes], bool]) -> None:
+        self._fn = fn
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return self._fn(domain, key)
+
+
+def start_authenticator(ctx: zmq.Context, allow: AllowList) -> ThreadAuthenticator:
+    """Start ZAP for `ctx`: every CURVE server socket in the context checks the allow-list."""
+    auth = ThreadAuthenticator(ctx, log=logging.getLogger("elasticd.auth"))
+    auth.start()
+    auth.configure_curve_callback(domain="*", credentials_provider=_Callback(allow.callback))
+    return auth
+
+
+def send(sock: zmq.Socket, msg: protocol.Message, identity: bytes | None = None) -> bool:
+    """Send without blocking; False when the message was dropped (peer gone or queue full)."""
+    frames = [msg.encode()] if identity is None else [identity, msg.encode()]
+    try:
+        sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
+    except zmq.ZMQError as e:
+        log.debug("send of %s dropped: %s", msg.op, e)
+        return False

@@ -1,0 +1,72 @@
+"""The placement policy as pure functions: no sockets, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticd.scheduler.policy import JobRequest, NodeView, best_device_count, place, spread
+
+
+def nodes(*counts: int) -> list[NodeView]:
+    return [NodeView(f"n{i}", tuple(f"cpu:{d}" for d in range(c)), 0, c) for i, c in enumerate(counts)]
+
+
+@pytest.mark.parametrize("n,lo,hi,want", [
+    (8, 1, 8, 8), (8, 1, 7, 4), (8, 1, 3, 3), (8, 5, 7, 5), (6, 1, 5, 3), (7, 1, 5, 4), (2, 1, 1, 1), (1, 1, 1, 1),
+])
+def test_best_device_count_prefers_fewest_workers_per_device_then_fewest_devices(n, lo, hi, want):
+    assert best_device_count(n, lo, hi) == want
+
+
+def test_spread_takes_from_the_node_with_most_free_and_groups_ranks_by_node():
+    got = spread(4, nodes(2, 3))
+    assert sorted(got) == sorted([("n1", "cpu:0"), ("n1", "cpu:1"), ("n0", "cpu:0"), ("n0", "cpu:1")])
+    # contiguous per node, rank 0 on the node picked first (the one with most free devices)
+    assert [n for n, _ in got] == ["n1", "n1", "n0", "n0"]
+    with pytest.raises(ValueError):
+        spread(6, nodes(2, 3))
+
+
+def test_higher_priority_gets_its_maximum_first_and_lower_priority_its_minimum():
+    jobs = [JobRequest("low", 2, 1, 2, priority=0, seq=1), JobRequest("high", 2, 1, 2, priority=5, seq=2)]
+    got = place(jobs, nodes(3))
+    assert len(got["high"]) == 2 and len(got["low"]) == 1
+    assert not set(got["high"]) & set(got["low"])
+
+
+def test_two_jobs_share_two_devices():
+    jobs = [JobRequest("a", 4, 1, 4, priority=0, seq=1), JobRequest("b", 4, 1, 4, priority=1, seq=2)]
+    got = place(jobs, nodes(2))
+    assert {k: len(v) for k, v in got.items()} == {"a": 1, "b": 1}
+
+
+def test_gang_a_job_that_does_not_fit_blocks_lower_priority_ones():
+    jobs = [JobRequest("wide", 4, 4, 4, priority=9, seq=1), JobRequest("narrow", 1, 1, 1, priority=0, seq=2)]
+    busy_one = [NodeView("n0", ("cpu:1", "cpu:2", "cpu:3"), load=1, total=4)]
+    assert place(jobs, busy_one) == {}
+
+
+def test_a_job_wider_than_the_island_is_skipped_not_blocking():
+    jobs = [JobRequest("huge", 16, 16, 16, priority=9, seq=1), JobRequest("small", 2, 1, 2, seq=2)]
+    got = place(jobs, nodes(2))
+    assert list(got) == ["small"] and len(got["small"]) == 2
+
+
+def test_growth_prefers_m_dividing_n():
+    got = place([JobRequest("j", 8, 1, 8, seq=1)], nodes(7))
+    assert len(got["j"]) == 4
+
+
+def test_fixed_device_count_from_scale_is_used_exactly():
+    got = place([JobRequest("j", 8, 1, 8, seq=1, fixed=2)], nodes(8))
+    assert len(got["j"]) == 2
+
+
+def test_one_job_spans_two_single_device_nodes():
+    got = place([JobRequest("j", 2, 2, 2, seq=1)], nodes(1, 1))
+    assert sorted(n for n, _ in got["j"]) == ["n0", "n1"]
+
+
+def test_same_priority_goes_by_submission_order():
+    jobs = [JobRequest("second", 2, 2, 2, seq=2), JobRequest("first", 2, 2, 2, seq=1)]
+    assert list(place(jobs, nodes(2))) == ["first"]

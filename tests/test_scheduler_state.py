@@ -1,0 +1,294 @@
+"""The scheduler's job/node tables as a synchronous state machine, driven by hand with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticd import protocol as p
+from elasticd.scheduler.jobs import InvalidTransition, Job, JobSpec, JobState
+from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
+
+
+class Island:
+    """A scheduler plus helpers to play the nodes' side of the protocol."""
+
+    def __init__(self, jobs: list[Job] | None = None, **cfg) -> None:
+        self.now = 100.0
+        self.s = SchedulerState(jobs, now=self.now, config=Config(**cfg))
+        self.sent: list[Send] = []
+
+    def _take(self, out: list[Send]) -> list[Send]:
+        self.sent += out
+        self.s.validate()
+        return out
+
+    def hello(self, node: str, devices: int, jobs: list[p.JobReport] | None = None) -> list[Send]:
+        devs = [p.DeviceInfo(device_id=f"cpu:{i}", type="cpu", index=i) for i in range(devices)]
+        return self._take(self.s.node_hello(p.NodeHello(node_id=node, host=f"{node}.host", devices=devs,
+                                                        jobs=jobs or []), self.now))
+
+    def report(self, node: str, *reports: p.JobReport) -> list[Send]:
+        return self._take(self.s.node_status(p.NodeStatus(node_id=node, jobs=list(reports)), self.now))
+
+    def submit(self, workers: int = 2, lo: int = 1, hi: int = 0, prio: int = 0) -> tuple[str, list[Send]]:
+        job, out = self.s.submit(p.Submit(script="/s.py", workers=workers, min_devices=lo, max_devices=hi,
+                                          priority=prio), self.now)
+        return job.job_id, self._take(out)
+
+    def tick(self, dt: float) -> list[Send]:
+        self.now += dt
+        return self._take(self.s.tick(self.now))
+
+    def state(self, job_id: str) -> JobState:
+        return self.s.jobs[job_id].state
+
+
+def launches(out: list[Send]) -> list[tuple[str, p.LaunchJob]]:
+    return [(a.node_id, a.msg) for a in out if isinstance(a.msg, p.LaunchJob)]
+
+
+def kills(out: list[Send]) -> list[tuple[str, str]]:
+    return [(a.node_id, a.msg.job_id) for a in out if isinstance(a.msg, p.KillJob)]
+
+
+def rep(job: str, state: str, ranks=(0,), port: int = 0, ok: bool = True, **kw) -> p.JobReport:
+    return p.JobReport(job_id=job, state=state, ranks=list(ranks), master_port=port, ok=ok, **kw)
+
+
+def test_single_node_lifecycle_queued_to_finished():
+    isl = Island()
+    job, out = isl.submit(workers=4, lo=1, hi=2)
+    assert isl.state(job) is JobState.QUEUED and out == []
+    out = isl.hello("a", 2)
+    assert isinstance(out[0].msg, p.Welcome)
+    ((node, launch),) = launches(out)
+    assert node == "a" and launch.world == 2 and launch.master_port == 0 and launch.master_addr == "a.host"
+    assert [pl.rank for pl in launch.placements] == [0, 1]
+    assert isl.state(job) is JobState.STARTING
+    isl.report("a", rep(job, "launching", (0, 1), port=4321))
+    assert isl.state(job) is JobState.STARTING
+    isl.report("a", rep(job, "running", (0, 1), port=4321, step=3, metrics={"loss": 0.5}))
+    assert isl.state(job) is JobState.RUNNING
+    assert isl.s.status(job, isl.now).jobs[0].metrics == {"loss": 0.5}
+    out = isl.report("a", rep(job, "ended", (0, 1), port=4321, step=10))
+    assert isl.state(job) is JobState.FINISHED
+    ack = [a.msg for a in out if isinstance(a.msg, p.NodeAck)][0]
+    assert ack.forget == [job]
+    assert [h[1] for h in isl.s.jobs[job].history] == ["queued", "starting", "running", "finished"]
+
+
+def test_job_spanning_two_nodes_waits_for_rank0_port_then_launches_the_rest():
+    isl = Island()
+    isl.hello("a", 1)
+    isl.hello("b", 1)
+    job, out = isl.submit(workers=2, lo=2, hi=2)
+    ((first, l0),) = launches(out)
+    assert l0.master_port == 0 and [pl.rank for pl in l0.placements] == [0]
+    other = "b" if first == "a" else "a"
+    out = isl.report(first, rep(job, "launching", (0,), port=5555))
+    ((node, l1),) = launches(out)
+    assert node == other and l1.master_port == 5555 and l1.master_addr == f"{first}.host"
+    assert [pl.rank for pl in l1.placements] == [1]
+    isl.report(first, rep(job, "running", (0,), port=5555))
+    assert isl.state(job) is JobState.STARTING  # gang: not running until every node's agents are up
+    isl.report(other, rep(job, "running", (1,)))
+    assert isl.state(job) is JobState.RUNNING
+    assert sorted(isl.s.status(job, isl.now).jobs[0].nodes) == ["a", "b"]
+
+
+def test_agent_failure_fails_the_job_kills_the_rest_and_frees_devices_only_when_confirmed():
+    isl = Island()
+    isl.hello("a", 1)
+    isl.hello("b", 1)
+    job, out = isl.submit(workers=2, lo=2, hi=2)
+    first = launches(out)[0][0]
+    other = "b" if first == "a" else "a"
+    isl.report(first, rep(job, "launching", (0,), port=1))
+    isl.report(other, rep(job, "running", (1,)))
+    isl.report(first, rep(job, "running", (0,), port=1))
+    waiting, _ = isl.submit(workers=2, lo=2, hi=2)
+    out = isl.report(other, rep(job, "ended", (1,), ok=False, error={"message": "boom", "traceback": "tb"}))
+    assert isl.state(job) is JobState.FAILED
+    err = isl.s.jobs[job].error
+    assert err["message"] == "boom" and err["node"] == other and err["traceback"] == "tb"
+    assert kills(out) == [(first, job)]
+    # The first node's agent may still hold its device: the next job waits for the confirmation.
+    assert isl.state(waiting) is JobState.QUEUED
+    out = isl.report(first, rep(job, "ended", (0,), ok=False))
+    assert isl.state(waiting) is JobState.STARTING
+
+
+def test_stop_running_job_kills_agents_and_repeats_the_kill_until_they_are_gone():
+    isl = Island(kill_repeat_s=1.0)
+    isl.hello("a", 1)
+    job, _ = isl.submit(workers=1)
+    isl.report("a", rep(job, "running", port=7))
+    msg, out = isl.s.stop(job, isl.now)
+    assert isl.state(job) is JobState.STOPPED and kills(out) == [("a", job)]
+    assert kills(isl.report("a", rep(job, "running"))) == []        # rate limited
+    isl.now += 1.5
+    assert kills(isl.report("a", rep(job, "running"))) == [("a", job)]
+    out = isl.report("a", rep(job, "ended", ok=True))
+    assert isl.state(job) is JobState.STOPPED                        # an exit 0 after stop stays stopped
+    assert [a.msg.forget for a in out if isinstance(a.msg, p.NodeAck)] == [[job]]
+    assert isl.s.stop(job, isl.now)[0].endswith("already stopped")
+
+
+def test_stop_queued_job():
+    isl = Island()
+    job, _ = isl.submit()
+    _, out = isl.s.stop(job, isl.now)
+    assert isl.state(job) is JobState.STOPPED and out == []
+
+
+def test_node_timeout_fails_running_job_and_requeues_starting_one():
+    isl = Island(node_timeout_s=5.0)
+    isl.hello("a", 1)
+    isl.hello("b", 1)
+    running, _ = isl.submit(workers=1, lo=1, hi=1)
+    node_r = isl.s.jobs[running].placement[0][0]
+    isl.report(node_r, rep(running, "running"))
+    starting, _ = isl.submit(workers=1, lo=1, hi=1)
+    node_s = isl.s.jobs[starting].placement[0][0]
+    assert node_s != node_r
+    isl.now += 4.0
+    isl.report(node_r, rep(running, "running"))  # node_r stays alive, node_s goes silent
+    out = isl.tick(2.0)
+    assert isl.state(running) is JobState.RUNNING
+    assert isl.state(starting) is JobState.QUEUED
+    assert not isl.s.nodes[node_s].alive
+    assert launches(out) == []      # no other free device for the requeued job
+    out = isl.tick(10.0)
+    assert isl.state(running) is JobState.FAILED and "lost" in isl.s.jobs[running].error["message"]
+
+
+def test_unknown_node_must_say_hello_and_rejoining_resumes():
+    isl = Island(node_timeout_s=5.0)
+    with pytest.raises(SchedulerError) as e:
+        isl.report("ghost")
+    assert e.value.code == p.UNKNOWN_NODE
+    isl.hello("a", 1)
+    isl.tick(6.0)
+    with pytest.raises(SchedulerError):
+        isl.report("a")
+    isl.hello("a", 1)
+    isl.report("a")
+
+
+def test_restart_keeps_table_and_reconciles_with_node_reports():
+    isl = Island()
+    isl.hello("a", 2)
+    keep, _ = isl.submit(workers=1, lo=1, hi=1)
+    lost, _ = isl.submit(workers=1, lo=1, hi=1)
+    isl.report("a", rep(keep, "running"), rep(lost, "running"))
+    done, _ = isl.submit(workers=1, lo=1, hi=1)
+    queued, _ = isl.submit(workers=4, lo=4, hi=4)
+    isl.report("a", rep(keep, "running"), rep(lost, "ended", ok=True))
+    isl.report("a", rep(keep, "running"), rep(done, "running"))
+    isl.report("a", rep(keep, "running"), rep(done, "ended"))
+    assert isl.state(done) is JobState.FINISHED and isl.state(lost) is JobState.FINISHED
+    docs = [j.to_doc() for j in isl.s.jobs.values()]
+    # ... the scheduler process dies; a new one loads the table
+    isl2 = Island([Job.from_doc(d) for d in docs])
+    assert {j: isl2.state(j) for j in (keep, done, queued)} == {
+        keep: JobState.RUNNING, done: JobState.FINISHED, queued: JobState.QUEUED}
+    isl2.hello("a", 2, jobs=[rep(keep, "running", step=42)])
+    assert isl2.state(keep) is JobState.RUNNING and isl2.s.jobs[keep].step == 42
+    nxt, _ = isl2.submit(workers=1)
+    assert nxt not in (keep, lost, done, queued)
+
+
+def test_restart_fails_jobs_whose_node_never_returns_or_forgot_them():
+    isl = Island()
+    isl.hello("a", 1)
+    isl.hello("b", 1)
+    on_a, _ = isl.submit(workers=1, lo=1, hi=1)
+    on_b, _ = isl.submit(workers=1, lo=1, hi=1)
+    node_a = isl.s.jobs[on_a].placement[0][0]
+    node_b = isl.s.jobs[on_b].placement[0][0]
+    isl.report(node_a, rep(on_a, "running"))
+    isl.report(node_b, rep(on_b, "running"))
+    isl2 = Island([Job.from_doc(j.to_doc()) for j in isl.s.jobs.values()], node_timeout_s=5.0)
+    isl2.hello(node_a, 1, jobs=[])     # daemon restarted too: its agents are gone
+    assert isl2.state(on_a) is JobState.FAILED
+    assert isl2.state(on_b) is JobState.RUNNING
+    isl2.tick(6.0)                     # node_b never comes back
+    assert isl2.state(on_b) is JobState.FAILED
+
+
+def test_stray_job_on_a_node_is_killed():
+    isl = Island()
+    isl.hello("a", 1)
+    out = isl.report("a", rep("j999", "running"))
+    assert kills(out) == [("a", "j999")]
+    out = isl.report("a", rep("j999", "ended"))
+    assert [a.msg.forget for a in out if isinstance(a.msg, p.NodeAck)] == [["j999"]]
+
+
+def test_scale_validates_and_fixes_queued_job_size():
+    isl = Island()
+    job, _ = isl.submit(workers=4, lo=1, hi=4)
+    with pytest.raises(SchedulerError) as e:
+        isl.s.scale("nope", 2, isl.now)
+    assert e.value.code == p.UNKNOWN_JOB
+    for bad in (0, 5):
+        with pytest.raises(SchedulerError) as e:
+            isl.s.scale(job, bad, isl.now)
+        assert e.value.code == p.BAD_REQUEST
+    isl.s.scale(job, 2, isl.now)
+    out = isl.hello("a", 4)
+    assert launches(out)[0][1].world == 2
+
+
+def test_scale_running_job_records_request_or_sends_resize_when_enabled():
+    for enabled in (False, True):
+        isl = Island(resize_enabled=enabled)
+        isl.hello("a", 2)
+        job, _ = isl.submit(workers=2, lo=1, hi=1)
+        isl.report("a", rep(job, "running"))
+        msg, out = isl.s.scale(job, 2, isl.now)
+        assert isl.s.jobs[job].requested_devices == 2
+        if enabled:
+            assert isl.state(job) is JobState.RESIZING
+            assert [(a.node_id, a.msg.devices) for a in out if isinstance(a.msg, p.ResizeJob)] == [("a", 2)]
+        else:
+            assert isl.state(job) is JobState.RUNNING and out == [] and "recorded" in msg
+
+
+def test_submit_rejects_impossible_sizes():
+    isl = Island()
+    for workers, lo, hi in ((0, 1, 1), (2, 3, 3), (2, 2, 1), (2, 0, 2)):
+        with pytest.raises(SchedulerError) as e:
+            isl.submit(workers=workers, lo=lo, hi=hi)
+        assert e.value.code == p.BAD_REQUEST
+
+
+def test_start_timeout_fails_job():
+    isl = Island(start_timeout_s=30.0, node_timeout_s=1e9)
+    isl.hello("a", 1)
+    job, _ = isl.submit(workers=1)
+    out = isl.tick(31.0)
+    assert isl.state(job) is JobState.FAILED and kills(out) == [("a", job)]
+
+
+def test_priority_orders_queued_jobs_when_devices_free_up():
+    isl = Island()
+    isl.hello("a", 2)
+    blocker, _ = isl.submit(workers=2, lo=2, hi=2)
+    isl.report("a", rep(blocker, "running", (0, 1)))
+    low, _ = isl.submit(workers=2, lo=2, hi=2, prio=0)
+    high, _ = isl.submit(workers=2, lo=2, hi=2, prio=5)
+    isl.report("a", rep(blocker, "ended", (0, 1)))
+    assert isl.state(high) is JobState.STARTING and isl.state(low) is JobState.QUEUED
+
+
+def test_transitions_are_explicit():
+    job = Job(job_id="j1", seq=1, spec=JobSpec("/s.py", None, 2, 1, 2))
+    with pytest.raises(InvalidTransition):
+        job.transition(JobState.RUNNING, 1.0)
+    job.transition(JobState.STARTING, 1.0)
+    job.transition(JobState.RUNNING, 2.0)
+    job.transition(JobState.FINISHED, 3.0)
+    for dst in JobState:
+        with pytest.raises(InvalidTransition):
+            job.transition(dst, 4.0)
