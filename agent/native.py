@@ -1,0 +1,272 @@
+"""The real-DDP reference: run an `@elastic` function under plain torch DDP with N real processes.
+
+elasticd promises that N logical workers on M devices compute what `DistributedDataParallel` with N
+processes computes (DESIGN.md, "Semantics that must hold"). This module is the other side of that
+comparison: the same user script, unchanged, with `ctx` backed by real `torch.distributed` (gloo, CPU)
+and one OS process per rank. Nothing here is shared with the time-slicing runtime on purpose, so a bug
+in the runtime cannot hide in the reference.
+
+`python -m agent.native run SCRIPT[:FUNC] --workers N` runs a script this way from a shell;
+`python -m agent.native worker ...` is one rank (started by `run_native_ddp`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "product": dist.ReduceOp.PRODUCT,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
+_LOG_EVERY = 10  # rank 0 prints ctx.log metrics every this many steps (and on the first)
+
+
+class NativeContext:
+    """`ctx` for one real DDP process: the elasticd surface, with torch.distributed underneath."""
+
+    def __init__(self, rank: int, world_size: int, deterministic: bool = False) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device("cpu")
+        self.local_ranks = [rank]
+        self.step = 0
+        self.deterministic = deterministic
+        self.metrics: dict[str, Any] = {}
+        self._model: DistributedDataParallel | None = None
+
+    # --- replicated state -------------------------------------------------------------------
+    def replicate(self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> tuple[Any, ...]:
+        # DDP's default broadcast_buffers=True (renamed forward_sync_buffers in newer torch; passing either
+        # name warns on one version or the other): rank 0's buffers (BatchNorm statistics) overwrite every
+        # rank's before each forward, the semantics elasticd must reproduce. find_unused_parameters lets a
+        # rank leave a parameter without gradient (it contributes zero to the average).
+        ddp = DistributedDataParallel(model, find_unused_parameters=True)
+        self._model = ddp
+        if lr_scheduler is None:
+            return ddp, optimizer
+        return ddp, optimizer, lr_scheduler
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the (already DDP-averaged) gradients of the replicated model; returns the total norm."""
+        return torch.nn.utils.clip_grad_norm_(self._replicated().parameters(), max_norm, norm_type=norm_type)
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self._replicated().no_sync()
+
+    def _replicated(self) -> DistributedDataParallel:
+        if self._model is None:
+            raise RuntimeError("call ctx.replicate(model, optimizer) first")
+        return self._model
+
+    # --- loop helpers -------------------------------------------------------------------------
+    def steps(self, total: int) -> Iterator[int]:
+        for i in range(total):
+            self.step = i
+            yield i
+
+    def batches(self, loader: Any) -> Iterator[Any]:
+        """Endless batches; a new epoch starts with `sampler.set_epoch(epoch)` like a hand-written loop."""
+        sampler = getattr(loader, "sampler", None)
+        epoch = 0
+        while True:
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            empty = True
+            for batch in loader:
+                empty = False
+                yield batch
+            if empty:  # an endless loop over nothing would hang instead of failing
+                raise ValueError(f"data loader yielded no batches in epoch {epoch} on rank {self.rank}")
+            epoch += 1
+
+    def log(self, **metrics: Any) -> None:
+        self.metrics.update(metrics)
+        if self.rank == 0 and self.step % _LOG_EVERY == 0:
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+            print(f"[native ddp] step {self.step} {shown}", flush=True)
+
+    # --- collectives over the (real) world ----------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        if op in ("avg", "mean"):  # gloo has no AVG
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            return tensor.div_(self.world_size) if tensor.is_floating_point() else tensor
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(_REDUCE_OPS)} or 'avg'")
+        dist.all_reduce(tensor, op=_REDUCE_OPS[op])
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        dist.broadcast(tensor, src=src)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor.contiguous())
+        return out
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+# --- finding the user's function ----------------------------------------------------------------------
+
+def load_script(script: str) -> ModuleType:
+    """Import the script by path under a name that is not `__main__`, so its `train()` footer stays idle."""
+    path = Path(script).resolve()
+    # Like `python script.py`: the script's directory comes first, so its sibling imports work.
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"elasticd_native_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {script}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def find_function(module: ModuleType, func: str | None) -> Any:
+    """The decorated function: by name, else the only module-level object with `.fn` and `.workers`."""
+    if func is not None:
+        if not hasattr(module, func):
+            raise LookupError(f"{module.__file__} has no function {func!r}")
+        return getattr(module, func)
+    # keyed by id: one function bound to two names is still one function
+    found = list({id(v): v for v in vars(module).values() if hasattr(v, "fn") and hasattr(v, "workers")}.values())
+    if len(found) != 1:
+        raise LookupError(
+            f"{module.__file__} has {len(found)} @elastic functions; name one with SCRIPT:FUNC / --func"
+        )
+    return found[0]
+
+
+def _body(obj: Any) -> tuple[Callable[[Any], Any], bool]:
+    """The undecorated body and its deterministic flag (a plain function taking ctx also works)."""
+    return getattr(obj, "fn", obj), bool(getattr(obj, "deterministic", False))
+
+
+# --- one rank ------------------------------------------------------------------------------------------
+
+def _worker(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)  # N ranks share the machine's cores; oversubscription only slows the reference
+    timeout = timedelta(seconds=args.pg_timeout)
+    store = dist.TCPStore("127.0.0.1", args.store_port, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
+    try:
+        sys.argv = [args.script]
+        body, deterministic = _body(find_function(load_script(args.script), args.func))
+        body(NativeContext(args.rank, args.world, deterministic))
+    except BaseException:
+        sys.stderr.write(f"[native ddp] rank {args.rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        # Peers are blocked in collectives with us; tearing the process group down could block too.
+        os._exit(1)
+    dist.destroy_process_group()
+    return 0
+
+
+# --- the launcher --------------------------------------------------------------------------------------
+
+def run_native_ddp(
+    script_path: str, func: str | None, workers: int, env: dict[str, str] | None = None, timeout: float = 600
+) -> int:
+    """Run the script's @elastic function under plain DDP with `workers` gloo processes.
+
+    Returns 0 when every rank returned. When a rank fails the others are killed (they would wait in a
+    collective forever) and its exit code is returned; 124 when `timeout` seconds pass first.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    # The launcher hosts the rendezvous store on an OS-chosen port: no free-port race with other jobs.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout))
+    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
+    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # find_unused_parameters=True makes DDP warn once per rank when every parameter was used.
+    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # gloo must not pick an interface other ranks can't reach
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, child_env.get("PYTHONPATH")) if p)
+    procs: list[subprocess.Popen[bytes]] = []
+    exits: queue.Queue[tuple[int, int]] = queue.Queue()
+    try:
+        for rank in range(workers):
+            cmd = [sys.executable, "-m", "agent.native", "worker", "--script", script_path,
+                   "--rank", str(rank), "--world", str(workers), "--store-port", str(store.port),
+                   "--pg-timeout", str(timeout)]
+            if func:
+                cmd += ["--func", func]
+            proc = subprocess.Popen(cmd, env=child_env)
+            procs.append(proc)
+            # One waiter thread per rank turns process exits into queue events the launcher blocks on.
+            threading.Thread(target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        for _ in range(workers):
+            try:
+                rank, code = exits.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                print(f"[native ddp] timed out after {timeout:.0f}s; killing all ranks", file=sys.stderr, flush=True)
+                return 124
+            if code != 0:
+                print(f"[native ddp] rank {rank} exited with code {code}; stopping the other ranks",
+                      file=sys.stderr, flush=True)
+                return code if code > 0 else 1
+        return 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs:
+            proc.wait()
+        del store
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.native", description="run an @elastic script under plain DDP")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="N gloo processes on this machine")
+    run.add_argument("target", metavar="SCRIPT[:FUNC]")
+    run.add_argument("--workers", type=int, default=None, help="default: the decorator's workers")
+    run.add_argument("--timeout", type=float, default=3600)
+    w = sub.add_parser("worker", help="one rank (started by `run`)")
+    w.add_argument("--script", required=True)
+    w.add_argument("--func", default=None)
+    w.add_argument("--rank", type=int, required=True)
+    w.add_argument("--world", type=int, required=True)
+    w.add_argument("--store-port", type=int, required=True)
+    w.add_argument("--pg-timeout", type=float, default=600)
+    args = p.parse_args(argv)
+    if args.cmd == "worker":
+        return _worker(args)
+    script, _, func = args.target.partition(":")
+    workers = args.workers
+    if workers is None:  # only the launcher imports the script for this; ranks import it themselves
+        workers = int(find_function(load_script(script), func or None).workers)
+    return run_native_ddp(script, func or None, workers, timeout=args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Shared fixtures: the real-DDP reference result of each equivalence job, computed once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from util import JOBS, REFERENCE_WORKERS, Reference, load_state
+
+from agent.native import run_native_ddp
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Reference]:
+    """`ddp_reference(job)` runs tests/jobs/<job>.py under torch DDP with 4 gloo processes (once per job)."""
+    cache: dict[str, Reference] = {}
+
+    def get(job: str) -> Reference:
+        if job not in cache:
+            out = tmp_path_factory.mktemp(f"ddp_{job}")
+            env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS),
+                   "ELASTICD_TEST_OUT": str(out / "final.pt"), "ELASTICD_TEST_INIT": str(out / "init.pt")}
+            code = run_native_ddp(str(JOBS / f"{job}.py"), None, REFERENCE_WORKERS, env=env, timeout=300)
+            assert code == 0, f"reference DDP run of {job} failed with exit code {code} (rank output above)"
+            cache[job] = Reference(initial=load_state(out / "init.pt"), final=load_state(out / "final.pt"))
+        return cache[job]
+
+    return get

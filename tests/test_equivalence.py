@@ -1,0 +1,96 @@
+"""DDP equivalence (DESIGN.md, semantics 1): N=4 logical workers on M=1, 2, 4 devices vs real DDP.
+
+Each job in tests/jobs/ is run once under `torch.nn.parallel.DistributedDataParallel` with 4 gloo
+processes (agent/native.py) and through `elasticd run` on M devices; logical rank 0's final state_dict
+(params and buffers) must agree tensor by tensor within fp32 round-off.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from util import (
+    JOBS,
+    REFERENCE_WORKERS,
+    Finished,
+    Reference,
+    load_state,
+    rel_diff,
+    rel_diffs,
+    run_cli,
+    session_pids,
+    wait_until,
+)
+
+from agent.native import run_native_ddp
+
+EQUIVALENCE_JOBS = ["mlp_sgd", "cnn_bn", "tiny_lm", "accum_nosync"]
+TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor: local pre-summation reorders fp32 additions, nothing more
+MOVED = 1e-3      # every float tensor must have moved 100x further than the tolerance during training
+RUN_TIMEOUT = 300.0
+FAILURE_DEADLINE = 120.0  # a raising worker must end the run well before this
+
+
+def elasticd_run(script: Path, devices: int, env: dict[str, str] | None = None) -> Finished:
+    args = ["run", str(script), "--workers", str(REFERENCE_WORKERS), "--devices", str(devices)]
+    return run_cli(args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **(env or {})}, timeout=RUN_TIMEOUT)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("job", EQUIVALENCE_JOBS)
+def test_reference_trains(job: str, ddp_reference: Callable[[str], Reference]) -> None:
+    """Guard against a vacuous comparison: under DDP every float tensor moves well beyond the tolerance."""
+    ref = ddp_reference(job)
+    assert set(ref.initial) == set(ref.final)
+    unmoved = {name: rel_diff(ref.final[name], ref.initial[name]) for name in ref.final
+               if ref.final[name].is_floating_point()
+               and rel_diff(ref.final[name], ref.initial[name]) <= MOVED}
+    assert not unmoved, f"{job}: tensors that barely changed in training: {unmoved}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("devices", [1, 2, 4])
+@pytest.mark.parametrize("job", EQUIVALENCE_JOBS)
+def test_ddp_equivalence(job: str, devices: int, ddp_reference: Callable[[str], Reference], tmp_path: Path) -> None:
+    ref = ddp_reference(job)
+    out = tmp_path / "final.pt"
+    run = elasticd_run(JOBS / f"{job}.py", devices, env={"ELASTICD_TEST_OUT": str(out)})
+    assert run.returncode == 0, f"elasticd run exited {run.returncode}:\n{run.output}"
+    assert out.exists(), f"logical rank 0 wrote no result:\n{run.output}"
+    diffs = rel_diffs(ref.final, load_state(out))
+    print(f"{job} N={REFERENCE_WORKERS} M={devices}: max rel diff {max(diffs.values()):.3g} "
+          f"({run.seconds:.1f}s)")
+    too_far = {name: d for name, d in diffs.items() if d > TOLERANCE}
+    assert not too_far, f"{job} on {devices} devices differs from DDP (max|Δ|/max|p| per tensor): {too_far}"
+
+
+def _mentions_rank(output: str, rank: int) -> bool:
+    """The rank is named by the runner, not merely inside the exception's own message."""
+    return any(re.search(rf"\brank\W{{0,3}}{rank}\b", line) and "deliberate failure" not in line
+               for line in output.splitlines())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_raising_worker_stops_the_run(devices: int) -> None:
+    run = elasticd_run(JOBS / "raises.py", devices)
+    assert run.returncode != 0, f"a raising worker must fail the run:\n{run.output}"
+    assert run.seconds < FAILURE_DEADLINE, f"took {run.seconds:.0f}s to notice the failure"
+    assert "Traceback" in run.output and "raise DeliberateFailure" in run.output, run.output
+    assert "deliberate failure on logical rank 2 at step 3" in run.output, run.output
+    assert _mentions_rank(run.output, 2), f"the failing logical rank is not named:\n{run.output}"
+    # Nothing the run started (agents) may outlive it.
+    wait_until(lambda: not session_pids(run.session), 30, "the run's agent processes to exit")
+
+
+@pytest.mark.timeout(300)
+def test_reference_stops_on_a_raising_rank(capfd: pytest.CaptureFixture[str]) -> None:
+    """The harness itself: a raising rank fails the DDP reference promptly instead of hanging its peers."""
+    code = run_native_ddp(str(JOBS / "raises.py"), None, REFERENCE_WORKERS,
+                          env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}, timeout=FAILURE_DEADLINE)
+    err = capfd.readouterr().err
+    assert code not in (0, 124), f"exit code {code}:\n{err}"
+    assert "rank 2 failed" in err and "raise DeliberateFailure" in err, err

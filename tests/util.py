@@ -1,0 +1,116 @@
+"""Helpers shared by the end-to-end tests: tensor comparison, condition waits, running the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = REPO / "tests" / "jobs"
+REFERENCE_WORKERS = 4  # N of the equivalence jobs
+
+
+@dataclass(slots=True)
+class Reference:
+    """One job's result under plain torch DDP (agent/native.py)."""
+
+    initial: dict[str, torch.Tensor]  # logical rank 0's model before training
+    final: dict[str, torch.Tensor]    # rank 0's state_dict after training
+
+
+def rel_diff(ref: torch.Tensor, got: torch.Tensor) -> float:
+    """max|Δ| / max|ref| for one tensor (0 when both are all zero; inf when only ref is)."""
+    ref, got = ref.detach().double(), got.detach().double()
+    if ref.shape != got.shape:
+        raise ValueError(f"shape mismatch {tuple(ref.shape)} vs {tuple(got.shape)}")
+    delta = (ref - got).abs().max().item() if ref.numel() else 0.0
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    if scale == 0.0:
+        return 0.0 if delta == 0.0 else float("inf")
+    return delta / scale
+
+
+def rel_diffs(ref: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Per-tensor rel_diff; the two state dicts must name the same tensors."""
+    if set(ref) != set(got):
+        raise ValueError(f"different tensors: only in ref {sorted(set(ref) - set(got))}, "
+                         f"only in got {sorted(set(got) - set(ref))}")
+    return {name: rel_diff(ref[name], got[name]) for name in ref}
+
+
+def max_rel_diff(ref: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor]) -> float:
+    """The worst per-tensor max|Δ| / max|p| over every tensor of two state dicts."""
+    return max(rel_diffs(ref, got).values(), default=0.0)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll `predicate` until it holds; AssertionError naming `what` if `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass(slots=True)
+class Finished:
+    returncode: int
+    output: str      # stdout and stderr interleaved, as a user would see them
+    seconds: float
+    session: int     # session id of the process tree (the launched process's pid)
+
+
+def run_cli(args: list[str], env: Mapping[str, str] | None = None, timeout: float = 300) -> Finished:
+    """Run `python -m elasticd ARGS` in its own session; on timeout kill the whole session and fail.
+
+    Its own session lets a hang be cleaned up completely (agents included) and lets tests check that
+    nothing the run started outlives it.
+    """
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elasticd", *args], cwd=REPO, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError(
+            f"`elasticd {' '.join(args)}` still running after {timeout:.0f}s; output:\n{out}") from None
+    return Finished(proc.returncode, out, time.monotonic() - start, proc.pid)
+
+
+def session_pids(session: int) -> list[int]:
+    """Live (non-zombie) processes in a session."""
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(p.pid) == session and p.info["status"] != psutil.STATUS_ZOMBIE:
+                pids.append(p.pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pids
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL every process of a session this test started (its leader's pid is the session id)."""
+    for pid in session_pids(session):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def load_state(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
