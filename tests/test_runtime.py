@@ -1,0 +1,139 @@
+"""The time-slicer in this process (one device): sharing, once-per-step updates, RNG isolation, errors."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import elasticd
+from agent.runtime import WorkerFailed
+
+
+class CountingSGD(torch.optim.SGD):
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.real_steps = 0
+
+    def step(self, closure=None):  # type: ignore[override]
+        self.real_steps += 1
+        return super().step(closure)
+
+
+def test_hosted_workers_share_one_copy_and_update_once_per_step() -> None:
+    seen: dict[int, dict] = {}
+
+    @elasticd.elastic(workers=4)
+    def train(ctx):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 2)
+        opt = CountingSGD(model.parameters(), lr=0.1)
+        model, opt = ctx.replicate(model, opt)
+        for _ in ctx.steps(5):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        seen[ctx.rank] = {"model": model, "opt": opt, "ptrs": [p.data_ptr() for p in model.parameters()],
+                          "state": [id(s) for s in opt.state.values()], "thread": threading.get_ident()}
+
+    train()
+    assert sorted(seen) == [0, 1, 2, 3]
+    first = seen[0]
+    for r in (1, 2, 3):
+        assert seen[r]["model"] is first["model"]
+        assert seen[r]["ptrs"] == first["ptrs"]
+        assert seen[r]["state"] == first["state"]
+    assert len({s["thread"] for s in seen.values()}) == 4  # one thread per logical worker
+    assert first["opt"].real_steps == 5  # once per physical step, not once per worker
+
+
+def _draws() -> list[float]:
+    return [*torch.rand(3).tolist(), random.random(), float(np.random.rand())]
+
+
+def test_each_worker_keeps_its_own_random_streams_across_switches() -> None:
+    got: dict[int, list[float]] = {}
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        torch.manual_seed(100 + ctx.rank)
+        random.seed(200 + ctx.rank)
+        np.random.seed(300 + ctx.rank)
+        out = _draws()
+        ctx.barrier()  # another worker runs (and draws) here
+        out += _draws()
+        got[ctx.rank] = out
+
+    train()
+    for r in range(3):
+        torch.manual_seed(100 + r)
+        random.seed(200 + r)
+        np.random.seed(300 + r)
+        assert got[r] == _draws() + _draws(), f"rank {r} saw another worker's random stream"
+
+
+def test_logical_collectives_over_hosted_workers() -> None:
+    got: dict[int, dict] = {}
+
+    @elasticd.elastic(workers=4)
+    def train(ctx):
+        t = torch.tensor([float(ctx.rank + 1)])
+        ctx.all_reduce(t)
+        b = torch.tensor([float(ctx.rank * 10)])
+        ctx.broadcast(b, src=2)
+        g = ctx.all_gather(torch.tensor([ctx.rank, ctx.rank * ctx.rank]))
+        a = torch.tensor([2.0])
+        work = ctx.all_reduce(a, op="max", async_op=True)
+        a2 = torch.tensor([float(ctx.rank)])
+        ctx.all_reduce(a2, op="avg")
+        work.wait()
+        got[ctx.rank] = {"sum": t.item(), "bcast": b.item(), "gather": [x.tolist() for x in g],
+                         "max": a.item(), "avg": a2.item()}
+
+    train()
+    for r in range(4):
+        assert got[r] == {"sum": 10.0, "bcast": 20.0, "gather": [[i, i * i] for i in range(4)],
+                          "max": 2.0, "avg": 1.5}
+
+
+def test_a_raising_worker_reports_its_rank_and_traceback() -> None:
+    @elasticd.elastic(workers=4)
+    def train(ctx):
+        for step in ctx.steps(10):
+            ctx.barrier()
+            if ctx.rank == 2 and step == 3:
+                raise ValueError("bad batch on purpose")
+
+    with pytest.raises(WorkerFailed) as info:
+        train()
+    assert info.value.rank == 2
+    assert "bad batch on purpose" in info.value.message
+    assert "in train" in info.value.traceback
+
+
+def test_mismatched_collectives_fail_naming_both_ranks() -> None:
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        shape = (3,) if ctx.rank == 1 else (2,)
+        ctx.all_reduce(torch.zeros(shape))
+
+    with pytest.raises(WorkerFailed) as info:
+        train()
+    assert "CollectiveMismatch" in info.value.message
+    assert "logical ranks 0 and 1" in info.value.message
+
+
+def test_a_rank_returning_early_while_others_wait_is_an_error_not_a_hang() -> None:
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        if ctx.rank == 1:
+            return
+        ctx.barrier()
+
+    with pytest.raises(WorkerFailed) as info:
+        train()
+    assert "returned from the function while ranks [0, 2] wait" in info.value.message
+
