@@ -54,13 +54,16 @@ class Worker:
     sem: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     ctx: WorkerContext | None = None
     rng: rng.RngState | None = None
-    queued: list[tuple[Collective, Work]] = field(default_factory=list)
+    queued: list[tuple[Collective, Work | None]] = field(default_factory=list)
     touched_grads: bool = False
     no_sync_depth: int = 0
     replicate_calls: int = 0
     start_step: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     loaders: list[ResumableBatches] = field(default_factory=list)
+    # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
+    # private model's gradient average), which the runtime then flushes with the replicated ones.
+    backward_hooks: list[Callable[[], None]] = field(default_factory=list)
     result: Any = None
 
 
@@ -94,6 +97,9 @@ class Runtime:
         self._aborted = False
         self._cuda = device if device.type == "cuda" else None
         self._step_times: list[float] = []
+        # Called as (outgoing, incoming) at every hand-over, before the incoming worker runs: where
+        # private device state is swapped out and in. Outgoing is None at start.
+        self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
         install_backward_hook()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -186,6 +192,8 @@ class Runtime:
         if me is not None:
             me.rng = rng.capture(self._cuda)
         rng.restore(nxt.rng, self._cuda)
+        for listener in self.switch_listeners:
+            listener(me, nxt)
         self.current = nxt
         nxt.sem.release()
 
@@ -207,7 +215,8 @@ class Runtime:
             check_matching(ops)
             type(ops[0]).flush(ops, self.env)
             for b in batches:
-                b[i][1]._complete()
+                if b[i][1] is not None:
+                    b[i][1]._complete()
         for r in ranks:
             self._workers[r].queued = []
 
@@ -218,7 +227,7 @@ class Runtime:
             raise RuntimeError("elasticd: replicated state used outside a logical worker")
         return w.rank
 
-    def enqueue(self, w: Worker, op: Collective, work: Work) -> None:
+    def enqueue(self, w: Worker, op: Collective, work: Work | None) -> None:
         op.on_arrive(self.deterministic)
         w.queued.append((op, work))
 
@@ -230,14 +239,17 @@ class Runtime:
             self._wait_turn(w)
 
     def after_backward(self, w: Worker) -> None:
-        """The end of a backward pass: averaging the replicated gradients is a collective."""
-        if not w.touched_grads or w.no_sync_depth > 0 or not self.groups:
+        """The end of a backward pass: averaging gradients is a collective, so the worker yields here."""
+        if w.no_sync_depth > 0:
             return
-        w.touched_grads = False
-        op = GradSync(w.rank, groups=self.groups)
-        work = Work(self, op)
-        self.enqueue(w, op, work)
-        work.wait()
+        queued = len(w.queued)
+        if w.touched_grads and self.groups:
+            w.touched_grads = False
+            self.enqueue(w, GradSync(w.rank, groups=self.groups), None)
+        for hook in w.backward_hooks:
+            hook()
+        if len(w.queued) > queued:
+            self.drain(w)
 
     def replicate(self, w: Worker, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> Any:
         index = w.replicate_calls
