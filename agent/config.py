@@ -23,6 +23,7 @@ class AgentConfig:
     control: str | None = None  # ZeroMQ endpoint of the node daemon; None = NullControl
     error_file: str | None = None  # where a failing agent writes its error as JSON
     threads: int = 0            # torch intra-op threads; 0 = share the machine's cores between agents
+    join_from: int = 0          # > 0: a new agent joining a resize from a job of `join_from` agents
 
     @property
     def hosted(self) -> list[int]:
@@ -42,6 +43,8 @@ class AgentConfig:
             argv += ["--control", self.control]
         if self.error_file:
             argv += ["--error-file", self.error_file]
+        if self.join_from:
+            argv += ["--join-from", str(self.join_from)]
         return argv
 
 
@@ -60,12 +63,14 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--control", default=None)
     p.add_argument("--error-file", default=None)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--join-from", type=int, default=0,
+                   help="join a running job that is growing from this many agents (resize)")
     a = p.parse_args(argv)
     cfg = AgentConfig(
         script=a.script, func=a.func, workers=a.workers, rank=a.rank, world=a.world,
         device_type=a.device_type, device_index=a.device_index, master_addr=a.master_addr,
         master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
-        threads=a.threads,
+        threads=a.threads, join_from=a.join_from,
     )
     try:
         cfg.hosted  # noqa: B018 - computing the layout validates it

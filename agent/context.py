@@ -103,6 +103,7 @@ class WorkerContext:
     # -- progress -----------------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
         """Step indices `ctx.step .. total-1`; each boundary between two steps is a physical-step boundary."""
+        self._rt.begin_steps(self._w)
         for s in range(self._w.start_step, total):
             self.step = s
             yield s
@@ -111,7 +112,7 @@ class WorkerContext:
     def batches(self, loader: Any) -> ResumableBatches:
         """An endless iterator over `loader`, epoch after epoch (`sampler.set_epoch(e)` at each start)."""
         it = ResumableBatches(loader)
-        self._w.loaders.append(it)
+        self._rt.attach_loader(self._w, it)
         return it
 
     def log(self, **metrics: Any) -> None:

@@ -1,8 +1,8 @@
 """The agent's channel to whoever launched it (the local launcher or a node daemon).
 
-The runtime only sees this interface. `NullControl` is used by `elasticd run` and standalone runs
-(progress goes to stdout); the node daemon passes `--control ENDPOINT` and the agent talks ZeroMQ
-through `agent.control_zmq.ZmqControl`.
+The runtime only sees this interface. `NullControl` serves standalone runs (progress goes to stderr);
+`elasticd run` passes `--control pipe:R,W` (`agent.control_pipe.PipeControl`); the node daemon passes
+a ZeroMQ endpoint and the agent talks through `agent.control_zmq.ZmqControl`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ class ControlChannel(Protocol):
     def failed(self, error: dict[str, Any]) -> None:
         """A worker raised: logical rank, host, message and the formatted traceback."""
 
+    def resized(self, info: dict[str, Any]) -> None:
+        """A resize finished on this agent: {"epoch", "world", "rank", "left", "seconds"}."""
+
     def poll(self) -> list[dict[str, Any]]:
-        """Commands waiting for the agent (e.g. {"op": "stop"}); never blocks."""
+        """Commands waiting for the agent, never blocking: {"op": "stop"}, or
+        {"op": "resize", "epoch": E, "world": M, "master_addr": A, "master_port": P}."""
 
     def close(self) -> None: ...
 
@@ -56,6 +60,9 @@ class NullControl:
         pass
 
     def failed(self, error: dict[str, Any]) -> None:
+        pass
+
+    def resized(self, info: dict[str, Any]) -> None:
         pass
 
     def poll(self) -> list[dict[str, Any]]:

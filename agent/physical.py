@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,7 @@ class PhysicalGroup:
         self.world = world
         self.device = device
         self.bytes_reduced = 0  # accounting for benchmarks and tests
+        self._gloo: Any = None
 
     @classmethod
     def connect(cls, rank: int, world: int, device: torch.device, master_addr: str, master_port: int,
@@ -64,6 +66,29 @@ class PhysicalGroup:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+    # Byte transfer for resize hand-overs. NCCL moves device tensors only, so on CUDA these go over a
+    # gloo side group (created lazily: only a resize needs it).
+    def _cpu_group(self) -> Any:
+        if self.device.type != "cuda":
+            return None
+        if self._gloo is None:
+            self._gloo = dist.new_group(backend="gloo")
+        return self._gloo
+
+    def send_bytes(self, data: bytes, dst: int) -> None:
+        group = self._cpu_group()
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group)
+        dist.send(payload, dst, group=group)
+
+    def recv_bytes(self, src: int) -> bytes:
+        group = self._cpu_group()
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.recv(size, src, group=group)
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.recv(payload, src, group=group)
+        return payload.numpy().tobytes()
 
 
 _OPS = {

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -15,13 +17,19 @@ import torch
 from agent.config import AgentConfig
 from agent.control import ControlChannel, NullControl
 from agent.physical import PhysicalGroup
+from agent.resize import grow, shrink
 from agent.runtime import Runtime, WorkerFailed
 from agent.script import load_function
+from agent.snapshot import AgentSnapshot
 
 log = logging.getLogger(__name__)
 
 
 def _control(cfg: AgentConfig) -> ControlChannel:
+    if cfg.control and cfg.control.startswith("pipe:"):
+        from agent.control_pipe import PipeControl
+
+        return PipeControl.from_spec(cfg.control, cfg.rank)
     if cfg.control:
         from agent.control_zmq import ZmqControl
 
@@ -52,6 +60,27 @@ def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None,
         log.exception("could not report the failure to the control channel")
 
 
+def _set_threads(cfg: AgentConfig, device: torch.device, deterministic: bool) -> None:
+    if device.type == "cpu":
+        # Agents of one job share the node's cores; deterministic mode pins one thread so that CPU
+        # kernels reduce in the same order whatever the number of agents.
+        threads = cfg.threads or (1 if deterministic else max(1, (os.cpu_count() or 1) // cfg.world))
+        torch.set_num_threads(threads)
+
+
+def _wait_for_resize(control: ControlChannel, timeout_s: float = 300.0) -> dict | None:
+    """Another agent voted for the resize; this one waits for its own copy of the command."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for cmd in control.poll():
+            if cmd.get("op") == "resize":
+                return cmd
+            if cmd.get("op") == "stop":
+                return None
+        time.sleep(0.01)  # a control channel has no blocking read in its interface; poll gently
+    raise TimeoutError(f"agents agreed to resize but no resize command reached this agent in {timeout_s:.0f}s")
+
+
 def run_agent(cfg: AgentConfig) -> int:
     logging.basicConfig(level=os.environ.get("ELASTICD_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s %(levelname)s agent{cfg.rank} %(name)s: %(message)s")
@@ -67,20 +96,47 @@ def run_agent(cfg: AgentConfig) -> int:
             _report(cfg, control, None, f"cannot load {cfg.script}: {type(e).__name__}: {e}",
                     traceback.format_exc())
             return 1
-        if device.type == "cpu":
-            # Agents of one job share the node's cores; deterministic mode pins one thread so that CPU
-            # kernels reduce in the same order whatever the number of agents.
-            threads = cfg.threads or (1 if ef.deterministic else max(1, (os.cpu_count() or 1) // cfg.world))
-            torch.set_num_threads(threads)
-        phys = PhysicalGroup.connect(cfg.rank, cfg.world, device, cfg.master_addr, cfg.master_port)
-        runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, phys, device, ef.deterministic, control)
-        try:
-            runtime.run()
-        except WorkerFailed as f:
-            _report(cfg, control, f.rank, f.message, f.traceback)
-            return 1
-        control.done({"job": cfg.job_id, "rank": cfg.rank})
-        return 0
+        _set_threads(cfg, device, ef.deterministic)
+        snap: AgentSnapshot | None = None
+        if cfg.join_from:
+            phys, snap = grow(None, None, cfg.workers, cfg.join_from, cfg.rank, cfg.world, device,
+                              cfg.master_addr, cfg.master_port)
+        else:
+            phys = PhysicalGroup.connect(cfg.rank, cfg.world, device, cfg.master_addr, cfg.master_port)
+        while True:
+            runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, phys, device, ef.deterministic, control, snap)
+            try:
+                runtime.run()
+            except WorkerFailed as f:
+                _report(cfg, control, f.rank, f.message, f.traceback)
+                return 1
+            if runtime.outcome != "resize":
+                control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome == "stop"})
+                return 0
+            started = time.monotonic()
+            command = runtime.command or _wait_for_resize(control)
+            if command is None:  # stopped while waiting for the new layout
+                control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
+                return 0
+            snap = runtime.snapshot()
+            del runtime  # the old workers' objects: their state now lives in `snap`
+            new_world = int(command["world"])
+            addr, port = str(command["master_addr"]), int(command["master_port"])
+            if new_world < phys.world:
+                new_phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port)
+            elif new_world > phys.world:
+                new_phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, device, addr, port)
+            else:
+                new_phys = phys
+            info = {"epoch": command.get("epoch"), "world": new_world, "rank": cfg.rank,
+                    "left": new_phys is None, "seconds": time.monotonic() - started}
+            control.resized(info)
+            if new_phys is None:
+                phys = None
+                return 0
+            phys = new_phys
+            cfg = dataclasses.replace(cfg, world=new_world, master_addr=addr, master_port=port, join_from=0)
+            _set_threads(cfg, device, ef.deterministic)
     finally:
         if phys is not None:
             phys.close()

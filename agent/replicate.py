@@ -113,6 +113,14 @@ class ReplicatedGroup:
                 phys.broadcast_(flat, 0)
                 _scatter_back(flat, tensors)
 
+    def load(self, snap: Any) -> None:
+        """Adopt the replicated state saved at the step boundary where the job was resized."""
+        self.model.load_state_dict(snap.model)
+        if self.optimizer is not None and snap.optimizer is not None:
+            self.optimizer.load_state_dict(snap.optimizer)
+        if self.scheduler is not None and snap.scheduler is not None:
+            self.scheduler.load_state_dict(snap.scheduler)
+
     def sync_buffers(self) -> None:
         phys = self.runtime.phys
         if phys.world == 1 or not self.buffers:

@@ -30,6 +30,7 @@ from agent.control import ControlChannel, NullControl
 from agent.loader import ResumableBatches
 from agent.physical import PhysicalGroup
 from agent.replicate import GradSync, OncePerStep, ReplicatedGroup
+from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class WorkerFailed(RuntimeError):
         self.rank = rank
         self.message = message
         self.traceback = tb
+
+
+class _Preempted(BaseException):
+    """Unwinds a worker at the step boundary where the agents agreed to resize or stop."""
 
 
 class _Aborted(BaseException):
@@ -65,7 +70,12 @@ class Worker:
     # private model's gradient average), which the runtime then flushes with the replicated ones.
     backward_hooks: list[Callable[[], None]] = field(default_factory=list)
     result: Any = None
+    restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
+    snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
 
+
+# What the agents vote at each step boundary; the maximum wins, so a stop beats a resize.
+VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
 
 _tls = threading.local()
 
@@ -78,7 +88,7 @@ def current_worker() -> Worker | None:
 class Runtime:
     def __init__(self, fn: Callable[[Any], Any], workers: int, hosted: list[int], phys: PhysicalGroup,
                  device: torch.device, deterministic: bool = False,
-                 control: ControlChannel | None = None) -> None:
+                 control: ControlChannel | None = None, restore: AgentSnapshot | None = None) -> None:
         self.fn = fn
         self.workers = workers
         self.hosted = list(hosted)
@@ -92,6 +102,15 @@ class Runtime:
         self.groups: list[ReplicatedGroup] = []
         self.clip_once: Any = None
         self._workers = {r: Worker(r) for r in self.hosted}
+        self._restore_groups = restore.groups if restore is not None else []
+        if restore is not None:
+            for r, w in self._workers.items():
+                w.restore = restore.workers[r]
+                w.start_step = w.restore.step
+        self.outcome = "running"            # then "done", "resize" or "stop"
+        self.command: dict[str, Any] | None = None  # the resize command this agent received, if any
+        self._vote = torch.zeros(1, dtype=torch.int64)
+        self._stop_at: int | None = None
         self._done = threading.Event()
         self._failure: WorkerFailed | None = None
         self._aborted = False
@@ -125,6 +144,8 @@ class Runtime:
             raise self._failure
         for t in threads:
             t.join()
+        if self.outcome == "running":
+            self.outcome = "done"
         return {r: w.result for r, w in self._workers.items()}
 
     def _body(self, w: Worker) -> None:
@@ -138,6 +159,8 @@ class Runtime:
                 self.drain(w)
         except _Aborted:
             return
+        except _Preempted:
+            pass  # the snapshot is taken; this worker leaves the baton like a returning one
         except BaseException as e:  # noqa: BLE001 - the user's error, reported with its rank
             self._fail(w.rank, e)
             return
@@ -258,7 +281,11 @@ class Runtime:
             # The first hosted worker to get here builds the shared copy (on agent 0 that is rank 0),
             # and every agent adopts agent 0's state, as DDP's constructor does.
             group = ReplicatedGroup(index, self, model, optimizer, scheduler)
-            group.broadcast_state()
+            if index < len(self._restore_groups):
+                # Every agent holds the same snapshot of replicated state: load it, no broadcast needed.
+                group.load(self._restore_groups[index])
+            else:
+                group.broadcast_state()
             self.groups.append(group)
         group = self.groups[index]
         if optimizer is None:
@@ -277,9 +304,39 @@ class Runtime:
             w.rank, lambda: torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
         )
 
+    # -- steps, resumption and the resize vote -------------------------------------------------
+    def begin_steps(self, w: Worker) -> None:
+        """First step of `ctx.steps` after a resize: the worker's streams continue where they were."""
+        if w.restore is not None:
+            rng.restore(rng.RngState.from_dict(w.restore.rng), self._cuda)
+            w.metrics.update(w.restore.metrics)
+
+    def attach_loader(self, w: Worker, it: ResumableBatches) -> None:
+        k = len(w.loaders)
+        w.loaders.append(it)
+        if w.restore is not None and k < len(w.restore.loaders):
+            it.load_state_dict(w.restore.loaders[k])
+
     def step_boundary(self, w: Worker, step: int) -> None:
-        if w.rank != self.hosted[0]:
-            return
+        if w.rank == self.hosted[0]:
+            # The first hosted worker speaks for the agent: report, then vote. Its boundary is at the
+            # same point of the collective sequence on every agent, so the vote cannot cross another
+            # physical collective.
+            self._report(w, step)
+            self._vote.fill_(self._poll_control())
+            self.phys.all_reduce_(self._vote, "max")
+            vote = int(self._vote.item())
+            if vote != VOTE_NONE:
+                self._stop_at = step
+                self.outcome = "stop" if vote == VOTE_STOP else "resize"
+        if self._stop_at == step:
+            w.snapshot = WorkerSnapshot(
+                rank=w.rank, step=step + 1, rng=rng.capture(self._cuda).to_dict(),
+                loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
+            )
+            raise _Preempted()
+
+    def _report(self, w: Worker, step: int) -> None:
         now = time.monotonic()
         self._step_times.append(now)
         del self._step_times[:-20]
@@ -287,3 +344,27 @@ class Runtime:
         if len(self._step_times) > 1:
             metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
         self.control.step(step, metrics)
+
+    def _poll_control(self) -> int:
+        vote = VOTE_NONE
+        for cmd in self.control.poll():
+            if cmd.get("op") == "stop":
+                vote = VOTE_STOP
+            elif cmd.get("op") == "resize":
+                self.command = cmd
+                vote = max(vote, VOTE_RESIZE)
+            else:
+                log.warning("ignoring unknown control command %r", cmd)
+        return vote
+
+    def snapshot(self) -> AgentSnapshot:
+        """After a preempted run: the replicated state once, and every hosted worker's own state."""
+        groups = [GroupSnapshot(model=g.model.state_dict(),
+                                optimizer=g.optimizer.state_dict() if g.optimizer is not None else None,
+                                scheduler=g.scheduler.state_dict() if g.scheduler is not None else None)
+                  for g in self.groups]
+        missing = [r for r, w in self._workers.items() if w.snapshot is None]
+        if missing:
+            raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "
+                               f"where the job stopped; every rank must run the same ctx.steps loop")
+        return AgentSnapshot(groups=groups, workers={r: w.snapshot for r, w in self._workers.items()})

@@ -1,0 +1,88 @@
+"""What a job needs to resume at a step boundary, held in host memory.
+
+A resize (or a stop) happens between two physical steps: every worker saves its own state (next
+step, RNG streams, loader positions, metrics, private extras) and the agent saves the replicated
+state once. The decorated function is then invoked again on the new layout and `ctx.replicate`,
+`ctx.batches` and `ctx.steps` load from here, so the job continues exactly where it was.
+
+Snapshots cross process boundaries only between the agents of one job, as `torch.save` bytes read
+back with `weights_only=True`: plain containers and tensors, never arbitrary pickled objects.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(slots=True)
+class WorkerSnapshot:
+    rank: int
+    step: int                                  # the next step to run
+    rng: dict[str, Any]
+    loaders: list[dict[str, int]] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. private state, by provider name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "step": self.step, "rng": _rng_to_plain(self.rng), "loaders": self.loaders,
+                "metrics": self.metrics, "extras": self.extras}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkerSnapshot:
+        return cls(rank=d["rank"], step=d["step"], rng=_rng_from_plain(d["rng"]), loaders=d["loaders"],
+                   metrics=d["metrics"], extras=d["extras"])
+
+
+@dataclass(slots=True)
+class GroupSnapshot:
+    """One `ctx.replicate` call site."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    scheduler: dict[str, Any] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupSnapshot:
+        return cls(model=d["model"], optimizer=d["optimizer"], scheduler=d["scheduler"])
+
+
+@dataclass(slots=True)
+class AgentSnapshot:
+    groups: list[GroupSnapshot]
+    workers: dict[int, WorkerSnapshot]
+
+
+def to_bytes(obj: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes, device: torch.device | str = "cpu") -> dict[str, Any]:
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+
+
+def _rng_to_plain(rng: dict[str, Any]) -> dict[str, Any]:
+    # numpy's state holds an ndarray, which weights_only loading refuses: carry it as a tensor.
+    out = dict(rng)
+    np_state = rng.get("numpy")
+    if np_state is not None:
+        name, keys, pos, has_gauss, gauss = np_state
+        out["numpy"] = (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(gauss))
+    return out
+
+
+def _rng_from_plain(rng: dict[str, Any]) -> dict[str, Any]:
+    out = dict(rng)
+    np_state = rng.get("numpy")
+    if np_state is not None and isinstance(np_state[1], torch.Tensor):
+        name, keys, pos, has_gauss, gauss = np_state
+        out["numpy"] = (name, keys.numpy().astype("uint32"), pos, has_gauss, gauss)
+    return out
