@@ -20,6 +20,15 @@ EXIT_UNREACHABLE = 3
 # and the control-plane commands do not pay for importing torch.
 _COMMANDS = {
     "run": "run",
+    "start": "start",
+    "scheduler": "scheduler",
+    "submit": "submit",
+    "status": "status",
+    "scale": "scale",
+    "logs": "logs",
+    "stop": "stop",
+    "shutdown": "shutdown",
+    "keygen": "keygen",
 }
 
 

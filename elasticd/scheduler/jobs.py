@@ -98,6 +98,7 @@ class Job:
     step: int = 0
     steps_per_s: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
+    agents: dict[str, list[dict[str, Any]]] = field(default_factory=dict)   # node -> its agents' last report
 
     def transition(self, dst: JobState, now: float, reason: str = "") -> None:
         """Move to `dst`.

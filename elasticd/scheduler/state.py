@@ -267,7 +267,7 @@ class SchedulerState:
         job.placement = [[n, d] for n, d in chosen]
         job.launched, job.ready, job.ended = [], [], []
         job.master_addr, job.master_port = self.nodes[chosen[0][0]].host, 0
-        job.step, job.steps_per_s, job.metrics, job.error = 0, 0.0, {}, None
+        job.step, job.steps_per_s, job.metrics, job.error, job.agents = 0, 0.0, {}, None, {}
         job.transition(JobState.STARTING, now, f"placed on {len(chosen)} devices of {','.join(job.nodes)}")
         self.dirty.add(job.job_id)
         log.info("job %s starting: %d workers on %d devices %s", job.job_id, job.spec.workers, len(chosen),
@@ -298,6 +298,9 @@ class SchedulerState:
                 else:
                     out += self._kill(node, r.job_id, now, "not scheduled here")
                 continue
+            job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
+                                 "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode}
+                                for a in r.agents]
             if r.state == "ended":
                 out += self._ended(job, node, r, now)
                 if job.state.terminal:
@@ -394,4 +397,5 @@ class SchedulerState:
             nodes=job.nodes, step=job.step, steps_per_s=job.steps_per_s, metrics=dict(job.metrics),
             script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
             ended_at=job.ended_at, error=job.error, requested_devices=job.requested_devices,
-            resizes=list(job.resizes), history=[list(h) for h in job.history])
+            resizes=list(job.resizes), history=[list(h) for h in job.history],
+            agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]))

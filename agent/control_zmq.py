@@ -1,0 +1,126 @@
+"""The agent's control channel to its node daemon, over ZeroMQ (IPC socket in the daemon's state dir).
+
+Never blocks the training loop: sends are fire-and-forget (NOBLOCK into a bounded queue; a full
+queue drops the message and counts it), step reports are coalesced to at most one every
+`step_every_s` (the last one is flushed before `done`/`failed`), and `poll` only reads what has
+already arrived. The runtime may call it from any of its worker threads, one at a time; a lock makes
+that safe for the (single-threaded) ZeroMQ socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from elasticd import protocol as p
+
+log = logging.getLogger(__name__)
+
+SEND_HWM = 1000
+CLOSE_LINGER_MS = 2000   # long enough to deliver done/failed to a live daemon, bounded if it is gone
+
+
+class ZmqControl:
+    def __init__(self, endpoint: str, job_id: str, physical_rank: int, step_every_s: float = 0.1) -> None:
+        self.job_id = job_id
+        self.rank = physical_rank
+        self.step_every_s = step_every_s
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.sndhwm = SEND_HWM
+        self._sock.rcvhwm = SEND_HWM
+        self._sock.maxmsgsize = 4 * p.MAX_FRAME_BYTES
+        self._sock.linger = CLOSE_LINGER_MS
+        self._sock.connect(endpoint)
+        self._last_step_sent = 0.0
+        self._pending_step: p.AgentStep | None = None
+        self._closed = False
+
+    def _send(self, msg: p.Message) -> None:
+        if self._closed:
+            return
+        try:
+            self._sock.send(msg.encode(), zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+        except zmq.ZMQError as e:
+            self.dropped += 1
+            log.debug("control send failed: %s", e)
+
+    def hello(self, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics))
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_step_sent >= self.step_every_s:
+                self._last_step_sent = now
+                self._pending_step = None
+                self._send(msg)
+            else:
+                self._pending_step = msg
+
+    def _flush_step(self) -> None:
+        if self._pending_step is not None:
+            self._send(self._pending_step)
+            self._pending_step = None
+
+    def done(self, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._flush_step()
+            self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, result=p.flat_scalars(result)))
+
+    def failed(self, error: dict[str, Any]) -> None:
+        with self._lock:
+            self._flush_step()
+            self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=p.flat_scalars(error)))
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Commands from the daemon as wire dicts ({"op": "stop"}, {"op": "resize", "devices": M})."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            if self._closed:
+                return out
+            self._flush_step_if_due()
+            while True:
+                try:
+                    frame = self._sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    break
+                try:
+                    msg = p.decode(frame)
+                except p.ProtocolError as e:
+                    log.warning("unreadable message from the daemon: %s", e)
+                    continue
+                if isinstance(msg, p.Error):
+                    log.warning("daemon refused a control message: %s: %s", msg.code, msg.message)
+                    continue
+                d = msg.to_wire()
+                d.pop("v", None)
+                d.pop("rid", None)
+                out.append(d)
+        return out
+
+    def _flush_step_if_due(self) -> None:
+        if self._pending_step is not None and time.monotonic() - self._last_step_sent >= self.step_every_s:
+            self._last_step_sent = time.monotonic()
+            self._flush_step()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._flush_step()
+            self._closed = True
+            self._sock.close()
+            self._ctx.term()

@@ -1,0 +1,24 @@
+"""`elasticd scale`: change the number of devices a job runs on."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from elasticd import client
+
+
+@click.command("scale")
+@click.argument("job_id", metavar="JOB")
+@click.option("--devices", "-m", type=int, required=True, help="M: the device count to run on (1..N).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@client.client_options
+def scale(job_id: str, devices: int, as_json: bool, **opts: object) -> None:
+    """Run JOB on M devices: a queued job starts on exactly M; a running one resizes at the next step
+    boundary (live resize: issue 5; until then the request is recorded and shown by `status`)."""
+    from elasticd.protocol import Scale
+
+    reply = client.call(opts, Scale(job_id=job_id, devices=devices), as_json)
+    click.echo(json.dumps({"job_id": job_id, "message": reply.message}) if as_json  # type: ignore[attr-defined]
+               else reply.message)  # type: ignore[attr-defined]

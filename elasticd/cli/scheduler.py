@@ -1,0 +1,62 @@
+"""`elasticd scheduler`: a standalone island scheduler."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import click
+
+from elasticd.cli import EXIT_DAEMON_ERROR
+
+
+@click.command("scheduler")
+@click.option("--bind", default="tcp://127.0.0.1:7450", show_default=True, metavar="tcp://HOST:PORT",
+              help="TCP endpoint nodes and remote CLIs connect to (CURVE); port 0 picks a free one.")
+@click.option("--state-dir", default=None, envvar="ELASTICD_STATE_DIR", metavar="DIR",
+              help="Keys, allow-list and the job table [default: ~/.elasticd].")
+@click.option("--heartbeat", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Heartbeat period the nodes are told to use.")
+@click.option("--node-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds without heartbeats after which a node is declared lost.")
+@click.option("--start-timeout", type=click.FloatRange(min=1.0), default=300.0, show_default=True,
+              help="Seconds a job may take to get all its agents up before it fails.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: float, start_timeout: float,
+              log_level: str) -> None:
+    """Run an island scheduler without a node daemon: nodes join it with `elasticd start --scheduler`.
+
+    Nodes and clients must present a CURVE key on the allow-list of this state dir (`elasticd keygen
+    --allow KEY --state-dir DIR`); they need this scheduler's public key (printed at start, and in
+    DIR/keys/id.key). The job table lives in DIR/scheduler.db and survives restarts.
+    """
+    from elasticd.cli.start import setup_logging
+    from elasticd.daemon.server import DaemonError, lock_state_dir
+    from elasticd.daemon.statedir import StateDir
+    from elasticd.scheduler.server import SchedulerServer
+    from elasticd.scheduler.state import Config
+    from elasticd.transport import TransportError, ipc_endpoint
+
+    sd = StateDir.resolve(state_dir).create()
+    setup_logging(log_level, sd.root / "scheduler.log")
+    try:
+        lock = lock_state_dir(sd, "scheduler")
+        server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),
+                                 config=Config(heartbeat_s=heartbeat, node_timeout_s=node_timeout,
+                                               start_timeout_s=start_timeout))
+    except (DaemonError, TransportError, RuntimeError) as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    server.write_info()
+    click.echo(f"elasticd scheduler on {server.tcp_endpoint}; public key {server.public_key}", err=True)
+    try:
+        server.run()
+    finally:
+        for path in (sd.scheduler_info, sd.scheduler_sock):
+            path.unlink(missing_ok=True)
+        import os
+
+        os.close(lock)

@@ -1,0 +1,85 @@
+"""`elasticd start`: the node daemon."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import click
+
+from elasticd.cli import EXIT_DAEMON_ERROR
+
+DEFAULT_BIND = "tcp://127.0.0.1:7450"
+
+
+def setup_logging(level: str, logfile: object | None = None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if logfile is not None:
+        handlers.append(logging.FileHandler(str(logfile)))
+    logging.basicConfig(level=level.upper(), handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.command("start")
+@click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
+              help="Join this island scheduler instead of running an embedded one.")
+@click.option("--scheduler-key", default=None, metavar="KEY",
+              help="The scheduler's public key (Z85 text or its keys/id.key file); needed with --scheduler.")
+@click.option("--bind", default=DEFAULT_BIND, show_default=True, metavar="tcp://HOST:PORT|none",
+              help="TCP endpoint of the embedded scheduler, for other nodes and remote CLIs (CURVE); port 0 "
+                   "picks a free one, 'none' serves local IPC only. Ignored with --scheduler.")
+@click.option("--cpu-devices", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Offer K CPU devices (default: every CUDA device, else one CPU device).")
+@click.option("--state-dir", default=None, envvar="ELASTICD_STATE_DIR", metavar="DIR",
+              help="Keys, sockets, logs and the job table [default: ~/.elasticd].")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address this node's agents are reachable on from other nodes (torch rendezvous).")
+@click.option("--node-id", default=None, help="Name of this node in the island [default: hostname-hash].")
+@click.option("--heartbeat", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Seconds between heartbeats to the scheduler.")
+@click.option("--node-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds without heartbeats after which the (embedded) scheduler declares a node lost.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--agent-command", default=None, hidden=True,
+              help="Command (space-separated) run instead of `python -m agent`; a test seam.")
+def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
+          state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
+          log_level: str, agent_command: str | None) -> None:
+    """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
+
+    Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
+    --bind by other nodes whose keys are on the allow-list (`elasticd keygen --allow`). The CLI on
+    this machine reaches the daemon through an IPC socket in the state dir. Stop it with
+    `elasticd shutdown`, SIGTERM or Ctrl-C: its agents are stopped with it.
+    """
+    from elasticd import keys
+    from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
+    from elasticd.daemon.statedir import StateDir
+
+    sd = StateDir.resolve(state_dir).create()
+    setup_logging(log_level, sd.root / "daemon.log")
+    key = None
+    if scheduler is not None:
+        if scheduler_key is None:
+            raise click.UsageError("--scheduler needs --scheduler-key (the scheduler's public key)")
+        try:
+            key = keys.parse_public_key(scheduler_key)
+        except keys.BadKeyError as e:
+            raise click.UsageError(str(e)) from None
+    cfg = DaemonConfig(state_dir=sd, cpu_devices=cpu_devices, scheduler=scheduler, scheduler_key=key,
+                       bind=None if bind.lower() == "none" else bind, host=host, node_id=node_id,
+                       heartbeat_s=heartbeat, node_timeout_s=node_timeout,
+                       agent_command=agent_command.split() if agent_command else None)
+    try:
+        daemon = NodeDaemon(cfg)
+    except DaemonError as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    info = daemon.info()
+    click.echo(f"elasticd node {info['node_id']}: devices {','.join(info['devices'])}; "  # type: ignore[arg-type]
+               f"scheduler {info['scheduler_tcp'] or info['scheduler']}; public key {info['public_key']}", err=True)
+    daemon.run()

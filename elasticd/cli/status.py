@@ -1,0 +1,93 @@
+"""`elasticd status`: jobs and nodes of the island."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import click
+
+from elasticd import client
+
+
+def job_doc(info: Any) -> dict[str, Any]:
+    return dataclasses.asdict(info)
+
+
+def _fmt_loss(metrics: dict[str, Any]) -> str:
+    loss = metrics.get("loss")
+    return f"{loss:.4g}" if isinstance(loss, int | float) else "-"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def render(reply: Any) -> str:
+    rows = [["JOB", "NAME", "STATE", "N", "DEVICES", "NODES", "STEP", "STEPS/S", "LOSS", "PRIO", "RESIZES"]]
+    for j in reply.jobs:
+        dev = str(j.devices) if j.devices else f"{j.min_devices}-{j.max_devices}"
+        if j.requested_devices:
+            dev += f" (->{j.requested_devices})"
+        rows.append([j.job_id, j.name or "-", j.state, str(j.workers), dev, ",".join(j.nodes) or "-", str(j.step),
+                     f"{j.steps_per_s:.2f}" if j.steps_per_s else "-", _fmt_loss(j.metrics), str(j.priority),
+                     str(len(j.resizes))])
+    out = [_table(rows) if reply.jobs else "no jobs"]
+    if reply.nodes:
+        nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "LAST SEEN"]]
+        for n in reply.nodes:
+            nrows.append([n.node_id, n.host, "up" if n.alive else "lost", ",".join(n.devices) or "-",
+                          str(len(n.free)), f"{n.last_seen_s:.1f}s ago"])
+        out += ["", _table(nrows)]
+    return "\n".join(out)
+
+
+def render_job(j: Any) -> str:
+    def ts(t: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+    lines = [f"job        {j.job_id}" + (f" ({j.name})" if j.name else ""),
+             f"state      {j.state}",
+             f"script     {j.script}",
+             f"workers    {j.workers} on {j.devices or '-'} devices (min {j.min_devices}, max {j.max_devices})"
+             + (f", scale to {j.requested_devices} requested" if j.requested_devices else ""),
+             f"priority   {j.priority}",
+             f"nodes      {','.join(j.nodes) or '-'}",
+             f"step       {j.step}  ({j.steps_per_s:.2f} steps/s)  loss {_fmt_loss(j.metrics)}",
+             f"submitted  {ts(j.submitted_at)}   started {ts(j.started_at)}   ended {ts(j.ended_at)}",
+             f"resizes    {len(j.resizes)}"]
+    for a in j.agents:
+        lines.append(f"agent {a.get('rank')}    {a.get('node')}/{a.get('device')} pid {a.get('pid')} "
+                     f"{'alive' if a.get('alive') else 'exit ' + str(a.get('exitcode'))} "
+                     f"rss {int(a.get('rss') or 0) / 2**20:.0f} MiB cpu {a.get('cpu')}%")
+    lines.append("history")
+    for t, state, reason in j.history:
+        lines.append(f"  {ts(t)}  {state:<9} {reason}")
+    if j.error:
+        lines.append(f"error      {j.error.get('message', '')}"
+                     + (f" (node {j.error['node']})" if j.error.get("node") else ""))
+        if j.error.get("traceback"):
+            lines.append(str(j.error["traceback"]).rstrip())
+    return "\n".join(lines)
+
+
+@click.command("status")
+@click.argument("job_id", required=False, metavar="[JOB]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@client.client_options
+def status(job_id: str | None, as_json: bool, **opts: object) -> None:
+    """Show jobs (state, N, devices, nodes, step, steps/s, last loss, resizes) and nodes; or one JOB in detail."""
+    from elasticd.protocol import Status
+
+    reply = client.call(opts, Status(job_id=job_id), as_json)
+    if as_json:
+        doc: dict[str, Any] = {"jobs": [job_doc(j) for j in reply.jobs],  # type: ignore[attr-defined]
+                               "nodes": [dataclasses.asdict(n) for n in reply.nodes]}  # type: ignore[attr-defined]
+        click.echo(json.dumps(doc))
+    elif job_id is not None:
+        click.echo(render_job(reply.jobs[0]))  # type: ignore[attr-defined]
+    else:
+        click.echo(render(reply))

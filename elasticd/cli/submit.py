@@ -1,0 +1,125 @@
+"""`elasticd submit`: queue a job on the island."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from elasticd import client
+from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK
+
+TERMINAL = ("finished", "failed", "stopped")
+
+
+def _env(items: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or not (key.replace("_", "a").isalnum() and not key[0].isdigit()):
+            raise click.BadParameter(f"not an environment variable name: {key!r}", param_hint="--env")
+        if not sep:
+            if key not in os.environ:
+                raise click.BadParameter(f"{key} is not set in this environment", param_hint="--env")
+            value = os.environ[key]
+        env[key] = value
+    return env
+
+
+@click.command("submit")
+@click.argument("target", metavar="SCRIPT[:FUNC]")
+@click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
+              help="N logical workers (default: the script's @elastic(workers=N)).")
+@click.option("--min-devices", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Start only when at least this many devices are free (gang).")
+@click.option("--max-devices", type=click.IntRange(min=1), default=None, help="Never use more [default: N].")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
+@click.option("--name", default="", help="A label shown by `status`.")
+@click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
+              help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends, with a progress line; exit 1 "
+                                           "unless it finished.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@client.client_options
+def submit(target: str, workers: int | None, min_devices: int, max_devices: int | None, priority: int, name: str,
+           env_items: tuple[str, ...], wait: bool, as_json: bool, **opts: object) -> None:
+    """Submit SCRIPT's @elastic function as a job and print its id.
+
+    The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
+    devices (preferring a count that divides N), all agents at once. SCRIPT must be readable at the
+    same path on every node; the job runs in the current directory when that exists there too.
+    """
+    from elasticd.cli.run import split_target
+    from elasticd.protocol import Submit
+
+    script, func = split_target(target)
+    if not os.path.isfile(script):
+        raise click.UsageError(f"no such script: {script}")
+    if workers is None:
+        from agent.script import ScriptError, load_function
+
+        try:
+            workers = load_function(script, func).workers
+        except ScriptError as e:
+            raise click.UsageError(str(e)) from None
+    hi = max_devices or workers
+    if not min_devices <= hi <= workers:
+        raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
+                               f"<= {workers}")
+    msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
+                 max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=_env(env_items))
+    reply = client.call(opts, msg, as_json)
+    job_id = reply.job_id  # type: ignore[attr-defined]
+    if not wait:
+        click.echo(json.dumps({"job_id": job_id}) if as_json else job_id)
+        return
+    if not as_json:
+        click.echo(job_id)
+    sys.exit(_follow(opts, job_id, as_json))
+
+
+@client.guarded()
+def _follow(opts: dict, job_id: str, as_json: bool) -> int:
+    from elasticd.protocol import Status
+
+    show = not as_json
+    tty = sys.stderr.isatty()
+    last_line = ""
+    with client.session(opts, as_json) as c:
+        while True:
+            info = c.request(Status(job_id=job_id)).jobs[0]  # type: ignore[attr-defined]
+            line = _progress(info)
+            if show and line != last_line:
+                click.echo(("\r\033[K" if tty else "") + line, err=True, nl=not tty)
+                last_line = line
+            if info.state in TERMINAL:
+                break
+            time.sleep(0.25)  # polling interval of a human-facing progress display
+    if show and tty:
+        click.echo("", err=True)
+    if as_json:
+        from elasticd.cli.status import job_doc
+
+        click.echo(json.dumps(job_doc(info)))
+    elif info.error:
+        click.echo(f"job {job_id} {info.state}: {info.error.get('message', '')}", err=True)
+        if info.error.get("traceback"):
+            click.echo(info.error["traceback"], err=True)
+    return EXIT_OK if info.state == "finished" else EXIT_DAEMON_ERROR
+
+
+def _progress(info) -> str:
+    width = 24
+    total = info.metrics.get("total_steps") if isinstance(info.metrics.get("total_steps"), int) else None
+    if total:
+        done = min(width, int(width * info.step / max(1, total)))
+        bar = f"[{'#' * done}{'.' * (width - done)}] {info.step}/{total}"
+    else:
+        bar = f"step {info.step}"
+    loss = info.metrics.get("loss")
+    extra = f" loss {loss:.4g}" if isinstance(loss, float) else ""
+    rate = f" {info.steps_per_s:.2f} steps/s" if info.steps_per_s else ""
+    return f"{info.job_id} {info.state:<9} {info.devices}/{info.workers} devices  {bar}{rate}{extra}"

@@ -1,0 +1,235 @@
+"""How the CLI talks to a daemon (or straight to a scheduler), and how it turns replies into exit codes.
+
+By default the CLI reaches the local daemon through the IPC socket of its state dir (`--state-dir`,
+env ELASTICD_STATE_DIR, default ~/.elasticd); with no daemon there, a standalone scheduler's socket
+in that state dir is used. `--endpoint tcp://H:P --server-key KEY` talks to a scheduler over CURVE
+with the state dir's identity key instead.
+
+Exit codes (DESIGN.md): 0 ok, 1 the daemon answered with an error, 2 usage error, 3 cannot reach it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import zmq
+
+from elasticd import keys, transport
+from elasticd import protocol as p
+from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
+from elasticd.daemon.statedir import StateDir, pid_alive, read_info
+
+DEFAULT_TIMEOUT_S = 5.0
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Unreachable(Exception):
+    """No answer: no daemon, a dead one, a wrong endpoint, or a refused key."""
+
+
+class ErrorReply(Exception):
+    """The daemon or scheduler answered with a typed error."""
+
+    def __init__(self, error: p.Error) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+
+@dataclass(slots=True)
+class Target:
+    endpoint: str
+    server_key: bytes | None = None
+    identity: tuple[bytes, bytes] | None = None
+    what: str = "daemon"
+
+
+def resolve(state_dir: str | None, endpoint: str | None = None, server_key: str | None = None) -> Target:
+    """Where to send requests.
+
+    Raises:
+        Unreachable: no daemon or scheduler serves this state dir.
+        click.UsageError: inconsistent options.
+    """
+    sd = StateDir.resolve(state_dir)
+    if endpoint:
+        if not transport.is_tcp(endpoint):
+            return Target(endpoint, what=endpoint)
+        if not server_key:
+            raise click.UsageError("--endpoint tcp://... needs --server-key (the scheduler's public key)")
+        try:
+            public = keys.parse_public_key(server_key)
+        except keys.BadKeyError as e:
+            raise click.UsageError(str(e)) from None
+        identity = keys.load_identity(sd.root) or keys.ensure_identity(sd.root)
+        return Target(endpoint, public, identity, what=f"scheduler at {endpoint}")
+    for sock, info_path, what in ((sd.daemon_sock, sd.daemon_info, "daemon"),
+                                  (sd.scheduler_sock, sd.scheduler_info, "scheduler")):
+        if not sock.exists():
+            continue
+        info = read_info(info_path) or {}
+        pid = info.get("pid")
+        if isinstance(pid, int) and not pid_alive(pid):
+            raise Unreachable(f"the {what} of {sd.root} (pid {pid}) is not running (stale socket); "
+                              "start one with `elasticd start`")
+        return Target(transport.ipc_endpoint(sock), what=f"{what} of {sd.root}")
+    raise Unreachable(f"no elasticd daemon is running with state dir {sd.root} (no {sd.daemon_sock.name}); "
+                      "start one with `elasticd start`, or pass --state-dir / set ELASTICD_STATE_DIR")
+
+
+class Client:
+    """A request/reply connection (DEALER, so a lost reply is a timeout, not a stuck socket)."""
+
+    def __init__(self, target: Target, timeout_s: float = DEFAULT_TIMEOUT_S, ctx: zmq.Context | None = None) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        self.sock = transport.dealer(self.ctx, immediate=False)
+        self._monitor: zmq.Socket | None = None
+        if target.server_key is not None:
+            assert target.identity is not None
+            transport.curve_client(self.sock, target.identity, target.server_key)
+            self._monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                                         | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        self.sock.connect(target.endpoint)
+        self._rid = 0
+
+    def request(self, msg: p.Message, timeout_s: float | None = None) -> p.Message:
+        """Send `msg` and wait for its reply.
+
+        Raises:
+            ErrorReply: the peer answered with an `Error`.
+            Unreachable: no reply in time, or the peer refused our CURVE key.
+        """
+        self._rid += 1
+        msg.rid = self._rid
+        self.sock.send(msg.encode())
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unreachable(f"no answer from the {self.target.what} within "
+                                  f"{self.timeout_s if timeout_s is None else timeout_s:.1f}s")
+            poller = zmq.Poller()
+            poller.register(self.sock, zmq.POLLIN)
+            if self._monitor is not None:
+                poller.register(self._monitor, zmq.POLLIN)
+            ready = dict(poller.poll(min(left, 0.5) * 1000))
+            if self._monitor is not None and self._monitor in ready:
+                self._check_monitor()
+            if self.sock in ready:
+                try:
+                    reply = p.decode(self.sock.recv())
+                except p.ProtocolError as e:
+                    raise ErrorReply(p.Error(code=e.code, message=f"unreadable reply from the {self.target.what}: "
+                                                                  f"{e.message}")) from None
+                if reply.rid != msg.rid:
+                    continue  # a late reply to an earlier request that timed out
+                if isinstance(reply, p.Error):
+                    raise ErrorReply(reply)
+                return reply
+
+    def _check_monitor(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        assert self._monitor is not None
+        while self._monitor.poll(0):
+            ev = recv_monitor_message(self._monitor)
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                raise Unreachable(f"the {self.target.what} refused this client: its key is not on the "
+                                  "allow-list (add it there with `elasticd keygen --allow KEY`)")
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                raise Unreachable(f"CURVE handshake with the {self.target.what} failed (wrong --server-key?)")
+
+    def close(self) -> None:
+        if self._monitor is not None:
+            self.sock.disable_monitor()
+            self._monitor.close(linger=0)
+        self.sock.close(linger=0)
+        if self._own_ctx:
+            self.ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- click glue ------------------------------------------------------------------------------------
+
+def client_options(fn: F) -> F:
+    """The options every command that talks to a daemon shares."""
+    fn = click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,
+                      help="Seconds to wait for an answer.")(fn)
+    fn = click.option("--server-key", default=None, metavar="KEY",
+                      help="Public key (Z85 text or certificate file) of the scheduler at --endpoint.")(fn)
+    fn = click.option("--endpoint", default=None, envvar="ELASTICD_ENDPOINT", metavar="tcp://HOST:PORT",
+                      help="Talk to this scheduler directly (CURVE) instead of the local daemon.")(fn)
+    fn = click.option("--state-dir", default=None, envvar="ELASTICD_STATE_DIR", metavar="DIR",
+                      help="State dir of the local daemon [default: ~/.elasticd].")(fn)
+    return fn
+
+
+def fail(code: int, message: str, as_json: bool = False, error_code: str = "") -> None:
+    """Print an error the way the output mode wants it and exit with `code`."""
+    if as_json:
+        click.echo(json.dumps({"op": "error", "code": error_code or _CODE_NAMES.get(code, "error"),
+                               "message": message}))
+    else:
+        click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+_CODE_NAMES = {EXIT_DAEMON_ERROR: "error", EXIT_USAGE: "usage", EXIT_UNREACHABLE: "unreachable"}
+
+
+def call(opts: dict[str, Any], msg: p.Message, as_json: bool = False) -> p.Message:
+    """One request from a command: resolve the target, ask, map failures to exit codes."""
+    try:
+        target = resolve(opts.get("state_dir"), opts.get("endpoint"), opts.get("server_key"))
+        with Client(target, opts.get("timeout") or DEFAULT_TIMEOUT_S) as c:
+            return c.request(msg)
+    except Unreachable as e:
+        fail(EXIT_UNREACHABLE, str(e), as_json)
+    except ErrorReply as e:
+        fail(EXIT_DAEMON_ERROR, f"{e.error.message} [{e.error.code}]", as_json, e.error.code)
+    raise AssertionError("unreachable")
+
+
+def session(opts: dict[str, Any], as_json: bool = False) -> Client:
+    """A client kept open for several requests (`logs -f`, `submit --wait`)."""
+    try:
+        target = resolve(opts.get("state_dir"), opts.get("endpoint"), opts.get("server_key"))
+        return Client(target, opts.get("timeout") or DEFAULT_TIMEOUT_S)
+    except Unreachable as e:
+        fail(EXIT_UNREACHABLE, str(e), as_json)
+    raise AssertionError("unreachable")
+
+
+def guarded(as_json: bool = False) -> Callable[[F], F]:
+    """Map Unreachable / ErrorReply raised inside a command body to exit codes."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(*a: Any, **kw: Any) -> Any:
+            try:
+                return fn(*a, **kw)
+            except Unreachable as e:
+                fail(EXIT_UNREACHABLE, str(e), kw.get("as_json", as_json))
+            except ErrorReply as e:
+                fail(EXIT_DAEMON_ERROR, f"{e.error.message} [{e.error.code}]", kw.get("as_json", as_json),
+                     e.error.code)
+        return inner  # type: ignore[return-value]
+    return wrap
+
+
+def state_dir_of(opts: dict[str, Any]) -> Path:
+    return StateDir.resolve(opts.get("state_dir")).root

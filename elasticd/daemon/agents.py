@@ -1,0 +1,361 @@
+"""Spawning and watching this node's agent processes.
+
+One agent process per (job, device), each in its own session so that stopping it reaches any child it
+started. Liveness comes from the process table (`Popen.poll`, psutil for RSS and CPU), not from the
+agent's own messages: a hung or SIGKILLed agent is still seen. Progress (step, loss) comes from the
+agents' control messages.
+
+Stopping escalates: a stop command on the control socket (the runtime stops at its next step
+boundary), then SIGTERM to the agent's process group, then SIGKILL. When one local agent of a job
+fails, its siblings are terminated at once: they would otherwise wait forever on a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agent.config import AgentConfig
+from elasticd import protocol as p
+from elasticd.daemon.statedir import StateDir
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 5.0     # after a stop command, before SIGTERM
+TERM_GRACE_S = 3.0     # after SIGTERM, before SIGKILL
+SAMPLE_EVERY_S = 1.0   # psutil sampling period
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def default_agent_command() -> list[str]:
+    return [sys.executable, "-m", "agent"]
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(eq=False)
+class Agent:
+    rank: int
+    device: p.DeviceInfo
+    popen: subprocess.Popen
+    log_path: Path
+    error_path: Path
+    ps: psutil.Process | None = None
+    identity: bytes | None = None       # control-socket identity once it said hello
+    exitcode: int | None = None
+    rss: int = 0
+    cpu: float = 0.0
+    step: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    step_times: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class LocalJob:
+    job_id: str
+    launch: p.LaunchJob
+    master_port: int
+    agents: dict[int, Agent] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    killing: str | None = None          # reason, once a stop/kill started
+    term_at: float | None = None        # when to send SIGTERM
+    kill_at: float | None = None        # when to send SIGKILL
+
+    @property
+    def state(self) -> str:
+        if all(a.exitcode is not None for a in self.agents.values()):
+            return "ended"
+        if all(a.identity is not None or a.exitcode is not None for a in self.agents.values()):
+            return "running"
+        return "launching"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.killing is None and all(a.exitcode == 0 for a in self.agents.values())
+
+    def lead(self) -> Agent:
+        """The agent whose progress stands for the job here: the lowest physical rank on this node."""
+        return self.agents[min(self.agents)]
+
+
+class Supervisor:
+    """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
+
+    def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
+                 agent_command: list[str] | None = None) -> None:
+        self.sd = sd
+        self.devices = {d.device_id: d for d in devices}
+        self.control_endpoint = control_endpoint
+        self.host = host
+        self.agent_command = agent_command or default_agent_command()
+        self.jobs: dict[str, LocalJob] = {}
+        self._by_identity: dict[bytes, tuple[str, int]] = {}
+        self._next_sample = 0.0
+
+    # --- commands from the scheduler -------------------------------------------------------------
+
+    def launch(self, msg: p.LaunchJob, now: float) -> bool:
+        """Spawn this node's agents of a job (idempotent). False if the launch was refused or failed."""
+        old = self.jobs.get(msg.job_id)
+        if old is not None and old.state != "ended":
+            log.info("job %s: launch repeated while its agents run; ignored", msg.job_id)
+            return True
+        if old is not None:
+            self._drop(old)
+        unknown = [pl.device_id for pl in msg.placements if pl.device_id not in self.devices]
+        port = msg.master_port or free_port(self.host)
+        job = LocalJob(msg.job_id, msg, port)
+        self.jobs[msg.job_id] = job
+        if unknown or not msg.placements:
+            job.error = {"message": f"node has no device(s) {unknown}" if unknown else "launch without ranks"}
+            log.error("job %s: %s", msg.job_id, job.error["message"])
+            return False
+        log_dir, err_dir = self.sd.log_dir(msg.job_id), self.sd.error_dir(msg.job_id)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        err_dir.mkdir(parents=True, exist_ok=True)
+        for pl in msg.placements:
+            dev = self.devices[pl.device_id]
+            err_path = err_dir / f"rank{pl.rank}.json"
+            err_path.unlink(missing_ok=True)
+            cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=pl.rank, world=msg.world,
+                              device_type=dev.type, device_index=dev.index, master_addr=msg.master_addr,
+                              master_port=port, job_id=msg.job_id, control=self.control_endpoint,
+                              error_file=str(err_path))
+            log_path = log_dir / f"rank{pl.rank}.log"
+            try:
+                popen = self._spawn(cfg, msg, log_path)
+            except (OSError, ValueError) as e:
+                job.error = {"message": f"cannot start agent {pl.rank}: {e}"}
+                log.error("job %s: %s", msg.job_id, job.error["message"])
+                self.kill(msg.job_id, "a sibling agent could not start", now, graceful=False)
+                return False
+            agent = Agent(pl.rank, dev, popen, log_path, err_path)
+            try:
+                agent.ps = psutil.Process(popen.pid)
+                agent.ps.cpu_percent(None)
+            except psutil.Error:
+                pass
+            job.agents[pl.rank] = agent
+        log.info("job %s: launched ranks %s (world %d, rendezvous %s:%d)", msg.job_id,
+                 [pl.rank for pl in msg.placements], msg.world, msg.master_addr, port)
+        return True
+
+    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen:
+        env = {**os.environ, **msg.env, "PYTHONUNBUFFERED": "1", "ELASTICD_JOB_ID": msg.job_id}
+        # The agent package must import in the child whatever its cwd is.
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (_REPO_ROOT, env.get("PYTHONPATH", "")) if x)
+        cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else str(self.sd.root)
+        with open(log_path, "ab") as out:
+            out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"
+                      f"{cfg.device_index} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
+            out.flush()
+            return subprocess.Popen([*self.agent_command, *cfg.to_argv()], stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+
+    def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[tuple[bytes, p.Message]]:
+        """Start stopping a job's agents; returns the stop commands to send on the control socket."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state == "ended":
+            return []
+        if job.killing is None:
+            job.killing = reason
+            log.info("job %s: stopping agents (%s)", job_id, reason)
+        if not graceful:
+            if job.term_at != float("inf"):  # not already past SIGTERM
+                job.term_at = now
+                self._escalate(job, now)
+            return []
+        if job.term_at is not None:
+            return []
+        job.term_at = now + STOP_GRACE_S
+        return [(a.identity, p.AgentStop()) for a in job.agents.values()
+                if a.identity is not None and a.exitcode is None]
+
+    def resize(self, msg: p.ResizeJob) -> list[tuple[bytes, p.Message]]:
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            return []
+        return [(a.identity, p.AgentResize(devices=msg.devices)) for a in job.agents.values()
+                if a.identity is not None and a.exitcode is None]
+
+    def forget(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            job = self.jobs.get(job_id)
+            if job is not None and job.state == "ended":
+                self._drop(job)
+
+    # --- messages from agents --------------------------------------------------------------------
+
+    def agent_message(self, identity: bytes, msg: p.Message, now: float) -> str | None:
+        """Apply an agent's message; returns an error text for the agent if it is not acceptable."""
+        if isinstance(msg, p.AgentHello):
+            job = self.jobs.get(msg.job_id)
+            agent = job.agents.get(msg.rank) if job else None
+            if agent is None:
+                return f"no agent {msg.rank} of job {msg.job_id} runs on this node"
+            pid = msg.info.get("pid")
+            if isinstance(pid, int) and pid != agent.popen.pid:
+                return f"agent {msg.rank} of job {msg.job_id} is pid {agent.popen.pid}, not {pid}"
+            agent.identity = identity
+            self._by_identity[identity] = (msg.job_id, msg.rank)
+            log.info("job %s: agent %d up (pid %d)", msg.job_id, msg.rank, agent.popen.pid)
+            return None
+        where = self._by_identity.get(identity)
+        job = self.jobs.get(where[0]) if where else None
+        agent = job.agents.get(where[1]) if job and where else None
+        if agent is None or job is None:
+            return "say agent_hello first"
+        if getattr(msg, "job_id", None) != job.job_id or getattr(msg, "rank", None) != agent.rank:
+            return f"this connection is agent {agent.rank} of job {job.job_id}"
+        if isinstance(msg, p.AgentStep):
+            agent.step = msg.step
+            agent.metrics = p.flat_scalars(msg.metrics)
+            agent.step_times.append((now, msg.step))
+            del agent.step_times[:-20]
+        elif isinstance(msg, p.AgentFailed):
+            if job.error is None:
+                job.error = p.flat_scalars(msg.error)
+        elif not isinstance(msg, p.AgentDone):
+            return f"unexpected {msg.op!r} on the agent socket"
+        return None
+
+    # --- watching --------------------------------------------------------------------------------
+
+    def poll(self, now: float) -> bool:
+        """Reap exited agents, escalate stops, sample usage. True when a job's state changed."""
+        changed = False
+        sample = now >= self._next_sample
+        if sample:
+            self._next_sample = now + SAMPLE_EVERY_S
+        for job in list(self.jobs.values()):
+            before = job.state
+            for agent in job.agents.values():
+                if agent.exitcode is not None:
+                    continue
+                code = agent.popen.poll()
+                if code is not None:
+                    self._exited(job, agent, code, now)
+                elif sample and agent.ps is not None:
+                    try:
+                        with agent.ps.oneshot():
+                            agent.rss = agent.ps.memory_info().rss
+                            agent.cpu = agent.ps.cpu_percent(None)
+                    except psutil.Error:
+                        pass
+            self._escalate(job, now)
+            changed |= job.state != before
+        return changed
+
+    def _exited(self, job: LocalJob, agent: Agent, code: int, now: float) -> None:
+        agent.exitcode = code
+        self._by_identity.pop(agent.identity or b"", None)
+        level = logging.INFO if code == 0 else logging.WARNING
+        log.log(level, "job %s: agent %d (pid %d) exited with code %d", job.job_id, agent.rank, agent.popen.pid, code)
+        if code != 0 and job.killing is None:
+            if job.error is None:
+                job.error = self._error_of(agent, code)
+            job.error.setdefault("rank", agent.rank)
+            self.kill(job.job_id, f"agent {agent.rank} failed", now, graceful=False)
+
+    def _error_of(self, agent: Agent, code: int) -> dict[str, Any]:
+        try:
+            err = p.flat_scalars(json.loads(agent.error_path.read_text()))
+            if err:
+                return err
+        except (OSError, ValueError):
+            pass
+        return {"message": f"agent {agent.rank} exited with code {code} and left no error report "
+                           "(killed? out of memory?)", "log_tail": _tail(agent.log_path)}
+
+    def _escalate(self, job: LocalJob, now: float) -> None:
+        if job.term_at is not None and now >= job.term_at:
+            job.term_at = float("inf")
+            job.kill_at = now + TERM_GRACE_S
+            _signal_all(job, signal.SIGTERM)
+        if job.kill_at is not None and now >= job.kill_at:
+            job.kill_at = None
+            _signal_all(job, signal.SIGKILL)
+
+    def reports(self) -> list[p.JobReport]:
+        out = []
+        for job in self.jobs.values():
+            lead = job.lead() if job.agents else None
+            rate = 0.0
+            metrics: dict[str, Any] = {}
+            if lead is not None:
+                metrics = dict(lead.metrics)
+                rate = metrics.pop("steps_per_s", None) or _rate(lead.step_times)
+            out.append(p.JobReport(
+                job_id=job.job_id, state=job.state, ranks=sorted(job.agents), master_port=job.master_port,
+                step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
+                ok=job.ok, error=job.error,
+                agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.popen.pid,
+                                      alive=a.exitcode is None, connected=a.identity is not None,
+                                      exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1))
+                        for a in job.agents.values()]))
+        return out
+
+    def live_agents(self) -> int:
+        return sum(a.exitcode is None for j in self.jobs.values() for a in j.agents.values())
+
+    def shutdown(self, timeout_s: float = TERM_GRACE_S) -> None:
+        """Stop every agent now (SIGTERM, then SIGKILL after `timeout_s`) and reap them."""
+        for job in self.jobs.values():
+            _signal_all(job, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for job in self.jobs.values():
+            for a in job.agents.values():
+                try:
+                    a.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(a.popen.pid, signal.SIGKILL)
+                    a.popen.wait()
+
+    def _drop(self, job: LocalJob) -> None:
+        for a in job.agents.values():
+            self._by_identity.pop(a.identity or b"", None)
+        self.jobs.pop(job.job_id, None)
+
+
+def _signal_all(job: LocalJob, sig: int) -> None:
+    for a in job.agents.values():
+        if a.exitcode is None:
+            _signal_group(a.popen.pid, sig)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _rate(times: list[tuple[float, int]]) -> float:
+    if len(times) < 2 or times[-1][0] <= times[0][0]:
+        return 0.0
+    return (times[-1][1] - times[0][1]) / (times[-1][0] - times[0][0])
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

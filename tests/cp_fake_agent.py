@@ -1,0 +1,70 @@
+"""A stand-in for `python -m agent` in control-plane tests: same command line, same control channel,
+no torch (so daemon/scheduler tests run in a fraction of the time).
+
+Behaviour comes from the environment (set per job with `elasticd submit --env`):
+    FAKE_MODE   ok (default) | fail | hang | deaf   (deaf: ignores stop commands, needs SIGTERM)
+    FAKE_STEPS  steps before exiting in ok/fail mode (default 5)
+    FAKE_STEP_S seconds per step (default 0.01)
+    FAKE_OUT    directory: each agent writes rank<p>.json with its config and what it saw
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from agent.config import parse_args
+from agent.control_zmq import ZmqControl
+
+
+def main() -> int:
+    cfg = parse_args(sys.argv[1:])
+    mode = os.environ.get("FAKE_MODE", "ok")
+    steps = int(os.environ.get("FAKE_STEPS", "5"))
+    step_s = float(os.environ.get("FAKE_STEP_S", "0.01"))
+    ctl = ZmqControl(cfg.control, cfg.job_id, cfg.rank) if cfg.control else None
+    if ctl:
+        ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
+    print(f"fake agent {cfg.rank}/{cfg.world} of {cfg.job_id} hosting {cfg.hosted}", flush=True)
+    commands: list[dict] = []
+    step = 0
+    try:
+        while mode in ("hang", "deaf") or step < steps:
+            time.sleep(step_s)
+            step += 1
+            if ctl:
+                ctl.step(step, {"loss": 1.0 / step})
+                got = ctl.poll()
+                commands += got
+                if mode == "hang" and any(c.get("op") == "stop" for c in got):
+                    print("stopping at step boundary", flush=True)
+                    break
+        if mode == "fail":
+            err = {"rank": cfg.rank, "logical_rank": cfg.hosted[0], "host": "fakehost",
+                   "message": "ValueError: fake failure", "traceback": "Traceback (fake)\nValueError: fake failure\n"}
+            if cfg.error_file:
+                with open(cfg.error_file, "w") as f:
+                    json.dump(err, f)
+            if ctl:
+                ctl.failed(err)
+            print("failing", file=sys.stderr, flush=True)
+            return 1
+        if ctl:
+            ctl.done({"rank": cfg.rank})
+        return 0
+    finally:
+        out = os.environ.get("FAKE_OUT")
+        if out:
+            with open(os.path.join(out, f"rank{cfg.rank}.json"), "w") as f:
+                json.dump({"rank": cfg.rank, "world": cfg.world, "workers": cfg.workers, "hosted": cfg.hosted,
+                           "master": [cfg.master_addr, cfg.master_port], "device": [cfg.device_type,
+                           cfg.device_index], "cwd": os.getcwd(), "commands": commands, "pid": os.getpid(),
+                           "steps": step}, f)
+        if ctl:
+            ctl.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

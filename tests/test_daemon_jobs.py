@@ -1,0 +1,163 @@
+"""A real node daemon (embedded scheduler) on loopback, driven through the CLI; agents are
+tests/cp_fake_agent.py (same command line and control channel as `python -m agent`, no torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+from cp_util import Cluster, cli, status, wait_state, wait_until
+
+FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")  # any readable file will do
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.cleanup()
+
+
+def submit(sd: Path, *args: str, **env: str) -> str:
+    envs = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
+    r = cli("submit", FAKE_SCRIPT, "--state-dir", str(sd), *envs, *args)
+    assert r.code == 0, (r.code, r.out, r.err)
+    return r.out.strip()
+
+
+def ranks(out: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+def test_job_runs_to_finished_with_progress_logs_and_one_agent_per_device(cluster, tmp_path):
+    d = cluster.daemon(cpu=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit(d.state_dir, "--workers", "4", "--name", "demo", FAKE_OUT=str(out), FAKE_STEPS="20")
+    info = wait_state(d.state_dir, job, "finished")
+    assert info["devices"] == 2 and info["workers"] == 4 and info["name"] == "demo"
+    assert info["step"] == 20 and info["metrics"]["loss"] == pytest.approx(1 / 20)
+    seen = ranks(out)
+    assert sorted(seen) == [0, 1]
+    assert {tuple(r["device"]) for r in seen.values()} == {("cpu", 0), ("cpu", 1)}
+    assert seen[0]["master"] == seen[1]["master"] and seen[0]["master"][1] > 0
+    assert seen[0]["hosted"] == [0, 1] and seen[1]["hosted"] == [2, 3]
+    assert all(not psutil.pid_exists(r["pid"]) or psutil.Process(r["pid"]).status() == psutil.STATUS_ZOMBIE
+               for r in seen.values())
+    logs = cli("logs", job, "--state-dir", str(d.state_dir))
+    assert logs.code == 0
+    assert "[rank0] fake agent 0/2 of " + job in logs.out and "[rank1] fake agent 1/2" in logs.out
+    table = cli("status", "--state-dir", str(d.state_dir))
+    assert table.code == 0 and job in table.out and "finished" in table.out and "0.05" in table.out
+    assert status(d.state_dir)["nodes"][0]["free"] == ["cpu:0", "cpu:1"]
+
+
+def test_failed_agent_fails_job_with_its_traceback_and_wait_exits_1(cluster):
+    d = cluster.daemon(cpu=2)
+    r = cli("submit", FAKE_SCRIPT, "--workers", "2", "--min-devices", "2", "--env", "FAKE_MODE=fail", "--wait",
+            "--state-dir", str(d.state_dir))
+    assert r.code == 1, (r.out, r.err)
+    job = r.out.strip().splitlines()[0]
+    assert "fake failure" in r.err and "Traceback (fake)" in r.err
+    info = status(d.state_dir, job)["jobs"][0]
+    assert info["state"] == "failed" and info["error"]["message"] == "ValueError: fake failure"
+    assert info["error"]["host"] == "fakehost" and "node" in info["error"]
+    detail = cli("status", job, "--state-dir", str(d.state_dir))
+    assert "ValueError: fake failure" in detail.out and "Traceback (fake)" in detail.out
+    assert "failing" in cli("logs", job, "--state-dir", str(d.state_dir)).out
+
+
+def test_submit_wait_json_is_one_document_and_exit_0_when_finished(cluster):
+    d = cluster.daemon(cpu=1)
+    r = cli("submit", FAKE_SCRIPT, "--workers", "1", "--wait", "--json", "--state-dir", str(d.state_dir))
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["state"] == "finished" and doc["step"] == 5
+
+
+def test_stop_running_job_stops_agents_at_step_boundary_and_frees_devices(cluster, tmp_path):
+    d = cluster.daemon(cpu=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit(d.state_dir, "--workers", "2", FAKE_MODE="hang", FAKE_OUT=str(out))
+    wait_state(d.state_dir, job, "running")
+    r = cli("stop", job, "--state-dir", str(d.state_dir))
+    assert r.code == 0 and "stopped" in r.out
+    assert status(d.state_dir, job)["jobs"][0]["state"] == "stopped"
+    wait_until(lambda: len(ranks(out)) == 2, 20, what="both agents to exit")
+    assert all(c["commands"] == [{"op": "stop"}] for c in ranks(out).values())
+    wait_until(lambda: status(d.state_dir)["nodes"][0]["free"] == ["cpu:0", "cpu:1"], 20, what="devices freed")
+    assert cli("stop", job, "--state-dir", str(d.state_dir)).out.strip().endswith("already stopped")
+
+
+@pytest.mark.slow
+def test_stop_escalates_to_sigterm_for_an_agent_that_ignores_it(cluster):
+    d = cluster.daemon(cpu=1)
+    job = submit(d.state_dir, "--workers", "1", FAKE_MODE="deaf")
+    info = wait_state(d.state_dir, job, "running")
+    pid = info["agents"][0]["pid"] if info["agents"] else wait_until(
+        lambda: status(d.state_dir, job)["jobs"][0]["agents"], 10)[0]["pid"]
+    assert cli("stop", job, "--state-dir", str(d.state_dir)).code == 0
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 20,
+               what="deaf agent to be terminated")
+    wait_until(lambda: status(d.state_dir)["nodes"][0]["free"] == ["cpu:0"], 10, what="device freed")
+
+
+def test_two_jobs_share_devices_by_priority(cluster):
+    d = cluster.daemon(cpu=3)
+    sd = d.state_dir
+    blocker = submit(sd, "--workers", "3", "--min-devices", "3", FAKE_MODE="hang")
+    wait_state(sd, blocker, "running")
+    low = submit(sd, "--workers", "2", "--priority", "0", "--name", "low", FAKE_MODE="hang")
+    high = submit(sd, "--workers", "2", "--priority", "5", "--name", "high", FAKE_MODE="hang")
+    assert {j["job_id"]: j["state"] for j in status(sd)["jobs"]} == {
+        blocker: "running", low: "queued", high: "queued"}
+    assert cli("stop", blocker, "--state-dir", str(sd)).code == 0
+    hi = wait_state(sd, high, "running")
+    lo = wait_state(sd, low, "running")
+    assert hi["devices"] == 2 and lo["devices"] == 1
+    devs = [a["device"] for j in (hi, lo) for a in status(sd, j["job_id"])["jobs"][0]["agents"]]
+    assert sorted(devs) == ["cpu:0", "cpu:1", "cpu:2"]
+
+
+def test_scale_queued_job_fixes_its_device_count(cluster):
+    d = cluster.daemon(cpu=2)
+    sd = d.state_dir
+    blocker = submit(sd, "--workers", "2", "--min-devices", "2", FAKE_MODE="hang")
+    wait_state(sd, blocker, "running")
+    job = submit(sd, "--workers", "4", FAKE_MODE="hang")
+    r = cli("scale", job, "--devices", "1", "--state-dir", str(sd))
+    assert r.code == 0 and "1 devices" in r.out
+    assert cli("stop", blocker, "--state-dir", str(sd)).code == 0
+    assert wait_state(sd, job, "running")["devices"] == 1
+    r = cli("scale", job, "--devices", "2", "--state-dir", str(sd))
+    assert r.code == 0 and "recorded" in r.out
+    assert status(sd, job)["jobs"][0]["requested_devices"] == 2
+
+
+def test_logs_follow_streams_until_the_job_ends(cluster):
+    d = cluster.daemon(cpu=1)
+    job = submit(d.state_dir, "--workers", "1", FAKE_STEPS="40", FAKE_STEP_S="0.05")
+    r = cli("logs", "-f", job, "--state-dir", str(d.state_dir))
+    assert r.code == 0, r.err
+    assert f"[rank0] fake agent 0/1 of {job}" in r.out
+    assert status(d.state_dir, job)["jobs"][0]["state"] == "finished"
+
+
+def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
+    a = cluster.daemon("a", cpu=1)
+    sched_key = a.state_dir / "keys" / "id.key"
+    b_dir = tmp_path / "b"
+    pub_b = cli("keygen", "--state-dir", str(b_dir)).out.strip()
+    assert cli("keygen", "--state-dir", str(a.state_dir), "--allow", pub_b, "--name", "node-b").code == 0
+    b = cluster.daemon("b", "--scheduler", a.info()["scheduler_tcp"], "--scheduler-key", str(sched_key), cpu=1)
+    wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit(b.state_dir, "--workers", "4", "--min-devices", "2", FAKE_OUT=str(out), FAKE_STEPS="10")
+    info = wait_state(a.state_dir, job, "finished")
+    assert sorted(info["nodes"]) == sorted([a.info()["node_id"], b.info()["node_id"]])
+    seen = ranks(out)
+    assert seen[0]["master"] == seen[1]["master"] and seen[0]["world"] == seen[1]["world"] == 2
