@@ -1,0 +1,159 @@
+"""The wire format: every message round-trips; nothing but `ProtocolError` comes out of bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import typing
+
+import msgpack
+import pytest
+import zmq
+
+from agent.control_zmq import ZmqControl
+from elasticd import protocol as p
+
+
+def sample(tp, rng: random.Random):
+    origin = typing.get_origin(tp)
+    if tp is str:
+        return f"s{rng.randrange(100)}"
+    if tp is int:
+        return rng.randrange(-5, 100)
+    if tp is float:
+        return rng.random()
+    if tp is bool:
+        return rng.random() < 0.5
+    if tp is typing.Any:
+        return {"k": 1}
+    if origin in (typing.Union, __import__("types").UnionType):
+        return sample(typing.get_args(tp)[0], rng)
+    if origin is list:
+        return [sample(typing.get_args(tp)[0], rng) for _ in range(2)]
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        return {sample(kt, rng): sample(vt, rng)}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: sample(hints[f.name], rng) for f in dataclasses.fields(tp)})
+    raise TypeError(tp)
+
+
+@pytest.mark.parametrize("op", sorted(p.registered_ops()))
+def test_every_message_round_trips(op):
+    cls = p.registered_ops()[op]
+    msg = sample(cls, random.Random(op))
+    back = p.decode(msg.encode())
+    assert type(back) is cls and back == msg
+    assert msg.to_wire()["v"] == p.PROTOCOL_VERSION and msg.to_wire()["op"] == op
+
+
+def test_ops_are_unique_and_named():
+    ops = p.registered_ops()
+    assert len({cls for cls in ops.values()}) == len(ops)
+    assert all(cls.op == op for op, cls in ops.items())
+
+
+@pytest.mark.parametrize("frame,code", [
+    (b"", p.BAD_FRAME),
+    (b"\xc1", p.BAD_FRAME),
+    (msgpack.packb([1, 2]), p.BAD_FRAME),
+    (msgpack.packb({"op": "status"}), p.VERSION_MISMATCH),
+    (msgpack.packb({"v": 2, "op": "status"}), p.VERSION_MISMATCH),
+    (msgpack.packb({"v": 1, "op": "launch_missiles"}), p.UNKNOWN_OP),
+    (msgpack.packb({"v": 1}), p.UNKNOWN_OP),
+    (msgpack.packb({"v": 1, "op": "submit", "script": "/x"}), p.BAD_REQUEST),
+    (msgpack.packb({"v": 1, "op": "submit", "script": "/x", "workers": True}), p.BAD_REQUEST),
+    (msgpack.packb({"v": 1, "op": "submit", "script": "/x", "workers": 2, "env": {"A": 1}}), p.BAD_REQUEST),
+    (msgpack.packb({"v": 1, "op": "status", "job_id": None, "admin": True}), p.BAD_REQUEST),
+    (msgpack.packb({"v": 1, "op": "node_status", "node_id": "n", "jobs": [{"job_id": "j"}]}), p.BAD_REQUEST),
+    (b"\x00" * (p.MAX_FRAME_BYTES + 1), p.TOO_LARGE),
+])
+def test_bad_frames_raise_typed_errors(frame, code):
+    with pytest.raises(p.ProtocolError) as e:
+        p.decode(frame)
+    assert e.value.code == code
+    assert p.error_from(e.value, 3) == p.Error(code=code, message=e.value.message, rid=3)
+
+
+def test_random_bytes_only_ever_raise_protocol_error():
+    rng = random.Random(0)
+    good = p.Submit(script="/x.py", workers=4, env={"A": "b"}).encode()
+    for i in range(5000):
+        if i % 2:
+            frame = rng.randbytes(rng.randrange(64))
+        else:
+            b = bytearray(good)
+            for _ in range(rng.randrange(1, 5)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            frame = bytes(b)
+        try:
+            p.decode(frame)
+        except p.ProtocolError:
+            pass
+
+
+def test_ints_widen_to_float_but_bools_are_not_ints():
+    m = p.decode(msgpack.packb({"v": 1, "op": "welcome", "node_id": "n", "heartbeat_s": 1}))
+    assert m.heartbeat_s == 1.0 and isinstance(m.heartbeat_s, float)
+    with pytest.raises(p.ProtocolError):
+        p.decode(msgpack.packb({"v": 1, "op": "scale_job", "job_id": "j", "devices": False}))
+
+
+def test_peek_rid_survives_garbage():
+    assert p.peek_rid(msgpack.packb({"rid": 9, "v": 5})) == 9
+    for junk in (b"", b"\xc1", msgpack.packb({"rid": "x"}), msgpack.packb({"rid": -1}), msgpack.packb([1])):
+        assert p.peek_rid(junk) == 0
+
+
+def test_flat_scalars_bounds_peer_dicts():
+    nested = {"loss": 0.5, "step": 3, "ok": True, "name": "x" * 100000, "deep": {"a": [1]}, 7: 1, "n": None}
+    out = p.flat_scalars(nested)
+    assert out == {"loss": 0.5, "step": 3, "ok": True, "name": "x" * 65536, "n": None}
+    assert len(p.flat_scalars({str(i): i for i in range(1000)})) == 64
+    assert p.flat_scalars([1]) == {}
+
+
+def test_zmq_control_never_blocks_without_a_daemon(tmp_path):
+    ctl = ZmqControl(f"ipc://{tmp_path}/nobody.sock", "j1", 0, step_every_s=0.0)
+    start = time.monotonic()
+    ctl.hello({"pid": 1})
+    for i in range(5000):
+        ctl.step(i, {"loss": 1.0})
+    assert ctl.poll() == []
+    ctl.done({})
+    ctl.close()
+    assert time.monotonic() - start < 5.0
+    assert ctl.dropped > 0
+
+
+def test_zmq_control_messages_coalescing_and_commands(tmp_path):
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{tmp_path}/d.sock")
+    ctl = ZmqControl(f"ipc://{tmp_path}/d.sock", "j1", 3, step_every_s=60.0)
+    ctl.hello({"pid": 42, "nested": {"dropped": 1}})
+    for i in range(1, 1001):
+        ctl.step(i, {"loss": 1.0 / i})
+    ctl.done({"rank": 3})
+    got = []
+    while len(got) < 4:
+        assert router.poll(5000)
+        ident, frame = router.recv_multipart()
+        got.append(p.decode(frame))
+    assert [type(m) for m in got] == [p.AgentHello, p.AgentStep, p.AgentStep, p.AgentDone]
+    assert got[0].info == {"pid": 42} and got[0].rank == 3 and got[0].job_id == "j1"
+    assert got[1].step == 1 and got[2].step == 1000     # first sent, the rest coalesced, last flushed
+    assert not router.poll(100)
+    router.send_multipart([ident, p.AgentStop().encode()])
+    router.send_multipart([ident, p.AgentResize(devices=2).encode()])
+    router.send_multipart([ident, b"garbage"])
+    cmds: list = []
+    deadline = time.monotonic() + 5
+    while len(cmds) < 2 and time.monotonic() < deadline:
+        cmds += ctl.poll()
+    assert cmds == [{"op": "stop"}, {"op": "resize", "devices": 2}]
+    ctl.close()
+    router.close(linger=0)
+    ctx.term()
