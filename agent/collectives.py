@@ -150,6 +150,29 @@ class AllGather(Collective):
 
 
 @dataclass(slots=True)
+class ReduceScatter(Collective):
+    """Rank r's `output` becomes the reduction over all ranks of their r-th input chunk."""
+
+    op: ClassVar[str] = "reduce_scatter"
+    output: torch.Tensor = None  # type: ignore[assignment]
+    inputs: torch.Tensor = None  # type: ignore[assignment]  # (N, *output.shape): the rank's own copy
+    reduce_op: str = "sum"
+
+    def signature(self) -> tuple:
+        return (self.op, self.reduce_op, tuple(self.inputs.shape), *_tensor_sig(self.output))
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        # Reduce the whole (N, ...) stacks with AllReduce's flush (local pre-sum, deterministic order and
+        # all), then each rank keeps its row: about twice the traffic of a true reduce-scatter (an
+        # all-reduce is a reduce-scatter plus an all-gather), but one code path for every mode.
+        stacks = [AllReduce(o.rank, tensor=o.inputs, reduce_op=o.reduce_op) for o in ops]  # type: ignore[attr-defined]
+        AllReduce.flush(stacks, env)
+        for o in ops:
+            o.output.copy_(o.inputs[o.rank])  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
 class Barrier(Collective):
     op: ClassVar[str] = "barrier"
 

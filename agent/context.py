@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agent.collectives import AllGather, AllReduce, Barrier, Broadcast, validate_reduce_op
+from agent.collectives import AllGather, AllReduce, Barrier, Broadcast, ReduceScatter, validate_reduce_op
 from agent.loader import ResumableBatches
 
 if TYPE_CHECKING:
@@ -137,8 +137,27 @@ class WorkerContext:
         work.wait()
         return op.result
 
-    def barrier(self) -> None:
-        self._collective(Barrier(self.rank), False)
+    def reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor] | torch.Tensor, op: str = "sum",
+                       async_op: bool = False) -> Work | None:
+        """`output` becomes the reduction over all ranks of their `inputs[rank]`.
+
+        `inputs`: N tensors shaped like `output`, or one tensor of N such chunks along dim 0.
+        """
+        n = self.world_size
+        if isinstance(inputs, torch.Tensor):
+            if inputs.numel() != n * output.numel() or inputs.dtype != output.dtype:
+                raise ValueError(f"reduce_scatter: input must hold {n} chunks shaped like the output "
+                                 f"{tuple(output.shape)} {output.dtype}, got {tuple(inputs.shape)} {inputs.dtype}")
+            stack = inputs.detach().reshape(n, *output.shape).clone()  # the flush reduces in place
+        else:
+            if len(inputs) != n or any(t.shape != output.shape or t.dtype != output.dtype for t in inputs):
+                raise ValueError(f"reduce_scatter: needs {n} inputs shaped like the output {tuple(output.shape)}")
+            stack = torch.stack([t.detach() for t in inputs])
+        op_ = ReduceScatter(self.rank, output=output, inputs=stack, reduce_op=validate_reduce_op(op))
+        return self._collective(op_, async_op)
+
+    def barrier(self, async_op: bool = False) -> Work | None:
+        return self._collective(Barrier(self.rank), async_op)
 
     def _collective(self, op: Any, async_op: bool) -> Work | None:
         work = Work(self._rt, op)
