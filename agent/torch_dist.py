@@ -1,0 +1,288 @@
+"""`torch.distributed` inside the decorated function addresses the logical world of N workers.
+
+Code written for DDP calls `dist.get_rank()`, `dist.all_reduce(...)` and wraps its model in
+`DistributedDataParallel`. Inside a worker thread those must mean logical rank r of N, not agent p of
+M, so the agent replaces the `torch.distributed` functions below with versions that route to the
+runtime's logical collectives in worker threads and call the originals everywhere else. Only the
+default group is the logical world; other groups raise NotImplementedError.
+
+What is patched, and what is not:
+- the `torch.distributed.<name>` attributes (what `dist.all_reduce` looks up at call time). The
+  functions inside `torch.distributed.distributed_c10d` are never touched: agent/physical.py calls
+  those, so the agents' own collectives, which run in worker threads during a flush, stay physical.
+- `torch.nn.parallel.DistributedDataParallel` (and `torch.nn.parallel.distributed.…`) become a class
+  that builds a `LogicalDDP` in worker threads and torch's own DDP elsewhere. The real reducer cannot
+  be used: it blocks inside the autograd engine, whose device threads every worker shares.
+- names a module bound before `install` (`from torch.nn.parallel import DistributedDataParallel as
+  DDP`) are rebound in the elastic function's module by `install(fn)`. The agent process installs
+  before importing the script, so there it only matters for standalone runs (`python script.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+import torch.nn.parallel
+import torch.nn.parallel.distributed as ddp_module
+
+from agent.context import Work
+from agent.logical_ddp import LogicalDDP
+
+if TYPE_CHECKING:
+    from agent.context import WorkerContext
+
+# Captured before anything here patches it (install() rebinds the module attributes, not this name).
+RealDDP = ddp_module.DistributedDataParallel
+
+_REDUCE_OPS = (
+    (dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.PRODUCT, "product"),
+    (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.MAX, "max"),
+)
+_PATCHES: dict[str, Callable[..., Any]] = {}  # torch.distributed name -> its worker-aware replacement
+
+
+def _ctx() -> WorkerContext | None:
+    from agent.runtime import current_worker  # lazy: runtime imports this module to install it
+
+    w = current_worker()
+    return None if w is None else w.ctx
+
+
+def _op_name(op: Any) -> str:
+    for known, name in _REDUCE_OPS:
+        if op == known:  # RedOpType and ReduceOp instances both compare equal to the enum members
+            return name
+    raise NotImplementedError(f"elasticd: reduce op {op!r} is not supported over logical ranks "
+                              f"(supported: SUM, AVG, PRODUCT, MIN, MAX)")
+
+
+def _check_group(group: Any, fn: str) -> None:
+    # With M > 1 agents `group.WORLD` is the physical group object; user code means the logical world.
+    if group is None or group is c10d.GroupMember.WORLD:
+        return
+    raise NotImplementedError(
+        f"elasticd: torch.distributed.{fn} on a group other than the default one is not supported inside "
+        f"an elastic function; the default group is the logical world of N workers"
+    )
+
+
+def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register `impl(ctx, *args, **kwargs)` as the in-worker behaviour of `torch.distributed.<name>`."""
+    original = getattr(c10d, name)
+
+    def register(impl: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            ctx = _ctx()
+            if ctx is None:
+                return original(*args, **kwargs)
+            return impl(ctx, *args, **kwargs)
+
+        patched.__elasticd_logical__ = True  # type: ignore[attr-defined]
+        _PATCHES[name] = patched
+        return impl
+
+    return register
+
+
+class _DeliverWork(Work):
+    """A handle whose op's result is written into the caller's output tensors when the flush completes it."""
+
+    def __init__(self, runtime: Any, op: Any, deliver: Callable[[Any], None]) -> None:
+        super().__init__(runtime, op)
+        self._deliver = deliver
+
+    def _complete(self) -> None:
+        self._deliver(self._op.result)
+        super()._complete()
+
+
+def _gather(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
+            deliver: Callable[[list[torch.Tensor]], None]) -> Work | None:
+    from agent.collectives import AllGather
+
+    op = AllGather(ctx.rank, tensor=tensor)
+    work = _DeliverWork(ctx._rt, op, deliver)
+    ctx._rt.enqueue(ctx._w, op, work)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+# -- the logical world ----------------------------------------------------------------------------
+
+@_logical("is_initialized")
+def _is_initialized(ctx: WorkerContext) -> bool:
+    return True  # the logical world exists even when a single agent has no process group
+
+
+@_logical("get_rank")
+def _get_rank(ctx: WorkerContext, group: Any = None) -> int:
+    _check_group(group, "get_rank")
+    return ctx.rank
+
+
+@_logical("get_world_size")
+def _get_world_size(ctx: WorkerContext, group: Any = None) -> int:
+    _check_group(group, "get_world_size")
+    return ctx.world_size
+
+
+@_logical("new_group")
+def _new_group(ctx: WorkerContext, *args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("elasticd: torch.distributed.new_group is not supported inside an elastic "
+                              "function; only the default group (the logical world) is")
+
+
+@_logical("all_reduce")
+def _all_reduce(ctx: WorkerContext, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
+                async_op: bool = False) -> Work | None:
+    _check_group(group, "all_reduce")
+    return ctx.all_reduce(tensor, op=_op_name(op), async_op=async_op)
+
+
+@_logical("broadcast")
+def _broadcast(ctx: WorkerContext, tensor: torch.Tensor, src: int | None = None, group: Any = None,
+               async_op: bool = False, group_src: int | None = None) -> Work | None:
+    _check_group(group, "broadcast")
+    root = src if src is not None else group_src  # the default group's ranks are the global ones
+    if root is None:
+        raise ValueError("broadcast needs src (or group_src)")
+    return ctx.broadcast(tensor, root, async_op=async_op)
+
+
+@_logical("all_gather")
+def _all_gather(ctx: WorkerContext, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+                async_op: bool = False) -> Work | None:
+    _check_group(group, "all_gather")
+    if len(tensor_list) != ctx.world_size:
+        raise ValueError(f"all_gather needs a list of {ctx.world_size} tensors, got {len(tensor_list)}")
+
+    def deliver(every: list[torch.Tensor]) -> None:
+        for out, t in zip(tensor_list, every, strict=True):
+            out.copy_(t)
+
+    return _gather(ctx, tensor, async_op, deliver)
+
+
+@_logical("all_gather_into_tensor")
+def _all_gather_into_tensor(ctx: WorkerContext, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                            group: Any = None, async_op: bool = False) -> Work | None:
+    _check_group(group, "all_gather_into_tensor")
+    if output_tensor.numel() != ctx.world_size * input_tensor.numel():
+        raise ValueError(f"all_gather_into_tensor: output must hold {ctx.world_size} x the input's "
+                         f"{input_tensor.numel()} elements, got {output_tensor.numel()}")
+
+    def deliver(every: list[torch.Tensor]) -> None:
+        # Concatenated or stacked along dim 0: the same memory order either way.
+        output_tensor.copy_(torch.stack(every).reshape(output_tensor.shape))
+
+    return _gather(ctx, input_tensor, async_op, deliver)
+
+
+@_logical("reduce_scatter")
+def _reduce_scatter(ctx: WorkerContext, output: torch.Tensor, input_list: list[torch.Tensor],
+                    op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    _check_group(group, "reduce_scatter")
+    return ctx.reduce_scatter(output, list(input_list), op=_op_name(op), async_op=async_op)
+
+
+@_logical("reduce_scatter_tensor")
+def _reduce_scatter_tensor(ctx: WorkerContext, output: torch.Tensor, input: torch.Tensor,
+                           op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    _check_group(group, "reduce_scatter_tensor")
+    return ctx.reduce_scatter(output, input, op=_op_name(op), async_op=async_op)
+
+
+@_logical("barrier")
+def _barrier(ctx: WorkerContext, group: Any = None, async_op: bool = False, device_ids: Any = None,
+             timeout: Any = None) -> Work | None:
+    _check_group(group, "barrier")
+    return ctx.barrier(async_op=async_op)
+
+
+# torch 2.13 renames the tensor forms (the old names warn); code uses both.
+if hasattr(c10d, "all_gather_single"):
+    _logical("all_gather_single")(_all_gather_into_tensor)
+if hasattr(c10d, "reduce_scatter_single"):
+    _logical("reduce_scatter_single")(_reduce_scatter_tensor)
+
+
+# -- DistributedDataParallel ----------------------------------------------------------------------
+
+class _DDPMeta(type(RealDDP)):  # type: ignore[misc]  # ABCMeta: DDP is a Joinable
+    """Makes `DistributedDataParallel(...)` pick the implementation by thread, and keeps isinstance sensible."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        in_worker = _ctx() is not None
+        if cls is _PROXY:
+            return LogicalDDP(*args, **kwargs) if in_worker else RealDDP(*args, **kwargs)
+        if in_worker:  # a user subclass would need the real reducer
+            raise NotImplementedError(f"elasticd: subclasses of DistributedDataParallel ({cls.__name__}) "
+                                      f"are not supported inside an elastic function")
+        return super().__call__(*args, **kwargs)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if cls is _PROXY:
+            return cls.__subclasscheck__(type(obj))
+        return super().__instancecheck__(obj)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if cls is _PROXY:
+            # By MRO, not issubclass: RealDDP's ABC check walks its subclasses, this class among them.
+            mro = getattr(sub, "__mro__", ())
+            return RealDDP in mro or LogicalDDP in mro
+        return super().__subclasscheck__(sub)
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        # torch's DDP keeps class-level state (`_active_ddp_module`) written through the module-level
+        # name, which now means this class: store it on the real class, where its readers look.
+        if cls is _PROXY:
+            setattr(RealDDP, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+_PROXY: type | None = None  # set below: while the class is being created its own setup must stay on it
+
+
+class DistributedDataParallel(RealDDP, metaclass=_DDPMeta):
+    """torch's DDP outside elasticd workers; `agent.logical_ddp.LogicalDDP` inside them."""
+
+
+_PROXY = DistributedDataParallel
+
+
+# -- installing -----------------------------------------------------------------------------------
+
+_installed = False
+
+
+def install(fn: Callable[..., Any] | None = None) -> None:
+    """Patch torch.distributed and DDP in this process (idempotent); rebind names in `fn`'s module."""
+    global _installed
+    if not _installed:
+        for name, patched in _PATCHES.items():
+            setattr(dist, name, patched)
+        torch.nn.parallel.DistributedDataParallel = DistributedDataParallel  # type: ignore[misc]
+        ddp_module.DistributedDataParallel = DistributedDataParallel  # type: ignore[misc]
+        _installed = True
+    namespace = getattr(fn, "__globals__", None)
+    if namespace is not None:
+        rebind(namespace)
+
+
+def rebind(namespace: dict[str, Any]) -> None:
+    """Point names bound to the unpatched objects (`from torch.distributed import all_reduce`) at the patches."""
+    replacements: dict[int, Any] = {id(RealDDP): DistributedDataParallel}
+    replacements.update({id(getattr(c10d, name)): patched for name, patched in _PATCHES.items()})
+    for key, value in list(namespace.items()):
+        new = replacements.get(id(value))
+        if new is not None:
+            namespace[key] = new
