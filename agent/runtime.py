@@ -31,6 +31,7 @@ from agent.loader import ResumableBatches
 from agent.physical import PhysicalGroup
 from agent.replicate import GradSync, OncePerStep, ReplicatedGroup
 from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from agent.torch_dist import install as install_torch_dist
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class Runtime:
         # private device state is swapped out and in. Outgoing is None at start.
         self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
         install_backward_hook()
+        install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> dict[int, Any]:
