@@ -21,6 +21,7 @@ from agent.resize import grow, shrink
 from agent.runtime import Runtime, WorkerFailed
 from agent.script import load_function
 from agent.snapshot import AgentSnapshot
+from agent.torch_dist import install as install_torch_dist
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ def run_agent(cfg: AgentConfig) -> int:
     phys: PhysicalGroup | None = None
     try:
         try:
+            # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
+            # must bind the worker-aware class (agent/torch_dist.py), in the script and in its helpers.
+            install_torch_dist()
             ef = load_function(cfg.script, cfg.func)
         except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
             _report(cfg, control, None, f"cannot load {cfg.script}: {type(e).__name__}: {e}",
