@@ -1,0 +1,86 @@
+"""End to end with the real agent runtime: jobs submitted through the CLI to real daemons compute
+exactly what `elasticd run` computes, on one node and spread over two."""
+
+from __future__ import annotations
+
+import pytest
+from cp_util import REPO, Cluster, cli, status, wait_state, wait_until
+from util import JOBS, load_state, max_rel_diff
+
+SCRIPT = str(JOBS / "mlp_sgd.py")
+WORKERS, DEVICES = 4, 2
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.cleanup()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """`elasticd run` of the same script on the same N and M."""
+    out = tmp_path_factory.mktemp("ref") / "final.pt"
+    r = cli("run", SCRIPT, "--workers", str(WORKERS), "--devices", str(DEVICES),
+            env={"ELASTICD_TEST_OUT": str(out)}, timeout=300)
+    assert r.code == 0, r.err[-3000:]
+    return load_state(out)
+
+
+def assert_same(reference, path):
+    got = load_state(path)
+    assert set(got) == set(reference)
+    assert max_rel_diff(reference, got) <= 1e-6
+
+
+@pytest.mark.slow
+def test_submitted_job_equals_elasticd_run(cluster, tmp_path, reference):
+    d = cluster.daemon(cpu=DEVICES, fake=False)
+    out = tmp_path / "final.pt"
+    r = cli("submit", SCRIPT, "--workers", str(WORKERS), "--min-devices", str(DEVICES), "--wait",
+            "--env", f"ELASTICD_TEST_OUT={out}", "--state-dir", str(d.state_dir), timeout=300)
+    assert r.code == 0, (r.out, r.err, d.output()[-3000:])
+    job = r.out.split()[0]
+    info = status(d.state_dir, job)["jobs"][0]
+    assert info["state"] == "finished" and info["devices"] == DEVICES
+    assert info["step"] > 0 and isinstance(info["metrics"].get("loss"), float)
+    assert_same(reference, out)
+
+
+@pytest.mark.slow
+def test_one_job_spans_two_nodes_of_one_scheduler(cluster, tmp_path, reference):
+    sched = cluster.scheduler()
+    nodes = []
+    for name in ("a", "b"):
+        pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
+        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name).code == 0
+        nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
+                                    str(sched.state_dir / "keys" / "id.key"), cpu=1, fake=False))
+    wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 30, what="both nodes to join")
+    out = tmp_path / "final.pt"
+    r = cli("submit", SCRIPT, "--workers", str(WORKERS), "--min-devices", str(DEVICES),
+            "--env", f"ELASTICD_TEST_OUT={out}", "--state-dir", str(nodes[0].state_dir))
+    assert r.code == 0, r.err
+    job = r.out.strip()
+    info = wait_state(sched.state_dir, job, ("finished", "failed"), timeout=240)
+    assert info["state"] == "finished", (info, [n.output()[-2000:] for n in nodes])
+    assert sorted(info["nodes"]) == sorted(n.info()["node_id"] for n in nodes)
+    assert sorted(a["node"] for a in info["agents"]) == sorted(info["nodes"])
+    assert_same(reference, out)
+    # each node keeps the log of its own agent
+    for n, rank in zip(nodes, ("rank0", "rank1"), strict=True):
+        logs = cli("logs", job, "--state-dir", str(n.state_dir))
+        assert logs.code == 0 and f"[{rank}] === elasticd: job {job}" in logs.out
+
+
+@pytest.mark.slow
+def test_worker_traceback_reaches_the_cli(cluster):
+    d = cluster.daemon(cpu=2, fake=False)
+    r = cli("submit", str(REPO / "tests" / "jobs" / "raises.py"), "--workers", "4", "--min-devices", "2",
+            "--wait", "--state-dir", str(d.state_dir), timeout=300)
+    assert r.code == 1, (r.out, r.err)
+    assert "DeliberateFailure" in r.err and "deliberate failure on logical rank 2" in r.err
+    job = r.out.split()[0]
+    info = wait_state(d.state_dir, job, "failed")
+    assert info["error"]["logical_rank"] == 2 and "Traceback" in info["error"]["traceback"]
