@@ -106,14 +106,22 @@ class NativeContext:
             print(f"[native ddp] step {self.step} {shown}", flush=True)
 
     # --- collectives over the (real) world ----------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Any:
         if op in ("avg", "mean"):  # gloo has no AVG
+            if async_op:
+                raise NotImplementedError("the DDP reference has no async 'avg' all_reduce (gloo lacks AVG)")
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
             return tensor.div_(self.world_size) if tensor.is_floating_point() else tensor
         if op not in _REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(_REDUCE_OPS)} or 'avg'")
-        dist.all_reduce(tensor, op=_REDUCE_OPS[op])
-        return tensor
+        work = dist.all_reduce(tensor, op=_REDUCE_OPS[op], async_op=async_op)
+        return work if async_op else tensor
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Any, op: str = "sum", async_op: bool = False) -> Any:
+        """`inputs`: N tensors shaped like `output`, or one tensor of N such chunks along dim 0 (as ctx's)."""
+        if isinstance(inputs, torch.Tensor):
+            inputs = list(inputs.reshape(self.world_size, *output.shape).unbind(0))
+        return dist.reduce_scatter(output, list(inputs), op=_REDUCE_OPS[op], async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         dist.broadcast(tensor, src=src)
