@@ -120,6 +120,9 @@ class Runtime:
         # Called as (outgoing, incoming) at every hand-over, before the incoming worker runs: where
         # private device state is swapped out and in. Outgoing is None at start.
         self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
+        # Called when the workers stop: after the run, and when one fails before the others unwind through
+        # user code (swapped-out private state must be back in the user's tensors by then). Idempotent.
+        self.end_listeners: list[Callable[[], None]] = []
         install_backward_hook()
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
 
@@ -140,6 +143,8 @@ class Runtime:
             t.start()
         self._execute(None, self.baton.start())
         self._done.wait()
+        for end in self.end_listeners:
+            end()
         if self._failure is not None:
             for t in threads:
                 t.join(timeout=5.0)
@@ -179,6 +184,11 @@ class Runtime:
             self._failure = WorkerFailed(rank, f"{type(e).__name__}: {e}", tb)
             log.error("logical rank %d failed on %s: %s", rank, socket.gethostname(), e)
         self._aborted = True
+        for end in self.end_listeners:
+            try:
+                end()
+            except Exception:  # noqa: BLE001 - the worker's failure is the one to report
+                log.exception("end listener failed after logical rank %d failed", rank)
         for w in self._workers.values():
             w.sem.release()
         self._done.set()
