@@ -24,6 +24,7 @@ class AgentConfig:
     error_file: str | None = None  # where a failing agent writes its error as JSON
     threads: int = 0            # torch intra-op threads; 0 = share the machine's cores between agents
     join_from: int = 0          # > 0: a new agent joining a resize from a job of `join_from` agents
+    device_memory: int = 0      # private-state budget per device in bytes; 0 = default (agent.private)
 
     @property
     def hosted(self) -> list[int]:
@@ -45,6 +46,8 @@ class AgentConfig:
             argv += ["--error-file", self.error_file]
         if self.join_from:
             argv += ["--join-from", str(self.join_from)]
+        if self.device_memory:
+            argv += ["--device-memory", str(self.device_memory)]
         return argv
 
 
@@ -65,12 +68,15 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--join-from", type=int, default=0,
                    help="join a running job that is growing from this many agents (resize)")
+    p.add_argument("--device-memory", type=int, default=0, metavar="BYTES",
+                   help="budget for replicated plus worker-private state on this device; private state "
+                        "beyond it is swapped to host memory between turns (0 = default policy)")
     a = p.parse_args(argv)
     cfg = AgentConfig(
         script=a.script, func=a.func, workers=a.workers, rank=a.rank, world=a.world,
         device_type=a.device_type, device_index=a.device_index, master_addr=a.master_addr,
         master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
-        threads=a.threads, join_from=a.join_from,
+        threads=a.threads, join_from=a.join_from, device_memory=a.device_memory,
     )
     try:
         cfg.hosted  # noqa: B018 - computing the layout validates it

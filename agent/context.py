@@ -91,6 +91,18 @@ class WorkerContext:
         """Clip the averaged gradient of every replicated parameter, once per physical step."""
         return self._rt.clip_grad_norm_(self._w, max_norm, norm_type)
 
+    def private(self, obj: Any) -> Any:
+        """Register this worker's own device state and return `obj`: a tensor, a list/dict of tensors, an
+        nn.Module (parameters, buffers and grads) or an optimizer (its state).
+
+        The objects stay the ones you hold; under a device budget (`--device-memory`) their memory is
+        swapped to host while other workers run and restored before this one runs again. Never touch
+        another worker's private tensors: while swapped out they have no memory.
+        """
+        from agent.private import attach
+
+        return attach(self._rt).register(self.rank, obj, self._w)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients without averaging (as `DDP.no_sync`)."""

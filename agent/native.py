@@ -73,6 +73,10 @@ class NativeContext:
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         return self._replicated().no_sync()
 
+    def private(self, obj: Any) -> Any:
+        """A real DDP process owns its device alone: nothing to swap."""
+        return obj
+
     def _replicated(self) -> DistributedDataParallel:
         if self._model is None:
             raise RuntimeError("call ctx.replicate(model, optimizer) first")

@@ -17,6 +17,7 @@ import torch
 from agent.config import AgentConfig
 from agent.control import ControlChannel, NullControl
 from agent.physical import PhysicalGroup
+from agent.private import attach as attach_private
 from agent.resize import grow, shrink
 from agent.runtime import Runtime, WorkerFailed
 from agent.script import load_function
@@ -109,6 +110,7 @@ def run_agent(cfg: AgentConfig) -> int:
             phys = PhysicalGroup.connect(cfg.rank, cfg.world, device, cfg.master_addr, cfg.master_port)
         while True:
             runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, phys, device, ef.deterministic, control, snap)
+            attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
             try:
                 runtime.run()
             except WorkerFailed as f:
