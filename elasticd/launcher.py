@@ -41,7 +41,7 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",
-              threads: int = 0, env: dict[str, str] | None = None) -> int:
+              threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0) -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed)."""
     port = free_port()
     child_env = {**os.environ, **(env or {})}
@@ -52,6 +52,7 @@ def run_local(script: str, func: str | None, workers: int, devices: int, device_
             cfg = AgentConfig(
                 script=os.path.abspath(script), func=func, workers=workers, rank=p, world=devices,
                 device_type=device_type, device_index=p, master_port=port, threads=threads,
+                device_memory=device_memory,
                 error_file=os.path.join(tmp, f"agent{p}.json"),
             )
             errors.append(cfg.error_file)

@@ -26,9 +26,12 @@ def split_target(target: str) -> tuple[str, str | None]:
 @click.option("--device-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=click.IntRange(min=0), default=0,
               help="torch threads per agent (default: the machine's cores split between agents).")
+@click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",
+              help="Per-device budget for replicated plus worker-private state (ctx.private); private "
+                   "state beyond it is swapped to host memory between turns.")
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
-def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, ddp: bool) -> None:
+def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, device_memory: int | None, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
     The result is what N real data-parallel workers would compute: same global batch, data order and
@@ -56,4 +59,4 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
         sys.exit(run_native_ddp(script, func, workers))
     from elasticd.launcher import run_local
 
-    sys.exit(run_local(script, func, workers, devices, device_type, threads))
+    sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0))
