@@ -100,6 +100,10 @@ class Client:
             self._monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
                                                          | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         self.sock.connect(target.endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        if self._monitor is not None:
+            self._poller.register(self._monitor, zmq.POLLIN)
         self._rid = 0
 
     def request(self, msg: p.Message, timeout_s: float | None = None) -> p.Message:
@@ -118,11 +122,7 @@ class Client:
             if left <= 0:
                 raise Unreachable(f"no answer from the {self.target.what} within "
                                   f"{self.timeout_s if timeout_s is None else timeout_s:.1f}s")
-            poller = zmq.Poller()
-            poller.register(self.sock, zmq.POLLIN)
-            if self._monitor is not None:
-                poller.register(self._monitor, zmq.POLLIN)
-            ready = dict(poller.poll(min(left, 0.5) * 1000))
+            ready = dict(self._poller.poll(min(left, 0.5) * 1000))
             if self._monitor is not None and self._monitor in ready:
                 self._check_monitor()
             if self.sock in ready:

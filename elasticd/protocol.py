@@ -59,8 +59,7 @@ class Message:
 
     def to_wire(self) -> dict[str, Any]:
         d: dict[str, Any] = {"v": PROTOCOL_VERSION, "op": self.op}
-        for f in dataclasses.fields(self):
-            d[f.name] = _plain(getattr(self, f.name))
+        d.update(_plain(self))
         return d
 
     @classmethod
@@ -133,14 +132,24 @@ def error_from(exc: ProtocolError, rid: int = 0) -> Error:
 
 # --- validation -------------------------------------------------------------------------------------
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
 def _plain(v: Any) -> Any:
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return {f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    if isinstance(v, list | tuple):
+    t = type(v)
+    if t in _SCALARS:
+        return v
+    if t is list or t is tuple:
         return [_plain(x) for x in v]
-    if isinstance(v, dict):
+    if t is dict:
         return {k: _plain(x) for k, x in v.items()}
-    return v
+    names = _FIELD_NAMES.get(t)
+    if names is None:
+        if not dataclasses.is_dataclass(v):
+            return v
+        names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(v))
+    return {n: _plain(getattr(v, n)) for n in names}
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -151,64 +160,125 @@ def _hints(cls: type) -> dict[str, Any]:
     return h
 
 
+# Validators are compiled once per annotation into closures: decoding is on the scheduler's hot path
+# (every heartbeat of every node), and re-walking typing objects per value costs several times more.
+# A checker raises `_Mismatch` without a location; `_build` adds the field path on the way out, so the
+# path is only formatted when something is wrong.
+_Checker = typing.Callable[[Any], Any]
+_CHECKERS: dict[Any, _Checker] = {}
+_PLANS: dict[type, list[tuple[str, _Checker, bool]]] = {}
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _bad(tp: Any, v: Any) -> _Mismatch:
+    return _Mismatch(f"expected {getattr(tp, '__name__', tp)}, got {type(v).__name__}")
+
+
+def _plan(cls: type) -> list[tuple[str, _Checker, bool]]:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = _hints(cls)
+        plan = [(f.name, _checker(hints[f.name]),
+                 f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                for f in dataclasses.fields(cls)]
+        _PLANS[cls] = plan
+    return plan
+
+
 def _build(cls: type[M], body: dict[str, Any], where: str) -> M:
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = [k for k in body if k not in names]
-    if unknown:
-        raise ProtocolError(BAD_REQUEST, f"{where}: unknown field(s) {sorted(map(str, unknown))}")
+    try:
+        return _build_unchecked(cls, body)
+    except _Mismatch as e:
+        raise ProtocolError(BAD_REQUEST, f"{where}{e}") from None
+
+
+def _build_unchecked(cls: type[M], body: dict[str, Any]) -> M:
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in body:
-            kwargs[f.name] = _check(body[f.name], hints[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(BAD_REQUEST, f"{where}: missing field {f.name!r}")
+    for name, check, required in _plan(cls):
+        if name in body:
+            try:
+                kwargs[name] = check(body[name])
+            except _Mismatch as e:
+                msg = str(e)
+                raise _Mismatch(f".{name}{msg}" if msg.startswith(".") else f".{name}: {msg}") from None
+        elif required:
+            raise _Mismatch(f": missing field {name!r}")
+    if len(kwargs) != len(body):
+        unknown = [k for k in body if k not in kwargs]
+        raise _Mismatch(f": unknown field(s) {sorted(map(str, unknown))}")
     return cls(**kwargs)
 
 
-def _check(v: Any, tp: Any, where: str) -> Any:
+def _checker(tp: Any) -> _Checker:
+    c = _CHECKERS.get(tp)
+    if c is None:
+        c = _compile(tp)
+        _CHECKERS[tp] = c
+    return c
+
+
+def _exact(kind: type) -> _Checker:
+    def check(v: Any) -> Any:
+        if type(v) is kind:
+            return v
+        raise _bad(kind, v)
+    return check
+
+
+def _compile(tp: Any) -> _Checker:
     if tp is Any:
-        return v
+        return lambda v: v
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        for alt in typing.get_args(tp):
-            try:
-                return _check(v, alt, where)
-            except ProtocolError:
-                continue
-        raise ProtocolError(BAD_REQUEST, f"{where}: unexpected {type(v).__name__}")
-    if tp is type(None):
-        if v is None:
-            return v
-    elif tp is bool:
-        if isinstance(v, bool):
-            return v
-    elif tp is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    elif tp is float:
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
-    elif tp is str:
-        if isinstance(v, str):
-            return v
-    elif tp is bytes:
-        if isinstance(v, bytes):
-            return v
-    elif origin is list:
-        if isinstance(v, list):
-            (item,) = typing.get_args(tp)
-            return [_check(x, item, f"{where}[]") for x in v]
-    elif origin is dict:
-        if isinstance(v, dict):
-            kt, vt = typing.get_args(tp)
-            return {_check(k, kt, f"{where}{{}}"): _check(x, vt, f"{where}[{k!r}]") for k, x in v.items()}
-    elif dataclasses.is_dataclass(tp):
-        if isinstance(v, dict):
-            return _build(tp, v, where)
-    else:  # pragma: no cover - a message declared a type this validator does not know
-        raise TypeError(f"{where}: unsupported annotation {tp!r}")
-    raise ProtocolError(BAD_REQUEST, f"{where}: expected {getattr(tp, '__name__', tp)}, got {type(v).__name__}")
+        alts = [_checker(a) for a in typing.get_args(tp)]
+        nullable = type(None) in typing.get_args(tp)
+
+        def union(v: Any) -> Any:
+            if v is None and nullable:
+                return None
+            for alt in alts:
+                try:
+                    return alt(v)
+                except _Mismatch:
+                    continue
+            raise _Mismatch(f"unexpected {type(v).__name__}")
+        return union
+    if tp is type(None) or tp in (bool, int, str, bytes):
+        return _exact(tp)  # exact types: msgpack yields exactly these, and a bool is not an int here
+    if tp is float:
+        def real(v: Any) -> Any:
+            if type(v) is float:
+                return v
+            if type(v) is int:
+                return float(v)
+            raise _bad(tp, v)
+        return real
+    if origin is list:
+        item = _checker(typing.get_args(tp)[0])
+
+        def seq(v: Any) -> Any:
+            if type(v) is not list:
+                raise _bad(tp, v)
+            return [item(x) for x in v]
+        return seq
+    if origin is dict:
+        kc, vc = (_checker(a) for a in typing.get_args(tp))
+
+        def mapping(v: Any) -> Any:
+            if type(v) is not dict:
+                raise _bad(tp, v)
+            return {kc(k): vc(x) for k, x in v.items()}
+        return mapping
+    if dataclasses.is_dataclass(tp):
+        def nested(v: Any) -> Any:
+            if type(v) is not dict:
+                raise _bad(tp, v)
+            return _build_unchecked(tp, v)
+        return nested
+    raise TypeError(f"unsupported annotation {tp!r}")
 
 
 # --- replies shared by every socket -------------------------------------------------------------------
@@ -282,6 +352,7 @@ class JobInfo:
     requested_devices: int | None = None
     resizes: list[dict[str, Any]] = field(default_factory=list)
     history: list[list[Any]] = field(default_factory=list)
+    agents: list[dict[str, Any]] = field(default_factory=list)   # rank, node, device, pid, alive, rss, cpu
 
 
 @record
@@ -329,10 +400,9 @@ class Logs(Message):
 @message
 class LogsReply(Message):
     op: ClassVar[str] = "logs_reply"
+    node_id: str                  # the node these logs are from (agents elsewhere log there)
     chunks: dict[str, str]        # file name -> text read from its offset
     offsets: dict[str, int]       # file name -> offset to ask for next
-    state: str                    # the job's state, so `logs -f` knows when to stop
-    remote_nodes: list[str] = field(default_factory=list)   # nodes whose agents' logs live elsewhere
 
 
 @message

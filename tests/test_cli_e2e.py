@@ -69,9 +69,12 @@ def test_one_job_spans_two_nodes_of_one_scheduler(cluster, tmp_path, reference):
     assert sorted(a["node"] for a in info["agents"]) == sorted(info["nodes"])
     assert_same(reference, out)
     # each node keeps the log of its own agent
-    for n, rank in zip(nodes, ("rank0", "rank1"), strict=True):
+    rank_of = {a["node"]: a["rank"] for a in info["agents"]}
+    for n in nodes:
         logs = cli("logs", job, "--state-dir", str(n.state_dir))
-        assert logs.code == 0 and f"[{rank}] === elasticd: job {job}" in logs.out
+        rank = rank_of[n.info()["node_id"]]
+        assert logs.code == 0 and f"[rank{rank}] === elasticd: job {job} agent {rank}/2" in logs.out
+        assert f"[rank{1 - rank}]" not in logs.out and "log on those nodes" in logs.err
 
 
 @pytest.mark.slow
