@@ -161,3 +161,29 @@ def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
     assert sorted(info["nodes"]) == sorted([a.info()["node_id"], b.info()["node_id"]])
     seen = ranks(out)
     assert seen[0]["master"] == seen[1]["master"] and seen[0]["world"] == seen[1]["world"] == 2
+
+
+def test_daemon_killed_takes_its_agents_along_and_restarts_with_the_job_table(cluster, tmp_path):
+    d = cluster.daemon(cpu=2)
+    sd = d.state_dir
+    done = submit(sd, "--workers", "1")
+    wait_state(sd, done, "finished")
+    hung = submit(sd, "--workers", "2", "--min-devices", "2", FAKE_MODE="hang")
+    info = wait_state(sd, hung, "running")
+    pids = [a["pid"] for a in wait_until(lambda: len(status(sd, hung)["jobs"][0]["agents"]) == 2
+                                         and status(sd, hung)["jobs"][0]["agents"], 10)]
+    assert len(pids) == 2 and info["devices"] == 2
+    d.kill()   # SIGKILL: no cleanup at all; the kernel's parent-death signal stops the agents
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_until(lambda: all(gone(pid) for pid in pids), 20, what="orphaned agents to die")
+    d.start()
+    wait_until(lambda: status(sd)["nodes"], 20, what="restarted daemon to rejoin its embedded scheduler")
+    jobs = {j["job_id"]: j for j in status(sd)["jobs"]}
+    assert jobs[done]["state"] == "finished"
+    assert jobs[hung]["state"] == "failed" and "vanished" in jobs[hung]["error"]["message"]
+    assert status(sd)["nodes"][0]["free"] == ["cpu:0", "cpu:1"]

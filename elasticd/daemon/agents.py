@@ -38,8 +38,25 @@ SAMPLE_EVERY_S = 1.0   # psutil sampling period
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+# Agents must not outlive a daemon that is SIGKILLed: nothing would watch or stop them, and they would
+# hold devices the restarted daemon hands out again. On Linux each agent is started through this
+# prelude, which asks the kernel to SIGTERM it when the daemon dies, then execs the agent (same pid).
+_DEATH_SIGNAL_PRELUDE = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(70)  # the daemon died before prctl\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 def default_agent_command() -> list[str]:
     return [sys.executable, "-m", "agent"]
+
+
+def with_death_signal(command: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-c", _DEATH_SIGNAL_PRELUDE, str(os.getpid()), *command]
 
 
 def free_port(host: str) -> int:
@@ -164,7 +181,8 @@ class Supervisor:
             out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"
                       f"{cfg.device_index} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
             out.flush()
-            return subprocess.Popen([*self.agent_command, *cfg.to_argv()], stdin=subprocess.DEVNULL, stdout=out,
+            return subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
+                                    stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
 
     def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[tuple[bytes, p.Message]]:

@@ -96,6 +96,7 @@ class NodeDaemon:
         self._seq = 0
         self._next_beat = 0.0
         self._push = False
+        self.heartbeat_s = cfg.heartbeat_s
         self.cli: zmq.Socket | None = None
         self.agents: zmq.Socket | None = None
         self.link: zmq.Socket | None = None
@@ -286,7 +287,10 @@ class NodeDaemon:
             return
         now = time.time()
         if isinstance(msg, p.Welcome):
-            log.info("scheduler %s welcomed node %s", self.link_endpoint, self.node_id)
+            # The scheduler owns the node timeout, so it sets the pace of heartbeats.
+            self.heartbeat_s = min(max(msg.heartbeat_s, 0.01), 60.0)
+            log.info("scheduler %s welcomed node %s (heartbeat %.2fs)", self.link_endpoint, self.node_id,
+                     self.heartbeat_s)
             self._welcomed, self._last_ack, self._push = True, now, True
         elif isinstance(msg, p.NodeAck):
             self._last_ack = now
@@ -312,7 +316,7 @@ class NodeDaemon:
         if not (self._push and self._welcomed) and now < self._next_beat:
             return
         self._push = False
-        self._next_beat = now + self.cfg.heartbeat_s
+        self._next_beat = now + self.heartbeat_s
         if self._welcomed and now - self._last_ack > self.cfg.node_timeout_s:
             log.warning("no answer from the scheduler at %s for %.0fs; saying hello again",
                         self.link_endpoint, now - self._last_ack)
