@@ -389,10 +389,14 @@ class Scale(Message):
 
 @message
 class Logs(Message):
-    """Read a job's agent logs on this node from byte `offsets` (per log file name) on."""
+    """Read a job's agent logs from byte `offsets` (per log file name) on.
+
+    `node_id` "" means the daemon asked; another node's logs are fetched through the scheduler.
+    """
 
     op: ClassVar[str] = "logs"
     job_id: str
+    node_id: str = ""
     offsets: dict[str, int] = field(default_factory=dict)
     max_bytes: int = 256 * 1024
 

@@ -161,6 +161,11 @@ def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
     assert sorted(info["nodes"]) == sorted([a.info()["node_id"], b.info()["node_id"]])
     seen = ranks(out)
     assert seen[0]["master"] == seen[1]["master"] and seen[0]["world"] == seen[1]["world"] == 2
+    for sd in (a.state_dir, b.state_dir):   # each node shows both agents' logs (one fetched remotely)
+        r = cli("logs", job, "--state-dir", str(sd))
+        assert r.code == 0 and f"[rank0] fake agent 0/2 of {job}" in r.out and f"[rank1] fake agent 1/2 of {job}" in r.out
+        r = cli("logs", job, "--json", "--state-dir", str(sd))
+        assert r.code == 0 and len(r.json()["logs"]) == 2 and r.json()["unreachable"] == {}
 
 
 def test_daemon_killed_takes_its_agents_along_and_restarts_with_the_job_table(cluster, tmp_path):

@@ -17,41 +17,55 @@ from elasticd import client
 @client.client_options
 @client.guarded()
 def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
-    """Print the stdout/stderr of JOB's agents on this node, each line prefixed with its agent rank.
+    """Print the stdout/stderr of JOB's agents, each line prefixed with its agent's rank.
 
-    Agents on other nodes keep their logs in those nodes' state dirs (`elasticd logs` there).
+    Each node keeps its own agents' logs (STATE_DIR/logs/JOB); those of other nodes are fetched
+    through the scheduler.
     """
     from elasticd.protocol import Logs, Status
 
     if follow and as_json:
         raise click.UsageError("--json and --follow do not mix")
-    offsets: dict[str, int] = {}
+    offsets: dict[str, dict[str, int]] = {}
+    collected: dict[str, dict[str, str]] = {}
+    unreachable: dict[str, str] = {}
     with client.session(opts, as_json) as c:
         info = c.request(Status(job_id=job_id)).jobs[0]  # type: ignore[attr-defined]  # unknown job: exit 1
-        node_id = ""
-        collected: dict[str, str] = {}
-        while True:
-            reply = c.request(Logs(job_id=job_id, offsets=offsets))
-            node_id = reply.node_id  # type: ignore[attr-defined]
+        here = c.request(Logs(job_id=job_id, max_bytes=0)).node_id  # type: ignore[attr-defined]
+
+        def fetch(node: str) -> bool:
+            try:
+                reply = c.request(Logs(job_id=job_id, node_id="" if node == here else node,
+                                       offsets=offsets.get(node, {})))
+            except client.ErrorReply as e:
+                if node == here:
+                    raise
+                unreachable[node] = e.error.message
+                return False
+            unreachable.pop(node, None)
             got = False
             for name, text in sorted(reply.chunks.items()):  # type: ignore[attr-defined]
-                offsets[name] = reply.offsets[name]  # type: ignore[attr-defined]
+                offsets.setdefault(node, {})[name] = reply.offsets[name]  # type: ignore[attr-defined]
                 if not text:
                     continue
                 got = True
                 if as_json:
-                    collected[name] = collected.get(name, "") + text
-                    continue
-                prefix = f"[{name.removesuffix('.log')}] "
-                click.echo("".join(prefix + line for line in text.splitlines(keepends=True)), nl=False)
-            if got:
+                    files = collected.setdefault(node, {})
+                    files[name] = files.get(name, "") + text
+                else:
+                    prefix = f"[{name.removesuffix('.log')}] "
+                    click.echo("".join(prefix + line for line in text.splitlines(keepends=True)), nl=False)
+            return got
+
+        while True:
+            nodes = [here] + [n for n in info.nodes if n != here]
+            if any([fetch(n) for n in nodes]):
                 continue  # drain everything available before looking at the job's state
             if not follow or info.state in ("finished", "failed", "stopped"):
                 break
             time.sleep(0.2)  # polling interval of `tail -f`-style output
             info = c.request(Status(job_id=job_id)).jobs[0]  # type: ignore[attr-defined]
-    remote = [n for n in info.nodes if n != node_id]
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "node_id": node_id, "logs": collected, "other_nodes": remote}))
-    elif remote:
-        click.echo(f"(agents on {', '.join(remote)} log on those nodes)", err=True)
+        click.echo(json.dumps({"job_id": job_id, "logs": collected, "unreachable": unreachable}))
+    for node, why in unreachable.items():
+        click.echo(f"(logs of node {node} unavailable: {why})", err=True)

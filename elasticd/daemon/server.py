@@ -233,6 +233,8 @@ class NodeDaemon:
         ident = frames[0]
         if isinstance(msg, _RELAYED):
             self._relay(ident, msg)
+        elif isinstance(msg, p.Logs) and msg.node_id not in ("", self.node_id):
+            self._relay(ident, msg)
         elif isinstance(msg, p.Logs):
             self._reply(ident, self._logs(msg), msg.rid)
         elif isinstance(msg, p.Shutdown):
@@ -280,6 +282,11 @@ class NodeDaemon:
             msg = p.decode(frames[0])
         except p.ProtocolError as e:
             log.error("bad message from the scheduler: %s", e)
+            return
+        if isinstance(msg, p.Logs):   # a request from another node's CLI, via the scheduler
+            reply = self._logs(msg)
+            reply.rid = msg.rid
+            transport.send(self.link, reply)
             return
         pending = self._pending.pop(msg.rid, None) if msg.rid else None
         if pending is not None:
@@ -331,7 +338,7 @@ class NodeDaemon:
     # --- logs ------------------------------------------------------------------------------------
 
     def _logs(self, msg: p.Logs) -> p.Message:
-        budget = max(1, min(msg.max_bytes, MAX_LOG_REPLY))
+        budget = max(0, min(msg.max_bytes, MAX_LOG_REPLY))
         chunks: dict[str, str] = {}
         offsets: dict[str, int] = {}
         log_dir = self.sd.log_dir(msg.job_id)

@@ -25,6 +25,7 @@ from elasticd.scheduler.store import JobStore
 log = logging.getLogger(__name__)
 
 _BATCH = 256  # messages served per socket per loop turn, so one busy socket cannot starve the tick
+FORWARD_TIMEOUT_S = 5.0
 
 
 class SchedulerServer:
@@ -49,6 +50,9 @@ class SchedulerServer:
         self.identity = keys.ensure_identity(self.sd.root)
         self._stop = threading.Event()
         self._nodes: dict[str, tuple[zmq.Socket, bytes]] = {}
+        # requests forwarded to a node: our rid -> (socket, requester identity, its rid, deadline)
+        self._pending: dict[int, tuple[zmq.Socket, bytes, int, float]] = {}
+        self._rid = 0
         self._auth = None
         self.sockets: list[zmq.Socket] = []
         self.tcp_endpoint: str | None = None
@@ -104,6 +108,7 @@ class SchedulerServer:
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + tick_every
                     self._execute(self.state.tick(time.time()))
+                    self._expire()
         finally:
             self.close()
 
@@ -177,11 +182,43 @@ class SchedulerServer:
         if isinstance(msg, p.Scale):
             text, actions = self.state.scale(msg.job_id, msg.devices, now)
             return p.Ok(message=text), actions
+        if isinstance(msg, p.Logs):
+            return self._forward_logs(sock, ident, msg), []
+        if isinstance(msg, p.LogsReply):
+            pending = self._pending.pop(msg.rid, None)
+            if pending is None:
+                return p.Error(code=p.UNEXPECTED, message="no request is waiting for this reply (late?)"), []
+            psock, pident, prid, _ = pending
+            msg.rid = prid
+            self._reply(psock, pident, msg)
+            return None, []
         if isinstance(msg, p.Shutdown) and self.allow_shutdown:
             log.info("shutdown requested")
             self._stop.set()
             return p.Ok(message="scheduler shutting down"), []
         return p.Error(code=p.UNEXPECTED, message=f"the scheduler does not serve {msg.op!r}"), []
+
+    def _forward_logs(self, sock: zmq.Socket, ident: bytes, msg: p.Logs) -> p.Message | None:
+        """Ask the node holding the logs; its reply is relayed back under the requester's rid."""
+        route = self._nodes.get(msg.node_id)
+        nd = self.state.nodes.get(msg.node_id)
+        if route is None or nd is None or not nd.alive:
+            return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not connected")
+        self._rid += 1
+        self._pending[self._rid] = (sock, ident, msg.rid, time.monotonic() + FORWARD_TIMEOUT_S)
+        fwd = p.Logs(job_id=msg.job_id, node_id=msg.node_id, offsets=msg.offsets, max_bytes=msg.max_bytes,
+                     rid=self._rid)
+        if not transport.send(route[0], fwd, route[1]):
+            self._pending.pop(self._rid, None)
+            return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not reachable")
+        return None
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for rid in [r for r, v in self._pending.items() if v[3] < now]:
+            sock, ident, prid, _ = self._pending.pop(rid)
+            self._reply(sock, ident, p.Error(code=p.SCHEDULER_UNREACHABLE, rid=prid,
+                                             message=f"no answer from the node within {FORWARD_TIMEOUT_S:.0f}s"))
 
     def _execute(self, actions: list[Send]) -> None:
         self.store.save(self.state.take_dirty())
