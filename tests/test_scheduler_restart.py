@@ -62,3 +62,9 @@ def test_scheduler_killed_and_restarted_keeps_the_job_table(cluster, tmp_path):
     wait_state(sd, blocked, ("running", "finished"))
     nxt = submit("--workers", "1")
     assert nxt not in before
+    # `elasticd shutdown` on the scheduler's state dir stops it; the node is left waiting for it
+    r = cli("shutdown", "--state-dir", str(sched.state_dir))
+    assert r.code == 0 and "shutting down" in r.out
+    assert sched.popen.wait(timeout=30) == 0
+    assert not (sched.state_dir / "scheduler.sock").exists()
+    assert node.popen.poll() is None

@@ -162,9 +162,12 @@ class NodeDaemon:
                     self._drain(self.agents, self._from_agent)
                 if self.cli in ready:
                     self._drain(self.cli, self._from_cli)
-                self._push |= self.sup.poll(now)
-                self._heartbeat(now)
-                self._expire(now)
+                try:
+                    self._push |= self.sup.poll(now)
+                    self._heartbeat(now)
+                    self._expire(now)
+                except Exception:  # keep serving; the next turn retries
+                    log.exception("daemon housekeeping failed")
         finally:
             self._shutdown()
 

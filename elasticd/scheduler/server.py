@@ -107,8 +107,11 @@ class SchedulerServer:
                         self._drain(sock)
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + tick_every
-                    self._execute(self.state.tick(time.time()))
-                    self._expire()
+                    try:
+                        self._execute(self.state.tick(time.time()))
+                        self._expire()
+                    except Exception:  # a bug in one tick must not take the island down
+                        log.exception("scheduler tick failed")
         finally:
             self.close()
 
