@@ -166,7 +166,7 @@ def main() -> None:
             server = info["public_key"].encode()
             ctx = zmq.Context()
             ctx.max_sockets = a.nodes + 64
-            client = Client(Target(info["tcp"], server, ident, what="scheduler"), timeout_s=10, ctx=ctx)
+            client = Client(Target(info["tcp"], server, ident, what="scheduler"), timeout_s=10)  # own I/O thread
             rtt(client, 200)  # warm-up: connections, CURVE handshake, caches
             idle = rtt(client, a.requests)
             print(f"idle round trip (status, {a.requests} requests): p50 {pct(idle, 50):.3f} ms  "
@@ -208,6 +208,8 @@ def main() -> None:
             while nodes.sent_at and time.perf_counter() < end:
                 nodes.drain(20)
             cpu = ps.cpu_percent(None)
+            threads = sorted(((t.user_time + t.system_time), t.id) for t in ps.threads())[::-1]
+            print("scheduler threads (cpu s): " + ", ".join(f"{tid}:{cs:.2f}" for cs, tid in threads[:4]))
             t = time.perf_counter()
             st = client.request(p.Status(job_id=None))
             full_ms = (time.perf_counter() - t) * 1000

@@ -139,14 +139,17 @@ class SchedulerState:
 
     def status(self, job_id: str | None, now: float) -> p.StatusReply:
         if job_id is not None:
+            # One job's view (what `submit --wait` polls) lists only its own nodes: cheap on a big island.
             jobs = [self._job(job_id)]
+            shown = set(jobs[0].nodes)
         else:
             jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
+            shown = set(self.nodes)
         busy = self._busy()
         nodes = [p.NodeInfo(node_id=nd.node_id, host=nd.host, alive=nd.alive, devices=list(nd.devices),
                             free=[d for d in nd.devices if (nd.node_id, d) not in busy],
                             last_seen_s=round(max(0.0, now - nd.last_seen), 3))
-                 for nd in sorted(self.nodes.values(), key=lambda x: x.node_id) if nd.known]
+                 for nd in (self.nodes[n] for n in sorted(shown) if n in self.nodes) if nd.known]
         return p.StatusReply(jobs=[self._info(j) for j in jobs], nodes=nodes)
 
     # --- node stimuli ----------------------------------------------------------------------------
