@@ -2,7 +2,9 @@
 no torch (so daemon/scheduler tests run in a fraction of the time).
 
 Behaviour comes from the environment (set per job with `elasticd submit --env`):
-    FAKE_MODE   ok (default) | fail | hang | deaf   (deaf: ignores stop commands, needs SIGTERM)
+    FAKE_MODE   ok (default) | fail | hang | deaf | crash
+                (deaf: ignores stop commands, needs SIGTERM; crash: exit 3 without an error report)
+    FAKE_ONLY_RANK  apply FAKE_MODE to this physical rank only; the others run until killed
     FAKE_STEPS  steps before exiting in ok/fail mode (default 5)
     FAKE_STEP_S seconds per step (default 0.01)
     FAKE_OUT    directory: each agent writes rank<p>.json with its config and what it saw
@@ -22,12 +24,17 @@ from agent.control_zmq import ZmqControl
 def main() -> int:
     cfg = parse_args(sys.argv[1:])
     mode = os.environ.get("FAKE_MODE", "ok")
+    if os.environ.get("FAKE_ONLY_RANK", str(cfg.rank)) != str(cfg.rank):
+        mode = "deaf"   # FAKE_MODE applies to that rank only; the others run until killed
     steps = int(os.environ.get("FAKE_STEPS", "5"))
     step_s = float(os.environ.get("FAKE_STEP_S", "0.01"))
     ctl = ZmqControl(cfg.control, cfg.job_id, cfg.rank) if cfg.control else None
     if ctl:
         ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
     print(f"fake agent {cfg.rank}/{cfg.world} of {cfg.job_id} hosting {cfg.hosted}", flush=True)
+    if mode == "crash":
+        print("crashing hard", flush=True)
+        os._exit(3)
     commands: list[dict] = []
     step = 0
     try:
