@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from agent.baton import WorkerState
-from agent.swap import CpuMover, Slot, tensors_of
+from agent.swap import Copier, CpuMover, Slot, SwapStats, tensors_of
 
 if TYPE_CHECKING:
     from agent.context import WorkerContext
@@ -51,37 +49,6 @@ T = TypeVar("T")
 
 class DeviceMemoryError(MemoryError):
     """The budget cannot hold one worker's private state plus the replicated state."""
-
-
-@dataclass
-class SwapStats:
-    """Accounting of one device's private state; bytes are device bytes unless named otherwise."""
-
-    budget: int | None = None
-    resident_bytes: int = 0      # private state on the device now
-    replicated_bytes: int = 0    # replicated state counted against the budget (measured at each switch)
-    pool_bytes: int = 0          # released blocks kept for the next restore (CPU devices)
-    peak_bytes: int = 0          # max of resident + replicated + pool
-    bytes_out: int = 0           # copied device -> host
-    bytes_in: int = 0            # copied host -> device
-    slots_out: int = 0           # slots swapped out (copied or deduped)
-    slots_in: int = 0
-    dedup_skipped: int = 0       # swap-outs whose copy was skipped: content equal to the host copy
-    dedup_bytes: int = 0
-    checksums: int = 0
-    prefetched: int = 0          # restores started for the next worker while the current one runs
-    over_budget: int = 0         # hand-overs where pinned state kept the device over the budget
-
-    @property
-    def device_bytes(self) -> int:
-        return self.resident_bytes + self.replicated_bytes + self.pool_bytes
-
-    @property
-    def bytes_moved(self) -> int:
-        return self.bytes_out + self.bytes_in
-
-    def as_dict(self) -> dict[str, int | None]:
-        return {**dataclasses.asdict(self), "device_bytes": self.device_bytes, "bytes_moved": self.bytes_moved}
 
 
 # Turns a worker must have run before its size is trusted: the first backward creates grads, the first
@@ -130,15 +97,16 @@ class PrivateStore:
                  prefetch: bool = True, runtime: Runtime | None = None) -> None:
         self.device = device
         self.budget = budget
-        self.dedup = dedup
         self.prefetch = prefetch
         self.stats = SwapStats(budget=budget)
         if device.type == "cuda":
             from agent.swap_cuda import CudaMover
 
-            self._mover: Any = CudaMover(device)
+            mover: Any = CudaMover(device)
         else:
-            self._mover = CpuMover()
+            mover = CpuMover()
+        self._copier = Copier(mover, self.stats, dedup, threaded=prefetch)
+        self._pooled: bool = mover.pooled
         self._rt = weakref.ref(runtime) if runtime is not None else None
         self._workers: dict[int, _WorkerState] = {}
         self._owner: dict[int, int] = {}  # storage key -> rank
@@ -146,9 +114,7 @@ class PrivateStore:
         self._plan_bytes = 0
         self._plan_pool: dict[int, int] = {}
         self._replicated = 0
-        self._lock = threading.Lock()  # stats, and the pool the copy thread changes
-        self._exec: ThreadPoolExecutor | None = None
-        self._error: BaseException | None = None
+        self._batch_ws: list[_WorkerState] = []  # workers whose restores are in the copier's open batch
         self._closed = False
 
     # -- registration -------------------------------------------------------------------------
@@ -173,7 +139,7 @@ class PrivateStore:
             self._trim_to_budget(delta + ws.growth() if ws.warm() else None)
             self._drain()
         self._plan_bytes += delta
-        self._account(resident=delta)
+        self._copier.account(resident=delta)
         log.debug("logical rank %d registered %d bytes of private state", rank, self.worker_bytes(rank))
         return obj
 
@@ -205,34 +171,23 @@ class PrivateStore:
             reserve = 0 if ws is None else ws.growth()
             if any(not s.planned for s in target.slots.values()) and \
                     self._bring_in(target, {inc.rank, nxt}, inc.rank, must=False, reserve=reserve):
-                self._account(prefetched=1)
+                self._copier.account(prefetched=1)
+        self._flush()
 
     def on_end(self) -> None:
         """End listener: the workers stopped; every slot goes back into the user's tensors. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        if self._exec is not None:
-            self._exec.shutdown(wait=True)
-            self._exec = None
+        if self._closed:  # listeners run one at a time: a worker's failure, then the end of run()
+            return
+        self._closed = True
+        self._copier.close()  # runs whatever was planned: the device matches the plan again
         for ws in self._workers.values():
             for s in ws.slots.values():
-                if s.resident:
-                    continue
-                if not self._mover.adopt(s):
-                    self._mover.acquire(s)
-                    self._mover.load(s)
-                    self._mover.ready(s)
-                    self._account(bytes_in=s.nbytes, peak=False)
-                s.resident = s.planned = True
-                self._account(resident=s.nbytes, peak=False)  # the run is over: the budget no longer applies
-        self._mover.close()
-        with self._lock:
-            self.stats.pool_bytes = 0
+                if not s.resident:
+                    self._copier.restore_now(s)
+        self._copier.release_pool()
         self._plan_pool.clear()
-        if self._error is not None:
-            log.error("a private-state copy failed during the run: %s", self._error)
+        if self._copier.error is not None:
+            log.error("a private-state copy failed during the run: %s", self._copier.error)
 
     # -- synchronous API (benchmarks, tests) --------------------------------------------------
     def swap_out(self, rank: int) -> None:
@@ -276,7 +231,7 @@ class PrivateStore:
             self._plan_out(s)
             over -= s.nbytes
         if over > 0:
-            self._account(over_budget=1)
+            self._copier.account(over_budget=1)
             log.warning("device %s: %d bytes over the --device-memory budget of %d bytes: private tensors of "
                         "pending collectives stay resident until the flush", self.device, over, self.budget)
         return True
@@ -301,9 +256,9 @@ class PrivateStore:
     def _plan_out(self, s: Slot) -> None:
         s.planned = False
         self._plan_bytes -= s.nbytes
-        if self._mover.pooled:
+        if self._pooled:
             self._plan_pool[s.nbytes] = self._plan_pool.get(s.nbytes, 0) + 1
-        self._submit(self._do_out, s)
+        self._copier.out(s)
 
     def _plan_in(self, s: Slot, ws: _WorkerState) -> None:
         if self._plan_pool.get(s.nbytes):
@@ -312,9 +267,9 @@ class PrivateStore:
             self._trim_to_budget(s.nbytes)
         s.planned = True
         self._plan_bytes += s.nbytes
-        f = self._submit(self._do_in, s)
-        if f is not None:
-            ws.pending.append(f)
+        self._copier.into(s)
+        if self._copier.threaded and ws not in self._batch_ws:
+            self._batch_ws.append(ws)
 
     def _trim_to_budget(self, extra: int | None = 0) -> None:
         """Free pooled blocks (largest first) while they would push the device over the budget with `extra`
@@ -326,82 +281,30 @@ class PrivateStore:
             n = max(size for size, k in self._plan_pool.items() if k)
             self._plan_pool[n] -= 1
             pool -= n
-            self._submit(self._do_trim, n)
+            self._copier.trim(n)
 
-    # -- the copies (copy thread on CPU; inline on CUDA, where they are asynchronous anyway) ----
-    def _submit(self, fn: Callable[[Any], None], arg: Any) -> Future[None] | None:
-        if not (self.prefetch and self._mover.threaded):
-            self._guarded(fn, arg)
-            return None
-        if self._exec is None:
-            self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticd-swap")
-        return self._exec.submit(self._guarded, fn, arg)
-
-    def _guarded(self, fn: Callable[[Any], None], arg: Any) -> None:
-        try:
-            fn(arg)
-        except BaseException as e:
-            self._error = self._error or e
-            raise
-
-    def _do_out(self, s: Slot) -> None:
-        m = self._mover
-        h = None
-        # A moved version counter proves a change: copy without reading the data twice.
-        if self.dedup and (s.baseline is None or s.versions_unchanged()):
-            h = m.checksum(s)
-            self._account(checksums=1)
-        same = h is not None and h == s.host_hash and s.host is not None and s.host.numel() == s.nbytes
-        if not same:
-            m.save(s)
-        s.host_hash = h
-        s.mark_clean()
-        m.release(s)
-        s.resident = False
-        self._account(resident=-s.nbytes, pool=s.nbytes if m.pooled else 0, slots_out=1,
-                      bytes_out=0 if same else s.nbytes, dedup_skipped=int(same), dedup_bytes=s.nbytes if same else 0)
-
-    def _do_in(self, s: Slot) -> None:
-        reused = self._mover.acquire(s)
-        self._mover.load(s)
-        s.mark_clean()
-        s.resident = True
-        self._account(resident=s.nbytes, pool=-s.nbytes if reused else 0, slots_in=1, bytes_in=s.nbytes)
-
-    def _do_trim(self, nbytes: int) -> None:
-        self._mover.trim(nbytes)
-        self._account(pool=-nbytes)
-
-    def _account(self, resident: int = 0, pool: int = 0, peak: bool = True, **counters: int) -> None:
-        with self._lock:
-            st = self.stats
-            st.resident_bytes += resident
-            st.pool_bytes += pool
-            for k, v in counters.items():
-                setattr(st, k, getattr(st, k) + v)
-            if peak:
-                st.peak_bytes = max(st.peak_bytes, st.device_bytes)
+    def _flush(self) -> None:
+        f = self._copier.flush()
+        if f is not None:
+            for ws in self._batch_ws:
+                ws.pending.append(f)
+        self._batch_ws.clear()
 
     def _wait(self, ws: _WorkerState) -> None:
-        for f in ws.pending:
-            f.result()
-        ws.pending.clear()
-        for s in ws.slots.values():
-            self._mover.ready(s)
-        if self._error is not None:
-            raise RuntimeError(f"elasticd: swapping private state failed: {self._error}") from self._error
+        """Return once `ws`'s planned restores are done (CPU) or ordered before its kernels (CUDA)."""
+        self._flush()
+        pending, ws.pending = ws.pending, []
+        self._copier.wait(pending, ws.slots.values())
 
     def _drain(self) -> None:
-        if self._exec is not None:
-            self._exec.submit(lambda: None).result()
-        if self._error is not None:
-            raise RuntimeError(f"elasticd: swapping private state failed: {self._error}") from self._error
+        self._flush()
+        self._copier.drain()
 
     # -- what the worker holds ----------------------------------------------------------------
     def _refresh(self, ws: _WorkerState) -> None:
         delta = self._scan(ws)
         self._plan_bytes += delta
-        self._account(resident=delta)
+        self._copier.account(resident=delta)
 
     def _scan(self, ws: _WorkerState) -> int:
         """Re-enumerate a resident worker's slots (grads appear and go, tensors get replaced); returns the
@@ -455,7 +358,7 @@ class PrivateStore:
                 seen.add(st._cdata)
                 total += st.nbytes()
         delta, self._replicated = total - self._replicated, total
-        self._account(replicated_bytes=delta)
+        self._copier.account(replicated_bytes=delta)
 
     def _replicated_tensors(self) -> Iterable[torch.Tensor]:
         rt = self._runtime()
