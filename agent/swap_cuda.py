@@ -66,6 +66,8 @@ class CudaMover:
         return torch.cuda.current_stream(self.device)
 
     def checksum(self, slot: Slot) -> int:
+        # A prefetched slot evicted again before its worker ran may still be filling on the side stream.
+        self.ready(slot)
         return cuda_checksum(slot.view())
 
     def save(self, slot: Slot) -> None:
