@@ -83,8 +83,14 @@ class ZmqControl:
             self._flush_step()
             self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=p.flat_scalars(error)))
 
+    def resized(self, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._flush_step()
+            self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+
     def poll(self) -> list[dict[str, Any]]:
-        """Commands from the daemon as wire dicts ({"op": "stop"}, {"op": "resize", "devices": M})."""
+        """Commands from the daemon as wire dicts: {"op": "stop"}, or
+        {"op": "resize", "epoch": E, "world": M, "master_addr": A, "master_port": P}."""
         out: list[dict[str, Any]] = []
         with self._lock:
             if self._closed:

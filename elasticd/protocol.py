@@ -450,6 +450,7 @@ class JobReport:
     ok: bool = True               # for "ended": every local agent exited 0
     error: dict[str, Any] | None = None
     agents: list[AgentReport] = field(default_factory=list)
+    resizes: list[dict[str, Any]] = field(default_factory=list)   # AgentResized infos of the lead agent
 
 
 @message
@@ -528,11 +529,15 @@ class KillJob(Message):
 
 @message
 class ResizeJob(Message):
-    """Scheduler -> node: the job should run on `devices` agents (wired by live resize, issue 5)."""
+    """Scheduler -> node: the job moves to `devices` agents, rendezvous at master_addr:master_port
+    (the layout epoch `epoch`); the node passes it to its agents as `AgentResize` (live resize, issue 5)."""
 
     op: ClassVar[str] = "resize_job"
     job_id: str
     devices: int
+    epoch: int = 0
+    master_addr: str = ""
+    master_port: int = 0
 
 
 # --- agent <-> node daemon -------------------------------------------------------------------------
@@ -579,10 +584,24 @@ class AgentStop(Message):
 
 @message
 class AgentResize(Message):
-    """Daemon -> agent: the job is being resized to `devices` agents (issue 5)."""
+    """Daemon -> agent: re-form the job's group with `world` agents at master_addr:master_port
+    (agent.control: {"op": "resize", "epoch", "world", "master_addr", "master_port"})."""
 
     op: ClassVar[str] = "resize"
-    devices: int
+    epoch: int | None = None
+    world: int
+    master_addr: str
+    master_port: int
+
+
+@message
+class AgentResized(Message):
+    """Agent -> daemon: a resize finished here: {"epoch", "world", "rank", "left", "seconds"}."""
+
+    op: ClassVar[str] = "agent_resized"
+    job_id: str
+    rank: int
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def registered_ops() -> dict[str, type[Message]]:

@@ -147,13 +147,17 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     assert got[1].step == 1 and got[2].step == 1000     # first sent, the rest coalesced, last flushed
     assert not router.poll(100)
     router.send_multipart([ident, p.AgentStop().encode()])
-    router.send_multipart([ident, p.AgentResize(devices=2).encode()])
+    router.send_multipart([ident, p.AgentResize(epoch=1, world=2, master_addr="h", master_port=5).encode()])
     router.send_multipart([ident, b"garbage"])
     cmds: list = []
     deadline = time.monotonic() + 5
     while len(cmds) < 2 and time.monotonic() < deadline:
         cmds += ctl.poll()
-    assert cmds == [{"op": "stop"}, {"op": "resize", "devices": 2}]
+    assert cmds == [{"op": "stop"}, {"op": "resize", "epoch": 1, "world": 2, "master_addr": "h", "master_port": 5}]
+    ctl.resized({"epoch": 1, "world": 2, "rank": 3, "left": False, "seconds": 0.5})
+    assert router.poll(5000)
+    resized = p.decode(router.recv_multipart()[1])
+    assert isinstance(resized, p.AgentResized) and resized.info["seconds"] == 0.5 and resized.rank == 3
     ctl.close()
     router.close(linger=0)
     ctx.term()

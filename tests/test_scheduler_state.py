@@ -253,6 +253,9 @@ def test_scale_running_job_records_request_or_sends_resize_when_enabled():
             assert [(a.node_id, a.msg.devices) for a in out if isinstance(a.msg, p.ResizeJob)] == [("a", 2)]
         else:
             assert isl.state(job) is JobState.RUNNING and out == [] and "recorded" in msg
+    # resize history reported by the agents of rank 0's node shows up in status
+    isl.report("a", rep(job, "running", resizes=[{"epoch": 1, "world": 2, "seconds": 0.4}]))
+    assert isl.s.status(job, isl.now).jobs[0].resizes == [{"epoch": 1, "world": 2, "seconds": 0.4}]
 
 
 def test_submit_rejects_impossible_sizes():

@@ -89,6 +89,7 @@ class LocalJob:
     master_port: int
     agents: dict[int, Agent] = field(default_factory=dict)
     error: dict[str, Any] | None = None
+    resizes: list[dict[str, Any]] = field(default_factory=list)
     killing: str | None = None          # reason, once a stop/kill started
     term_at: float | None = None        # when to send SIGTERM
     kill_at: float | None = None        # when to send SIGKILL
@@ -205,11 +206,13 @@ class Supervisor:
                 if a.identity is not None and a.exitcode is None]
 
     def resize(self, msg: p.ResizeJob) -> list[tuple[bytes, p.Message]]:
+        """The resize command for each of the job's connected agents here."""
         job = self.jobs.get(msg.job_id)
         if job is None:
             return []
-        return [(a.identity, p.AgentResize(devices=msg.devices)) for a in job.agents.values()
-                if a.identity is not None and a.exitcode is None]
+        cmd = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr or job.launch.master_addr,
+                            master_port=msg.master_port)
+        return [(a.identity, cmd) for a in job.agents.values() if a.identity is not None and a.exitcode is None]
 
     def forget(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
@@ -248,6 +251,10 @@ class Supervisor:
         elif isinstance(msg, p.AgentFailed):
             if job.error is None:
                 job.error = p.flat_scalars(msg.error)
+        elif isinstance(msg, p.AgentResized):
+            if agent is job.lead():
+                job.resizes.append(p.flat_scalars(msg.info))
+                del job.resizes[:-100]
         elif not isinstance(msg, p.AgentDone):
             return f"unexpected {msg.op!r} on the agent socket"
         return None
@@ -321,7 +328,7 @@ class Supervisor:
             out.append(p.JobReport(
                 job_id=job.job_id, state=job.state, ranks=sorted(job.agents), master_port=job.master_port,
                 step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
-                ok=job.ok, error=job.error,
+                ok=job.ok, error=job.error, resizes=list(job.resizes),
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.popen.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
                                       exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1))

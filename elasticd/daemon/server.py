@@ -274,7 +274,7 @@ class NodeDaemon:
         err = self.sup.agent_message(frames[0], msg, time.time())
         if err is not None:
             transport.send(self.agents, p.Error(code=p.BAD_REQUEST, message=err, rid=msg.rid), frames[0])
-        elif isinstance(msg, p.AgentHello | p.AgentDone | p.AgentFailed):
+        elif isinstance(msg, p.AgentHello | p.AgentDone | p.AgentFailed | p.AgentResized):
             self._push = True
 
     def _from_scheduler(self, frames: list[bytes]) -> None:

@@ -321,6 +321,9 @@ class SchedulerState:
                     log.info("job %s running", job.job_id)
             if node == job.nodes[0]:
                 job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, p.flat_scalars(r.metrics)
+                if len(r.resizes) > len(job.resizes):   # the node keeps the whole history of its agents
+                    job.resizes = [p.flat_scalars(x) for x in r.resizes]
+                    self.dirty.add(job.job_id)
         return out, forget
 
     def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
