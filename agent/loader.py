@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 
 class ResumableBatches:
     def __init__(self, loader: Any) -> None:
@@ -38,10 +40,16 @@ class ResumableBatches:
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
+        if self.position == 0:
+            return iter(self.loader)
+        # Resuming mid-epoch. The original run created this epoch's iterator (which draws a seed from
+        # the global generator) and loaded these batches before the snapshot, so their random draws
+        # are already in the restored stream: redo them with the stream put back afterwards.
+        state = torch.get_rng_state()
         it = iter(self.loader)
-        # Resuming mid-epoch: batches are consumed (not loaded anew) only up to the saved position.
         for _ in range(self.position):
             next(it)
+        torch.set_rng_state(state)
         return it
 
     def state_dict(self) -> dict[str, int]:

@@ -70,6 +70,12 @@ def _set_threads(cfg: AgentConfig, device: torch.device, deterministic: bool) ->
         torch.set_num_threads(threads)
 
 
+def _warm_up() -> None:
+    """Pay torch's lazy first-use costs (building the first optimizer imports its compiler stack,
+    seconds on a busy machine) before the agent reports ready, not inside a resize."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 def _wait_for_resize(control: ControlChannel, timeout_s: float = 300.0) -> dict | None:
     """Another agent voted for the resize; this one waits for its own copy of the command."""
     deadline = time.monotonic() + timeout_s
@@ -88,8 +94,6 @@ def run_agent(cfg: AgentConfig) -> int:
                         format=f"%(asctime)s %(levelname)s agent{cfg.rank} %(name)s: %(message)s")
     device = _device(cfg)
     control = _control(cfg)
-    control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,
-                   "pid": os.getpid(), "host": socket.gethostname(), "device": str(device)})
     phys: PhysicalGroup | None = None
     try:
         try:
@@ -102,10 +106,17 @@ def run_agent(cfg: AgentConfig) -> int:
                     traceback.format_exc())
             return 1
         _set_threads(cfg, device, ef.deterministic)
+        _warm_up()
+        # Hello means ready: a joining agent is told to go only once it can start computing at once.
+        control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,
+                       "pid": os.getpid(), "host": socket.gethostname(), "device": str(device)})
         snap: AgentSnapshot | None = None
         if cfg.join_from:
+            started = time.monotonic()
             phys, snap = grow(None, None, cfg.workers, cfg.join_from, cfg.rank, cfg.world, device,
                               cfg.master_addr, cfg.master_port)
+            control.resized({"epoch": None, "world": cfg.world, "rank": cfg.rank, "left": False,
+                             "seconds": time.monotonic() - started})
         else:
             phys = PhysicalGroup.connect(cfg.rank, cfg.world, device, cfg.master_addr, cfg.master_port)
         while True:

@@ -97,9 +97,10 @@ class ReplicatedGroup:
 
     def _restore_buffers(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if self._saved_buffers is not None:
-            with torch.no_grad():
-                for b, saved in zip(self.buffers, self._saved_buffers, strict=True):
-                    b.copy_(saved)
+            # Through .data: autograd saved these tensors for backward (BatchNorm's node does), and a
+            # tracked in-place write would bump their version and make that backward refuse to run.
+            for b, saved in zip(self.buffers, self._saved_buffers, strict=True):
+                b.data.copy_(saved)
             self._saved_buffers = None
 
     def broadcast_state(self) -> None:

@@ -2,6 +2,9 @@
 
 Gang semantics: all agents start together; if one fails, its error (logical rank, host, traceback)
 is shown and every other agent is stopped, so nothing hangs on a collective that can never finish.
+The launcher talks to its agents over pipes (`agent.control_pipe`), which also lets it resize the
+job live on a schedule (`--scale-at STEP:M`): the same resize path the daemon drives, minus the
+scheduler.
 """
 
 from __future__ import annotations
@@ -9,12 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from agent.config import AgentConfig
 
@@ -27,73 +33,236 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in procs:
+@dataclass(eq=False)
+class _Agent:
+    rank: int
+    proc: subprocess.Popen
+    commands: int          # our end of the command pipe
+    events: int            # our end of the event pipe
+    error_file: str
+    buf: bytes = b""
+    finished: bool = False  # sent done, or left in a resize
+
+
+@dataclass
+class Resize:
+    """One live resize, as the launcher saw it."""
+
+    step: int               # the last step before the resize
+    src: int
+    dst: int
+    requested: float
+    commanded: float | None = None  # when the running agents were told (after joiners were ready)
+    last_old_step: float | None = None
+    seconds: float | None = None  # request -> first completed step at the new size
+    stall: float | None = None    # last step at the old size -> first step at the new size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "from": self.src, "to": self.dst, "seconds": self.seconds,
+                "stall": self.stall}
+
+
+@dataclass
+class LocalJob:
+    script: str
+    func: str | None
+    workers: int
+    devices: int
+    device_type: str = "cpu"
+    threads: int = 0
+    env: dict[str, str] | None = None
+    scale_at: list[tuple[int, int]] = field(default_factory=list)  # (after step, devices)
+    quiet: bool = False
+    device_memory: int = 0  # --device-memory for every agent; 0 = default policy
+
+    def __post_init__(self) -> None:
+        self.world = self.devices
+        self.epoch = 0
+        self.agents: dict[int, _Agent] = {}
+        self.retired: list[_Agent] = []
+        self.resizes: list[Resize] = []
+        self._pending = sorted(self.scale_at)
+        self._resizing: Resize | None = None
+        self._joining: tuple[dict[str, Any], set[int]] | None = None  # grow command, joiners not ready
+        self._resized_acks: set[int] = set()
+        self._sel = selectors.DefaultSelector()
+        self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
+        self._last_print = 0.0
+        self.last_step = -1
+
+    # -- processes ----------------------------------------------------------------------------
+    def _spawn(self, rank: int, world: int, port: int, join_from: int = 0) -> None:
+        cmd_r, cmd_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        cfg = AgentConfig(
+            script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=rank, world=world,
+            device_type=self.device_type, device_index=rank, master_port=port, threads=self.threads,
+            device_memory=self.device_memory,
+            error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}.json"),
+            control=f"pipe:{cmd_r},{ev_w}", join_from=join_from,
+        )
+        proc = subprocess.Popen([sys.executable, "-m", "agent", *cfg.to_argv()], env={**os.environ, **(self.env or {})},
+                                pass_fds=(cmd_r, ev_w))
+        os.close(cmd_r)
+        os.close(ev_w)
+        agent = _Agent(rank, proc, cmd_w, ev_r, cfg.error_file or "")
+        self.agents[rank] = agent
+        self._sel.register(ev_r, selectors.EVENT_READ, agent)
+
+    def _send(self, agent: _Agent, command: dict[str, Any]) -> None:
         try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            os.write(agent.commands, (json.dumps(command) + "\n").encode())
+        except BrokenPipeError:
+            pass  # the agent died; its exit code tells the story
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        procs = [a.proc for a in [*self.agents.values(), *self.retired]]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    # -- events -------------------------------------------------------------------------------
+    def _on_event(self, agent: _Agent, ev: dict[str, Any]) -> None:
+        kind = ev.get("event")
+        if kind == "step" and agent.rank == 0 and agent in self.agents.values():
+            self._on_step(int(ev["step"]), ev.get("metrics") or {})
+        elif kind == "done":
+            agent.finished = True
+        elif kind == "hello" and self._joining is not None:
+            self._joining[1].discard(agent.rank)
+            if not self._joining[1]:
+                command = self._joining[0]
+                self._joining = None
+                self._go(command)
+        elif kind == "resized":
+            self._resized_acks.add(agent.rank)
+            if ev.get("left"):
+                agent.finished = True
+
+    def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
+        self.last_step = step
+        now = time.monotonic()
+        r = self._resizing
+        if r is not None and self._resized_acks >= set(range(r.dst)) and step > r.step:
+            r.seconds = now - r.requested
+            r.stall = now - (r.last_old_step or r.requested)
+            self._resizing = None
+            self._say(f"resized {r.src} -> {r.dst} devices in {r.seconds:.2f}s "
+                      f"(training paused {r.stall:.2f}s)")
+        elif r is not None and not self._resized_acks:
+            r.last_old_step = now
+        if self._resizing is None and self._pending and step >= self._pending[0][0]:
+            _, target = self._pending.pop(0)
+            self._resize(step, target)
+        if now - self._last_print >= 2.0:
+            self._last_print = now
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+            self._say(f"step {step} on {self.world} device(s) {shown}".rstrip())
+
+    def _resize(self, step: int, target: int) -> None:
+        if target == self.world:
+            self._say(f"scale to {target} devices: already there, nothing to do")
+            return
+        self.epoch += 1
+        port = free_port()
+        self._resizing = Resize(step=step, src=self.world, dst=target, requested=time.monotonic())
+        self.resizes.append(self._resizing)
+        self._resized_acks = set()
+        command = {"op": "resize", "epoch": self.epoch, "world": target, "master_addr": "127.0.0.1",
+                   "master_port": port}
+        old = self.world
+        if target > old:
+            # The job keeps training while the new agents boot; it stops only once they are ready.
+            self._joining = (command, set(range(old, target)))
+            for rank in range(old, target):
+                self._spawn(rank, target, port, join_from=old)
+        else:
+            self._go(command)
+            for rank in range(target, old):
+                self.retired.append(self.agents.pop(rank))
+        self.world = target
+
+    def _go(self, command: dict[str, Any]) -> None:
+        self._resizing.commanded = time.monotonic()  # type: ignore[union-attr]
+        for rank in range(min(self.world, self._resizing.src)):  # type: ignore[union-attr]
+            self._send(self.agents[rank], command)
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[elasticd] {text}", file=sys.stderr, flush=True)
+
+    def _read(self, timeout: float) -> None:
+        for key, _ in self._sel.select(timeout):
+            agent: _Agent = key.data
+            chunk = os.read(agent.events, 65536)
+            if not chunk:
+                self._sel.unregister(agent.events)
+                os.close(agent.events)
+                continue
+            agent.buf += chunk
+            *lines, agent.buf = agent.buf.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self._on_event(agent, json.loads(line))
+
+    # -- main loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run to completion: 0, or 1 if an agent failed (its error already printed)."""
+        try:
+            port = free_port()
+            for rank in range(self.devices):
+                self._spawn(rank, self.devices, port)
+            while True:
+                self._read(0.1)
+                everyone = [*self.agents.values(), *self.retired]
+                bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
+                if bad is not None:
+                    self._read(0)  # pick up its last words
+                    self.stop_all()
+                    if not os.path.exists(bad.error_file):
+                        self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} and left no error "
+                                  f"report (killed? out of memory?)")
+                    return 1
+                if self._joining is not None:
+                    # The job finished before the agents it was growing onto were ready: they have
+                    # no one to join, so the run is over.
+                    joiners = self._joining[1]
+                    if all(a.proc.poll() == 0 for a in everyone if a.rank not in joiners):
+                        self._read(0)
+                        self.stop_all()
+                        self._say("job finished before the grow took effect")
+                        return 0
+                if all(a.proc.poll() == 0 for a in everyone):
+                    self._read(0)
+                    return 0
+        except KeyboardInterrupt:
+            self.stop_all()
+            raise
+        finally:
+            for a in [*self.agents.values(), *self.retired]:
+                try:
+                    os.close(a.commands)
+                except OSError:
+                    pass
+            self._sel.close()
+            self._tmp.cleanup()
 
 
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",
-              threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0) -> int:
+              threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0,
+              scale_at: list[tuple[int, int]] | None = None, summary: str | None = None) -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed)."""
-    port = free_port()
-    child_env = {**os.environ, **(env or {})}
-    with tempfile.TemporaryDirectory(prefix="elasticd-run-") as tmp:
-        procs: list[subprocess.Popen] = []
-        errors = []
-        for p in range(devices):
-            cfg = AgentConfig(
-                script=os.path.abspath(script), func=func, workers=workers, rank=p, world=devices,
-                device_type=device_type, device_index=p, master_port=port, threads=threads,
-                device_memory=device_memory,
-                error_file=os.path.join(tmp, f"agent{p}.json"),
-            )
-            errors.append(cfg.error_file)
-            procs.append(subprocess.Popen([sys.executable, "-m", "agent", *cfg.to_argv()], env=child_env))
-        try:
-            failed = _wait_first_failure(procs)
-        except KeyboardInterrupt:
-            _stop(procs)
-            raise
-        if failed is None:
-            return 0
-        _stop(procs)
-        first = _first_error(errors)
-        if first is None:
-            print(f"[elasticd] agent {failed} exited with code {procs[failed].returncode} and left no "
-                  f"error report (killed? out of memory?)", file=sys.stderr)
-        return 1
-
-
-def _wait_first_failure(procs: list[subprocess.Popen]) -> int | None:
-    """Block until every agent exits 0 (None) or one exits non-zero (its index)."""
-    live = set(range(len(procs)))
-    while live:
-        for i in sorted(live):
-            code = procs[i].poll()
-            if code is None:
-                continue
-            live.discard(i)
-            if code != 0:
-                return i
-        if live:
-            try:
-                procs[min(live)].wait(timeout=0.05)
-            except subprocess.TimeoutExpired:
-                pass
-    return None
-
-
-def _first_error(paths: list[str | None]) -> dict | None:
-    for path in paths:
-        if path and os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
-    return None
+    job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory)
+    code = job.run()
+    if summary:
+        with open(summary, "w") as f:
+            json.dump({"exit": code, "last_step": job.last_step, "devices": job.world,
+                       "resizes": [r.to_dict() for r in job.resizes]}, f, indent=1)
+    return code

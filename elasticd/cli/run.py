@@ -26,12 +26,17 @@ def split_target(target: str) -> tuple[str, str | None]:
 @click.option("--device-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=click.IntRange(min=0), default=0,
               help="torch threads per agent (default: the machine's cores split between agents).")
+@click.option("--scale-at", "scale_at", metavar="STEP:M[,STEP:M...]", default="",
+              help="Resize live to M devices once step STEP has completed (e.g. 10:2,20:1,30:4).")
+@click.option("--summary", type=click.Path(dir_okay=False), default=None,
+              help="Write a JSON summary (exit code, last step, resizes with their durations) here.")
 @click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="Per-device budget for replicated plus worker-private state (ctx.private); private "
                    "state beyond it is swapped to host memory between turns.")
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
-def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, device_memory: int | None, ddp: bool) -> None:
+def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, device_memory: int | None, scale_at: str,
+        summary: str | None, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
     The result is what N real data-parallel workers would compute: same global batch, data order and
@@ -53,10 +58,25 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
         click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
                    f"logical worker", err=True)
         sys.exit(EXIT_USAGE)
+    schedule = parse_scale_at(scale_at, workers)
     if ddp:
         from agent.native import run_native_ddp
 
         sys.exit(run_native_ddp(script, func, workers))
     from elasticd.launcher import run_local
 
-    sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0))
+    sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0, scale_at=schedule, summary=summary))
+
+
+def parse_scale_at(text: str, workers: int) -> list[tuple[int, int]]:
+    """"10:2,20:1" -> [(10, 2), (20, 1)], with a usage error for anything malformed."""
+    schedule = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        step, sep, devices = item.partition(":")
+        if not sep or not step.isdigit() or not devices.isdigit():
+            raise click.BadParameter(f"{item!r} is not STEP:M", param_hint="--scale-at")
+        if not 1 <= int(devices) <= workers:
+            raise click.BadParameter(f"{item!r}: M must be between 1 and --workers {workers}",
+                                     param_hint="--scale-at")
+        schedule.append((int(step), int(devices)))
+    return schedule
