@@ -90,3 +90,21 @@ def test_worker_traceback_reaches_the_cli(cluster):
     job = r.out.split()[0]
     info = wait_state(d.state_dir, job, "failed")
     assert info["error"]["logical_rank"] == 2 and "Traceback" in info["error"]["traceback"]
+
+
+@pytest.mark.slow
+def test_stop_reaches_the_real_runtime_which_stops_at_a_step_boundary(cluster):
+    d = cluster.daemon(cpu=2, fake=False)
+    r = cli("submit", str(REPO / "tests" / "cp_long_job.py"), "--min-devices", "2", "--state-dir", str(d.state_dir))
+    assert r.code == 0, r.err
+    job = r.out.strip()
+    wait_state(d.state_dir, job, "running", timeout=120)
+    live = wait_until(lambda: (j := status(d.state_dir, job)["jobs"][0])["step"] > 5 and j["steps_per_s"] > 0 and j,
+                      120, what="progress from the agents")
+    assert isinstance(live["metrics"]["loss"], float) and live["workers"] == 4 and live["devices"] == 2
+    assert cli("stop", job, "--state-dir", str(d.state_dir)).code == 0
+    agents = wait_until(lambda: (a := status(d.state_dir, job)["jobs"][0]["agents"]) and all(
+        not x["alive"] for x in a) and a, 60, what="agents to exit")
+    # exit 0: they obeyed the stop command at a step boundary instead of being SIGTERMed after the grace period
+    assert [a["exitcode"] for a in agents] == [0, 0], agents
+    assert status(d.state_dir, job)["jobs"][0]["state"] == "stopped"

@@ -293,6 +293,10 @@ class SchedulerState:
         forget: list[str] = []
         for r in reports:
             job = self.jobs.get(r.job_id)
+            if job is not None and node in job.launched:   # also after the job ended: agents still exiting
+                job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
+                                     "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode}
+                                    for a in r.agents]
             if job is None or not (job.state.active and node in job.launched):
                 if r.state == "ended":
                     if job is not None:
@@ -301,9 +305,6 @@ class SchedulerState:
                 else:
                     out += self._kill(node, r.job_id, now, "not scheduled here")
                 continue
-            job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
-                                 "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode}
-                                for a in r.agents]
             if r.state == "ended":
                 out += self._ended(job, node, r, now)
                 if job.state.terminal:
