@@ -169,6 +169,10 @@ def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
         assert r.code == 0 and f"[rank0] fake agent 0/2 of {job}" in r.out and f"[rank1] fake agent 1/2 of {job}" in r.out
         r = cli("logs", job, "--json", "--state-dir", str(sd))
         assert r.code == 0 and len(r.json()["logs"]) == 2 and r.json()["unreachable"] == {}
+    # a CLI talking straight to the scheduler over TCP (node a's identity is allowed there) sees them too
+    r = cli("logs", job, "--endpoint", a.info()["scheduler_tcp"], "--server-key", str(sched_key),
+            "--state-dir", str(a.state_dir))
+    assert r.code == 0 and "[rank0] fake agent" in r.out and "[rank1] fake agent" in r.out, r.err
 
 
 def test_daemon_killed_takes_its_agents_along_and_restarts_with_the_job_table(cluster, tmp_path):

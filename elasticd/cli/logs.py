@@ -31,7 +31,10 @@ def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
     unreachable: dict[str, str] = {}
     with client.session(opts, as_json) as c:
         info = c.request(Status(job_id=job_id)).jobs[0]  # type: ignore[attr-defined]  # unknown job: exit 1
-        here = c.request(Logs(job_id=job_id, max_bytes=0)).node_id  # type: ignore[attr-defined]
+        try:
+            here = c.request(Logs(job_id=job_id, max_bytes=0)).node_id  # type: ignore[attr-defined]
+        except client.ErrorReply:
+            here = None   # talking to a scheduler, not a daemon: every node's logs are remote
 
         def fetch(node: str) -> bool:
             try:
@@ -58,7 +61,7 @@ def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
             return got
 
         while True:
-            nodes = [here] + [n for n in info.nodes if n != here]
+            nodes = ([here] if here is not None else []) + [n for n in info.nodes if n != here]
             if any([fetch(n) for n in nodes]):
                 continue  # drain everything available before looking at the job's state
             if not follow or info.state in ("finished", "failed", "stopped"):
