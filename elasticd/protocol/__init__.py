@@ -1,0 +1,71 @@
+"""Every message of the control plane: one dataclass per message type, msgpack on the wire.
+
+`wire` holds the envelope (version, request id), decoding with validation, and the error replies;
+the messages are grouped by who talks: `requests` (CLI), `nodes` (daemon <-> scheduler) and
+`agents` (agent <-> daemon). Everything is re-exported here: ``from elasticd import protocol as p``.
+"""
+
+from __future__ import annotations
+
+from elasticd.protocol.agents import (  # noqa: F401
+    AgentDone,
+    AgentFailed,
+    AgentHello,
+    AgentResize,
+    AgentResized,
+    AgentStep,
+    AgentStop,
+)
+from elasticd.protocol.nodes import (  # noqa: F401
+    AgentReport,
+    DeviceInfo,
+    JobReport,
+    KillJob,
+    LaunchJob,
+    NodeAck,
+    NodeBye,
+    NodeHello,
+    NodeStatus,
+    RankPlacement,
+    ResizeJob,
+    Welcome,
+)
+from elasticd.protocol.requests import (  # noqa: F401
+    JobInfo,
+    Logs,
+    LogsReply,
+    NodeInfo,
+    Scale,
+    Shutdown,
+    Status,
+    StatusReply,
+    Stop,
+    Submit,
+    Submitted,
+)
+from elasticd.protocol.wire import (  # noqa: F401
+    BAD_FRAME,
+    BAD_REQUEST,
+    INTERNAL,
+    INVALID_STATE,
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    SCHEDULER_UNREACHABLE,
+    TOO_LARGE,
+    UNEXPECTED,
+    UNKNOWN_JOB,
+    UNKNOWN_NODE,
+    UNKNOWN_OP,
+    VERSION_MISMATCH,
+    Error,
+    Message,
+    Ok,
+    ProtocolError,
+    decode,
+    error_from,
+    flat_scalars,
+    message,
+    peek_rid,
+    record,
+    registered_ops,
+)
