@@ -24,6 +24,7 @@ class AgentConfig:
     error_file: str | None = None  # where a failing agent writes its error as JSON
     threads: int = 0            # torch intra-op threads; 0 = share the machine's cores between agents
     join_from: int = 0          # > 0: a new agent joining a resize from a job of `join_from` agents
+    standby: bool = False       # start warm, then wait for a "join" command naming rank/world/rendezvous
     device_memory: int = 0      # private-state budget per device in bytes; 0 = default (agent.private)
 
     @property
@@ -46,6 +47,8 @@ class AgentConfig:
             argv += ["--error-file", self.error_file]
         if self.join_from:
             argv += ["--join-from", str(self.join_from)]
+        if self.standby:
+            argv += ["--standby"]
         if self.device_memory:
             argv += ["--device-memory", str(self.device_memory)]
         return argv
@@ -66,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--control", default=None)
     p.add_argument("--error-file", default=None)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--standby", action="store_true",
+                   help="load the script and warm up, then wait for a join command (fast grows)")
     p.add_argument("--join-from", type=int, default=0,
                    help="join a running job that is growing from this many agents (resize)")
     p.add_argument("--device-memory", type=int, default=0, metavar="BYTES",
@@ -76,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         script=a.script, func=a.func, workers=a.workers, rank=a.rank, world=a.world,
         device_type=a.device_type, device_index=a.device_index, master_addr=a.master_addr,
         master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
-        threads=a.threads, join_from=a.join_from, device_memory=a.device_memory,
+        threads=a.threads, join_from=a.join_from, device_memory=a.device_memory, standby=a.standby,
     )
     try:
         cfg.hosted  # noqa: B018 - computing the layout validates it

@@ -76,85 +76,143 @@ def _warm_up() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def _wait_for_resize(control: ControlChannel, timeout_s: float = 300.0) -> dict | None:
-    """Another agent voted for the resize; this one waits for its own copy of the command."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _wait_for(control: ControlChannel, op: str, timeout_s: float | None) -> dict | None:
+    """The next `op` command (None if told to stop, or if the launcher went away)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    parent = os.getppid()
+    while deadline is None or time.monotonic() < deadline:
         for cmd in control.poll():
-            if cmd.get("op") == "resize":
+            if cmd.get("op") == op:
                 return cmd
             if cmd.get("op") == "stop":
                 return None
+        if os.getppid() != parent:
+            return None
         time.sleep(0.01)  # a control channel has no blocking read in its interface; poll gently
-    raise TimeoutError(f"agents agreed to resize but no resize command reached this agent in {timeout_s:.0f}s")
+    raise TimeoutError(f"no {op} command reached this agent in {timeout_s:.0f}s")
+
+
+class AgentProcess:
+    """One agent's life: load the script, then (join,) run, (resize, run)* until done, failed or left.
+
+    An agent that leaves in a shrink may stay warm as a standby (the command says so when a grow is
+    coming), so the grow finds a process ready to take ranks instead of starting one.
+    """
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.device = _device(cfg)
+        self.control = _control(cfg)
+        self.phys: PhysicalGroup | None = None
+        self.ef: Any = None
+
+    def main(self) -> int:
+        try:
+            try:
+                # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
+                # must bind the worker-aware class (agent/torch_dist.py), in the script and in its helpers.
+                install_torch_dist()
+                self.ef = load_function(self.cfg.script, self.cfg.func)
+            except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
+                _report(self.cfg, self.control, None, f"cannot load {self.cfg.script}: {type(e).__name__}: {e}",
+                        traceback.format_exc())
+                return 1
+            _set_threads(self.cfg, self.device, self.ef.deterministic)
+            _warm_up()
+            # Hello means ready: a joining agent is told to go only once it can start computing at once.
+            cfg = self.cfg
+            self.control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,
+                                "pid": os.getpid(), "host": socket.gethostname(), "device": str(self.device)})
+            if not (cfg.standby or cfg.join_from):
+                self._start()
+            snap: AgentSnapshot | None = None
+            while True:
+                if self.cfg.standby:
+                    if not self._await_join():
+                        return 0
+                if self.cfg.join_from:
+                    snap = self._join()
+                code, snap = self._run(snap)
+                if code is not None:
+                    return code
+        finally:
+            if self.phys is not None:
+                self.phys.close()
+            self.control.close()
+
+    def _start(self) -> None:
+        cfg = self.cfg
+        self.phys = PhysicalGroup.connect(cfg.rank, cfg.world, self.device, cfg.master_addr, cfg.master_port)
+
+    def _await_join(self) -> bool:
+        join = _wait_for(self.control, "join", None)
+        if join is None:
+            return False
+        self.cfg = dataclasses.replace(
+            self.cfg, rank=int(join["rank"]), world=int(join["world"]), join_from=int(join["join_from"]),
+            master_addr=str(join["master_addr"]), master_port=int(join["master_port"]), standby=False)
+        _set_threads(self.cfg, self.device, self.ef.deterministic)
+        return True
+
+    def _join(self) -> AgentSnapshot:
+        cfg = self.cfg
+        started = time.monotonic()
+        self.phys, snap = grow(None, None, cfg.workers, cfg.join_from, cfg.rank, cfg.world, self.device,
+                               cfg.master_addr, cfg.master_port)
+        self.control.resized({"epoch": None, "world": cfg.world, "rank": cfg.rank, "left": False,
+                              "seconds": time.monotonic() - started})
+        self.cfg = dataclasses.replace(cfg, join_from=0)
+        return snap
+
+    def _run(self, snap: AgentSnapshot | None) -> tuple[int | None, AgentSnapshot | None]:
+        """Run until the job ends (exit code) or this agent is re-laid out (None, its new snapshot)."""
+        cfg, ef, control = self.cfg, self.ef, self.control
+        assert self.phys is not None
+        runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, self.phys, self.device, ef.deterministic, control, snap)
+        attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
+        try:
+            runtime.run()
+        except WorkerFailed as f:
+            _report(cfg, control, f.rank, f.message, f.traceback)
+            return 1, None
+        if runtime.outcome != "resize":
+            control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome == "stop"})
+            return 0, None
+        started = time.monotonic()
+        # Another agent may have voted for the resize; this one waits for its own copy of it.
+        command = runtime.command or _wait_for(control, "resize", 300.0)
+        if command is None:  # stopped while waiting for the new layout
+            control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
+            return 0, None
+        snap = runtime.snapshot()
+        del runtime  # the old workers' objects: their state now lives in `snap`
+        return self._relayout(command, snap, started)
+
+    def _relayout(self, command: dict[str, Any], snap: AgentSnapshot, started: float
+                  ) -> tuple[int | None, AgentSnapshot | None]:
+        cfg, phys = self.cfg, self.phys
+        assert phys is not None
+        new_world = int(command["world"])
+        addr, port = str(command["master_addr"]), int(command["master_port"])
+        if new_world < phys.world:
+            self.phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port)
+        elif new_world > phys.world:
+            self.phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, self.device,
+                                   addr, port)
+        left = self.phys is None
+        self.control.resized({"epoch": command.get("epoch"), "world": new_world, "rank": cfg.rank,
+                              "left": left, "seconds": time.monotonic() - started})
+        if left:
+            if command.get("standby"):
+                self.cfg = dataclasses.replace(cfg, standby=True)
+                return None, None
+            return 0, None
+        self.cfg = dataclasses.replace(cfg, world=new_world, master_addr=addr, master_port=port)
+        _set_threads(self.cfg, self.device, self.ef.deterministic)
+        return None, snap
 
 
 def run_agent(cfg: AgentConfig) -> int:
     logging.basicConfig(level=os.environ.get("ELASTICD_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s %(levelname)s agent{cfg.rank} %(name)s: %(message)s")
-    device = _device(cfg)
-    control = _control(cfg)
-    phys: PhysicalGroup | None = None
-    try:
-        try:
-            # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
-            # must bind the worker-aware class (agent/torch_dist.py), in the script and in its helpers.
-            install_torch_dist()
-            ef = load_function(cfg.script, cfg.func)
-        except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
-            _report(cfg, control, None, f"cannot load {cfg.script}: {type(e).__name__}: {e}",
-                    traceback.format_exc())
-            return 1
-        _set_threads(cfg, device, ef.deterministic)
-        _warm_up()
-        # Hello means ready: a joining agent is told to go only once it can start computing at once.
-        control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,
-                       "pid": os.getpid(), "host": socket.gethostname(), "device": str(device)})
-        snap: AgentSnapshot | None = None
-        if cfg.join_from:
-            started = time.monotonic()
-            phys, snap = grow(None, None, cfg.workers, cfg.join_from, cfg.rank, cfg.world, device,
-                              cfg.master_addr, cfg.master_port)
-            control.resized({"epoch": None, "world": cfg.world, "rank": cfg.rank, "left": False,
-                             "seconds": time.monotonic() - started})
-        else:
-            phys = PhysicalGroup.connect(cfg.rank, cfg.world, device, cfg.master_addr, cfg.master_port)
-        while True:
-            runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, phys, device, ef.deterministic, control, snap)
-            attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
-            try:
-                runtime.run()
-            except WorkerFailed as f:
-                _report(cfg, control, f.rank, f.message, f.traceback)
-                return 1
-            if runtime.outcome != "resize":
-                control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome == "stop"})
-                return 0
-            started = time.monotonic()
-            command = runtime.command or _wait_for_resize(control)
-            if command is None:  # stopped while waiting for the new layout
-                control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
-                return 0
-            snap = runtime.snapshot()
-            del runtime  # the old workers' objects: their state now lives in `snap`
-            new_world = int(command["world"])
-            addr, port = str(command["master_addr"]), int(command["master_port"])
-            if new_world < phys.world:
-                new_phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port)
-            elif new_world > phys.world:
-                new_phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, device, addr, port)
-            else:
-                new_phys = phys
-            info = {"epoch": command.get("epoch"), "world": new_world, "rank": cfg.rank,
-                    "left": new_phys is None, "seconds": time.monotonic() - started}
-            control.resized(info)
-            if new_phys is None:
-                phys = None
-                return 0
-            phys = new_phys
-            cfg = dataclasses.replace(cfg, world=new_world, master_addr=addr, master_port=port, join_from=0)
-            _set_threads(cfg, device, ef.deterministic)
-    finally:
-        if phys is not None:
-            phys.close()
-        control.close()
+    return AgentProcess(cfg).main()

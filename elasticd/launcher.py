@@ -42,6 +42,7 @@ class _Agent:
     error_file: str
     buf: bytes = b""
     finished: bool = False  # sent done, or left in a resize
+    ready: bool = False     # said hello: script loaded, warmed up
 
 
 @dataclass
@@ -80,6 +81,7 @@ class LocalJob:
         self.epoch = 0
         self.agents: dict[int, _Agent] = {}
         self.retired: list[_Agent] = []
+        self.spares: list[_Agent] = []  # warm standby agents for the schedule's grows
         self.resizes: list[Resize] = []
         self._pending = sorted(self.scale_at)
         self._resizing: Resize | None = None
@@ -91,23 +93,33 @@ class LocalJob:
         self.last_step = -1
 
     # -- processes ----------------------------------------------------------------------------
-    def _spawn(self, rank: int, world: int, port: int, join_from: int = 0) -> None:
+    def _spawn(self, rank: int, world: int, port: int, join_from: int = 0, standby: bool = False) -> _Agent:
         cmd_r, cmd_w = os.pipe()
         ev_r, ev_w = os.pipe()
         cfg = AgentConfig(
-            script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=rank, world=world,
+            # A standby agent's rank and world are placeholders until its join command names them.
+            script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=max(rank, 0), world=world,
             device_type=self.device_type, device_index=rank, master_port=port, threads=self.threads,
             device_memory=self.device_memory,
-            error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}.json"),
-            control=f"pipe:{cmd_r},{ev_w}", join_from=join_from,
+            error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}-{len(self.spares)}.json"),
+            control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
         )
         proc = subprocess.Popen([sys.executable, "-m", "agent", *cfg.to_argv()], env={**os.environ, **(self.env or {})},
                                 pass_fds=(cmd_r, ev_w))
         os.close(cmd_r)
         os.close(ev_w)
         agent = _Agent(rank, proc, cmd_w, ev_r, cfg.error_file or "")
-        self.agents[rank] = agent
+        if not standby:
+            self.agents[rank] = agent
         self._sel.register(ev_r, selectors.EVENT_READ, agent)
+        return agent
+
+    def _top_up_spares(self) -> None:
+        """Keep enough warm standby agents for the largest grow still in the schedule, so a grow waits
+        for a hand-over, not for processes to start (seconds of imports on a busy machine)."""
+        future = max((m for _, m in self._pending), default=0)
+        for _ in range(future - self.world - len(self.spares)):
+            self.spares.append(self._spawn(-1, 1, 0, standby=True))
 
     def _send(self, agent: _Agent, command: dict[str, Any]) -> None:
         try:
@@ -116,7 +128,7 @@ class LocalJob:
             pass  # the agent died; its exit code tells the story
 
     def stop_all(self, grace_s: float = 5.0) -> None:
-        procs = [a.proc for a in [*self.agents.values(), *self.retired]]
+        procs = [a.proc for a in [*self.agents.values(), *self.retired, *self.spares]]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -135,12 +147,14 @@ class LocalJob:
             self._on_step(int(ev["step"]), ev.get("metrics") or {})
         elif kind == "done":
             agent.finished = True
-        elif kind == "hello" and self._joining is not None:
-            self._joining[1].discard(agent.rank)
-            if not self._joining[1]:
-                command = self._joining[0]
-                self._joining = None
-                self._go(command)
+        elif kind == "hello":
+            agent.ready = True
+            if self._joining is not None:
+                self._joining[1].discard(agent.rank)
+                if not self._joining[1]:
+                    command = self._joining[0]
+                    self._joining = None
+                    self._go(command)
         elif kind == "resized":
             self._resized_acks.add(agent.rank)
             if ev.get("left"):
@@ -175,23 +189,42 @@ class LocalJob:
         self._resizing = Resize(step=step, src=self.world, dst=target, requested=time.monotonic())
         self.resizes.append(self._resizing)
         self._resized_acks = set()
+        # Agents that leave stay warm for a grow still to come, instead of exiting.
+        keep_warm = max((m for _, m in self._pending), default=0) > target
         command = {"op": "resize", "epoch": self.epoch, "world": target, "master_addr": "127.0.0.1",
-                   "master_port": port}
+                   "master_port": port, "standby": keep_warm}
         old = self.world
         if target > old:
-            # The job keeps training while the new agents boot; it stops only once they are ready.
-            self._joining = (command, set(range(old, target)))
+            # The job keeps training until every joining agent is ready; then it stops for the hand-over.
+            self.world = target
+            waiting = set()
             for rank in range(old, target):
-                self._spawn(rank, target, port, join_from=old)
+                if self.spares:
+                    agent = self.spares.pop(0)
+                    agent.rank = rank
+                    self.agents[rank] = agent
+                    self._send(agent, {"op": "join", "rank": rank, "world": target, "join_from": old,
+                                       "master_addr": "127.0.0.1", "master_port": port})
+                else:
+                    agent = self._spawn(rank, target, port, join_from=old)
+                if not agent.ready:
+                    waiting.add(rank)
+            if waiting:
+                self._joining = (command, waiting)
+            else:
+                self._go(command)
         else:
             self._go(command)
             for rank in range(target, old):
-                self.retired.append(self.agents.pop(rank))
-        self.world = target
+                agent = self.agents.pop(rank)
+                (self.spares if keep_warm else self.retired).append(agent)
+            self.world = target
+            self._top_up_spares()
 
     def _go(self, command: dict[str, Any]) -> None:
-        self._resizing.commanded = time.monotonic()  # type: ignore[union-attr]
-        for rank in range(min(self.world, self._resizing.src)):  # type: ignore[union-attr]
+        assert self._resizing is not None
+        self._resizing.commanded = time.monotonic()
+        for rank in range(self._resizing.src):
             self._send(self.agents[rank], command)
 
     def _say(self, text: str) -> None:
@@ -219,9 +252,10 @@ class LocalJob:
             port = free_port()
             for rank in range(self.devices):
                 self._spawn(rank, self.devices, port)
+            self._top_up_spares()
             while True:
                 self._read(0.1)
-                everyone = [*self.agents.values(), *self.retired]
+                everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
                 if bad is not None:
                     self._read(0)  # pick up its last words
@@ -230,23 +264,21 @@ class LocalJob:
                         self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} and left no error "
                                   f"report (killed? out of memory?)")
                     return 1
-                if self._joining is not None:
-                    # The job finished before the agents it was growing onto were ready: they have
-                    # no one to join, so the run is over.
-                    joiners = self._joining[1]
-                    if all(a.proc.poll() == 0 for a in everyone if a.rank not in joiners):
-                        self._read(0)
-                        self.stop_all()
-                        self._say("job finished before the grow took effect")
-                        return 0
-                if all(a.proc.poll() == 0 for a in everyone):
+                # Done when every agent of the job has exited; spares, and joiners the job finished
+                # without, have no one left to join.
+                waiting = self._joining[1] if self._joining is not None else set()
+                job = [a for a in [*self.agents.values(), *self.retired] if a.rank not in waiting]
+                if all(a.proc.poll() == 0 for a in job):
                     self._read(0)
+                    if waiting:
+                        self._say("job finished before the grow took effect")
+                    self.stop_all()
                     return 0
         except KeyboardInterrupt:
             self.stop_all()
             raise
         finally:
-            for a in [*self.agents.values(), *self.retired]:
+            for a in [*self.agents.values(), *self.retired, *self.spares]:
                 try:
                     os.close(a.commands)
                 except OSError:
