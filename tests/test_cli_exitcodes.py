@@ -106,3 +106,10 @@ def test_keygen_prints_a_stable_public_key_and_rejects_bad_keys(tmp_path):
     assert cli("keygen", "--state-dir", str(tmp_path), "--force").out.strip() != a.out.strip()
     assert cli("keygen", "--state-dir", str(tmp_path), "--allow", "not-a-key").code == 2
     assert (tmp_path / "keys" / "id.key_secret").stat().st_mode & 0o077 == 0
+
+
+def test_daemon_on_a_taken_port_fails_fast_with_a_hint(node, tmp_path):
+    r = cli("start", "--state-dir", str(tmp_path / "other"), "--cpu-devices", "1", "--bind", node.info()["scheduler_tcp"],
+            timeout=60)
+    assert r.code == 1 and "cannot bind" in r.err and "--bind" in r.err
+    assert not (tmp_path / "other" / "daemon.sock").exists()

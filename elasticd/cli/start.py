@@ -75,7 +75,9 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:
-        click.echo(f"Error: {e}", err=True)
+        hint = " (another daemon or scheduler there? pick another with --bind, or --bind none)" \
+            if "cannot bind tcp" in str(e) else ""
+        click.echo(f"Error: {e}{hint}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())

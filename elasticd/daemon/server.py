@@ -194,10 +194,12 @@ class NodeDaemon:
         if self.scheduler is not None and self._sched_thread is None:
             self.scheduler.close()
         self.ctx.term()
+        # We still hold the state dir's lock, so these files are ours (or a crashed predecessor's).
+        for path in (self.sd.daemon_sock, self.sd.agents_sock):
+            path.unlink(missing_ok=True)
         info = read_info(self.sd.daemon_info)
         if info is not None and info.get("pid") == os.getpid():
-            for path in (self.sd.daemon_info, self.sd.daemon_sock, self.sd.agents_sock):
-                path.unlink(missing_ok=True)
+            self.sd.daemon_info.unlink(missing_ok=True)
         os.close(self._lock_fd)
 
     # --- sockets ---------------------------------------------------------------------------------

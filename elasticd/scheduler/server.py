@@ -64,17 +64,17 @@ class SchedulerServer:
                 self.allow = transport.AllowList(self.sd.root)
                 self._auth = transport.start_authenticator(self.ctx, self.allow)
                 sock = transport.router(self.ctx)
+                self.sockets.append(sock)   # before binding: close() must close it if the bind fails
                 transport.curve_server(sock, self.identity)
                 self.tcp_endpoint = transport.bind_tcp(sock, bind)
-                self.sockets.append(sock)
             if local:
                 sock = transport.router(self.ctx)
+                self.sockets.append(sock)
                 if local.startswith("ipc://"):
                     self.local_endpoint = transport.bind_ipc(sock, Path(local[len("ipc://"):]))
                 else:
                     sock.bind(local)
                     self.local_endpoint = local
-                self.sockets.append(sock)
         except Exception:
             self.close()
             raise
