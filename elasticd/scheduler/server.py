@@ -167,8 +167,9 @@ class SchedulerServer:
     def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message) -> tuple[p.Message | None, list[Send]]:
         now = time.time()
         if isinstance(msg, p.NodeStatus):
-            self._nodes[msg.node_id] = (sock, ident)
-            return None, self.state.node_status(msg, now)
+            actions = self.state.node_status(msg, now)   # raises for a node that has not said hello
+            self._nodes[msg.node_id] = (sock, ident)      # follow a node that reconnected
+            return None, actions
         if isinstance(msg, p.NodeHello):
             self._nodes[msg.node_id] = (sock, ident)
             return None, self.state.node_hello(msg, now)

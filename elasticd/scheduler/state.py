@@ -302,6 +302,7 @@ class SchedulerState:
                     if job is not None:
                         self._unzombie(job, node)
                     forget.append(r.job_id)
+                    self._kill_sent.pop((node, r.job_id), None)
                 else:
                     out += self._kill(node, r.job_id, now, "not scheduled here")
                 continue
