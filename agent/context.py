@@ -101,6 +101,7 @@ class WorkerContext:
         """
         from agent.private import attach
 
+        self._rt.restore_private(self._w, obj)  # after a resize: this registration's saved values
         return attach(self._rt).register(self.rank, obj, self._w)
 
     @contextlib.contextmanager

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from agent import rng
+from agent import private_state, rng
 from agent.autograd_hook import install_backward_hook
 from agent.baton import AllDone, Baton, Flush, Run, Stranded
 from agent.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
@@ -67,6 +67,7 @@ class Worker:
     start_step: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     loaders: list[ResumableBatches] = field(default_factory=list)
+    private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
     # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
     # private model's gradient average), which the runtime then flushes with the replicated ones.
     backward_hooks: list[Callable[[], None]] = field(default_factory=list)
@@ -323,6 +324,13 @@ class Runtime:
             rng.restore(rng.RngState.from_dict(w.restore.rng), self._cuda)
             w.metrics.update(w.restore.metrics)
 
+    def restore_private(self, w: Worker, obj: Any) -> None:
+        k = len(w.private)
+        w.private.append(obj)
+        saved = w.restore.extras.get("private", []) if w.restore is not None else []
+        if k < len(saved):
+            private_state.load(obj, saved[k])
+
     def attach_loader(self, w: Worker, it: ResumableBatches) -> None:
         k = len(w.loaders)
         w.loaders.append(it)
@@ -345,6 +353,7 @@ class Runtime:
             w.snapshot = WorkerSnapshot(
                 rank=w.rank, step=step + 1, rng=rng.capture(self._cuda).to_dict(),
                 loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
+                extras={"private": [private_state.save(obj) for obj in w.private]},
             )
             raise _Preempted()
 
