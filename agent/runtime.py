@@ -28,6 +28,7 @@ from agent.collectives import Collective, CollectiveMismatch, FlushEnv, check_ma
 from agent.context import Work, WorkerContext
 from agent.control import ControlChannel, NullControl
 from agent.loader import ResumableBatches
+from agent.malloc import tune_malloc
 from agent.physical import PhysicalGroup
 from agent.replicate import GradSync, OncePerStep, ReplicatedGroup
 from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
@@ -125,6 +126,7 @@ class Runtime:
         # user code (swapped-out private state must be back in the user's tensors by then). Idempotent.
         self.end_listeners: list[Callable[[], None]] = []
         install_backward_hook()
+        tune_malloc()  # before worker threads exist: see agent/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
 
     # -- lifecycle ----------------------------------------------------------------------------
