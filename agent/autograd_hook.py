@@ -20,13 +20,13 @@ def install_backward_hook() -> None:
     global _installed
     if _installed:
         return
+    from agent.runtime import current_worker  # here, not at the top: agent.runtime imports this module
+
     original = torch.autograd.backward
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
-        from agent.runtime import current_worker
-
         w = current_worker()
         if w is not None and w.ctx is not None:
             w.ctx._rt.after_backward(w)
