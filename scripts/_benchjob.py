@@ -1,0 +1,168 @@
+"""The user script the benchmarks run: an MLP on synthetic data, data-parallel over N logical workers.
+
+The same file serves every variant of a benchmark, so they all compute the same thing:
+- `train` / `train_det`: the `@elastic` function (default / deterministic mode) that `elasticd run`, the
+  in-process runtime and the torch-DDP reference (`agent.native`) call with their own `ctx`;
+- `make_model`, `batch`, `ideal_run`: the same model and data for the plain gradient-accumulation loop
+  that the multiplexing benchmark takes as the ideal.
+
+The job times its own steps, so process start-up, imports and rendezvous never count: logical rank 0
+stamps `time.perf_counter()` at the start of every step and writes the stamps (and a checksum of the final
+parameters, to prove the variants computed the same thing) as JSON to `$ELASTICD_BENCH_OUT`. On the
+time-sliced runtime rank 0 is the first worker of each physical step, so the gap between two of its
+stamps is one whole physical step (every hosted worker's turn plus the flush).
+
+Knobs (environment, so `elasticd run` needs no extra arguments): ELASTICD_BENCH_WORKERS (N, default 8),
+ELASTICD_BENCH_STEPS (default 40), ELASTICD_BENCH_BATCH (per rank, default 32), ELASTICD_BENCH_WIDTH
+(hidden width, default 512), ELASTICD_BENCH_OUT (where rank 0 writes its JSON).
+
+Checkpoint knobs for the restart baseline of bench_resize (`train_ckpt`): ELASTICD_BENCH_SAVE_AT=k saves
+model + optimizer state to ELASTICD_BENCH_CKPT with `torch.save` after step k and stamps the wall-clock
+time (`time.time()`, comparable across processes) at which the file is on disk; ELASTICD_BENCH_RESUME=1
+loads that checkpoint instead and continues from step k+1, stamping the wall-clock time at which its first
+step completes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import elasticd
+
+WORKERS = int(os.environ.get("ELASTICD_BENCH_WORKERS", "8"))
+STEPS = int(os.environ.get("ELASTICD_BENCH_STEPS", "40"))
+BATCH = int(os.environ.get("ELASTICD_BENCH_BATCH", "32"))
+WIDTH = int(os.environ.get("ELASTICD_BENCH_WIDTH", "512"))
+IN_DIM, CLASSES, SAMPLES = 256, 10, 4096
+
+
+def make_model() -> nn.Module:
+    """Seeded, so every variant (and every logical rank) builds the same initial parameters."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(IN_DIM, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+                         nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, CLASSES))
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+_DATA: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    global _DATA
+    if _DATA is None:
+        g = torch.Generator().manual_seed(1234)
+        x = torch.randn(SAMPLES, IN_DIM, generator=g)
+        y = (x @ torch.randn(IN_DIM, CLASSES, generator=g)).argmax(dim=1)
+        _DATA = (x, y)
+    return _DATA
+
+
+def batch(rank: int, step: int, workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s batch at `step`: a slice of an in-memory dataset, the same in every variant.
+
+    Slicing rather than a DataLoader keeps the benchmark about the runtime: a DataLoader's per-batch
+    Python cost would be paid equally by every variant and only dilute the ratios.
+    """
+    x, y = _data()
+    start = ((step * workers + rank) * BATCH) % (SAMPLES - BATCH)
+    return x[start:start + BATCH], y[start:start + BATCH]
+
+
+def checksum(model: nn.Module) -> float:
+    """One number that moves if any parameter does (the variants must agree to fp32 round-off)."""
+    with torch.no_grad():
+        return float(sum(p.double().abs().sum() for p in model.parameters()))
+
+
+def digest(model: nn.Module) -> str:
+    """The parameters' bytes, hashed: equal digests mean bitwise-equal parameters (deterministic mode)."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _write(out: dict[str, Any]) -> None:
+    path = os.environ.get("ELASTICD_BENCH_OUT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f)
+
+
+def ideal_run(steps: int, workers: int) -> tuple[list[float], float]:
+    """The plain single-process loop with the same math: N micro-batches, loss/N each, one optimizer step.
+
+    Returns `time.perf_counter()` stamps (start of every step, then once after the last) and the final
+    parameter checksum.
+    """
+    model = make_model()
+    opt = make_optimizer(model)
+    stamps = []
+    for step in range(steps):
+        stamps.append(time.perf_counter())
+        opt.zero_grad()
+        for r in range(workers):
+            x, y = batch(r, step, workers)
+            (F.cross_entropy(model(x), y) / workers).backward()
+        opt.step()
+    stamps.append(time.perf_counter())
+    return stamps, checksum(model)
+
+
+def _body(ctx: Any) -> None:
+    model = make_model().to(ctx.device)
+    opt = make_optimizer(model)
+    model, opt = ctx.replicate(model, opt)
+    save_at = int(os.environ.get("ELASTICD_BENCH_SAVE_AT", "-1"))
+    ckpt = os.environ.get("ELASTICD_BENCH_CKPT", "")
+    resume = os.environ.get("ELASTICD_BENCH_RESUME") == "1"
+    first = 0
+    if resume:
+        state = torch.load(ckpt)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        first = state["step"] + 1
+    stamps: list[float] = []
+    out: dict[str, Any] = {"threads": torch.get_num_threads()}
+    for step in ctx.steps(STEPS):
+        if step < first:
+            continue  # the restarted job resumes after the checkpointed step (no work, no collective)
+        stamps.append(time.perf_counter())
+        x, y = batch(ctx.rank, step, ctx.world_size)
+        loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
+        opt.zero_grad()
+        loss.backward()  # the context-switch point: gradients are averaged over all N ranks here
+        opt.step()
+        # No ctx.log in the timed loop: the ideal loop has nothing like it, and it is not runtime cost.
+        if resume and step == first and ctx.rank == 0:
+            out["first_step_done_wall"] = time.time()
+            _write(out)
+        if step == save_at and ctx.rank == 0:
+            inner = getattr(model, "module", model)
+            torch.save({"model": inner.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)  # a reader never sees half a checkpoint
+            out["saved_wall"] = time.time()
+            _write(out)
+    if ctx.rank == 0 and not resume:
+        stamps.append(time.perf_counter())
+        out.update(stamps=stamps, checksum=checksum(model), digest=digest(model))
+        _write(out)
+
+
+train = elasticd.elastic(workers=WORKERS)(_body)
+train_det = elasticd.elastic(workers=WORKERS, deterministic=True)(_body)
+
+
+if __name__ == "__main__":
+    train()

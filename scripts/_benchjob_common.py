@@ -1,0 +1,98 @@
+"""Helpers shared by the benchmark scripts: running `scripts/_benchjob.py` every way, reading what it timed.
+
+Benchmarks here compare variants side by side in one run on a shared, noisy machine, so they report
+ratios of medians and the helpers below are about doing that consistently: per-run step time is the
+median of the per-step gaps after warm-up (one slow step caused by a neighbour does not move it), and
+variants are interleaved by the callers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+REPO = SCRIPTS.parent
+JOB = SCRIPTS / "_benchjob.py"
+
+
+class BenchError(RuntimeError):
+    """A benchmark run failed; carries the command's output so the failure can be read."""
+
+
+def job_env(**knobs: Any) -> dict[str, str]:
+    """`ELASTICD_BENCH_<KNOB>` variables for `_benchjob.py` (see its docstring), on top of os.environ."""
+    env = dict(os.environ)
+    for k, v in knobs.items():
+        env[f"ELASTICD_BENCH_{k.upper()}"] = str(v)
+    # Agents and DDP ranks import the repository's packages wherever the benchmark is started from.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run(cmd: Sequence[str], env: dict[str, str], timeout: float) -> None:
+    """Run a command to completion, quietly; BenchError with its output if it fails or times out."""
+    try:
+        proc = subprocess.run(list(cmd), env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}\n{e.stdout or ''}{e.stderr or ''}") from None
+    if proc.returncode != 0:
+        raise BenchError(f"exit {proc.returncode}: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def elasticd_cmd(*args: str) -> list[str]:
+    """`elasticd ...` through the interpreter running the benchmark (the console script may not be on PATH)."""
+    return [sys.executable, "-m", "elasticd", *args]
+
+
+def out_file(tmp: str, name: str) -> str:
+    path = os.path.join(tmp, f"{name}.json")
+    if os.path.exists(path):
+        os.unlink(path)  # a stale file from an earlier repeat must not pass for this run's result
+    return path
+
+
+def read_json(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        raise BenchError(f"the job wrote no result to {path}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def step_seconds(stamps: Sequence[float], warmup: int) -> float:
+    """Median seconds per step from step-start stamps (plus one after the last step), skipping warm-up."""
+    gaps = [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][warmup:]
+    if not gaps:
+        raise BenchError(f"no timed steps: {len(stamps)} stamps, warm-up {warmup}")
+    return statistics.median(gaps)
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain fixed-width table: first column left-aligned, the others right-aligned."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def tempdir() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="elasticd-bench-")

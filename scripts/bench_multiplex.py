@@ -1,0 +1,323 @@
+"""Multiplexing overhead: N logical workers time-sliced on one device vs the same math in a plain loop.
+
+One run, side by side, on the same model and global batch (scripts/_benchjob.py: an MLP on synthetic
+data, N=8 ranks x 32 samples, SGD with momentum):
+
+  (a) ideal      a plain gradient-accumulation loop in this process: N micro-batches, loss/N each, one
+                 optimizer step (what time-slicing N workers on one device can at best cost);
+  (b) M=1        elasticd, N logical workers on 1 device, in this process (the decorated function called
+                 directly, as `python script.py` does), same torch thread count as (a);
+  (c) M=2        `elasticd run --devices 2`: two agent processes sharing the machine's cores;
+  (d) torch DDP  `elasticd run --ddp`: N gloo processes of plain DistributedDataParallel, same cores.
+
+Each job times its own steps (logical rank 0 stamps every step start), so process start-up, imports and
+rendezvous never count; the first --warmup steps are dropped and a run's figure is the median step.
+The machine is shared and noisy, so the variants are interleaved round by round (the order rotates), and
+the ratio column is the median over rounds of that round's ratio to its own ideal run (paired: a noisy
+moment slows both sides of a ratio). The parameter checksums of all variants must agree (same math).
+
+(a) and (b) default to 1 torch thread: on a shared 2-core machine two OpenMP threads in one process
+stall whenever a neighbour holds a core, which would measure the neighbours instead of the runtime.
+
+--profile adds an instrumented (b) run and prints where its extra time per step goes (hand-over, RNG
+swap, thread wake-up, flush, step-boundary vote), measured by wrapping the runtime's methods.
+
+The last line is `overhead_vs_ideal=X.XX`: (b) / (a) seconds per step (goal <= 1.05, DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from _benchjob_common import (
+    JOB,
+    BenchError,
+    elasticd_cmd,
+    job_env,
+    load_average,
+    median,
+    out_file,
+    read_json,
+    run,
+    step_seconds,
+    table,
+    tempdir,
+)
+
+VARIANTS = ("ideal", "m1", "m2", "ddp")
+LABELS = {
+    "ideal": "(a) ideal: grad-accumulation loop",
+    "m1": "(b) elasticd N on 1 device (in-process)",
+    "m2": "(c) elasticd N on 2 devices (elasticd run)",
+    "ddp": "(d) torch DDP, N gloo processes",
+}
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=8, help="N logical workers / DDP ranks (default 8)")
+    ap.add_argument("--batch", type=int, default=32, help="per-rank batch (default 32)")
+    ap.add_argument("--width", type=int, default=512, help="MLP hidden width (default 512)")
+    ap.add_argument("--steps", type=int, default=40, help="steps per run, warm-up included (default 40)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed first steps of each run (default 5)")
+    ap.add_argument("--pairs", type=int, default=10, help="alternating (a)/(b) run pairs (default 10)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of (c) and (d) each (default 3)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for (a) and (b) in this process (default 1; 0 = torch's default)")
+    ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp")
+    ap.add_argument("--profile", action="store_true", help="also break down (b)'s time per step")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: N=4, a small model, few steps, one round (numbers not meaningful)")
+    a = ap.parse_args()
+    if a.quick:
+        a.workers, a.width, a.steps, a.warmup, a.pairs, a.repeats = 4, 64, 6, 2, 2, 1
+    if a.steps - a.warmup < 2:
+        ap.error("--steps must exceed --warmup by at least 2")
+    return a
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace, tmp: str) -> None:
+        self.a = a
+        self.tmp = tmp
+        self.knobs = {"workers": a.workers, "steps": a.steps, "batch": a.batch, "width": a.width}
+        # The job module reads its knobs at import: set them before this process imports it.
+        os.environ.update(job_env(**self.knobs))
+        sys.path.insert(0, str(JOB.parent))
+        import _benchjob
+
+        self.job = _benchjob
+        self.threads: dict[str, int] = {}
+        self.checksums: dict[str, list[float]] = defaultdict(list)
+        self.ideal_times: list[float] = []
+
+    def run(self, variant: str) -> float:
+        """One run of `variant`: its median seconds per step."""
+        path = out_file(self.tmp, variant)
+        if variant == "ideal":
+            stamps, check = self.job.ideal_run(self.a.steps, self.a.workers)
+            out = {"stamps": stamps, "checksum": check, "threads": torch.get_num_threads()}
+        else:
+            if variant == "m1":
+                os.environ["ELASTICD_BENCH_OUT"] = path
+                self.job.train()
+            else:
+                env = job_env(**self.knobs, out=path)
+                args = ["run", f"{JOB}:train", "--workers", str(self.a.workers)]
+                args += ["--devices", "2"] if variant == "m2" else ["--ddp"]
+                run(elasticd_cmd(*args), env, timeout=900)
+            out = read_json(path)
+        self.threads[variant] = int(out["threads"])
+        self.checksums[variant].append(float(out["checksum"]))
+        seconds = step_seconds(out["stamps"], self.a.warmup)
+        if variant == "ideal":
+            self.ideal_times.append(seconds)
+        return seconds
+
+
+def main() -> None:
+    a = _parse()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    if skip - {"m2", "ddp"}:
+        raise SystemExit(f"--skip takes m2 and/or ddp, not {sorted(skip - {'m2', 'ddp'})}")
+    variants = [v for v in VARIANTS if v not in skip]
+    times: dict[str, list[float]] = defaultdict(list)
+    ratios: dict[str, list[float]] = defaultdict(list)
+    with tempdir() as tmp:
+        bench = Bench(a, tmp)
+        # The overhead figure rests on (a) vs (b), both in this process: many short alternating pairs
+        # (a b, b a, ...) so that a neighbour's burst hits both sides of some pairs and the median ratio
+        # shrugs it off.
+        for i in range(a.pairs):
+            pair = ("ideal", "m1") if i % 2 == 0 else ("m1", "ideal")
+            got = {v: bench.run(v) for v in pair}
+            for v in pair:
+                times[v].append(got[v])
+            ratios["ideal"].append(1.0)
+            ratios["m1"].append(got["m1"] / got["ideal"])
+        print(f"(a)/(b) pairs: b/a = {' '.join(f'{r:.3f}' for r in ratios['m1'])}", file=sys.stderr, flush=True)
+        # Subprocess variants take seconds to start (not timed), so fewer rounds; each is paired with
+        # an ideal run just before and just after it.
+        for rnd in range(a.repeats):
+            for v in variants:
+                if v in ("ideal", "m1"):
+                    continue
+                before = bench.run("ideal")
+                got_v = bench.run(v)
+                after = bench.run("ideal")
+                times[v].append(got_v)
+                ratios[v].append(got_v / ((before + after) / 2))
+                print(f"round {rnd + 1}/{a.repeats}: {v} {got_v * 1e3:.1f} ms/step, "
+                      f"ideal {before * 1e3:.1f}/{after * 1e3:.1f}", file=sys.stderr, flush=True)
+        profile = _profile(bench) if a.profile else None
+
+    ref = median(bench.checksums["ideal"])
+    drift = {v: max(abs(c - ref) / ref for c in bench.checksums[v]) for v in variants}
+    rows = [[LABELS[v], str(bench.threads[v]), str(len(times[v])), f"{median(times[v]) * 1e3:.2f}",
+             f"{median(ratios[v]):.3f}", f"{min(ratios[v]):.2f}-{max(ratios[v]):.2f}", f"{drift[v]:.1e}"]
+            for v in variants]
+    print(f"N={a.workers} logical workers, per-rank batch {a.batch}, MLP width {a.width} "
+          f"({sum(p.numel() for p in bench.job.make_model().parameters()) / 1e6:.2f}M params), "
+          f"{a.steps - a.warmup - 1} timed steps per run; {load_average()}")
+    print(table(["variant", "threads/proc", "runs", "ms/step", "vs ideal", "range", "checksum Δ"], rows))
+    if profile:
+        print()
+        print(profile)
+    bad = [v for v in variants if drift[v] > 1e-4]
+    if bad:
+        raise SystemExit(f"variants {bad} computed different parameters than the ideal loop")
+    print(f"overhead_vs_ideal={median(ratios['m1']):.2f}")
+
+
+# -- profile --------------------------------------------------------------------------------------
+
+class _Clock:
+    """Durations of calls at named places (wrapped methods append to it)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[float]] = defaultdict(list)
+        self.released: dict[int, float] = {}  # worker rank -> when its semaphore was released
+
+    def add(self, name: str, seconds: float) -> None:
+        self.calls[name].append(seconds)
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    original = getattr(obj, name)
+    setattr(obj, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(obj, name, original)
+
+
+def _timed(clock: _Clock, label: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock.add(label, time.perf_counter() - t0)
+        return wrapper
+    return make
+
+
+def _profile(bench: Bench) -> str:
+    """Run (b) with the runtime's switch path wrapped in timers; where the time beyond (a) goes, per step.
+
+    Wrapped (the runtime itself is untouched): `rng.capture`/`rng.restore` (RNG swap), `Runtime._hand_over`
+    minus the RNG swap (switch listeners, semaphore release), the wake-up latency from a worker's semaphore
+    release to that worker running again (`_wait_turn` returning; OS thread switch + GIL hand-off),
+    `Runtime._flush` (the gradient flush: flatten, all-reduce, unflatten), `Runtime.step_boundary` (report
+    + resize vote) and `Runtime.after_backward` minus its drain (enqueueing the GradSync).
+    """
+    from agent import rng
+    from agent.replicate import ReplicatedGroup
+    from agent.runtime import Runtime
+
+    clock = _Clock()
+
+    def wait_turn(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Runtime, w: Any) -> None:
+            fn(self, w)
+            t = clock.released.pop(w.rank, None)
+            if t is not None:
+                clock.add("wake-up latency (sem release -> worker runs)", time.perf_counter() - t)
+        return wrapper
+
+    def hand_over(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Runtime, me: Any, nxt: Any) -> None:
+            t0 = time.perf_counter()
+            rng_calls = clock.calls["RNG capture + restore"]
+            before = len(rng_calls)
+            fn(self, me, nxt)
+            t1 = time.perf_counter()
+            clock.released[nxt.rank] = t1
+            clock.add("hand-over bookkeeping (excl. RNG)", t1 - t0 - sum(rng_calls[before:]))
+        return wrapper
+
+    spent = threading.local()  # per worker thread: seconds blocked in drain during after_backward
+
+    def drain(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Runtime, w: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                fn(self, w)
+            finally:
+                spent.seconds = getattr(spent, "seconds", 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    def after_backward(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Runtime, w: Any) -> None:
+            # Own cost only: the drain inside hands the baton away and blocks until the flush.
+            spent.seconds = 0.0
+            t0 = time.perf_counter()
+            try:
+                fn(self, w)
+            finally:
+                clock.add("after_backward (queue GradSync)", time.perf_counter() - t0 - spent.seconds)
+        return wrapper
+
+    def instrumented() -> list[contextlib.AbstractContextManager[None]]:
+        return [_patched(rng, "capture", _timed(clock, "RNG capture + restore")),
+                _patched(rng, "restore", _timed(clock, "RNG capture + restore")),
+                _patched(Runtime, "_hand_over", hand_over), _patched(Runtime, "_wait_turn", wait_turn),
+                _patched(Runtime, "_flush", _timed(clock, "flush (grad average, world 1)")),
+                _patched(Runtime, "step_boundary", _timed(clock, "step boundary (report + vote)")),
+                _patched(Runtime, "drain", drain), _patched(Runtime, "after_backward", after_backward),
+                _patched(ReplicatedGroup, "_on_grad", _timed(clock, "grad-accumulated hooks (per param)"))]
+
+    rounds = max(2, bench.a.pairs // 2)
+    what_if: list[float] = []
+    for i in range(rounds):
+        with contextlib.ExitStack() as stack:
+            for p in instrumented():
+                stack.enter_context(p)
+            bench.run("m1")
+        # What-if: (b) without swapping numpy's global RNG state (this job never draws from numpy, so
+        # the result is the same): what the numpy state copies alone cost. Paired with (a), alternating.
+        got = {}
+        for v in (("ideal", "no_numpy") if i % 2 == 0 else ("no_numpy", "ideal")):
+            if v == "ideal":
+                got[v] = bench.run("ideal")
+            else:
+                with _patched(rng, "_numpy_random", lambda _original: lambda: None):
+                    got[v] = bench.run("m1")
+        what_if.append(got["no_numpy"] / got["ideal"])
+    ideal = median(bench.ideal_times)
+    steps = bench.a.steps * rounds
+    rows = []
+    accounted = 0.0
+    for name in sorted(clock.calls, key=lambda k: -sum(clock.calls[k])):
+        calls = clock.calls[name]
+        per_step = sum(calls) / steps
+        accounted += per_step
+        rows.append([name, f"{len(calls) / steps:.1f}", f"{median(calls) * 1e6:.1f}",
+                     f"{sum(calls) / len(calls) * 1e6:.1f}", f"{per_step * 1e3:.3f}", f"{per_step / ideal * 100:.2f}%"])
+    rows.append(["sum of the above", "", "", "", f"{accounted * 1e3:.3f}", f"{accounted / ideal * 100:.2f}%"])
+    head = (f"where (b)'s time beyond (a) goes: {rounds} instrumented (b) runs (timers add a little), per step, "
+            f"against (a)'s median {ideal * 1e3:.2f} ms/step ({len(bench.ideal_times)} runs); a mean far above "
+            f"the median is waiting for a core")
+    tail = (f"what-if: (b) without the numpy RNG swap, {rounds} pairs with (a): median ratio "
+            f"{median(what_if):.3f} (range {min(what_if):.2f}-{max(what_if):.2f})")
+    return head + "\n" + table(["where", "calls/step", "us/call (median)", "us/call (mean)", "ms/step", "of (a)"], rows) + "\n" + tail
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        raise SystemExit(f"benchmark failed: {e}") from None

@@ -1,0 +1,45 @@
+"""Smoke runs of the benchmark scripts (`--quick`): they run end to end and end with `name=<float>`.
+
+The figures themselves are not checked: they are measured on a shared machine and reported in the
+README (DESIGN.md: "benchmarks in scripts/, not timed tests"). What is pinned is the contract other
+tooling reads: the last line of stdout is exactly `name=value` with a float value.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+from util import REPO
+
+LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script, name", [
+    ("bench_multiplex.py", "overhead_vs_ideal"),
+    ("bench_determinism.py", "deterministic_cost"),
+    ("bench_resize.py", "resize_seconds"),
+])
+def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--quick"], cwd=REPO,
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"{script} --quick failed:\n{proc.stdout}\n{proc.stderr}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing"
+    m = LAST_LINE.match(lines[-1])
+    assert m is not None, f"last line of {script} is not name=float: {lines[-1]!r}"
+    assert m.group(1) == name
+    assert math.isfinite(float(m.group(2))) and float(m.group(2)) > 0
+
+
+@pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_determinism.py", "bench_resize.py"])
+def test_help_explains(script: str) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "-h"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "--quick" in proc.stdout and "=X.XX" in proc.stdout
