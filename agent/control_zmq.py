@@ -87,10 +87,13 @@ class ZmqControl:
         with self._lock:
             self._flush_step()
             self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+            # The first step at the new size is what ends a resize for the daemon: report it unthrottled.
+            self._last_step_sent = 0.0
 
     def poll(self) -> list[dict[str, Any]]:
-        """Commands from the daemon as wire dicts: {"op": "stop"}, or
-        {"op": "resize", "epoch": E, "world": M, "master_addr": A, "master_port": P}."""
+        """Commands from the daemon as wire dicts: {"op": "stop"},
+        {"op": "resize", "epoch": E, "world": M, "master_addr": A, "master_port": P, "standby": S}, or
+        {"op": "join", "rank": p, "world": M, "join_from": M0, "master_addr": A, "master_port": P}."""
         out: list[dict[str, Any]] = []
         with self._lock:
             if self._closed:

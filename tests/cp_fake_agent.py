@@ -8,6 +8,11 @@ Behaviour comes from the environment (set per job with `elasticd submit --env`):
     FAKE_STEPS  steps before exiting in ok/fail mode (default 5)
     FAKE_STEP_S seconds per step (default 0.01)
     FAKE_OUT    directory: each agent writes rank<p>.json with its config and what it saw
+Live resize, as agent.process does it (a resize command at a step boundary; `--standby` agents wait for
+a join command; ranks beyond the new world report `resized(left)` and exit 0):
+    FAKE_RESIZE_CRASH   this physical rank exits 3 instead of re-forming (an agent dying mid-resize)
+    FAKE_JOINER         ok (default) | fail: a standby agent fails to load the script (exit 1, error file)
+    FAKE_JOINER_WAIT    a file: a standby agent says hello only once it exists (slow warm-up)
 """
 
 from __future__ import annotations
@@ -21,6 +26,32 @@ from agent.config import parse_args
 from agent.control_zmq import ZmqControl
 
 
+def _error(cfg, ctl, message: str) -> None:
+    err = {"rank": cfg.rank, "logical_rank": cfg.hosted[0], "host": "fakehost",
+           "message": message, "traceback": f"Traceback (fake)\n{message}\n"}
+    if cfg.error_file:
+        with open(cfg.error_file, "w") as f:
+            json.dump(err, f)
+    if ctl:
+        ctl.failed(err)
+
+
+def _join(cfg, ctl) -> dict | None:
+    """Standby: warm up, say hello, wait for the join command."""
+    wait = os.environ.get("FAKE_JOINER_WAIT")
+    while wait and not os.path.exists(wait):
+        time.sleep(0.01)
+    if os.environ.get("FAKE_JOINER") == "fail":
+        _error(cfg, ctl, "ImportError: fake joiner cannot load the script")
+        return None
+    ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
+    while True:
+        for cmd in ctl.poll():
+            if cmd.get("op") == "join":
+                return cmd
+        time.sleep(0.005)
+
+
 def main() -> int:
     cfg = parse_args(sys.argv[1:])
     mode = os.environ.get("FAKE_MODE", "ok")
@@ -29,15 +60,23 @@ def main() -> int:
     steps = int(os.environ.get("FAKE_STEPS", "5"))
     step_s = float(os.environ.get("FAKE_STEP_S", "0.01"))
     ctl = ZmqControl(cfg.control, cfg.job_id, cfg.rank) if cfg.control else None
-    if ctl:
-        ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
-    print(f"fake agent {cfg.rank}/{cfg.world} of {cfg.job_id} hosting {cfg.hosted}", flush=True)
-    if mode == "crash":
-        print("crashing hard", flush=True)
-        os._exit(3)
     commands: list[dict] = []
-    step = 0
+    rank, world = cfg.rank, cfg.world
     try:
+        if cfg.standby and ctl:
+            join = _join(cfg, ctl)
+            if join is None:
+                return 1
+            commands.append(join)
+            rank, world = int(join["rank"]), int(join["world"])
+            ctl.resized({"epoch": None, "world": world, "rank": rank, "left": False, "seconds": 0.001})
+        elif ctl:
+            ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
+        print(f"fake agent {cfg.rank}/{cfg.world} of {cfg.job_id} hosting {cfg.hosted}", flush=True)
+        if mode == "crash":
+            print("crashing hard", flush=True)
+            os._exit(3)
+        step = 0
         while mode in ("hang", "deaf") or step < steps:
             time.sleep(step_s)
             step += 1
@@ -48,18 +87,24 @@ def main() -> int:
                 if mode == "hang" and any(c.get("op") == "stop" for c in got):
                     print("stopping at step boundary", flush=True)
                     break
+                for cmd in got:
+                    if cmd.get("op") != "resize":
+                        continue
+                    if os.environ.get("FAKE_RESIZE_CRASH") == str(rank):
+                        print("dying while re-forming", flush=True)
+                        os._exit(3)
+                    world = int(cmd["world"])
+                    ctl.resized({"epoch": cmd.get("epoch"), "world": world, "rank": rank, "left": rank >= world,
+                                 "seconds": 0.001})
+                    if rank >= world:
+                        print(f"left in resize {cmd.get('epoch')}", flush=True)
+                        return 0
         if mode == "fail":
-            err = {"rank": cfg.rank, "logical_rank": cfg.hosted[0], "host": "fakehost",
-                   "message": "ValueError: fake failure", "traceback": "Traceback (fake)\nValueError: fake failure\n"}
-            if cfg.error_file:
-                with open(cfg.error_file, "w") as f:
-                    json.dump(err, f)
-            if ctl:
-                ctl.failed(err)
+            _error(cfg, ctl, "ValueError: fake failure")
             print("failing", file=sys.stderr, flush=True)
             return 1
         if ctl:
-            ctl.done({"rank": cfg.rank})
+            ctl.done({"rank": rank})
         return 0
     finally:
         out = os.environ.get("FAKE_OUT")
@@ -68,7 +113,7 @@ def main() -> int:
                 json.dump({"rank": cfg.rank, "world": cfg.world, "workers": cfg.workers, "hosted": cfg.hosted,
                            "master": [cfg.master_addr, cfg.master_port], "device": [cfg.device_type,
                            cfg.device_index], "cwd": os.getcwd(), "commands": commands, "pid": os.getpid(),
-                           "steps": step}, f)
+                           "steps": locals().get("step", 0), "final_world": world}, f)
         if ctl:
             ctl.close()
 

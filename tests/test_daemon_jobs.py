@@ -135,9 +135,11 @@ def test_scale_queued_job_fixes_its_device_count(cluster):
     assert r.code == 0 and "1 devices" in r.out
     assert cli("stop", blocker, "--state-dir", str(sd)).code == 0
     assert wait_state(sd, job, "running")["devices"] == 1
-    r = cli("scale", job, "--devices", "2", "--state-dir", str(sd))
-    assert r.code == 0 and "recorded" in r.out
-    assert status(sd, job)["jobs"][0]["requested_devices"] == 2
+    r = cli("scale", job, "--devices", "2", "--state-dir", str(sd))   # running now: a live resize
+    assert r.code == 0 and "resizing 1 -> 2" in r.out
+    info = wait_until(lambda: (j := status(sd, job)["jobs"][0])["resizes"] and j, 20, what="the resize")
+    assert info["requested_devices"] == 2 and info["devices"] == 2 and info["state"] == "running"
+    assert [(x["from"], x["to"], x["outcome"]) for x in info["resizes"]] == [(1, 2, "done")]
 
 
 def test_logs_follow_streams_until_the_job_ends(cluster):

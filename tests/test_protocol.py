@@ -153,7 +153,8 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     deadline = time.monotonic() + 5
     while len(cmds) < 2 and time.monotonic() < deadline:
         cmds += ctl.poll()
-    assert cmds == [{"op": "stop"}, {"op": "resize", "epoch": 1, "world": 2, "master_addr": "h", "master_port": 5}]
+    assert cmds == [{"op": "stop"}, {"op": "resize", "epoch": 1, "world": 2, "master_addr": "h", "master_port": 5,
+                                      "standby": False}]
     ctl.resized({"epoch": 1, "world": 2, "rank": 3, "left": False, "seconds": 0.5})
     assert router.poll(5000)
     resized = p.decode(router.recv_multipart()[1])

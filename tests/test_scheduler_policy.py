@@ -70,3 +70,39 @@ def test_one_job_spans_two_single_device_nodes():
 def test_same_priority_goes_by_submission_order():
     jobs = [JobRequest("second", 2, 2, 2, seq=2), JobRequest("first", 2, 2, 2, seq=1)]
     assert list(place(jobs, nodes(2))) == ["first"]
+
+
+def test_rebalance_preempts_lowest_priority_newest_first_just_enough_and_never_for_nothing():
+    from elasticd.scheduler.policy import RunningJob, rebalance
+
+    head = JobRequest("q", workers=2, min_devices=2, max_devices=2, priority=5, seq=9)
+    old = RunningJob("old", workers=4, devices=4, min_devices=1, max_devices=4, priority=0, seq=1)
+    new = RunningJob("new", workers=8, devices=4, min_devices=2, max_devices=8, priority=0, seq=2)
+    full = [NodeView("n0", (), 8, 8)]
+    got = rebalance([head], [old, new], full)
+    assert [(r.job_id, r.devices) for r in got] == [("new", 2)]
+    assert got[0].why == "policy: preempted by job q"
+    # N=4 needing to give 1 device goes to 2 (3 steps no faster than 2); higher priority is never shrunk
+    need3 = JobRequest("q", workers=3, min_devices=3, max_devices=3, priority=5, seq=9)
+    vip = RunningJob("vip", workers=4, devices=4, min_devices=1, max_devices=4, priority=9, seq=0)
+    assert [(r.job_id, r.devices) for r in rebalance([need3], [vip, old], [NodeView("n0", (), 8, 8)])] == [("old", 1)]
+    # not enough room even at everyone's minimum: nobody shrinks
+    wide = JobRequest("q", workers=8, min_devices=8, max_devices=8, priority=5, seq=9)
+    assert rebalance([wide], [old], [NodeView("n0", (), 4, 8)]) == []
+    # equal priority never preempts
+    assert rebalance([JobRequest("q", 2, 2, 2, priority=0, seq=9)], [old], [NodeView("n0", (), 4, 4)]) == []
+
+
+def test_rebalance_grows_into_free_devices_only_when_nothing_can_start_and_it_helps():
+    from elasticd.scheduler.policy import RunningJob, rebalance
+
+    job = RunningJob("a", workers=4, devices=2, min_devices=1, max_devices=4)
+    two_free = [NodeView("n0", ("cpu:2", "cpu:3"), 2, 4)]
+    assert [(r.job_id, r.devices, r.why) for r in rebalance([], [job], two_free)] == [
+        ("a", 4, "policy: grow into freed devices")]
+    one_free = [NodeView("n0", ("cpu:3",), 3, 4)]
+    assert rebalance([], [job], one_free) == []   # 3 devices step no faster than 2 for N=4
+    waiting = JobRequest("w", workers=2, min_devices=2, max_devices=2, seq=5)
+    assert rebalance([waiting], [job], two_free) == []   # it starts on them instead
+    capped = RunningJob("c", workers=4, devices=2, min_devices=1, max_devices=2)
+    assert rebalance([], [capped], two_free) == []

@@ -240,22 +240,14 @@ def test_scale_validates_and_fixes_queued_job_size():
     assert launches(out)[0][1].world == 2
 
 
-def test_scale_running_job_records_request_or_sends_resize_when_enabled():
-    for enabled in (False, True):
-        isl = Island(resize_enabled=enabled)
-        isl.hello("a", 2)
-        job, _ = isl.submit(workers=2, lo=1, hi=1)
-        isl.report("a", rep(job, "running"))
-        msg, out = isl.s.scale(job, 2, isl.now)
-        assert isl.s.jobs[job].requested_devices == 2
-        if enabled:
-            assert isl.state(job) is JobState.RESIZING
-            assert [(a.node_id, a.msg.devices) for a in out if isinstance(a.msg, p.ResizeJob)] == [("a", 2)]
-        else:
-            assert isl.state(job) is JobState.RUNNING and out == [] and "recorded" in msg
-    # resize history reported by the agents of rank 0's node shows up in status
-    isl.report("a", rep(job, "running", resizes=[{"epoch": 1, "world": 2, "seconds": 0.4}]))
-    assert isl.s.status(job, isl.now).jobs[0].resizes == [{"epoch": 1, "world": 2, "seconds": 0.4}]
+def test_scale_running_job_is_only_recorded_when_live_resize_is_off():
+    isl = Island(resize_enabled=False)
+    isl.hello("a", 2)
+    job, _ = isl.submit(workers=2, lo=1, hi=1)
+    isl.report("a", rep(job, "running"))
+    msg, out = isl.s.scale(job, 2, isl.now)
+    assert isl.s.jobs[job].requested_devices == 2
+    assert isl.state(job) is JobState.RUNNING and out == [] and "recorded" in msg
 
 
 def test_submit_rejects_impossible_sizes():

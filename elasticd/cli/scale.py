@@ -15,8 +15,12 @@ from elasticd import client
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
 def scale(job_id: str, devices: int, as_json: bool, **opts: object) -> None:
-    """Run JOB on M devices: a queued job starts on exactly M; a running one resizes at the next step
-    boundary (live resize: issue 5; until then the request is recorded and shown by `status`)."""
+    """Run JOB on M devices (1..N): a queued job starts on exactly M; a running one resizes live at its
+    next step boundary, without losing or repeating a step (`status JOB` shows the resize history).
+
+    The job then keeps M: the scheduler's policy no longer shrinks or grows it. Scaling to the size
+    it has is a no-op; a grow needs the extra devices free.
+    """
     from elasticd.protocol import Scale
 
     reply = client.call(opts, Scale(job_id=job_id, devices=devices), as_json)

@@ -21,6 +21,26 @@ def _fmt_loss(metrics: dict[str, Any]) -> str:
     return f"{loss:.4g}" if isinstance(loss, int | float) else "-"
 
 
+def _fmt_resizes(resizes: list[dict[str, Any]]) -> str:
+    """The resize history in a table cell: "4>2 4>2>1" style, the sizes a job went through."""
+    done = [r for r in resizes if r.get("outcome") == "done"]
+    if not done:
+        return "-" if not resizes else f"0 ({len(resizes)} not done)"
+    path = [str(done[0].get("from"))] + [str(r.get("to")) for r in done]
+    return "->".join(path) + (f" (+{len(resizes) - len(done)} not done)" if len(resizes) > len(done) else "")
+
+
+def _fmt_resize(r: dict[str, Any]) -> str:
+    secs = r.get("seconds")
+    took = f" in {secs:.2f}s" if isinstance(secs, int | float) else ""
+    hand = r.get("handover_s")
+    pause = f" (hand-over {hand:.2f}s)" if isinstance(hand, int | float) else ""
+    when = time.strftime("%H:%M:%S", time.localtime(r["at"])) if isinstance(r.get("at"), int | float) else "?"
+    note = f": {r['note']}" if r.get("note") else ""
+    return (f"  {when}  {r.get('from')} -> {r.get('to')} devices at step {r.get('step')}  {r.get('outcome')}"
+            f"{took}{pause}  [{r.get('why')}]{note}")
+
+
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
@@ -30,11 +50,13 @@ def render(reply: Any) -> str:
     rows = [["JOB", "NAME", "STATE", "N", "DEVICES", "NODES", "STEP", "STEPS/S", "LOSS", "PRIO", "RESIZES"]]
     for j in reply.jobs:
         dev = str(j.devices) if j.devices else f"{j.min_devices}-{j.max_devices}"
-        if j.requested_devices:
+        if j.resizing:
+            dev += f" (->{j.resizing['to']})"
+        elif j.requested_devices and j.requested_devices != j.devices:
             dev += f" (->{j.requested_devices})"
         rows.append([j.job_id, j.name or "-", j.state, str(j.workers), dev, ",".join(j.nodes) or "-", str(j.step),
                      f"{j.steps_per_s:.2f}" if j.steps_per_s else "-", _fmt_loss(j.metrics), str(j.priority),
-                     str(len(j.resizes))])
+                     _fmt_resizes(j.resizes)])
     out = [_table(rows) if reply.jobs else "no jobs"]
     if reply.nodes:
         nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "LAST SEEN"]]
@@ -58,7 +80,9 @@ def render_job(j: Any) -> str:
              f"nodes      {','.join(j.nodes) or '-'}",
              f"step       {j.step}  ({j.steps_per_s:.2f} steps/s)  loss {_fmt_loss(j.metrics)}",
              f"submitted  {ts(j.submitted_at)}   started {ts(j.started_at)}   ended {ts(j.ended_at)}",
-             f"resizes    {len(j.resizes)}"]
+             f"resizes    {len(j.resizes)}" + (f" (resizing {j.resizing['from']} -> {j.resizing['to']}: "
+                                                  f"{j.resizing['phase']})" if j.resizing else "")]
+    lines += [_fmt_resize(r) for r in j.resizes]
     for a in j.agents:
         lines.append(f"agent {a.get('rank')}    {a.get('node')}/{a.get('device')} pid {a.get('pid')} "
                      f"{'alive' if a.get('alive') else 'exit ' + str(a.get('exitcode'))} "

@@ -8,6 +8,10 @@ agents' control messages.
 Stopping escalates: a stop command on the control socket (the runtime stops at its next step
 boundary), then SIGTERM to the agent's process group, then SIGKILL. When one local agent of a job
 fails, its siblings are terminated at once: they would otherwise wait forever on a collective.
+
+Live resize (elasticd.daemon.resizing) adds two kinds of agents to a job: joiners, started warm before
+a grow and counted in only once they re-formed with the others, and agents that left in a shrink
+(`LocalJob.retired`), which exit 0 on their own and free their device when gone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import psutil
 
 from agent.config import AgentConfig
 from elasticd import protocol as p
+from elasticd.daemon.resizing import NodeResizes
 from elasticd.daemon.statedir import StateDir
 
 log = logging.getLogger(__name__)
@@ -80,6 +85,19 @@ class Agent:
     step: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     step_times: list[tuple[float, int]] = field(default_factory=list)
+    # live resize
+    standby: bool = False      # a joiner, warm, waiting for the hand-over
+    joining: bool = False      # a joiner told to join, not yet re-formed with the others
+    epoch: int = 0             # last resize epoch this agent finished
+    stepped: int = 0           # last resize epoch after which it completed a step at the new size
+    left: bool = False         # left the job in a shrink: exits 0, then its device is free
+    dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
+    kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
+
+    @property
+    def pending(self) -> bool:
+        """A joiner that is not part of the job's group yet."""
+        return self.standby or self.joining
 
 
 @dataclass(eq=False)
@@ -87,18 +105,25 @@ class LocalJob:
     job_id: str
     launch: p.LaunchJob
     master_port: int
-    agents: dict[int, Agent] = field(default_factory=dict)
+    agents: dict[int, Agent] = field(default_factory=dict)   # by physical rank: the job's agents and joiners
+    retired: list[Agent] = field(default_factory=list)      # left in a shrink or dropped joiners, until gone
     error: dict[str, Any] | None = None
     resizes: list[dict[str, Any]] = field(default_factory=list)
     killing: str | None = None          # reason, once a stop/kill started
     term_at: float | None = None        # when to send SIGTERM
     kill_at: float | None = None        # when to send SIGKILL
+    resize_epoch: int = 0               # the resize being prepared or carried out here
+    resize_port: int = 0                # its rendezvous port (this node hosts rank 0)
+    resize_error: dict[str, Any] | None = None   # a joiner died before the hand-over
+
+    def everyone(self) -> list[Agent]:
+        return [*self.agents.values(), *self.retired]
 
     @property
     def state(self) -> str:
-        if all(a.exitcode is not None for a in self.agents.values()):
+        if all(a.exitcode is not None for a in self.everyone()):
             return "ended"
-        if all(a.identity is not None or a.exitcode is not None for a in self.agents.values()):
+        if all(a.identity is not None or a.exitcode is not None for a in self.agents.values() if not a.standby):
             return "running"
         return "launching"
 
@@ -110,8 +135,13 @@ class LocalJob:
         """The agent whose progress stands for the job here: the lowest physical rank on this node."""
         return self.agents[min(self.agents)]
 
+    def retire(self, agent: Agent) -> None:
+        if self.agents.get(agent.rank) is agent:
+            del self.agents[agent.rank]
+            self.retired.append(agent)
 
-class Supervisor:
+
+class Supervisor(NodeResizes):
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
@@ -122,8 +152,9 @@ class Supervisor:
         self.host = host
         self.agent_command = agent_command or default_agent_command()
         self.jobs: dict[str, LocalJob] = {}
-        self._by_identity: dict[bytes, tuple[str, int]] = {}
+        self._by_identity: dict[bytes, tuple[str, Agent]] = {}
         self._next_sample = 0.0
+        self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
 
     # --- commands from the scheduler -------------------------------------------------------------
 
@@ -143,35 +174,47 @@ class Supervisor:
             job.error = {"message": f"node has no device(s) {unknown}" if unknown else "launch without ranks"}
             log.error("job %s: %s", msg.job_id, job.error["message"])
             return False
-        log_dir, err_dir = self.sd.log_dir(msg.job_id), self.sd.error_dir(msg.job_id)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        err_dir.mkdir(parents=True, exist_ok=True)
         for pl in msg.placements:
-            dev = self.devices[pl.device_id]
-            err_path = err_dir / f"rank{pl.rank}.json"
-            err_path.unlink(missing_ok=True)
-            cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=pl.rank, world=msg.world,
-                              device_type=dev.type, device_index=dev.index, master_addr=msg.master_addr,
-                              master_port=port, job_id=msg.job_id, control=self.control_endpoint,
-                              error_file=str(err_path))
-            log_path = log_dir / f"rank{pl.rank}.log"
             try:
-                popen = self._spawn(cfg, msg, log_path)
+                agent = self._start_agent(job, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}.json",
+                                          master_addr=msg.master_addr, master_port=port)
             except (OSError, ValueError) as e:
                 job.error = {"message": f"cannot start agent {pl.rank}: {e}"}
                 log.error("job %s: %s", msg.job_id, job.error["message"])
                 self.kill(msg.job_id, "a sibling agent could not start", now, graceful=False)
                 return False
-            agent = Agent(pl.rank, dev, popen, log_path, err_path)
-            try:
-                agent.ps = psutil.Process(popen.pid)
-                agent.ps.cpu_percent(None)
-            except psutil.Error:
-                pass
             job.agents[pl.rank] = agent
         log.info("job %s: launched ranks %s (world %d, rendezvous %s:%d)", msg.job_id,
                  [pl.rank for pl in msg.placements], msg.world, msg.master_addr, port)
         return True
+
+    def _start_agent(self, job: LocalJob, rank: int, world: int, device_id: str, error_name: str, *,
+                     master_addr: str = "", master_port: int = 0, standby: bool = False) -> Agent:
+        """Spawn one agent process of `job`.
+
+        Raises:
+            OSError, ValueError: it could not be started.
+        """
+        msg = job.launch
+        dev = self.devices[device_id]
+        log_dir, err_dir = self.sd.log_dir(msg.job_id), self.sd.error_dir(msg.job_id)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        err_dir.mkdir(parents=True, exist_ok=True)
+        err_path = err_dir / error_name
+        err_path.unlink(missing_ok=True)
+        cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=rank, world=world,
+                          device_type=dev.type, device_index=dev.index, master_addr=master_addr or "127.0.0.1",
+                          master_port=master_port, job_id=msg.job_id, control=self.control_endpoint,
+                          error_file=str(err_path), standby=standby)
+        log_path = log_dir / f"rank{rank}.log"
+        popen = self._spawn(cfg, msg, log_path)
+        agent = Agent(rank, dev, popen, log_path, err_path, standby=standby)
+        try:
+            agent.ps = psutil.Process(popen.pid)
+            agent.ps.cpu_percent(None)
+        except psutil.Error:
+            pass
+        return agent
 
     def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen:
         env = {**os.environ, **msg.env, "PYTHONUNBUFFERED": "1", "ELASTICD_JOB_ID": msg.job_id}
@@ -202,17 +245,8 @@ class Supervisor:
         if job.term_at is not None:
             return []
         job.term_at = now + STOP_GRACE_S
-        return [(a.identity, p.AgentStop()) for a in job.agents.values()
+        return [(a.identity, p.AgentStop()) for a in job.everyone()
                 if a.identity is not None and a.exitcode is None]
-
-    def resize(self, msg: p.ResizeJob) -> list[tuple[bytes, p.Message]]:
-        """The resize command for each of the job's connected agents here."""
-        job = self.jobs.get(msg.job_id)
-        if job is None:
-            return []
-        cmd = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr or job.launch.master_addr,
-                            master_port=msg.master_port)
-        return [(a.identity, cmd) for a in job.agents.values() if a.identity is not None and a.exitcode is None]
 
     def forget(self, job_ids: list[str]) -> None:
         for job_id in job_ids:
@@ -233,12 +267,13 @@ class Supervisor:
             if isinstance(pid, int) and pid != agent.popen.pid:
                 return f"agent {msg.rank} of job {msg.job_id} is pid {agent.popen.pid}, not {pid}"
             agent.identity = identity
-            self._by_identity[identity] = (msg.job_id, msg.rank)
-            log.info("job %s: agent %d up (pid %d)", msg.job_id, msg.rank, agent.popen.pid)
+            self._by_identity[identity] = (msg.job_id, agent)
+            log.info("job %s: agent %d up (pid %d)%s", msg.job_id, msg.rank, agent.popen.pid,
+                     " as a warm joiner" if agent.standby else "")
             return None
         where = self._by_identity.get(identity)
         job = self.jobs.get(where[0]) if where else None
-        agent = job.agents.get(where[1]) if job and where else None
+        agent = where[1] if where else None
         if agent is None or job is None:
             return "say agent_hello first"
         if getattr(msg, "job_id", None) != job.job_id or getattr(msg, "rank", None) != agent.rank:
@@ -248,13 +283,16 @@ class Supervisor:
             agent.metrics = p.flat_scalars(msg.metrics)
             agent.step_times.append((now, msg.step))
             del agent.step_times[:-20]
+            if agent.epoch > agent.stepped:   # the first step at the new size ends a resize: tell at once
+                agent.stepped = agent.epoch
+                self.changed = True
         elif isinstance(msg, p.AgentFailed):
-            if job.error is None:
+            if agent.pending:
+                job.resize_error = job.resize_error or p.flat_scalars(msg.error)
+            elif job.error is None:
                 job.error = p.flat_scalars(msg.error)
         elif isinstance(msg, p.AgentResized):
-            if agent is job.lead():
-                job.resizes.append(p.flat_scalars(msg.info))
-                del job.resizes[:-100]
+            self.resized(job, agent, p.flat_scalars(msg.info))
         elif not isinstance(msg, p.AgentDone):
             return f"unexpected {msg.op!r} on the agent socket"
         return None
@@ -269,7 +307,7 @@ class Supervisor:
             self._next_sample = now + SAMPLE_EVERY_S
         for job in list(self.jobs.values()):
             before = job.state
-            for agent in job.agents.values():
+            for agent in list(job.agents.values()):
                 if agent.exitcode is not None:
                     continue
                 code = agent.popen.poll()
@@ -282,15 +320,32 @@ class Supervisor:
                             agent.cpu = agent.ps.cpu_percent(None)
                     except psutil.Error:
                         pass
+            for agent in list(job.retired):
+                if agent.exitcode is None:
+                    code = agent.popen.poll()
+                    if code is not None:
+                        self._exited(job, agent, code, now)
+                    elif agent.kill_at is not None and now >= agent.kill_at:
+                        agent.kill_at = None
+                        _signal_group(agent.popen.pid, signal.SIGKILL)
+            changed |= self.after_exits(job, now)
             self._escalate(job, now)
             changed |= job.state != before
+        changed |= self.changed
+        self.changed = False
         return changed
 
     def _exited(self, job: LocalJob, agent: Agent, code: int, now: float) -> None:
         agent.exitcode = code
         self._by_identity.pop(agent.identity or b"", None)
-        level = logging.INFO if code == 0 else logging.WARNING
-        log.log(level, "job %s: agent %d (pid %d) exited with code %d", job.job_id, agent.rank, agent.popen.pid, code)
+        level = logging.INFO if code == 0 or agent.dropped else logging.WARNING
+        log.log(level, "job %s: agent %d (pid %d) exited with code %d%s", job.job_id, agent.rank, agent.popen.pid,
+                code, " (left in a resize)" if agent.left else " (joiner sent away)" if agent.dropped else "")
+        if agent.dropped or agent.left:
+            return
+        if agent.standby:
+            self.joiner_died(job, agent, code)
+            return
         if code != 0 and job.killing is None:
             if job.error is None:
                 job.error = self._error_of(agent, code)
@@ -328,15 +383,17 @@ class Supervisor:
             out.append(p.JobReport(
                 job_id=job.job_id, state=job.state, ranks=sorted(job.agents), master_port=job.master_port,
                 step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
-                ok=job.ok, error=job.error, resizes=list(job.resizes),
+                ok=job.ok, error=job.error, resizes=list(job.resizes), resize_epoch=job.resize_epoch,
+                resize_port=job.resize_port, resize_error=job.resize_error,
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.popen.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
-                                      exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1))
-                        for a in job.agents.values()]))
+                                      exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,
+                                      epoch=a.epoch, stepped=a.stepped, left=a.left)
+                        for a in job.everyone()]))
         return out
 
     def live_agents(self) -> int:
-        return sum(a.exitcode is None for j in self.jobs.values() for a in j.agents.values())
+        return sum(a.exitcode is None for j in self.jobs.values() for a in j.everyone())
 
     def shutdown(self, timeout_s: float = TERM_GRACE_S) -> None:
         """Stop every agent now (SIGTERM, then SIGKILL after `timeout_s`) and reap them."""
@@ -344,7 +401,7 @@ class Supervisor:
             _signal_all(job, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for job in self.jobs.values():
-            for a in job.agents.values():
+            for a in job.everyone():
                 try:
                     a.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
@@ -352,13 +409,13 @@ class Supervisor:
                     a.popen.wait()
 
     def _drop(self, job: LocalJob) -> None:
-        for a in job.agents.values():
+        for a in job.everyone():
             self._by_identity.pop(a.identity or b"", None)
         self.jobs.pop(job.job_id, None)
 
 
 def _signal_all(job: LocalJob, sig: int) -> None:
-    for a in job.agents.values():
+    for a in job.everyone():
         if a.exitcode is None:
             _signal_group(a.popen.pid, sig)
 

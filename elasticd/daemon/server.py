@@ -276,7 +276,10 @@ class NodeDaemon:
         err = self.sup.agent_message(frames[0], msg, time.time())
         if err is not None:
             transport.send(self.agents, p.Error(code=p.BAD_REQUEST, message=err, rid=msg.rid), frames[0])
-        elif isinstance(msg, p.AgentHello | p.AgentDone | p.AgentFailed | p.AgentResized):
+        elif isinstance(msg, p.AgentHello | p.AgentDone | p.AgentFailed | p.AgentResized) or self.sup.changed:
+            # Events the scheduler acts on (a joiner ready, a resize done, an agent ended) go out now,
+            # not at the next heartbeat: a resize waits on them.
+            self.sup.changed = False
             self._push = True
 
     def _from_scheduler(self, frames: list[bytes]) -> None:
@@ -313,9 +316,16 @@ class NodeDaemon:
         elif isinstance(msg, p.KillJob):
             for ident, cmd in self.sup.kill(msg.job_id, msg.reason or "killed by the scheduler", now):
                 transport.send(self.agents, cmd, ident)
+        elif isinstance(msg, p.PrepareResize):
+            self.sup.prepare(msg, now)
+            self._push = True
         elif isinstance(msg, p.ResizeJob):
-            for ident, cmd in self.sup.resize(msg):
+            for ident, cmd in self.sup.go(msg):
                 transport.send(self.agents, cmd, ident)
+            self._push = True
+        elif isinstance(msg, p.AbortResize):
+            self.sup.abort(msg, now)
+            self._push = True
         elif isinstance(msg, p.Error):
             if msg.code == p.UNKNOWN_NODE:
                 log.info("scheduler does not know node %s (restarted?); saying hello again", self.node_id)

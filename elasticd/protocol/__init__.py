@@ -11,12 +11,14 @@ from elasticd.protocol.agents import (  # noqa: F401
     AgentDone,
     AgentFailed,
     AgentHello,
+    AgentJoin,
     AgentResize,
     AgentResized,
     AgentStep,
     AgentStop,
 )
 from elasticd.protocol.nodes import (  # noqa: F401
+    AbortResize,
     AgentReport,
     DeviceInfo,
     JobReport,
@@ -26,6 +28,7 @@ from elasticd.protocol.nodes import (  # noqa: F401
     NodeBye,
     NodeHello,
     NodeStatus,
+    PrepareResize,
     RankPlacement,
     ResizeJob,
     Welcome,

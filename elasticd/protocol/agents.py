@@ -58,6 +58,20 @@ class AgentResize(Message):
     world: int
     master_addr: str
     master_port: int
+    standby: bool = False         # an agent that leaves stays warm for a later grow (unused by the daemon)
+
+
+@message
+class AgentJoin(Message):
+    """Daemon -> a warm standby agent: become physical rank `rank` of `world`, joining a job that grows
+    from `join_from` agents, rendezvous at master_addr:master_port (agent.process `_await_join`)."""
+
+    op: ClassVar[str] = "join"
+    rank: int
+    world: int
+    join_from: int
+    master_addr: str
+    master_port: int
 
 
 @message

@@ -26,6 +26,10 @@ class AgentReport:
     exitcode: int | None = None
     rss: int = 0                  # bytes
     cpu: float = 0.0              # percent of one core
+    standby: bool = False         # a joining agent of a resize still waiting for the hand-over
+    epoch: int = 0                # last resize epoch this agent finished (0: none)
+    stepped: int = 0              # last resize epoch after which it completed a step at the new size
+    left: bool = False            # left the job in a shrink (exits 0; its device frees when it is gone)
 
 
 @record
@@ -43,6 +47,9 @@ class JobReport:
     error: dict[str, Any] | None = None
     agents: list[AgentReport] = field(default_factory=list)
     resizes: list[dict[str, Any]] = field(default_factory=list)   # AgentResized infos of the lead agent
+    resize_epoch: int = 0         # the resize this node is preparing or carrying out (0: none)
+    resize_port: int = 0          # its rendezvous port, picked by the node hosting rank 0
+    resize_error: dict[str, Any] | None = None   # a joining agent died before the hand-over
 
 
 @message
@@ -120,9 +127,33 @@ class KillJob(Message):
 
 
 @message
+class PrepareResize(Message):
+    """Scheduler -> node, first half of a live resize from `world_from` to `world` agents (layout `epoch`).
+
+    The node starts the joining ranks placed on it (`joiners`) as warm standby agents, and the node
+    hosting rank 0 (`pick_port`) picks the new group's rendezvous port; both are reported in the
+    node's heartbeat. The running agents keep training meanwhile. The script fields let a node that
+    does not host the job yet start its agents.
+    """
+
+    op: ClassVar[str] = "prepare_resize"
+    job_id: str
+    epoch: int
+    world_from: int
+    world: int
+    joiners: list[RankPlacement] = field(default_factory=list)
+    pick_port: bool = False
+    script: str = ""
+    func: str | None = None
+    workers: int = 0
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@message
 class ResizeJob(Message):
-    """Scheduler -> node: the job moves to `devices` agents, rendezvous at master_addr:master_port
-    (the layout epoch `epoch`); the node passes it to its agents as `AgentResize` (live resize, issue 5)."""
+    """Scheduler -> node, second half: every joiner is warm, so go. The node tells its running agents
+    `AgentResize` and its standby joiners `AgentJoin`, rendezvous at master_addr:master_port."""
 
     op: ClassVar[str] = "resize_job"
     job_id: str
@@ -130,3 +161,15 @@ class ResizeJob(Message):
     epoch: int = 0
     master_addr: str = ""
     master_port: int = 0
+    world_from: int = 0
+
+
+@message
+class AbortResize(Message):
+    """Scheduler -> node: the resize `epoch` will not happen (a joiner died or never came up, or the job
+    ended first); stop the standby joiners of it. The running agents never heard of it."""
+
+    op: ClassVar[str] = "abort_resize"
+    job_id: str
+    epoch: int
+    reason: str = ""

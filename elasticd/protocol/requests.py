@@ -58,7 +58,8 @@ class JobInfo:
     ended_at: float | None = None
     error: dict[str, Any] | None = None
     requested_devices: int | None = None
-    resizes: list[dict[str, Any]] = field(default_factory=list)
+    resizes: list[dict[str, Any]] = field(default_factory=list)   # at, from, to, why, seconds, outcome
+    resizing: dict[str, Any] | None = None   # the resize in flight: epoch, from, to, why, phase, at
     history: list[list[Any]] = field(default_factory=list)
     agents: list[dict[str, Any]] = field(default_factory=list)   # rank, node, device, pid, alive, rss, cpu
 
@@ -88,7 +89,8 @@ class Stop(Message):
 
 @message
 class Scale(Message):
-    """Ask for M devices; applied at the next step boundary once live resize exists (issue 5)."""
+    """Ask for M devices: a queued job starts on exactly M; a running one resizes live at its next step
+    boundary (and keeps M: the policy no longer resizes it)."""
 
     op: ClassVar[str] = "scale_job"
     job_id: str

@@ -71,6 +71,44 @@ class JobSpec:
 
 
 @dataclass(slots=True)
+class ResizePlan:
+    """A live resize in flight (the job is ``resizing``); persisted with the job.
+
+    ``prepare``: joining agents start as warm standbys and rank 0's node picks the rendezvous port,
+    while the job keeps training at the old size. ``go``: every agent was told; the resize is done
+    when every rank of the new layout reported it and rank 0 completed a step at the new size.
+    """
+
+    epoch: int
+    src: int                       # devices before
+    dst: int                       # devices after
+    why: str
+    requested_at: float
+    placement: list[list[str]]     # the whole new layout, rank -> [node, device]
+    deadline: float                # for the current phase
+    phase: str = "prepare"         # "prepare" | "go"
+    step: int = 0                  # job step when requested
+    port: int = 0
+    ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
+    acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation
+    commanded_at: float | None = None
+    handover_s: float | None = None                 # rank 0's own time from its vote to the new group
+
+    @property
+    def joiners(self) -> list[int]:
+        return list(range(self.src, self.dst))
+
+    def joiners_on(self, node: str) -> list[int]:
+        return [r for r in self.joiners if self.placement[r][0] == node]
+
+    def nodes(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for node, _dev in self.placement:
+            seen.setdefault(node, None)
+        return list(seen)
+
+
+@dataclass(slots=True)
 class Job:
     job_id: str
     seq: int
@@ -91,8 +129,12 @@ class Job:
     # them (ended, or sent back to the queue); freed when the node confirms the agents are gone.
     zombies: dict[str, list[str]] = field(default_factory=dict)
     error: dict[str, Any] | None = None
-    requested_devices: int | None = None
+    requested_devices: int | None = None   # M pinned by `elasticd scale` (the policy leaves the job alone)
+    # Resize history, one entry per resize asked for: at, from, to, why, seconds (request -> first step
+    # at the new size), outcome ("done", "aborted", "failed", "not applied") and a note.
     resizes: list[dict[str, Any]] = field(default_factory=list)
+    epoch: int = 0                          # layout epoch: +1 per resize started
+    resize: ResizePlan | None = None        # the resize in flight
     history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
     # live progress, reported by the node hosting rank 0 (not persisted on every heartbeat)
     step: int = 0
@@ -137,4 +179,6 @@ class Job:
         d = dict(d)
         d["spec"] = JobSpec(**d["spec"])
         d["state"] = JobState(d["state"])
+        if d.get("resize") is not None:
+            d["resize"] = ResizePlan(**d["resize"])
         return cls(**d)

@@ -14,6 +14,15 @@ Rules, in order:
 4. Devices are spread over nodes: each next device comes from the node with the most free devices
    (then the least loaded), and ranks are then grouped by node so that a job's ranks on one node are
    contiguous (cheaper ring collectives), rank 0 on the first node.
+
+Elasticity (`rebalance`, for running jobs that may change size live: min < max, not pinned by
+`elasticd scale`):
+5. Preemption: when the first queued job (in the order of rule 1) does not fit, running elastic jobs of
+   lower priority shrink toward their minimum -- lowest priority first, then the most recently
+   submitted -- just enough to make room, each to a size per rule 3 (N=4 goes 4 -> 2, not 4 -> 3,
+   which steps no faster than 2). If even that cannot make room, nobody shrinks for nothing.
+6. Growth: when nothing that could start is queued, running elastic jobs take free devices up to
+   their maximum, by priority, whenever that lowers their workers per device (rule 3).
 """
 
 from __future__ import annotations
@@ -114,3 +123,64 @@ def place(queued: Sequence[JobRequest], nodes: Sequence[NodeView]) -> dict[str, 
         views = [NodeView(v.node_id, tuple(d for d in v.free if d not in taken.get(v.node_id, ())),
                           v.load + len(taken.get(v.node_id, ())), v.total) for v in views]
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A running job the policy may resize live."""
+
+    job_id: str
+    workers: int
+    devices: int                 # current M
+    min_devices: int
+    max_devices: int
+    priority: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    job_id: str
+    devices: int
+    why: str
+
+
+def rebalance(queued: Sequence[JobRequest], running: Sequence[RunningJob], nodes: Sequence[NodeView]
+              ) -> list[Resize]:
+    """Live resizes the policy wants now (rules 5 and 6), given the jobs `place` could not start.
+
+    `running` lists only jobs that may be resized (elastic, not pinned, not resizing already).
+    """
+    island = sum(max(n.total, len(n.free)) for n in nodes)
+    avail = sum(len(n.free) for n in nodes)
+    order = sorted(queued, key=lambda j: (-j.priority, j.seq))
+    head = next((j for j in order if (j.fixed if j.fixed is not None else j.min_devices) <= island), None)
+    if head is not None:
+        return _preempt(head, running, avail)
+    out: list[Resize] = []
+    for job in sorted(running, key=lambda j: (-j.priority, j.seq)):
+        hi = min(job.max_devices, job.workers, job.devices + avail)
+        if hi <= job.devices:
+            continue
+        m = best_device_count(job.workers, job.devices, hi)
+        if ceil_div(job.workers, m) < ceil_div(job.workers, job.devices):
+            out.append(Resize(job.job_id, m, "policy: grow into freed devices"))
+            avail -= m - job.devices
+    return out
+
+
+def _preempt(head: JobRequest, running: Sequence[RunningJob], avail: int) -> list[Resize]:
+    need = head.fixed if head.fixed is not None else head.min_devices
+    deficit = need - avail
+    if deficit <= 0:   # it fits: `place` starts it (or will, once devices being freed are)
+        return []
+    victims = sorted((j for j in running if j.priority < head.priority and j.devices > j.min_devices),
+                     key=lambda j: (j.priority, -j.seq))
+    out: list[Resize] = []
+    for job in victims:
+        if deficit <= 0:
+            break
+        target = best_device_count(job.workers, job.min_devices, max(job.min_devices, job.devices - deficit))
+        out.append(Resize(job.job_id, target, f"policy: preempted by job {head.job_id}"))
+        deficit -= job.devices - target
+    return out if deficit <= 0 else []

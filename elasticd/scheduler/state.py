@@ -18,7 +18,9 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.scheduler import policy
+from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
+from elasticd.scheduler.resizing import ResizeCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +34,7 @@ class SchedulerError(Exception):
         self.message = message
 
 
-@dataclass(slots=True)
-class Send:
-    """Action: deliver `msg` to node `node_id` (dropped by the server if the node is not connected)."""
-
-    node_id: str
-    msg: p.Message
+__all__ = ["Config", "Node", "SchedulerError", "SchedulerState", "Send"]
 
 
 @dataclass(slots=True)
@@ -56,10 +53,11 @@ class Config:
     node_timeout_s: float = 10.0
     start_timeout_s: float = 300.0
     kill_repeat_s: float = 2.0
-    resize_enabled: bool = False  # live resize lands with issue 5
+    resize_enabled: bool = True   # False: `scale` of a running job is only recorded (applies when next placed)
+    resize_timeout_s: float = 120.0   # per resize phase: joiners warm, then every agent re-formed
 
 
-class SchedulerState:
+class SchedulerState(ResizeCoordinator):
     def __init__(self, jobs: list[Job] | None = None, *, now: float, config: Config | None = None) -> None:
         self.cfg = config or Config()
         self.jobs: dict[str, Job] = {}
@@ -125,17 +123,35 @@ class SchedulerState:
                                  f"got {devices}")
         if job.state.terminal:
             raise SchedulerError(p.INVALID_STATE, f"job {job_id} is {job.state.value}")
-        job.requested_devices = devices
-        self.dirty.add(job_id)
-        self._resched = True
         if job.state is JobState.QUEUED:
+            job.requested_devices = devices
+            self.dirty.add(job_id)
+            self._resched = True
             return f"job {job_id} will start on {devices} devices", self._schedule(now)
-        if job.state is JobState.RUNNING and self.cfg.resize_enabled and devices != len(job.placement):
-            job.transition(JobState.RESIZING, now, f"scale to {devices}")
-            return f"job {job_id} resizing to {devices} devices", [
-                Send(node, p.ResizeJob(job_id=job_id, devices=devices)) for node in job.nodes]
-        return (f"job {job_id}: scale to {devices} devices recorded; live resize is not available yet, "
-                "so it applies when the job is next placed"), []
+        if job.state is JobState.RESIZING and job.resize is not None:
+            plan = job.resize
+            raise SchedulerError(p.INVALID_STATE, f"job {job_id} is resizing {plan.src} -> {plan.dst} devices "
+                                 "(one resize at a time); scale it again once it is running")
+        if job.state is not JobState.RUNNING:
+            raise SchedulerError(p.INVALID_STATE, f"job {job_id} is {job.state.value}; scale it once it is running")
+        current = len(job.placement)
+        if devices == current:
+            job.requested_devices = devices   # the user's word: the policy leaves this size alone
+            self.dirty.add(job_id)
+            return f"job {job_id} already runs on {devices} devices; nothing to do", []
+        if not self.cfg.resize_enabled:
+            job.requested_devices = devices
+            self.dirty.add(job_id)
+            return (f"job {job_id}: scale to {devices} devices recorded; live resize is off, so it applies "
+                    "when the job is next placed"), []
+        free = self.free_count()
+        if devices - current > free:
+            raise SchedulerError(p.INVALID_STATE, f"job {job_id} cannot grow from {current} to {devices} devices: "
+                                 f"{free} free (at most {current + free} now)")
+        job.requested_devices = devices
+        out = self.begin_resize(job, devices, "scale command", now)
+        return (f"job {job_id} resizing {current} -> {devices} devices at its next step boundary "
+                f"(epoch {job.epoch})"), out
 
     def status(self, job_id: str | None, now: float) -> p.StatusReply:
         if job_id is not None:
@@ -208,6 +224,7 @@ class SchedulerState:
                 out += self._end(job, JobState.FAILED, now, "agents did not start within "
                                  f"{self.cfg.start_timeout_s:.0f}s",
                                  error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
+        out += self._resize_tick(now)
         return out + self._schedule(now)
 
     def take_dirty(self) -> list[Job]:
@@ -222,9 +239,16 @@ class SchedulerState:
             if job.state.active:
                 m = len(job.placement)
                 assert 1 <= m <= job.spec.workers, (job.job_id, m)
-                for node, dev in job.placement:
+                held = {(n, d) for n, d in job.placement}
+                if job.resize is not None:
+                    assert job.state is JobState.RESIZING, job.job_id
+                    assert job.resize.placement[:min(m, job.resize.dst)] == job.placement[:job.resize.dst], job.job_id
+                    held |= {(n, d) for n, d in job.resize.placement}
+                for node, dev in held:
                     assert (node, dev) not in seen, f"{node}/{dev} held by {seen[(node, dev)]} and {job.job_id}"
                     seen[(node, dev)] = job.job_id
+            else:
+                assert job.resize is None, job.job_id
             if job.state is JobState.QUEUED:
                 assert not job.placement and not job.launched, job.job_id
 
@@ -241,29 +265,54 @@ class SchedulerState:
         for job in self.jobs.values():
             if job.state.active:
                 busy.update((n, d) for n, d in job.placement)
+                if job.resize is not None:   # devices reserved for joining ranks
+                    busy.update((n, d) for n, d in job.resize.placement)
             for node, devs in job.zombies.items():
                 busy.update((node, d) for d in devs)
         return busy
+
+    def _free_views(self) -> list[policy.NodeView]:
+        """Live nodes with their free devices, for the policy."""
+        busy = self._busy()
+        load: dict[str, int] = {}
+        for node, _dev in busy:
+            load[node] = load.get(node, 0) + 1
+        return [policy.NodeView(nd.node_id, tuple(d for d in nd.devices if (nd.node_id, d) not in busy),
+                                load.get(nd.node_id, 0), len(nd.devices))
+                for nd in sorted(self.nodes.values(), key=lambda x: x.node_id) if nd.alive and nd.known]
 
     def _schedule(self, now: float) -> list[Send]:
         if not self._resched:
             return []
         self._resched = False
         queued = [j for j in self.jobs.values() if j.state is JobState.QUEUED]
-        if not queued:
-            return []
-        busy = self._busy()
-        load: dict[str, int] = {}
-        for node, _dev in busy:
-            load[node] = load.get(node, 0) + 1
-        views = [policy.NodeView(nd.node_id, tuple(d for d in nd.devices if (nd.node_id, d) not in busy),
-                                 load.get(nd.node_id, 0), len(nd.devices))
-                 for nd in sorted(self.nodes.values(), key=lambda x: x.node_id) if nd.alive and nd.known]
         reqs = [policy.JobRequest(j.job_id, j.spec.workers, j.spec.min_devices, j.spec.max_devices,
                                   j.spec.priority, j.seq, j.requested_devices) for j in queued]
         out: list[Send] = []
-        for job_id, chosen in policy.place(reqs, views).items():
+        started = policy.place(reqs, self._free_views()) if queued else {}
+        for job_id, chosen in started.items():
             out += self._start(self.jobs[job_id], chosen, now)
+        return out + self._rebalance([r for r in reqs if r.job_id not in started], now)
+
+    def _rebalance(self, waiting: list[policy.JobRequest], now: float) -> list[Send]:
+        """Policy-driven live resizes (policy rules 5 and 6), one wave at a time: nothing is decided while
+        a resize is in flight or devices are still being freed, so decisions see the settled island."""
+        if not self.cfg.resize_enabled:
+            return []
+        if any(j.resize is not None or (j.zombies and j.state.active) for j in self.jobs.values()):
+            return []
+        running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement), j.spec.min_devices,
+                                     j.spec.max_devices, j.spec.priority, j.seq)
+                   for j in self.jobs.values() if j.state is JobState.RUNNING and j.requested_devices is None
+                   and j.spec.min_devices < j.spec.max_devices]
+        if not running:
+            return []
+        out: list[Send] = []
+        for d in policy.rebalance(waiting, running, self._free_views()):
+            job = self.jobs[d.job_id]
+            if d.devices > len(job.placement) and d.devices - len(job.placement) > self.free_count():
+                continue   # an earlier grow of this wave took the devices (cannot happen with one node view)
+            out += self.begin_resize(job, d.devices, d.why, now)
         return out
 
     def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[Send]:
@@ -306,8 +355,13 @@ class SchedulerState:
                 else:
                     out += self._kill(node, r.job_id, now, "not scheduled here")
                 continue
+            self._release(job, node, r)
+            out += self._resize_report(job, node, r, now)
+            if not (job.state.active and node in job.launched):   # the report ended the job, or the node's part
+                continue
             if r.state == "ended":
-                out += self._ended(job, node, r, now)
+                left = self._resize_ended(job, node, r, now)
+                out += left if left is not None else self._ended(job, node, r, now)
                 if job.state.terminal:
                     forget.append(job.job_id)
                 continue
@@ -323,9 +377,6 @@ class SchedulerState:
                     log.info("job %s running", job.job_id)
             if node == job.nodes[0]:
                 job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, p.flat_scalars(r.metrics)
-                if len(r.resizes) > len(job.resizes):   # the node keeps the whole history of its agents
-                    job.resizes = [p.flat_scalars(x) for x in r.resizes]
-                    self.dirty.add(job.job_id)
         return out, forget
 
     def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
@@ -337,28 +388,58 @@ class SchedulerState:
             err = dict(p.flat_scalars(r.error or {}))
             err.setdefault("message", "agent failed")
             err["node"] = node
+            err = self._resize_error(job, err)
             log.warning("job %s failed on node %s: %s", job.job_id, node, err.get("message"))
             return self._end(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
         job.ended.append(node)
         self.dirty.add(job.job_id)
-        if set(job.ended) == set(job.nodes):
+        out: list[Send] = []
+        if set(job.nodes) <= set(job.ended):
+            out += self._close_resize(job, now, "finished")
+            for other in job.launched:   # nodes holding only joiners of a resize that never happened
+                if other not in job.ended:
+                    devs = job.zombies.setdefault(other, [])
+                    devs += [d for n, d in job.placement if n == other and d not in devs]
+                    out += self._kill(other, job.job_id, now, "job finished", force=True)
             if job.state is JobState.STARTING:
                 job.transition(JobState.RUNNING, now, "all agents up")
             job.transition(JobState.FINISHED, now, "all agents exited 0")
             self._resched = True
             log.info("job %s finished at step %d", job.job_id, job.step)
-        return []
+        return out
+
+    def _release(self, job: Job, node: str, r: p.JobReport) -> None:
+        """Free devices of an active job's departed agents (ranks that left, dropped joiners) as soon as
+        the node no longer reports a live agent on them."""
+        devs = job.zombies.get(node)
+        if not devs:
+            return
+        alive = {a.device_id for a in r.agents if a.alive}
+        keep = [d for d in devs if d in alive]
+        if len(keep) == len(devs):
+            return
+        if keep:
+            job.zombies[node] = keep
+        else:
+            del job.zombies[node]
+        self.dirty.add(job.job_id)
+        self._resched = True
 
     def _end(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
              gone: str | None = None) -> list[Send]:
         """Leave an active (or queued) state for `dst`; kill agents wherever they may still run."""
         out: list[Send] = []
+        if job.resize is not None:
+            out += self._close_resize(job, now, dst.value)
         if job.state.active:
             for node in job.launched:
                 if node == gone or node in job.ended:
                     continue
-                job.zombies[node] = [d for n, d in job.placement if n == node]
+                devs = job.zombies.setdefault(node, [])
+                devs += [d for n, d in job.placement if n == node and d not in devs]
                 out += self._kill(node, job.job_id, now, reason, force=True)
+        if gone is not None:
+            job.zombies.pop(gone, None)   # everything of the job there has exited (or the node is gone)
         job.transition(dst, now, reason)
         self._resched = True
         if error is not None:
@@ -367,7 +448,14 @@ class SchedulerState:
         return out
 
     def _lost(self, job: Job, node: str, now: float, reason: str) -> list[Send]:
-        """Agents of an active job are gone on `node`: a start is retried, a running job fails."""
+        """Agents of an active job are gone on `node`: a start is retried, a running job fails (a resize
+        that only started joiners there is called off)."""
+        plan = job.resize
+        if plan is not None and plan.phase == "prepare" and node not in job.nodes:
+            job.zombies.pop(node, None)
+            if node in job.launched:
+                job.launched.remove(node)
+            return self._abort_resize(job, now, reason)
         if job.state is JobState.STARTING:
             out = self._end(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
@@ -380,7 +468,8 @@ class SchedulerState:
         out: list[Send] = []
         for job in list(self.jobs.values()):
             job.zombies.pop(nd.node_id, None)
-            if job.state.active and nd.node_id in job.nodes:
+            involved = nd.node_id in job.nodes or (job.resize is not None and nd.node_id in job.resize.nodes())
+            if job.state.active and involved:
                 out += self._lost(job, nd.node_id, now, reason)
             self.dirty.add(job.job_id)
         return out
@@ -397,6 +486,14 @@ class SchedulerState:
         self._kill_sent[(node, job_id)] = now
         return [Send(node, p.KillJob(job_id=job_id, reason=reason))]
 
+    @staticmethod
+    def _resizing_info(job: Job) -> dict[str, Any] | None:
+        plan = job.resize
+        if plan is None:
+            return None
+        return {"epoch": plan.epoch, "from": plan.src, "to": plan.dst, "why": plan.why, "phase": plan.phase,
+                "at": round(plan.requested_at, 3)}
+
     def _info(self, job: Job) -> p.JobInfo:
         return p.JobInfo(
             job_id=job.job_id, name=job.spec.name, state=job.state.value, workers=job.spec.workers,
@@ -405,5 +502,5 @@ class SchedulerState:
             nodes=job.nodes, step=job.step, steps_per_s=job.steps_per_s, metrics=dict(job.metrics),
             script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
             ended_at=job.ended_at, error=job.error, requested_devices=job.requested_devices,
-            resizes=list(job.resizes), history=[list(h) for h in job.history],
+            resizes=list(job.resizes), resizing=self._resizing_info(job), history=[list(h) for h in job.history],
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]))

@@ -1,0 +1,246 @@
+"""Live resize and policy-driven elasticity in the scheduler's state machine, driven by hand (fake clock,
+no sockets): the messages it sends at each step, what it records, how it fails."""
+
+from __future__ import annotations
+
+import pytest
+from test_scheduler_state import Island, kills, launches
+
+from elasticd import protocol as p
+from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.state import SchedulerError
+
+
+def agent(rank: int, dev: int, alive: bool = True, **kw) -> p.AgentReport:
+    return p.AgentReport(rank=rank, device_id=f"cpu:{dev}", pid=1000 + rank, alive=alive, connected=True, **kw)
+
+
+def report(job: str, agents: list[p.AgentReport], state: str = "running", **kw) -> p.JobReport:
+    return p.JobReport(job_id=job, state=state, ranks=sorted(a.rank for a in agents), agents=agents, **kw)
+
+
+def of(out, kind):
+    return [(a.node_id, a.msg) for a in out if isinstance(a.msg, kind)]
+
+
+def running_job(isl: Island, node: str = "a", devices: int = 4, workers: int = 4, lo: int = 1, hi: int = 0,
+                prio: int = 0) -> str:
+    job, out = isl.submit(workers=workers, lo=lo, hi=hi or devices, prio=prio)
+    if not launches(out):
+        return job
+    isl.report(node, report(job, [agent(r, r) for r in range(devices)], master_port=1234))
+    assert isl.state(job) is JobState.RUNNING
+    return job
+
+
+def test_shrink_prepares_port_goes_completes_on_first_step_and_frees_devices_of_ranks_that_left():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl)
+    msg, out = isl.s.scale(job, 2, isl.now)
+    assert "4 -> 2" in msg and isl.state(job) is JobState.RESIZING
+    ((node, prep),) = of(out, p.PrepareResize)
+    assert node == "a" and prep.pick_port and prep.joiners == [] and (prep.world_from, prep.world) == (4, 2)
+    with pytest.raises(SchedulerError) as e:   # one resize at a time
+        isl.s.scale(job, 1, isl.now)
+    assert e.value.code == p.INVALID_STATE
+    # the port arrives in a heartbeat: no joiners to wait for, so every agent is told at once
+    out = isl.report("a", report(job, [agent(r, r) for r in range(4)], resize_epoch=1, resize_port=777))
+    ((_, go),) = of(out, p.ResizeJob)
+    assert (go.devices, go.world_from, go.epoch, go.master_addr, go.master_port) == (2, 4, 1, "a.host", 777)
+    isl.now += 0.5
+    acked = [agent(0, 0, epoch=1), agent(1, 1, epoch=1), agent(2, 2, epoch=1, left=True),
+             agent(3, 3, epoch=1, left=True)]
+    isl.report("a", report(job, acked, resize_epoch=1))
+    assert isl.state(job) is JobState.RESIZING   # rank 0 has not stepped at the new size yet
+    acked[0] = agent(0, 0, epoch=1, stepped=1)
+    isl.now += 0.25
+    isl.report("a", report(job, acked, resize_epoch=1, resizes=[{"epoch": 1, "seconds": 0.2}]))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and j.placement == [["a", "cpu:0"], ["a", "cpu:1"]]
+    (entry,) = j.resizes
+    assert entry["from"] == 4 and entry["to"] == 2 and entry["why"] == "scale command"
+    assert entry["outcome"] == "done" and entry["seconds"] == pytest.approx(0.75) and entry["handover_s"] == 0.2
+    # devices of the ranks that left stay taken until their agents are gone
+    assert isl.s.free_count() == 0
+    isl.report("a", report(job, acked[:2] + [agent(3, 3, epoch=1, left=True)]))
+    assert isl.s.free_count() == 1
+    isl.report("a", report(job, acked[:2]))
+    assert isl.s.free_count() == 2
+    assert isl.s.status(job, isl.now).jobs[0].resizes == j.resizes
+
+
+def test_grow_onto_another_node_waits_for_warm_joiners_then_goes_everywhere():
+    isl = Island()
+    isl.hello("a", 2)
+    job = running_job(isl, devices=2, hi=2)
+    isl.hello("b", 2)
+    first, other = "a", "b"
+    _, out = isl.s.scale(job, 4, isl.now)
+    isl._take(out)
+    preps = dict(of(out, p.PrepareResize))
+    assert preps[first].pick_port and preps[first].joiners == []
+    assert [(pl.rank, pl.device_id) for pl in preps[other].joiners] == [(2, "cpu:0"), (3, "cpu:1")]
+    assert preps[other].script == "/s.py" and preps[other].workers == 4 and not preps[other].pick_port
+    assert isl.s.free_count() == 0   # reserved for the joiners
+    out = isl.report(first, report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=99))
+    assert of(out, p.ResizeJob) == []   # joiners not warm yet
+    out = isl.report(other, report(job, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
+    goes = dict(of(out, p.ResizeJob))
+    assert sorted(goes) == ["a", "b"] and goes[other].master_addr == f"{first}.host" and goes[other].master_port == 99
+    isl.report(other, report(job, [agent(2, 0, epoch=1), agent(3, 1, epoch=1)], resize_epoch=1))
+    isl.report(first, report(job, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1)], resize_epoch=1))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and len(j.placement) == 4 and set(j.nodes) == {"a", "b"}
+    # finishing needs both nodes now
+    isl.report(first, report(job, [agent(0, 0, False), agent(1, 1, False)], state="ended"))
+    assert isl.state(job) is JobState.RESIZING or isl.state(job) is JobState.RUNNING
+    isl.report(other, report(job, [agent(2, 0, False), agent(3, 1, False)], state="ended"))
+    assert isl.state(job) is JobState.FINISHED
+
+
+def test_a_joiner_dying_before_the_hand_over_calls_the_resize_off_and_the_job_goes_on():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl, devices=2)
+    _, out = isl.s.scale(job, 4, isl.now)
+    out = isl.report("a", report(job, [agent(0, 0), agent(1, 1), agent(2, 2, standby=True), agent(3, 3, False)],
+                                 resize_epoch=1, resize_port=5,
+                                 resize_error={"message": "ImportError: no module named x", "rank": 3}))
+    ((_, abort),) = of(out, p.AbortResize)
+    assert abort.epoch == 1 and "ImportError" in abort.reason
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and len(j.placement) == 2 and j.requested_devices == 2
+    assert j.resizes[-1]["outcome"] == "aborted" and "ImportError" in j.resizes[-1]["note"]
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1), agent(2, 2, standby=True)]))
+    assert isl.s.free_count() == 1   # rank 2's joiner is still exiting
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)]))
+    assert isl.s.free_count() == 2
+
+
+def test_an_agent_dying_while_the_group_re_forms_fails_the_job_naming_the_resize():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl)
+    isl.s.scale(job, 2, isl.now)
+    isl.report("a", report(job, [agent(r, r) for r in range(4)], resize_epoch=1, resize_port=5))
+    isl.report("a", report(job, [agent(r, r, alive=False) for r in range(4)], state="ended", ok=False,
+                           error={"message": "agent 1 exited with code -9 and left no error report"}))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.FAILED and j.resize is None
+    assert j.error["message"].startswith("resize 1 (4 -> 2 devices, scale command) failed: agent 1 exited")
+    assert j.resizes[-1]["outcome"] == "failed"
+    assert isl.s.free_count() == 4
+
+
+def test_resize_phases_time_out_prepare_aborts_go_fails():
+    isl = Island(resize_timeout_s=30.0, node_timeout_s=1e9)
+    isl.hello("a", 4)
+    job = running_job(isl, devices=2)
+    isl.s.scale(job, 3, isl.now)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5))
+    out = isl.tick(31.0)
+    assert of(out, p.AbortResize) and isl.state(job) is JobState.RUNNING
+    assert "joining ranks [2] not ready within 30s" in isl.s.jobs[job].resizes[-1]["note"]
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)]))   # the joiner is gone
+    isl.s.scale(job, 1, isl.now)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=2, resize_port=6))
+    isl.report("a", report(job, [agent(0, 0, epoch=2)], resize_epoch=2))
+    out = isl.tick(31.0)
+    j = isl.s.jobs[job]
+    assert j.state is JobState.FAILED and kills(out) == [("a", job)]
+    assert "resize 2 (2 -> 1 devices" in j.error["message"] and "rank 0 did not complete a step" in j.error["message"]
+
+
+def test_job_finishing_before_the_joiners_are_warm_finishes_and_sends_them_away():
+    isl = Island()
+    isl.hello("a", 2)
+    job = running_job(isl, devices=2, hi=2)
+    isl.hello("b", 2)
+    first, other = "a", "b"
+    isl.s.scale(job, 4, isl.now)
+    isl.report(other, report(job, [agent(2, 0, standby=False), agent(3, 1, standby=False)], state="launching"))
+    out = isl.report(first, report(job, [agent(0, 0, False), agent(1, 1, False)], state="ended"))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.FINISHED and j.resizes[-1]["outcome"] == "not applied"
+    assert (other, job) in kills(out) or any(n == other for n, _ in of(out, p.AbortResize))
+    assert isl.s.free_count() == 2   # the joiners' devices: taken until node b reports them gone
+    isl.report(other, report(job, [agent(2, 0, False), agent(3, 1, False)], state="ended"))
+    assert isl.s.free_count() == 4
+
+
+def test_scale_to_the_current_size_is_a_no_op_and_bad_requests_are_refused():
+    isl = Island()
+    isl.hello("a", 2)
+    job = running_job(isl, devices=1, workers=4, hi=1)
+    blocker = running_job(isl, devices=1, workers=1)   # noqa: F841 - holds the other device
+    msg, out = isl.s.scale(job, 1, isl.now)
+    assert "already runs on 1" in msg and out == [] and isl.state(job) is JobState.RUNNING
+    with pytest.raises(SchedulerError) as e:
+        isl.s.scale(job, 2, isl.now)
+    assert e.value.code == p.INVALID_STATE and "0 free" in e.value.message
+    for bad, code in ((0, p.BAD_REQUEST), (5, p.BAD_REQUEST)):
+        with pytest.raises(SchedulerError) as e:
+            isl.s.scale(job, bad, isl.now)
+        assert e.value.code == code
+    with pytest.raises(SchedulerError) as e:
+        isl.s.scale("j404", 1, isl.now)
+    assert e.value.code == p.UNKNOWN_JOB
+
+
+def complete(isl: Island, node: str, job: str, epoch: int, new: int, old: int) -> None:
+    """Play the node's side of a whole single-node resize."""
+    base = [agent(r, r) for r in range(max(new, old))]
+    isl.report(node, report(job, [a for a in base if a.rank < old] +
+                            [agent(r, r, standby=True) for r in range(old, new)], resize_epoch=epoch, resize_port=5))
+    isl.report(node, report(job, [agent(r, r, epoch=epoch, stepped=epoch, left=r >= new) for r in range(max(new, old))],
+                            resize_epoch=epoch))
+    isl.report(node, report(job, [agent(r, r, epoch=epoch, stepped=epoch) for r in range(new)], resize_epoch=epoch))
+
+
+def test_high_priority_job_shrinks_a_running_elastic_job_which_grows_back_when_it_finishes():
+    isl = Island()
+    isl.hello("a", 4)
+    low = running_job(isl, workers=4, lo=1, hi=4)
+    high, out = isl.submit(workers=2, lo=2, hi=2, prio=5)
+    assert launches(out) == [] and isl.state(high) is JobState.QUEUED
+    ((_, prep),) = of(out, p.PrepareResize)
+    assert prep.job_id == low and prep.world == 2
+    assert isl.s.jobs[low].resize.why == f"policy: preempted by job {high}"
+    complete(isl, "a", low, 1, 2, 4)
+    assert isl.state(low) is JobState.RUNNING and isl.state(high) is JobState.STARTING
+    (_, launch), = [x for x in launches(isl.sent) if x[1].job_id == high]
+    assert sorted(pl.device_id for pl in launch.placements) == ["cpu:2", "cpu:3"]
+    isl.report("a", report(high, [agent(0, 2), agent(1, 3)], master_port=9))
+    out = isl.report("a", report(high, [agent(0, 2, False), agent(1, 3, False)], state="ended"))
+    assert isl.state(high) is JobState.FINISHED
+    ((_, prep),) = of(out, p.PrepareResize)
+    assert prep.job_id == low and prep.world == 4 and [pl.rank for pl in prep.joiners] == [2, 3]
+    complete(isl, "a", low, 2, 4, 2)
+    j = isl.s.jobs[low]
+    assert [(r["from"], r["to"], r["why"], r["outcome"]) for r in j.resizes] == [
+        (4, 2, f"policy: preempted by job {high}", "done"), (2, 4, "policy: grow into freed devices", "done")]
+
+
+def test_policy_leaves_pinned_jobs_and_equal_priorities_alone():
+    isl = Island()
+    isl.hello("a", 4)
+    pinned = running_job(isl, workers=4, lo=1, hi=4)
+    isl.s.scale(pinned, 4, isl.now)   # the user's word: 4
+    _, out = isl.submit(workers=2, lo=2, hi=2, prio=5)
+    assert of(out, p.PrepareResize) == []
+    isl2 = Island()
+    isl2.hello("a", 4)
+    running_job(isl2, workers=4, lo=1, hi=4, prio=5)
+    _, out = isl2.submit(workers=2, lo=2, hi=2, prio=5)
+    assert of(out, p.PrepareResize) == []
+
+
+def test_resize_in_flight_survives_a_round_trip_through_the_job_table():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl, devices=2)
+    isl.s.scale(job, 4, isl.now)
+    doc = isl.s.jobs[job].to_doc()
+    back = Job.from_doc(doc)
+    assert back.resize == isl.s.jobs[job].resize and back.resize.joiners == [2, 3] and back.to_doc() == doc
