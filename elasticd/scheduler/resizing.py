@@ -195,7 +195,7 @@ class ResizeCoordinator:
         out: list[Send] = []
         for node in plan.nodes():
             joiners = plan.joiners_on(node)
-            if not joiners:
+            if not joiners or node in job.ended:   # ended: every agent of the job there is gone already
                 continue
             devs = job.zombies.setdefault(node, [])
             devs += [plan.placement[r][1] for r in joiners if plan.placement[r][1] not in devs]
@@ -219,6 +219,8 @@ class ResizeCoordinator:
         else:
             outcome, note = "failed", f"the job {ending} during the hand-over"
         for node in plan.nodes():
+            if node in job.ended:
+                continue
             for r in plan.joiners_on(node):
                 devs = job.zombies.setdefault(node, [])
                 if plan.placement[r][1] not in devs:

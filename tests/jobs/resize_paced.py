@@ -1,0 +1,68 @@
+"""tests/jobs/resize_job.py, paced for resizes driven from outside (tests/test_daemon_resize.py).
+
+Until the file $ELASTICD_TEST_RELEASE exists, every logical step also sleeps $ELASTICD_TEST_PACE_S, so
+a test can scale the job several times while it is surely still training, then release it to run its
+remaining steps at full speed. The sleep changes when steps happen, never what they compute: the
+result is the same as the unpaced job's. Each rank appends "step idx idx ..." to
+$ELASTICD_TEST_LOG/rank<r>.log as it consumes a batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import elasticd
+
+WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
+STEPS = int(os.environ.get("ELASTICD_TEST_STEPS", "40"))
+DETERMINISTIC = os.environ.get("ELASTICD_TEST_DETERMINISTIC", "0") == "1"
+PACE_S = float(os.environ.get("ELASTICD_TEST_PACE_S", "0.05"))
+
+
+def paced() -> None:
+    release = os.environ.get("ELASTICD_TEST_RELEASE")
+    if release and not os.path.exists(release):
+        time.sleep(PACE_S)
+
+
+@elasticd.elastic(workers=WORKERS, deterministic=DETERMINISTIC)
+def train(ctx) -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(400, 12, generator=g)
+    y = (x @ torch.randn(12, 3, generator=g)).argmax(dim=1)
+    ds = TensorDataset(x, y, torch.arange(400))
+    model = nn.Sequential(nn.Linear(12, 24, bias=False), nn.BatchNorm1d(24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
+    model, opt, sched = ctx.replicate(model, opt, sched)
+    seen = ctx.private(torch.zeros(1, dtype=torch.int64))
+    sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=3)
+    batches = ctx.batches(DataLoader(ds, batch_size=10, sampler=sampler))  # 10 steps per epoch
+    log_dir = os.environ["ELASTICD_TEST_LOG"]
+    for step in ctx.steps(STEPS):
+        paced()
+        xb, yb, idx = next(batches)
+        with open(os.path.join(log_dir, f"rank{ctx.rank}.log"), "a") as f:
+            f.write(f"{step} {' '.join(map(str, idx.tolist()))}\n")
+        seen += len(idx)
+        loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        ctx.clip_grad_norm_(1.0)
+        opt.step()
+        sched.step()
+        ctx.log(loss=loss.item())
+    torch.save(seen.clone(), os.path.join(log_dir, f"seen{ctx.rank}.pt"))
+    if ctx.rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.environ["ELASTICD_TEST_OUT"])
+
+
+if __name__ == "__main__":
+    train()

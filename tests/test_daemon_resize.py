@@ -1,0 +1,208 @@
+"""Live resize through a real node daemon (embedded scheduler), driven with the CLI.
+
+Real agents (`python -m agent`) run tests/jobs/resize_paced.py: the job trains slowly until the test
+releases it, so every resize surely lands mid-training, then finishes at full speed. The result must be
+bitwise the result of `elasticd run` of the same job never resized, with every step and sample consumed
+exactly once per logical rank. Failure paths (an agent dying mid-resize, a joiner that cannot start, a
+job finishing before its joiners are warm) use tests/cp_fake_agent.py, which speaks the same resize
+protocol without torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from cp_util import Cluster, cli, status, wait_state, wait_until
+from util import JOBS
+
+JOB = str(JOBS / "resize_paced.py")
+FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
+STEPS = 300
+PACE_S = "0.1"   # per logical step until released: 300 steps take >= 30 s on 4 devices, 120 s on 1
+
+
+def job_env(out: Path, steps: int = STEPS, workers: int = 4) -> dict[str, str]:
+    return {"ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt"),
+            "ELASTICD_TEST_STEPS": str(steps), "ELASTICD_TEST_DETERMINISTIC": "1",
+            "ELASTICD_TEST_RELEASE": str(out / "release"), "ELASTICD_TEST_PACE_S": PACE_S,
+            "ELASTICD_TEST_WORKERS": str(workers)}
+
+
+def submit(sd: Path, script: str, env: dict[str, str], *args: str) -> str:
+    envs = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
+    r = cli("submit", script, "--state-dir", str(sd), *envs, *args)
+    assert r.code == 0, (r.code, r.out, r.err)
+    return r.out.strip()
+
+
+def job_info(sd: Path, job: str) -> dict:
+    return status(sd, job)["jobs"][0]
+
+
+def consumed(out: Path, rank: int) -> list[tuple[int, list[int]]]:
+    rows = [line.split() for line in (out / f"rank{rank}.log").read_text().splitlines()]
+    return [(int(r[0]), [int(i) for i in r[1:]]) for r in rows]
+
+
+def wait_resized(sd: Path, job: str, count: int, timeout: float = 120.0) -> dict:
+    """The job's state once its `count`-th resize has an outcome (and no other is in flight)."""
+    def check() -> dict | None:
+        info = job_info(sd, job)
+        if info["state"] in ("failed", "finished", "stopped"):
+            raise AssertionError(f"job {job} ended ({info['state']}) while resizing: {info['error']} "
+                                 f"{info['resizes']}")
+        return info if len(info["resizes"]) >= count and info["resizing"] is None else None
+    return wait_until(check, timeout, interval=0.1, what=f"resize #{count} of {job}")
+
+
+def assert_exactly_the_unscaled_run(out: Path, ref: Path) -> None:
+    want, got = torch.load(ref / "final.pt"), torch.load(out / "final.pt")
+    assert set(want) == set(got)
+    for name in want:
+        assert torch.equal(want[name], got[name]), f"{name} differs from the unscaled run"
+    for rank in range(4):
+        steps = consumed(out, rank)
+        assert [s for s, _ in steps] == list(range(STEPS)), f"rank {rank} skipped or repeated a step"
+        assert steps == consumed(ref, rank), f"rank {rank} saw different samples"
+        assert torch.equal(torch.load(out / f"seen{rank}.pt"), torch.load(ref / f"seen{rank}.pt"))
+
+
+@pytest.fixture(scope="module")
+def unscaled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`elasticd run` of the job on 4 devices, never resized (released from the start: no pacing)."""
+    out = tmp_path_factory.mktemp("unscaled")
+    (out / "release").touch()
+    r = cli("run", JOB, "--devices", "4", env=job_env(out), timeout=600)
+    assert r.code == 0, r.err[-3000:]
+    return out
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.cleanup()
+
+
+@pytest.mark.slow
+def test_scale_4_2_1_4_while_training_is_bitwise_the_unscaled_run(cluster, tmp_path, unscaled):
+    d = cluster.daemon(cpu=4, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "scaled"
+    out.mkdir()
+    job = submit(sd, JOB, job_env(out), "--workers", "4")
+    wait_state(sd, job, "running", timeout=120)
+    wait_until(lambda: job_info(sd, job)["step"] >= 3, 60, what="training to start")
+    r = cli("scale", job, "--devices", "4", "--state-dir", str(sd))
+    assert r.code == 0 and "already runs on 4 devices; nothing to do" in r.out, r
+    for code, args, text in ((1, ["--devices", "0"], "bad_request"), (1, ["--devices", "5"], "must be in 1..4"),
+                             (1, ["--devices", "2", "--json"], "bad_request")):
+        bad = cli("scale", "j404" if "--json" in args else job, *args, "--state-dir", str(sd))
+        assert bad.code == code and (text in bad.err or "unknown_job" in bad.out), bad
+    for n, target in enumerate((2, 1, 4), start=1):
+        r = cli("scale", job, "--devices", str(target), "--state-dir", str(sd))
+        assert r.code == 0 and f"-> {target} devices" in r.out, r
+        info = wait_resized(sd, job, n)
+        assert info["resizes"][-1]["outcome"] == "done", info["resizes"]
+        assert info["devices"] == target and info["state"] == "running"
+        # ranks that left exit and give their devices back
+        wait_until(lambda: len(status(sd)["nodes"][0]["free"]) == 4 - target, 30, what="devices to be freed")
+    (out / "release").touch()
+    info = wait_state(sd, job, "finished", timeout=180)
+    history = info["resizes"]
+    assert [(x["from"], x["to"], x["why"], x["outcome"]) for x in history] == [
+        (4, 2, "scale command", "done"), (2, 1, "scale command", "done"), (1, 4, "scale command", "done")]
+    assert all(0 < x["seconds"] < 120 and x["handover_s"] is not None for x in history), history
+    steps = [x["step"] for x in history]
+    assert 0 < steps[0] < steps[1] < steps[2] < STEPS - 1, f"resizes did not land mid-training: {steps}"
+    assert_exactly_the_unscaled_run(out, unscaled)
+    table = cli("status", "--state-dir", str(sd)).out
+    assert "RESIZES" in table and "4->2->1->4" in table
+    detail = cli("status", job, "--state-dir", str(sd)).out
+    assert "1 -> 4 devices at step" in detail and "done in" in detail
+    print("resize seconds (request -> first step at the new size):",
+          {f"{x['from']}->{x['to']}": x["seconds"] for x in history})
+
+
+@pytest.mark.slow
+def test_high_priority_job_shrinks_a_running_job_which_grows_back_when_it_finishes(cluster, tmp_path, unscaled):
+    d = cluster.daemon(cpu=4, fake=False)
+    sd = d.state_dir
+    out, hi_out = tmp_path / "low", tmp_path / "high"
+    out.mkdir()
+    hi_out.mkdir()
+    low = submit(sd, JOB, job_env(out), "--workers", "4", "--min-devices", "1")
+    wait_state(sd, low, "running", timeout=120)
+    assert job_info(sd, low)["devices"] == 4
+    wait_until(lambda: job_info(sd, low)["step"] >= 3, 60, what="training to start")
+    (hi_out / "release").touch()
+    high = submit(sd, JOB, job_env(hi_out, steps=20, workers=2), "--workers", "2", "--min-devices", "2",
+                  "--priority", "5")
+    info = wait_resized(sd, low, 1)
+    assert [(x["from"], x["to"], x["why"], x["outcome"]) for x in info["resizes"]] == [
+        (4, 2, f"policy: preempted by job {high}", "done")]
+    assert wait_state(sd, high, "finished", timeout=120)["devices"] == 2
+    info = wait_resized(sd, low, 2)
+    assert info["resizes"][-1]["to"] == 4 and info["resizes"][-1]["why"] == "policy: grow into freed devices"
+    assert info["resizes"][-1]["outcome"] == "done" and info["devices"] == 4
+    (out / "release").touch()
+    wait_state(sd, low, "finished", timeout=180)
+    assert_exactly_the_unscaled_run(out, unscaled)
+
+
+# --- failure paths, with fake agents (same resize protocol, no torch) ---------------------------------
+
+def fake_job(sd: Path, *args: str, **env: str) -> str:
+    return submit(sd, FAKE_SCRIPT, env, *args)
+
+
+def test_a_joiner_that_cannot_start_calls_the_resize_off_and_the_job_finishes(cluster):
+    d = cluster.daemon(cpu=2)
+    sd = d.state_dir
+    job = fake_job(sd, "--workers", "2", "--max-devices", "1", FAKE_JOINER="fail", FAKE_STEPS="400",
+                   FAKE_STEP_S="0.01")
+    wait_state(sd, job, "running")
+    assert cli("scale", job, "--devices", "2", "--state-dir", str(sd)).code == 0
+    info = wait_resized(sd, job, 1, timeout=30)
+    (entry,) = info["resizes"]
+    assert entry["outcome"] == "aborted" and "fake joiner cannot load the script" in entry["note"], entry
+    assert info["devices"] == 1 and info["state"] == "running"
+    info = wait_state(sd, job, "finished", timeout=30)
+    assert info["error"] is None and status(sd)["nodes"][0]["free"] == ["cpu:0", "cpu:1"]
+
+
+def test_an_agent_dying_while_the_group_re_forms_fails_the_job_with_the_resize_named(cluster):
+    d = cluster.daemon(cpu=2)
+    sd = d.state_dir
+    # Rank 0 dies on the resize command: the group can never re-form (a fake rank 0 that survived would
+    # report the resize done without waiting for the others, which a real one cannot).
+    job = fake_job(sd, "--workers", "2", "--min-devices", "2", FAKE_MODE="hang", FAKE_RESIZE_CRASH="0")
+    wait_state(sd, job, "running")
+    assert cli("scale", job, "--devices", "1", "--state-dir", str(sd)).code == 0
+    info = wait_state(sd, job, "failed", timeout=30)
+    assert info["error"]["message"].startswith("resize 1 (2 -> 1 devices, scale command) failed: agent 0 "
+                                               "exited with code 3"), info["error"]
+    assert info["resizes"][-1]["outcome"] == "failed"
+    wait_until(lambda: status(sd)["nodes"][0]["free"] == ["cpu:0", "cpu:1"], 30, what="devices to be freed")
+    wait_until(lambda: not d.agents(), 30, what="every agent to exit")
+    r = cli("status", job, "--state-dir", str(sd))
+    assert "resize 1 (2 -> 1 devices" in r.out
+
+
+def test_a_job_finishing_before_its_joiners_are_warm_finishes_and_sends_them_away(cluster, tmp_path):
+    d = cluster.daemon(cpu=2)
+    sd = d.state_dir
+    never = tmp_path / "never"
+    job = fake_job(sd, "--workers", "2", "--max-devices", "1", FAKE_JOINER_WAIT=str(never), FAKE_STEPS="150",
+                   FAKE_STEP_S="0.01")
+    wait_state(sd, job, "running")
+    r = cli("scale", job, "--devices", "2", "--state-dir", str(sd))
+    assert r.code == 0, r
+    info = wait_state(sd, job, "finished", timeout=30)
+    assert info["error"] is None and info["resizes"][-1]["outcome"] == "not applied", info["resizes"]
+    wait_until(lambda: status(sd)["nodes"][0]["free"] == ["cpu:0", "cpu:1"], 30, what="devices to be freed")
+    wait_until(lambda: not d.agents(), 30, what="the joiner to be sent away")
+    assert not os.path.exists(never)
