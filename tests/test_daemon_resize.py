@@ -109,7 +109,7 @@ def test_scale_4_2_1_4_while_training_is_bitwise_the_unscaled_run(cluster, tmp_p
         assert info["resizes"][-1]["outcome"] == "done", info["resizes"]
         assert info["devices"] == target and info["state"] == "running"
         # ranks that left exit and give their devices back
-        wait_until(lambda: len(status(sd)["nodes"][0]["free"]) == 4 - target, 30, what="devices to be freed")
+        wait_until(lambda t=target: len(status(sd)["nodes"][0]["free"]) == 4 - t, 30, what="devices to be freed")
     (out / "release").touch()
     info = wait_state(sd, job, "finished", timeout=180)
     history = info["resizes"]
