@@ -127,6 +127,7 @@ class ResizeCoordinator:
         if node == lead:
             rank0 = next((a for a in r.agents if a.rank == 0 and not a.left), None)
             if rank0 is not None and rank0.stepped == plan.epoch:
+                job.step = max(job.step, r.step)
                 plan.handover_s = next((x.get("seconds") for x in r.resizes if x.get("epoch") == plan.epoch
                                         and isinstance(x.get("seconds"), float)), None)
                 if len(plan.acked) == plan.dst:
@@ -302,7 +303,9 @@ class ResizeCoordinator:
             "handover_s": round(plan.handover_s, 3) if plan.handover_s is not None else None,
         }
         if plan.commanded_at is not None:
-            entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)
+            entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)   # joiners warming up
+        if outcome == "done":
+            entry["done_step"] = job.step   # rank 0's step when it was seen done
         if note:
             entry["note"] = note
         job.resizes.append(entry)

@@ -146,8 +146,11 @@ class SchedulerState(ResizeCoordinator):
                     "when the job is next placed"), []
         free = self.free_count()
         if devices - current > free:
+            leaving = sum(len(d) for d in job.zombies.values())
+            hint = (f"; {leaving} more will be free once the agents that left it in its last resize have exited "
+                    "(a second or two)" if leaving else "")
             raise SchedulerError(p.INVALID_STATE, f"job {job_id} cannot grow from {current} to {devices} devices: "
-                                 f"{free} free (at most {current + free} now)")
+                                 f"{free} free (at most {current + free} now){hint}")
         job.requested_devices = devices
         out = self.begin_resize(job, devices, "scale command", now)
         return (f"job {job_id} resizing {current} -> {devices} devices at its next step boundary "
