@@ -244,3 +244,21 @@ def test_resize_in_flight_survives_a_round_trip_through_the_job_table():
     doc = isl.s.jobs[job].to_doc()
     back = Job.from_doc(doc)
     assert back.resize == isl.s.jobs[job].resize and back.resize.joiners == [2, 3] and back.to_doc() == doc
+
+
+def test_a_restarted_scheduler_carries_a_resize_in_flight_to_its_end():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl, devices=2)
+    isl.s.scale(job, 4, isl.now)
+    saved = [Job.from_doc(j.to_doc()) for j in isl.s.jobs.values()]
+    again = Island(jobs=saved)   # a new scheduler process over the same job table
+    again.now = isl.now + 1
+    joiners = [agent(0, 0), agent(1, 1), agent(2, 2, standby=True), agent(3, 3, standby=True)]
+    out = again.hello("a", 4, jobs=[report(job, joiners, resize_epoch=1, resize_port=42)])
+    ((_, go),) = of(out, p.ResizeJob)
+    assert go.master_port == 42 and go.devices == 4
+    again.report("a", report(job, [agent(r, r, epoch=1, stepped=1 if r == 0 else 0) for r in range(4)],
+                             resize_epoch=1))
+    j = again.s.jobs[job]
+    assert j.state is JobState.RUNNING and len(j.placement) == 4 and j.resizes[-1]["outcome"] == "done"

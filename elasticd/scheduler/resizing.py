@@ -217,8 +217,10 @@ class ResizeCoordinator:
             outcome, note = "done", "the job finished right after the hand-over"
         elif ending == "finished":
             outcome, note = "not applied", "the job finished before its agents reached a step boundary"
+        elif ending == "failed":
+            outcome, note = "failed", "the job failed during the hand-over"
         else:
-            outcome, note = "failed", f"the job {ending} during the hand-over"
+            outcome, note = "not applied", f"the job was {ending} during the hand-over"
         for node in plan.nodes():
             if node in job.ended:
                 continue
