@@ -206,7 +206,12 @@ class AgentProcess:
             if command.get("standby"):
                 self.cfg = dataclasses.replace(cfg, standby=True)
                 return None, None
-            return 0, None
+            # Nothing of the user's runs any more; an interpreter and torch shutdown would hold the
+            # device for seconds that a waiting job could use.
+            self.control.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         self.cfg = dataclasses.replace(cfg, world=new_world, master_addr=addr, master_port=port)
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return None, snap
