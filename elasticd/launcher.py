@@ -14,7 +14,6 @@ import logging
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import AgentConfig
+from elasticd.ports import free_port
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass(eq=False)

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from elasticd.cli import EXIT_USAGE
+
+
+def resolve_target(target: str, workers: int | None) -> tuple[str, str | None, int]:
+    """SCRIPT[:FUNC] and --workers -> (script, func, N), N from the script's decorator when not given.
+
+    Raises:
+        click.UsageError: no such script, or no unambiguous @elastic function in it.
+    """
+    script, func = split_target(target)
+    if not os.path.isfile(script):
+        raise click.UsageError(f"no such script: {script}")
+    if workers is None:
+        from agent.script import ScriptError, load_function
+
+        try:
+            workers = load_function(script, func).workers
+        except ScriptError as e:
+            raise click.UsageError(str(e)) from None
+    return script, func, workers
 
 
 def split_target(target: str) -> tuple[str, str | None]:
@@ -42,18 +62,7 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
     The result is what N real data-parallel workers would compute: same global batch, data order and
     random streams. A worker that raises stops the whole run, with its logical rank and traceback.
     """
-    import os
-
-    script, func = split_target(target)
-    if not os.path.isfile(script):
-        raise click.UsageError(f"no such script: {script}")
-    if workers is None:
-        from agent.script import ScriptError, load_function
-
-        try:
-            workers = load_function(script, func).workers
-        except ScriptError as e:
-            raise click.UsageError(str(e)) from None
+    script, func, workers = resolve_target(target, workers)
     if devices > workers:
         click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
                    f"logical worker", err=True)

@@ -52,19 +52,10 @@ def submit(target: str, workers: int | None, min_devices: int, max_devices: int 
     devices (preferring a count that divides N), all agents at once. SCRIPT must be readable at the
     same path on every node; the job runs in the current directory when that exists there too.
     """
-    from elasticd.cli.run import split_target
+    from elasticd.cli.run import resolve_target
     from elasticd.protocol import Submit
 
-    script, func = split_target(target)
-    if not os.path.isfile(script):
-        raise click.UsageError(f"no such script: {script}")
-    if workers is None:
-        from agent.script import ScriptError, load_function
-
-        try:
-            workers = load_function(script, func).workers
-        except ScriptError as e:
-            raise click.UsageError(str(e)) from None
+    script, func, workers = resolve_target(target, workers)
     hi = max_devices or workers
     if not min_devices <= hi <= workers:
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "

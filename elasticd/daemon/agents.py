@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from agent.config import AgentConfig
 from elasticd import protocol as p
 from elasticd.daemon.resizing import NodeResizes
 from elasticd.daemon.statedir import StateDir
+from elasticd.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,6 @@ def with_death_signal(command: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return command
     return [sys.executable, "-c", _DEATH_SIGNAL_PRELUDE, str(os.getpid()), *command]
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass(eq=False)

@@ -50,7 +50,8 @@ class NodeResizes:
         def _error_of(self, agent: Agent, code: int) -> dict[str, Any]: ...
 
     def prepare(self, msg: p.PrepareResize, now: float) -> None:
-        from elasticd.daemon.agents import LocalJob, free_port
+        from elasticd.daemon.agents import LocalJob
+        from elasticd.ports import free_port
 
         job = self.jobs.get(msg.job_id)
         if job is None or (job.state == "ended" and not job.agents):
