@@ -117,6 +117,7 @@ class WorkerContext:
     def steps(self, total: int) -> Iterator[int]:
         """Step indices `ctx.step .. total-1`; each boundary between two steps is a physical-step boundary."""
         self._rt.begin_steps(self._w)
+        self._w.total_steps = total
         for s in range(self._w.start_step, total):
             self.step = s
             yield s

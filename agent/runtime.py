@@ -66,6 +66,7 @@ class Worker:
     no_sync_depth: int = 0
     replicate_calls: int = 0
     start_step: int = 0
+    total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar
     metrics: dict[str, Any] = field(default_factory=dict)
     loaders: list[ResumableBatches] = field(default_factory=list)
     private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
@@ -364,6 +365,8 @@ class Runtime:
         self._step_times.append(now)
         del self._step_times[:-20]
         metrics = dict(w.metrics)
+        if w.total_steps is not None:
+            metrics["total_steps"] = w.total_steps
         if len(self._step_times) > 1:
             metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
         self.control.step(step, metrics)
