@@ -23,6 +23,11 @@ REPO = SCRIPTS.parent
 JOB = SCRIPTS / "_benchjob.py"
 
 
+# The CPUs this process may use when the benchmark starts; benchmarks that pin themselves to one core
+# hand the full set back to the jobs they start (children inherit affinity).
+ALL_CPUS = frozenset(os.sched_getaffinity(0))
+
+
 class BenchError(RuntimeError):
     """A benchmark run failed; carries the command's output so the failure can be read."""
 
@@ -40,11 +45,17 @@ def job_env(**knobs: Any) -> dict[str, str]:
 def run(cmd: Sequence[str], env: dict[str, str], timeout: float) -> None:
     """Run a command to completion, quietly; BenchError with its output if it fails or times out."""
     try:
-        proc = subprocess.run(list(cmd), env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(list(cmd), env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=unpin)
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}\n{e.stdout or ''}{e.stderr or ''}") from None
     if proc.returncode != 0:
         raise BenchError(f"exit {proc.returncode}: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+
+
+def unpin() -> None:
+    """Let a child use every CPU the benchmark started with, even if the benchmark pinned itself."""
+    os.sched_setaffinity(0, ALL_CPUS)
 
 
 def elasticd_cmd(*args: str) -> list[str]:

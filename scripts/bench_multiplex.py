@@ -12,15 +12,21 @@ data, N=8 ranks x 32 samples, SGD with momentum):
 
 Each job times its own steps (logical rank 0 stamps every step start), so process start-up, imports and
 rendezvous never count; the first --warmup steps are dropped and a run's figure is the median step.
-The machine is shared and noisy, so the variants are interleaved round by round (the order rotates), and
-the ratio column is the median over rounds of that round's ratio to its own ideal run (paired: a noisy
-moment slows both sides of a ratio). The parameter checksums of all variants must agree (same math).
+The machine is shared and noisy, so runs are paired and the "vs ideal" column is the median of per-pair
+ratios (a noisy moment slows both sides of a ratio): (a) and (b) alternate in --pairs short pairs
+(a b, b a, ...); each run of (c) and (d) is bracketed by two runs of (a). The parameter checksums of all
+variants must agree (same math), and (c) / (d) is printed (DESIGN.md: elasticd on 2 devices must be
+faster than DDP with N processes on the same cores).
 
-(a) and (b) default to 1 torch thread: on a shared 2-core machine two OpenMP threads in one process
-stall whenever a neighbour holds a core, which would measure the neighbours instead of the runtime.
+(a) and (b) default to 1 torch thread, and this process to one core (--cpu): one device is one core
+here. Two OpenMP threads in one process on a shared 2-core machine stall whenever a neighbour holds a
+core, and unpinned worker threads migrate between cores at every hand-over (cold caches); either would
+measure the neighbours and the OS scheduler instead of the runtime. (c) and (d) get every core.
 
---profile adds an instrumented (b) run and prints where its extra time per step goes (hand-over, RNG
-swap, thread wake-up, flush, step-boundary vote), measured by wrapping the runtime's methods.
+--profile adds instrumented (b) runs and prints where its extra time per step goes (hand-over, RNG swap,
+thread wake-up, flush, step-boundary vote), measured by wrapping the runtime's methods from here (the
+runtime is not modified), plus two what-ifs paired with (a): (b) without the numpy RNG swap, and also
+with the one-agent gradient flush done in place (both leave this job's result unchanged).
 
 The last line is `overhead_vs_ideal=X.XX`: (b) / (a) seconds per step (goal <= 1.05, DESIGN.md).
 """
@@ -39,6 +45,7 @@ from typing import Any
 
 import torch
 from _benchjob_common import (
+    ALL_CPUS,
     JOB,
     BenchError,
     elasticd_cmd,
@@ -73,6 +80,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="runs of (c) and (d) each (default 3)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for (a) and (b) in this process (default 1; 0 = torch's default)")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="pin this process, hence (a) and (b), to this one core (default: the last allowed "
+                         "core when --threads is 1; -1 = no pinning). (c) and (d) always get every core")
     ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp")
     ap.add_argument("--profile", action="store_true", help="also break down (b)'s time per step")
     ap.add_argument("--quick", action="store_true",
@@ -128,12 +138,20 @@ def main() -> None:
     a = _parse()
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.cpu is None and a.threads == 1:
+        a.cpu = max(ALL_CPUS)
+    if a.cpu is not None and a.cpu >= 0:
+        # Before any worker thread exists, so they all inherit it. One core for one device: otherwise the
+        # OS migrates each woken worker thread to whichever core is free and (b) pays for cold caches
+        # (and for a busy neighbour on the other core) at every hand-over, which (a) never does.
+        os.sched_setaffinity(0, {a.cpu})
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     if skip - {"m2", "ddp"}:
         raise SystemExit(f"--skip takes m2 and/or ddp, not {sorted(skip - {'m2', 'ddp'})}")
     variants = [v for v in VARIANTS if v not in skip]
     times: dict[str, list[float]] = defaultdict(list)
     ratios: dict[str, list[float]] = defaultdict(list)
+    m2_vs_ddp: list[float] = []
     with tempdir() as tmp:
         bench = Bench(a, tmp)
         # The overhead figure rests on (a) vs (b), both in this process: many short alternating pairs
@@ -158,6 +176,8 @@ def main() -> None:
                 after = bench.run("ideal")
                 times[v].append(got_v)
                 ratios[v].append(got_v / ((before + after) / 2))
+                if v == "ddp" and "m2" in variants:  # (c) ran just before (d) in this round
+                    m2_vs_ddp.append(times["m2"][-1] / got_v)
                 print(f"round {rnd + 1}/{a.repeats}: {v} {got_v * 1e3:.1f} ms/step, "
                       f"ideal {before * 1e3:.1f}/{after * 1e3:.1f}", file=sys.stderr, flush=True)
         profile = _profile(bench) if a.profile else None
@@ -169,8 +189,12 @@ def main() -> None:
             for v in variants]
     print(f"N={a.workers} logical workers, per-rank batch {a.batch}, MLP width {a.width} "
           f"({sum(p.numel() for p in bench.job.make_model().parameters()) / 1e6:.2f}M params), "
-          f"{a.steps - a.warmup - 1} timed steps per run; {load_average()}")
+          f"{a.steps - a.warmup - 1} timed steps per run; (a), (b) pinned to "
+          f"{'core ' + str(a.cpu) if a.cpu is not None and a.cpu >= 0 else 'no core'}; {load_average()}")
     print(table(["variant", "threads/proc", "runs", "ms/step", "vs ideal", "range", "checksum Δ"], rows))
+    if m2_vs_ddp:
+        print(f"(c) elasticd on 2 devices / (d) torch DDP with {a.workers} processes: {median(m2_vs_ddp):.2f} "
+              f"(median of {len(m2_vs_ddp)} paired rounds; goal < 1: faster than DDP on the same cores)")
     if profile:
         print()
         print(profile)
@@ -195,12 +219,13 @@ class _Clock:
 
 @contextlib.contextmanager
 def _patched(obj: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
-    original = getattr(obj, name)
-    setattr(obj, name, make(original))
+    # Restore the raw attribute (a classmethod descriptor stays a descriptor), wrap the bound value.
+    raw = vars(obj)[name] if isinstance(obj, type) and name in vars(obj) else getattr(obj, name)
+    setattr(obj, name, make(getattr(obj, name)))
     try:
         yield
     finally:
-        setattr(obj, name, original)
+        setattr(obj, name, raw)
 
 
 def _timed(clock: _Clock, label: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -225,7 +250,7 @@ def _profile(bench: Bench) -> str:
     + resize vote) and `Runtime.after_backward` minus its drain (enqueueing the GradSync).
     """
     from agent import rng
-    from agent.replicate import ReplicatedGroup
+    from agent.replicate import GradSync, ReplicatedGroup
     from agent.runtime import Runtime
 
     clock = _Clock()
@@ -280,39 +305,61 @@ def _profile(bench: Bench) -> str:
                 _patched(Runtime, "drain", drain), _patched(Runtime, "after_backward", after_backward),
                 _patched(ReplicatedGroup, "_on_grad", _timed(clock, "grad-accumulated hooks (per param)"))]
 
+    def no_numpy() -> contextlib.AbstractContextManager[None]:
+        return _patched(rng, "_numpy_random", lambda _original: lambda: None)
+
+    def flush_in_place(_original: Callable[..., Any]) -> Callable[..., Any]:
+        def flush(ops: list[Any], env: Any) -> None:
+            # Valid only here (one agent, default mode, no buffers): the average is a division in place.
+            with torch.no_grad():
+                for g in ops[0].groups:
+                    for p in g.params:
+                        if p.grad is not None:
+                            p.grad.div_(env.workers)
+        return flush
+
+    # What-ifs, each run paired with (a): (b) without swapping numpy's global RNG (this job never draws
+    # from numpy, so the result is the same), and additionally with the world-1 gradient flush done in
+    # place instead of flatten -> divide -> unflatten. They show what those two pieces cost as a whole,
+    # allocations and cache misses included, which the timers above cannot see.
+    what_ifs = {"without the numpy RNG swap": [no_numpy],
+                "... and with the flush dividing grads in place": [
+                    no_numpy, lambda: _patched(GradSync, "flush", flush_in_place)]}
     rounds = max(2, bench.a.pairs // 2)
-    what_if: list[float] = []
+    what_if: dict[str, list[float]] = defaultdict(list)
     for i in range(rounds):
         with contextlib.ExitStack() as stack:
             for p in instrumented():
                 stack.enter_context(p)
             bench.run("m1")
-        # What-if: (b) without swapping numpy's global RNG state (this job never draws from numpy, so
-        # the result is the same): what the numpy state copies alone cost. Paired with (a), alternating.
+        cases = ["ideal", *what_ifs]
+        cases = cases[i % len(cases):] + cases[:i % len(cases)]
         got = {}
-        for v in (("ideal", "no_numpy") if i % 2 == 0 else ("no_numpy", "ideal")):
-            if v == "ideal":
-                got[v] = bench.run("ideal")
-            else:
-                with _patched(rng, "_numpy_random", lambda _original: lambda: None):
-                    got[v] = bench.run("m1")
-        what_if.append(got["no_numpy"] / got["ideal"])
+        for case in cases:
+            with contextlib.ExitStack() as stack:
+                for patch in what_ifs.get(case, []):
+                    stack.enter_context(patch())
+                got[case] = bench.run("m1" if case in what_ifs else "ideal")
+        for case in what_ifs:
+            what_if[case].append(got[case] / got["ideal"])
     ideal = median(bench.ideal_times)
     steps = bench.a.steps * rounds
     rows = []
     accounted = 0.0
     for name in sorted(clock.calls, key=lambda k: -sum(clock.calls[k])):
         calls = clock.calls[name]
-        per_step = sum(calls) / steps
+        # median cost x calls per step: the runtime's own cost. The mean also holds the moments this
+        # process sat in the run queue (the machine is shared), shown apart in the mean column.
+        per_step = median(calls) * len(calls) / steps
         accounted += per_step
         rows.append([name, f"{len(calls) / steps:.1f}", f"{median(calls) * 1e6:.1f}",
                      f"{sum(calls) / len(calls) * 1e6:.1f}", f"{per_step * 1e3:.3f}", f"{per_step / ideal * 100:.2f}%"])
     rows.append(["sum of the above", "", "", "", f"{accounted * 1e3:.3f}", f"{accounted / ideal * 100:.2f}%"])
     head = (f"where (b)'s time beyond (a) goes: {rounds} instrumented (b) runs (timers add a little), per step, "
-            f"against (a)'s median {ideal * 1e3:.2f} ms/step ({len(bench.ideal_times)} runs); a mean far above "
-            f"the median is waiting for a core")
-    tail = (f"what-if: (b) without the numpy RNG swap, {rounds} pairs with (a): median ratio "
-            f"{median(what_if):.3f} (range {min(what_if):.2f}-{max(what_if):.2f})")
+            f"against (a)'s median {ideal * 1e3:.2f} ms/step ({len(bench.ideal_times)} runs); ms/step = median "
+            f"cost x calls/step; a mean far above the median is time spent waiting for a core")
+    tail = "\n".join(f"what-if: (b) {case}, {rounds} runs paired with (a): median ratio {median(r):.3f} "
+                      f"(range {min(r):.2f}-{max(r):.2f})" for case, r in what_if.items())
     return head + "\n" + table(["where", "calls/step", "us/call (median)", "us/call (mean)", "ms/step", "of (a)"], rows) + "\n" + tail
 
 
