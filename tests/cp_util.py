@@ -11,29 +11,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+from util import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "cp_fake_agent.py"
 T = TypeVar("T")
 
-
-def wait_until(pred: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> T:
-    """Poll `pred` until it returns something truthy (returned); AssertionError after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or pred}")
-        time.sleep(interval)
 
 
 @dataclass

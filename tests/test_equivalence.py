@@ -85,7 +85,7 @@ def test_raising_worker_stops_the_run(devices: int) -> None:
     assert FAILURE_MESSAGE in run.output, run.output
     assert _names_rank(run.output, 2), f"the failing logical rank is not named:\n{run.output}"
     # Nothing the run started (agents) may outlive it.
-    wait_until(lambda: not session_pids(run.session), 30, "the run's agent processes to exit")
+    wait_until(lambda: not session_pids(run.session), 30, what="the run's agent processes to exit")
 
 
 @pytest.mark.timeout(300)

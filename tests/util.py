@@ -10,11 +10,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
+T = TypeVar("T")
 REFERENCE_WORKERS = 4  # N of the equivalence jobs
 
 
@@ -51,12 +53,15 @@ def max_rel_diff(ref: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor
     return max(rel_diffs(ref, got).values(), default=0.0)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    """Poll `predicate` until it holds; AssertionError naming `what` if `timeout` seconds pass first."""
+def wait_until(pred: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> T:
+    """Poll `pred` until it returns something truthy (returned); AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = pred()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or pred}")
         time.sleep(interval)
 
 
