@@ -13,14 +13,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 from util import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_AGENT = REPO / "tests" / "cp_fake_agent.py"
-T = TypeVar("T")
 
 
 
