@@ -189,6 +189,15 @@ class GradSync(Collective):
     @classmethod
     def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
         first: GradSync = ops[0]  # type: ignore[assignment]
+        if env.phys.world == 1 and not env.deterministic:
+            # One agent: the shared .grad already holds the sum over every rank, and a missing grad
+            # already means no rank produced one. Averaging is all that is left; no flat copy needed.
+            with torch.no_grad():
+                for g in first.groups:
+                    for p in g.params:
+                        if p.grad is not None:
+                            p.grad.div_(env.workers)
+            return
         for g in first.groups:
             for dtype, params in _by_dtype(g.params).items():
                 if env.deterministic:

@@ -9,6 +9,7 @@ freshly started DDP process would have).
 
 from __future__ import annotations
 
+import ctypes
 import random
 import sys
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ class RngState:
     python: Any
     numpy: Any | None = None
     cuda: torch.Tensor | None = None
+    numpy_key: bytes | None = None  # numpy's raw MT19937 bytes when `numpy` was taken (see _numpy_key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain containers for snapshots (resize, checkpoints)."""
@@ -41,21 +43,51 @@ def _numpy_random() -> Any | None:
     return None if np is None else np.random
 
 
-def capture(cuda_device: torch.device | None = None) -> RngState:
+def _numpy_key(np_random: Any) -> bytes | None:
+    """The global generator's raw MT19937 state (2500 bytes, ~1 us) where numpy exposes it.
+
+    `get_state`/`set_state` cost ~100 us each and most jobs never draw from numpy, so a hand-over
+    skips them when these bytes show the state did not move. The bytes leave out the cached Gaussian
+    of `randn`, which is why a skip also requires that none is cached (`has_gauss == 0`): making one
+    needs fresh draws, which would change the bytes.
+    """
+    try:
+        bit_generator = np_random.mtrand._rand._bit_generator
+        return ctypes.string_at(bit_generator.ctypes.state_address, 2500)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _no_cached_gauss(numpy_state: Any) -> bool:
+    return numpy_state is not None and numpy_state[3] == 0
+
+
+def capture(cuda_device: torch.device | None = None, prev: RngState | None = None) -> RngState:
+    """The live streams. `prev`: what this worker's streams were when it got the baton."""
     np_random = _numpy_random()
+    numpy_state, key = None, None
+    if np_random is not None:
+        key = _numpy_key(np_random)
+        unmoved = prev is not None and key is not None and key == prev.numpy_key
+        numpy_state = prev.numpy if unmoved and _no_cached_gauss(prev.numpy) else np_random.get_state()
     return RngState(
         torch_cpu=torch.get_rng_state(),
         python=random.getstate(),
-        numpy=None if np_random is None else np_random.get_state(),
+        numpy=numpy_state,
         cuda=torch.cuda.get_rng_state(cuda_device) if cuda_device is not None else None,
+        numpy_key=key,
     )
 
 
-def restore(state: RngState, cuda_device: torch.device | None = None) -> None:
+def restore(state: RngState, cuda_device: torch.device | None = None, live: RngState | None = None) -> None:
+    """Make `state` the live streams. `live`: the streams just captured from the outgoing worker."""
     torch.set_rng_state(state.torch_cpu)
     random.setstate(state.python)
     np_random = _numpy_random()
     if np_random is not None and state.numpy is not None:
-        np_random.set_state(state.numpy)
+        same = (live is not None and state.numpy_key is not None and live.numpy_key == state.numpy_key
+                and _no_cached_gauss(live.numpy) and _no_cached_gauss(state.numpy))
+        if not same:
+            np_random.set_state(state.numpy)
     if cuda_device is not None and state.cuda is not None:
         torch.cuda.set_rng_state(state.cuda, cuda_device)

@@ -228,9 +228,10 @@ class Runtime:
             raise AssertionError(f"unknown baton action {action!r}")
 
     def _hand_over(self, me: Worker | None, nxt: Worker) -> None:
+        live = None
         if me is not None:
-            me.rng = rng.capture(self._cuda)
-        rng.restore(nxt.rng, self._cuda)
+            me.rng = live = rng.capture(self._cuda, prev=me.rng)
+        rng.restore(nxt.rng, self._cuda, live=live)
         for listener in self.switch_listeners:
             listener(me, nxt)
         self.current = nxt

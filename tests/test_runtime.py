@@ -75,6 +75,34 @@ def test_each_worker_keeps_its_own_random_streams_across_switches() -> None:
         assert got[r] == _draws() + _draws(), f"rank {r} saw another worker's random stream"
 
 
+def test_numpy_streams_stay_exact_when_workers_share_a_seed_and_cached_gaussians() -> None:
+    # Same seed everywhere: the raw generator bytes coincide across workers, which is exactly where a
+    # hand-over may skip numpy's get/set_state; randn's cached second Gaussian must still follow its worker.
+    got: dict[int, list[float]] = {}
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        np.random.seed(5)
+        out = [float(np.random.randn())]  # caches a second Gaussian
+        ctx.barrier()
+        out.append(float(np.random.randn()))  # the cached one: no draw from the generator
+        ctx.barrier()
+        if ctx.rank == 1:
+            out.append(float(np.random.rand()))  # only rank 1 moves its generator
+        ctx.barrier()
+        out += [float(np.random.randn()), float(np.random.rand())]
+        got[ctx.rank] = out
+
+    train()
+    for r in range(3):
+        np.random.seed(5)
+        want = [float(np.random.randn()), float(np.random.randn())]
+        if r == 1:
+            want.append(float(np.random.rand()))
+        want += [float(np.random.randn()), float(np.random.rand())]
+        assert got[r] == want, f"rank {r}'s numpy stream was disturbed by a hand-over"
+
+
 def test_logical_collectives_over_hosted_workers() -> None:
     got: dict[int, dict] = {}
 
