@@ -1,6 +1,6 @@
 """Live resize through a real node daemon (embedded scheduler), driven with the CLI.
 
-Real agents (`python -m agent`) run tests/jobs/resize_paced.py: the job trains slowly until the test
+Real agents (`python -m agent`) run tests/jobs/resize_job.py, paced: the job trains slowly until the test
 releases it, so every resize surely lands mid-training, then finishes at full speed. The result must be
 bitwise the result of `elasticd run` of the same job never resized, with every step and sample consumed
 exactly once per logical rank. Failure paths (an agent dying mid-resize, a joiner that cannot start, a
@@ -18,7 +18,7 @@ import torch
 from cp_util import Cluster, cli, status, wait_state, wait_until
 from util import JOBS
 
-JOB = str(JOBS / "resize_paced.py")
+JOB = str(JOBS / "resize_job.py")
 FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
 STEPS = 300
 PACE_S = "0.1"   # per logical step until released: 300 steps take >= 30 s on 4 devices, 120 s on 1

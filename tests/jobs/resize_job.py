@@ -3,11 +3,17 @@
 Each rank appends "step idx idx ..." to $ELASTICD_TEST_LOG/rank<r>.log as it consumes a batch, so a
 test can check that no step ran twice or not at all and no sample was skipped or repeated. A private
 counter (samples seen) must survive every resize. Deterministic mode is switched by env.
+
+Driven from outside (tests/test_daemon_resize.py), the job can be paced: while $ELASTICD_TEST_RELEASE
+names a file that does not exist yet, every step also sleeps $ELASTICD_TEST_PACE_S, so a test can scale
+it several times while it is surely still training. The sleep changes when steps happen, never what
+they compute.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.nn as nn
@@ -19,6 +25,13 @@ import elasticd
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = int(os.environ.get("ELASTICD_TEST_STEPS", "40"))
 DETERMINISTIC = os.environ.get("ELASTICD_TEST_DETERMINISTIC", "0") == "1"
+PACE_S = float(os.environ.get("ELASTICD_TEST_PACE_S", "0.05"))
+
+
+def paced() -> None:
+    release = os.environ.get("ELASTICD_TEST_RELEASE")
+    if release and not os.path.exists(release):
+        time.sleep(PACE_S)
 
 
 @elasticd.elastic(workers=WORKERS, deterministic=DETERMINISTIC)
@@ -39,6 +52,7 @@ def train(ctx) -> None:
     batches = ctx.batches(DataLoader(ds, batch_size=10, sampler=sampler))  # 10 steps per epoch
     log_dir = os.environ["ELASTICD_TEST_LOG"]
     for step in ctx.steps(STEPS):
+        paced()
         xb, yb, idx = next(batches)
         with open(os.path.join(log_dir, f"rank{ctx.rank}.log"), "a") as f:
             f.write(f"{step} {' '.join(map(str, idx.tolist()))}\n")
