@@ -10,6 +10,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _jobstate import save_state
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
@@ -26,14 +27,6 @@ def make_data() -> TensorDataset:
     x = torch.randn(256, 8, generator=g)
     y = torch.sin(x @ torch.randn(8, 2, generator=g)) + 0.1 * torch.randn(256, 2, generator=g)
     return TensorDataset(x, y)
-
-
-def save_state(model: nn.Module, env: str) -> None:
-    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix)."""
-    path = os.environ.get(env)
-    if path:
-        torch.save({k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                   path)
 
 
 @elasticd.elastic(workers=WORKERS)

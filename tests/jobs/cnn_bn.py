@@ -11,6 +11,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _jobstate import save_state
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
@@ -54,14 +55,6 @@ def make_data() -> TensorDataset:
         else:
             x[i, 0].diagonal().add_(2.0)
     return TensorDataset(x, y)
-
-
-def save_state(model: nn.Module, env: str) -> None:
-    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix)."""
-    path = os.environ.get(env)
-    if path:
-        torch.save({k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                   path)
 
 
 @elasticd.elastic(workers=WORKERS)

@@ -7,6 +7,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _jobstate import save_state
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
@@ -21,14 +22,6 @@ def make_data() -> TensorDataset:
     x = torch.randn(512, 16, generator=g)
     y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
     return TensorDataset(x, y)
-
-
-def save_state(model: nn.Module, env: str) -> None:
-    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix)."""
-    path = os.environ.get(env)
-    if path:
-        torch.save({k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                   path)
 
 
 @elasticd.elastic(workers=WORKERS)

@@ -14,6 +14,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _jobstate import save_state
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
@@ -73,14 +74,6 @@ def make_data() -> TensorDataset:
     noise = torch.rand(n, SEQ + 1, generator=g) < 0.125
     seq = torch.where(noise, torch.randint(0, VOCAB, (n, SEQ + 1), generator=g), seq)
     return TensorDataset(seq, stride.squeeze(1).float())
-
-
-def save_state(model: nn.Module, env: str) -> None:
-    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix)."""
-    path = os.environ.get(env)
-    if path:
-        torch.save({k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                   path)
 
 
 @elasticd.elastic(workers=WORKERS)
