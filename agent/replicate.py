@@ -11,7 +11,6 @@ update"). Buffers follow DDP's `broadcast_buffers=True`: logical rank 0's win.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -73,7 +72,6 @@ class ReplicatedGroup:
         self.step_once = OncePerStep(ranks)
         self.zero_once = OncePerStep(ranks)
         self.sched_once = OncePerStep(ranks)
-        self._lock = threading.Lock()
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._on_grad)
         if self.buffers:

@@ -35,7 +35,6 @@ class _Agent:
     events: int            # our end of the event pipe
     error_file: str
     buf: bytes = b""
-    finished: bool = False  # sent done, or left in a resize
     ready: bool = False     # said hello: script loaded, warmed up
 
 
@@ -139,8 +138,6 @@ class LocalJob:
         kind = ev.get("event")
         if kind == "step" and agent.rank == 0 and agent in self.agents.values():
             self._on_step(int(ev["step"]), ev.get("metrics") or {})
-        elif kind == "done":
-            agent.finished = True
         elif kind == "hello":
             agent.ready = True
             if self._joining is not None:
@@ -151,8 +148,6 @@ class LocalJob:
                     self._go(command)
         elif kind == "resized":
             self._resized_acks.add(agent.rank)
-            if ev.get("left"):
-                agent.finished = True
 
     def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step = step
