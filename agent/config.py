@@ -26,6 +26,8 @@ class AgentConfig:
     join_from: int = 0          # > 0: a new agent joining a resize from a job of `join_from` agents
     standby: bool = False       # start warm, then wait for a "join" command naming rank/world/rendezvous
     device_memory: int = 0      # private-state budget per device in bytes; 0 = default (agent.private)
+    snapshot_dir: str = ""      # where resize snapshots are kept for falling back (agent.fallback); "" = not kept
+    restore_epoch: int = 0      # > 0: start from the snapshot of that resize (a resize that failed half-way)
 
     @property
     def hosted(self) -> list[int]:
@@ -51,6 +53,10 @@ class AgentConfig:
             argv += ["--standby"]
         if self.device_memory:
             argv += ["--device-memory", str(self.device_memory)]
+        if self.snapshot_dir:
+            argv += ["--snapshot-dir", self.snapshot_dir]
+        if self.restore_epoch:
+            argv += ["--restore-epoch", str(self.restore_epoch)]
         return argv
 
 
@@ -76,13 +82,21 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--device-memory", type=int, default=0, metavar="BYTES",
                    help="budget for replicated plus worker-private state on this device; private state "
                         "beyond it is swapped to host memory between turns (0 = default policy)")
+    p.add_argument("--snapshot-dir", default="",
+                   help="keep each resize's snapshot here (host memory: tmpfs) until a step completed after it")
+    p.add_argument("--restore-epoch", type=int, default=0,
+                   help="start from the snapshot of this resize in --snapshot-dir (falling back after a "
+                        "resize that failed half-way)")
     a = p.parse_args(argv)
     cfg = AgentConfig(
         script=a.script, func=a.func, workers=a.workers, rank=a.rank, world=a.world,
         device_type=a.device_type, device_index=a.device_index, master_addr=a.master_addr,
         master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
         threads=a.threads, join_from=a.join_from, device_memory=a.device_memory, standby=a.standby,
+        snapshot_dir=a.snapshot_dir, restore_epoch=a.restore_epoch,
     )
+    if cfg.restore_epoch and not cfg.snapshot_dir:
+        p.error("--restore-epoch needs --snapshot-dir")
     try:
         cfg.hosted  # noqa: B018 - computing the layout validates it
     except ValueError as e:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from agent import fallback
 from agent.config import AgentConfig
 from agent.control import ControlChannel, NullControl
 from agent.physical import PhysicalGroup
@@ -123,9 +124,16 @@ class AgentProcess:
             cfg = self.cfg
             self.control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,
                                 "pid": os.getpid(), "host": socket.gethostname(), "device": str(self.device)})
+            snap: AgentSnapshot | None = None
             if not (cfg.standby or cfg.join_from):
                 self._start()
-            snap: AgentSnapshot | None = None
+                if cfg.restore_epoch:
+                    try:
+                        snap = self._restore()
+                    except (fallback.SnapshotMissing, OSError) as e:
+                        _report(cfg, self.control, None, f"cannot restore the snapshot of resize "
+                                f"{cfg.restore_epoch}: {e}", traceback.format_exc())
+                        return 1
             while True:
                 if self.cfg.standby:
                     if not self._await_join():
@@ -143,6 +151,14 @@ class AgentProcess:
     def _start(self) -> None:
         cfg = self.cfg
         self.phys = PhysicalGroup.connect(cfg.rank, cfg.world, self.device, cfg.master_addr, cfg.master_port)
+
+    def _restore(self) -> AgentSnapshot:
+        cfg = self.cfg
+        assert self.phys is not None
+        started = time.monotonic()
+        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers, self.device)
+        log.info("restored the snapshot of resize %d in %.2fs", cfg.restore_epoch, time.monotonic() - started)
+        return snap
 
     def _await_join(self) -> bool:
         join = _wait_for(self.control, "join", None)
@@ -186,6 +202,11 @@ class AgentProcess:
             return 0, None
         snap = runtime.snapshot()
         del runtime  # the old workers' objects: their state now lives in `snap`
+        epoch = command.get("epoch")
+        if cfg.snapshot_dir and isinstance(epoch, int) and epoch > 0:
+            # Before any state moves: if the re-forming fails, this is what the job falls back to.
+            assert self.phys is not None
+            fallback.save(cfg.snapshot_dir, epoch, snap, with_groups=self.phys.rank == 0)
         return self._relayout(command, snap, started)
 
     def _relayout(self, command: dict[str, Any], snap: AgentSnapshot, started: float

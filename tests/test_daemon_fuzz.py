@@ -55,10 +55,10 @@ def frames(seed: int) -> list[tuple[list[bytes], int]]:
         elif k == 2:
             out.append(([msgpack.packb({"v": rng.choice([0, 2, "1", None, 1.0]), "op": "status", "rid": rid})], rid))
         elif k == 3:
-            out.append(([msgpack.packb({"v": 1, "op": rng.choice(["nope", "", 7, None]), "rid": rid})], rid))
+            out.append(([msgpack.packb({"v": p.PROTOCOL_VERSION, "op": rng.choice(["nope", "", 7, None]), "rid": rid})], rid))
         elif k in (4, 5, 6):
             cls = p.registered_ops()[rng.choice(ops)]
-            body = {"v": 1, "op": cls.op, "rid": rid}
+            body = {"v": p.PROTOCOL_VERSION, "op": cls.op, "rid": rid}
             for f in dataclasses.fields(cls):
                 if f.name != "rid" and rng.random() < 0.8:
                     body[f.name] = _value(rng)
@@ -73,7 +73,7 @@ def frames(seed: int) -> list[tuple[list[bytes], int]]:
         elif k == 8:
             out.append(([valid, rng.randbytes(5)], 0))
         else:
-            out.append(([msgpack.packb({"v": 1, "op": "status", "rid": rid, "job_id": "x" * rng.randrange(50)})], rid))
+            out.append(([msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "status", "rid": rid, "job_id": "x" * rng.randrange(50)})], rid))
     out.append(([b"\x00" * (2 * p.MAX_FRAME_BYTES)], 0))   # oversized but under the transport cap
     return out
 

@@ -60,14 +60,14 @@ def test_ops_are_unique_and_named():
     (b"\xc1", p.BAD_FRAME),
     (msgpack.packb([1, 2]), p.BAD_FRAME),
     (msgpack.packb({"op": "status"}), p.VERSION_MISMATCH),
-    (msgpack.packb({"v": 2, "op": "status"}), p.VERSION_MISMATCH),
-    (msgpack.packb({"v": 1, "op": "launch_missiles"}), p.UNKNOWN_OP),
-    (msgpack.packb({"v": 1}), p.UNKNOWN_OP),
-    (msgpack.packb({"v": 1, "op": "submit", "script": "/x"}), p.BAD_REQUEST),
-    (msgpack.packb({"v": 1, "op": "submit", "script": "/x", "workers": True}), p.BAD_REQUEST),
-    (msgpack.packb({"v": 1, "op": "submit", "script": "/x", "workers": 2, "env": {"A": 1}}), p.BAD_REQUEST),
-    (msgpack.packb({"v": 1, "op": "status", "job_id": None, "admin": True}), p.BAD_REQUEST),
-    (msgpack.packb({"v": 1, "op": "node_status", "node_id": "n", "jobs": [{"job_id": "j"}]}), p.BAD_REQUEST),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION + 1, "op": "status"}), p.VERSION_MISMATCH),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "launch_missiles"}), p.UNKNOWN_OP),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION}), p.UNKNOWN_OP),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "submit", "script": "/x"}), p.BAD_REQUEST),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "submit", "script": "/x", "workers": True}), p.BAD_REQUEST),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "submit", "script": "/x", "workers": 2, "env": {"A": 1}}), p.BAD_REQUEST),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "status", "job_id": None, "admin": True}), p.BAD_REQUEST),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "node_status", "node_id": "n", "jobs": [{"job_id": "j"}]}), p.BAD_REQUEST),
     (b"\x00" * (p.MAX_FRAME_BYTES + 1), p.TOO_LARGE),
 ])
 def test_bad_frames_raise_typed_errors(frame, code):
@@ -95,10 +95,10 @@ def test_random_bytes_only_ever_raise_protocol_error():
 
 
 def test_ints_widen_to_float_but_bools_are_not_ints():
-    m = p.decode(msgpack.packb({"v": 1, "op": "welcome", "node_id": "n", "heartbeat_s": 1}))
+    m = p.decode(msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "welcome", "node_id": "n", "heartbeat_s": 1}))
     assert m.heartbeat_s == 1.0 and isinstance(m.heartbeat_s, float)
     with pytest.raises(p.ProtocolError):
-        p.decode(msgpack.packb({"v": 1, "op": "scale_job", "job_id": "j", "devices": False}))
+        p.decode(msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "scale_job", "job_id": "j", "devices": False}))
 
 
 def test_peek_rid_survives_garbage():

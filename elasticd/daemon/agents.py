@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ class LocalJob:
     resize_epoch: int = 0               # the resize being prepared or carried out here
     resize_port: int = 0                # its rendezvous port (this node hosts rank 0)
     resize_error: dict[str, Any] | None = None   # a joiner died before the hand-over
+    restored: bool = False              # launched from a snapshot (restore_epoch) and a step completed since
 
     def everyone(self) -> list[Agent]:
         return [*self.agents.values(), *self.retired]
@@ -149,6 +151,9 @@ class Supervisor(NodeResizes):
         self._by_identity: dict[bytes, tuple[str, Agent]] = {}
         self._next_sample = 0.0
         self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
+        # Resize snapshots of a previous life of this daemon: its agents died with it (PR_SET_PDEATHSIG),
+        # so no job here can fall back to them, and tmpfs would hold them until the host reboots.
+        shutil.rmtree(sd.snapshot_root, ignore_errors=True)
 
     # --- commands from the scheduler -------------------------------------------------------------
 
@@ -199,7 +204,9 @@ class Supervisor(NodeResizes):
         cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=rank, world=world,
                           device_type=dev.type, device_index=dev.index, master_addr=master_addr or "127.0.0.1",
                           master_port=master_port, job_id=msg.job_id, control=self.control_endpoint,
-                          error_file=str(err_path), standby=standby)
+                          error_file=str(err_path), standby=standby,
+                          snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
+                          restore_epoch=0 if standby else msg.restore_epoch)
         log_path = log_dir / f"rank{rank}.log"
         popen = self._spawn(cfg, msg, log_path)
         agent = Agent(rank, dev, popen, log_path, err_path, standby=standby)
@@ -247,6 +254,8 @@ class Supervisor(NodeResizes):
             job = self.jobs.get(job_id)
             if job is not None and job.state == "ended":
                 self._drop(job)
+                # Over for the scheduler: no relaunch will restore from what its agents saved here.
+                shutil.rmtree(self.sd.snapshot_dir(job_id), ignore_errors=True)
 
     # --- messages from agents --------------------------------------------------------------------
 
@@ -280,6 +289,12 @@ class Supervisor(NodeResizes):
             if agent.epoch > agent.stepped:   # the first step at the new size ends a resize: tell at once
                 agent.stepped = agent.epoch
                 self.changed = True
+                # A step at the new size ran a collective with every agent: nothing falls back to the
+                # snapshot of this resize any more (nor of an older one).
+                self.drop_snapshots(job, agent.epoch)
+            elif job.launch.restore_epoch and not job.restored:
+                job.restored = True   # the same, for the snapshot this launch started from
+                self.drop_snapshots(job, job.launch.restore_epoch)
         elif isinstance(msg, p.AgentFailed):
             if agent.pending:
                 job.resize_error = job.resize_error or p.flat_scalars(msg.error)
@@ -374,11 +389,13 @@ class Supervisor(NodeResizes):
             if lead is not None:
                 metrics = dict(lead.metrics)
                 rate = metrics.pop("steps_per_s", None) or _rate(lead.step_times)
+            saved = self.snapshot_parts(job)
             out.append(p.JobReport(
                 job_id=job.job_id, state=job.state, ranks=sorted(job.agents), master_port=job.master_port,
                 step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
                 ok=job.ok, error=job.error, resizes=list(job.resizes), resize_epoch=job.resize_epoch,
                 resize_port=job.resize_port, resize_error=job.resize_error,
+                snapshot_epoch=saved[0], snapshot_parts=saved[1], restore_epoch=job.launch.restore_epoch,
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.popen.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
                                       exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,
@@ -401,6 +418,7 @@ class Supervisor(NodeResizes):
                 except subprocess.TimeoutExpired:
                     _signal_group(a.popen.pid, signal.SIGKILL)
                     a.popen.wait()
+        shutil.rmtree(self.sd.snapshot_root, ignore_errors=True)
 
     def _drop(self, job: LocalJob) -> None:
         for a in job.everyone():

@@ -20,13 +20,16 @@ the job ends normally.
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 from typing import TYPE_CHECKING, Any
 
+from agent import fallback
 from elasticd import protocol as p
 
 if TYPE_CHECKING:
     from elasticd.daemon.agents import Agent, LocalJob
+    from elasticd.daemon.statedir import StateDir
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ class NodeResizes:
     if TYPE_CHECKING:   # provided by Supervisor
         jobs: dict[str, LocalJob]
         devices: dict[str, p.DeviceInfo]
+        sd: StateDir
         host: str
         changed: bool
 
@@ -164,6 +168,23 @@ class NodeResizes:
             job.retired = [a for a in job.retired if a.exitcode is None]
             changed = True
         return changed
+
+    # --- the snapshots kept for falling back (agent.fallback) ----------------------------------------
+
+    def snapshot_parts(self, job: LocalJob) -> tuple[int, list[int]]:
+        """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
+        root = self.sd.snapshot_dir(job.job_id)
+        epochs = fallback.epochs(root)
+        if not epochs:
+            return 0, []
+        return epochs[-1], fallback.parts(root, epochs[-1])
+
+    def drop_snapshots(self, job: LocalJob, upto: int) -> None:
+        root = self.sd.snapshot_dir(job.job_id)
+        for epoch in fallback.epochs(root):
+            if epoch <= upto:
+                shutil.rmtree(fallback.epoch_dir(root, epoch), ignore_errors=True)
+                log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job.job_id, epoch)
 
     def _send_away(self, job: LocalJob, agent: Agent, now: float) -> None:
         from elasticd.daemon.agents import _signal_group

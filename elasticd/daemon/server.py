@@ -314,7 +314,8 @@ class NodeDaemon:
             self.sup.launch(msg, now)
             self._push = True
         elif isinstance(msg, p.KillJob):
-            for ident, cmd in self.sup.kill(msg.job_id, msg.reason or "killed by the scheduler", now):
+            for ident, cmd in self.sup.kill(msg.job_id, msg.reason or "killed by the scheduler", now,
+                                            graceful=not msg.force):
                 transport.send(self.agents, cmd, ident)
         elif isinstance(msg, p.PrepareResize):
             self.sup.prepare(msg, now)

@@ -10,10 +10,12 @@
       keys/                    CURVE identity and allow-list (see elasticd.keys)
       logs/<job>/rank<p>.log   stdout+stderr of each local agent
       errors/<job>/rank<p>.json  a failing agent's error report
+      snapshots/               only when the host has no tmpfs at /dev/shm (see `snapshot_root`)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -73,6 +75,19 @@ class StateDir:
 
     def error_dir(self, job_id: str) -> Path:
         return self.root / "errors" / safe_name(job_id)
+
+    @property
+    def snapshot_root(self) -> Path:
+        """Where this daemon's agents keep resize snapshots (agent.fallback): tmpfs, i.e. host memory, so a
+        resize never waits on a disk. One directory per state dir, so two daemons on a host stay apart."""
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
+            return shm / f"elasticd-{os.getuid()}-{tag}"
+        return self.root / "snapshots"
+
+    def snapshot_dir(self, job_id: str) -> Path:
+        return self.snapshot_root / safe_name(job_id)
 
 
 def safe_name(job_id: str) -> str:

@@ -50,6 +50,11 @@ class JobReport:
     resize_epoch: int = 0         # the resize this node is preparing or carrying out (0: none)
     resize_port: int = 0          # its rendezvous port, picked by the node hosting rank 0
     resize_error: dict[str, Any] | None = None   # a joining agent died before the hand-over
+    # The newest resize snapshot kept on this node (agent.fallback) and its parts: logical ranks, -1 for
+    # the replicated state. The scheduler falls back to it when a resize fails half-way.
+    snapshot_epoch: int = 0
+    snapshot_parts: list[int] = field(default_factory=list)
+    restore_epoch: int = 0        # the snapshot this node's agents of the job started from (0: none)
 
 
 @message
@@ -117,6 +122,7 @@ class LaunchJob(Message):
     master_port: int
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    restore_epoch: int = 0        # > 0: start from the snapshot this node kept of that resize
 
 
 @message
@@ -124,6 +130,7 @@ class KillJob(Message):
     op: ClassVar[str] = "kill_job"
     job_id: str
     reason: str = ""
+    force: bool = False           # no stop command first: the agents are not at a step boundary (a failed resize)
 
 
 @message

@@ -1,0 +1,132 @@
+"""The resize snapshot, kept outside the agents so a resize that fails half-way can fall back to it.
+
+At the step boundary of a resize every agent writes what it holds into the node's snapshot directory
+(tmpfs, /dev/shm, when the node has one: host memory, not disk) before any state moves: one file per
+logical rank (`w<rank>.pt`) and, from agent 0, the replicated state once (`groups.pt`). If an agent
+then dies while the group re-forms, the scheduler has every agent stopped and starts the job again on
+the devices it had, with `--restore-epoch`: the new agents read the parts from their node's directory
+and trade the ones that are on another node (multi-node jobs), and the job resumes at the step it
+stopped at, exactly as after a successful resize. The node daemon deletes an epoch's files once a step
+completed after it (then no fall-back to it can be needed) and a job's files when the job is over.
+
+Files are `torch.save` bytes read back with `weights_only=True`, like the snapshots agents send each
+other (agent/snapshot.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from agent.layout import hosted_ranks, owner_of
+from agent.parts import GROUPS, describe
+from agent.physical import PhysicalGroup
+from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, to_bytes
+
+_PART = re.compile(r"^(?:w(\d+)|groups)\.pt$")
+
+
+class SnapshotMissing(RuntimeError):
+    """A part of the snapshot to restore is on no agent's node."""
+
+
+def epoch_dir(root: str | os.PathLike[str], epoch: int) -> Path:
+    return Path(root) / f"e{epoch}"
+
+
+def _part_name(part: int) -> str:
+    return "groups.pt" if part == GROUPS else f"w{part}.pt"
+
+
+def _write(path: Path, data: bytes) -> None:
+    # Written whole, then renamed: a reader (the node listing parts, a restoring agent) never sees half a
+    # file, and an agent killed mid-write leaves no part that looks saved.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def save(root: str | os.PathLike[str], epoch: int, snap: AgentSnapshot, with_groups: bool) -> int:
+    """Write this agent's parts of epoch `epoch`'s snapshot; returns the bytes written."""
+    d = epoch_dir(root, epoch)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    total = 0
+    for rank, w in sorted(snap.workers.items()):
+        data = to_bytes(w.to_dict())
+        _write(d / _part_name(rank), data)
+        total += len(data)
+    if with_groups:
+        data = to_bytes({"groups": [g.to_dict() for g in snap.groups]})
+        _write(d / _part_name(GROUPS), data)
+        total += len(data)
+    return total
+
+
+def parts(root: str | os.PathLike[str], epoch: int) -> list[int]:
+    """The parts of epoch `epoch` saved under `root` (logical ranks, and GROUPS), sorted."""
+    try:
+        names = os.listdir(epoch_dir(root, epoch))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = _PART.match(name)
+        if m:
+            found.append(int(m.group(1)) if m.group(1) is not None else GROUPS)
+    return sorted(found)
+
+
+def epochs(root: str | os.PathLike[str]) -> list[int]:
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(int(n[1:]) for n in names if n.startswith("e") and n[1:].isdigit())
+
+
+def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, workers: int,
+            device: torch.device) -> AgentSnapshot:
+    """Every agent of the (re-started) job calls this: load its ranks' parts and the replicated state,
+    from its own node's files when they are there, else from the first agent that has them.
+
+    Raises:
+        SnapshotMissing: a part is on no agent's node (on every agent alike: they all see the same table).
+    """
+    me, world = phys.rank, phys.world
+    d = epoch_dir(root, epoch)
+    local = set(parts(root, epoch))
+    order = [GROUPS, *range(workers)]
+    # Who has what, everywhere: a row per agent, all-reduced into the same table on every agent.
+    table = torch.zeros(world, len(order), dtype=torch.int64)
+    for i, part in enumerate(order):
+        table[me, i] = int(part in local)
+    phys.all_reduce_(table)
+    lost = [part for i, part in enumerate(order) if not bool(table[:, i].any())]
+    if lost:
+        raise SnapshotMissing(f"snapshot of resize {epoch} lacks {describe(lost)}: saved on no node of the job")
+    mine = set(hosted_ranks(workers, world, me))
+    got: dict[int, bytes] = {}
+    # One global order of transfers (by part, then receiving agent): the smallest pending transfer always
+    # has both its agents waiting on it, so this never deadlocks (as in agent/resize.py).
+    for i, part in enumerate(order):
+        src = int(table[:, i].nonzero()[0])
+        for dst in range(world):
+            needs = part == GROUPS or dst == owner_of(workers, world, part)
+            if not needs or bool(table[dst, i]):
+                continue
+            if me == src:
+                phys.send_bytes((d / _part_name(part)).read_bytes(), dst)
+            elif me == dst:
+                got[part] = phys.recv_bytes(src)
+
+    def load(part: int) -> dict:
+        data = got[part] if part in got else (d / _part_name(part)).read_bytes()
+        return from_bytes(data, device)
+
+    groups = [GroupSnapshot.from_dict(g) for g in load(GROUPS)["groups"]]
+    return AgentSnapshot(groups=groups, workers={r: WorkerSnapshot.from_dict(load(r)) for r in sorted(mine)})
