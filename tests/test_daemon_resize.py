@@ -11,12 +11,15 @@ protocol without torch.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 from cp_util import Cluster, cli, status, wait_state, wait_until
 from util import JOBS
+
+from elasticd.daemon.statedir import StateDir
 
 JOB = str(JOBS / "resize_job.py")
 FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
@@ -153,6 +156,45 @@ def test_high_priority_job_shrinks_a_running_job_which_grows_back_when_it_finish
     assert_exactly_the_unscaled_run(out, unscaled)
 
 
+@pytest.mark.slow
+def test_an_agent_dying_mid_hand_over_falls_back_to_the_snapshot_and_ends_as_if_never_scaled(cluster, tmp_path,
+                                                                                              unscaled):
+    d = cluster.daemon(cpu=4, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "fell-back"
+    out.mkdir()
+    hold = out / "hold"
+    job = submit(sd, JOB, {**job_env(out), "ELASTICD_TEST_HOLD": str(hold)}, "--workers", "4", "--max-devices", "2")
+    wait_state(sd, job, "running", timeout=120)
+    wait_until(lambda: job_info(sd, job)["step"] >= 3, 60, what="training to start")
+    # Hold the job short of its next step boundary, grow it, and freeze a joiner once every agent has its
+    # orders: the old agents then save the snapshot at the boundary and wait for the frozen joiner, which dies.
+    hold.touch()
+    assert cli("scale", job, "--devices", "4", "--state-dir", str(sd)).code == 0
+    wait_until(lambda: (job_info(sd, job)["resizing"] or {}).get("phase") == "go", 120, what="the go")
+    joiner = next(a for a in job_info(sd, job)["agents"] if a["rank"] == 3 and a["alive"])
+    os.kill(joiner["pid"], signal.SIGSTOP)
+    hold.unlink()
+    info = wait_until(lambda: (i := job_info(sd, job))["resizing"]["saved"] == 5 and i, 60,
+                      what="every part of the snapshot to be saved")
+    snaps = StateDir.resolve(sd).snapshot_dir(job)
+    assert sorted(os.listdir(snaps / "e1")) == ["groups.pt", "w0.pt", "w1.pt", "w2.pt", "w3.pt"]
+    assert "snapshot parts saved 5/5" in cli("status", job, "--state-dir", str(sd)).out
+    os.kill(joiner["pid"], signal.SIGKILL)
+    info = wait_resized(sd, job, 1)
+    (entry,) = info["resizes"]
+    assert entry["outcome"] == "rolled back" and "restarted on its 2 devices" in entry["note"], entry
+    assert info["devices"] == 2 and info["state"] in ("starting", "running") and info["error"] is None
+    assert any("failed half-way" in h[2] for h in info["history"])
+    wait_state(sd, job, "running", timeout=120)
+    # once a step completed after the restart, nothing can fall back to the snapshot: it is dropped
+    wait_until(lambda: not (snaps / "e1").exists(), 120, what="the snapshot to be dropped")
+    (out / "release").touch()
+    wait_state(sd, job, "finished", timeout=180)
+    assert_exactly_the_unscaled_run(out, unscaled)
+    wait_until(lambda: not snaps.exists(), 30, what="the finished job's snapshot directory to go")
+
+
 # --- failure paths, with fake agents (same resize protocol, no torch) ---------------------------------
 
 def fake_job(sd: Path, *args: str, **env: str) -> str:
@@ -185,6 +227,8 @@ def test_an_agent_dying_while_the_group_re_forms_fails_the_job_with_the_resize_n
     info = wait_state(sd, job, "failed", timeout=30)
     assert info["error"]["message"].startswith("resize 1 (2 -> 1 devices, scale command) failed: agent 0 "
                                                "exited with code 3"), info["error"]
+    # fake agents save no snapshot: nothing to fall back to, and the error says so
+    assert "no complete snapshot to fall back to" in info["error"]["message"], info["error"]
     assert info["resizes"][-1]["outcome"] == "failed"
     wait_until(lambda: status(sd)["nodes"][0]["free"] == ["cpu:0", "cpu:1"], 30, what="devices to be freed")
     wait_until(lambda: not d.agents(), 30, what="every agent to exit")

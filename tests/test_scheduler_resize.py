@@ -118,19 +118,83 @@ def test_a_joiner_dying_before_the_hand_over_calls_the_resize_off_and_the_job_go
     assert isl.s.free_count() == 2
 
 
-def test_an_agent_dying_while_the_group_re_forms_fails_the_job_naming_the_resize():
+def test_an_agent_dying_while_the_group_re_forms_without_a_whole_snapshot_fails_the_job_naming_the_resize():
     isl = Island()
     isl.hello("a", 4)
     job = running_job(isl)
     isl.s.scale(job, 2, isl.now)
     isl.report("a", report(job, [agent(r, r) for r in range(4)], resize_epoch=1, resize_port=5))
+    # agents 0, 1 saved their parts (and agent 0 the replicated state); agent 2 died before saving
     isl.report("a", report(job, [agent(r, r, alive=False) for r in range(4)], state="ended", ok=False,
-                           error={"message": "agent 1 exited with code -9 and left no error report"}))
+                           error={"message": "agent 2 exited with code -9 and left no error report"},
+                           snapshot_epoch=1, snapshot_parts=[-1, 0, 1]))
     j = isl.s.jobs[job]
     assert j.state is JobState.FAILED and j.resize is None
-    assert j.error["message"].startswith("resize 1 (4 -> 2 devices, scale command) failed: agent 1 exited")
+    assert j.error["message"].startswith("resize 1 (4 -> 2 devices, scale command) failed: agent 2 exited")
+    assert "no complete snapshot to fall back to: its snapshot lacks logical rank(s) [2, 3]" in j.error["message"]
     assert j.resizes[-1]["outcome"] == "failed"
     assert isl.s.free_count() == 4
+
+
+def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices_from_the_snapshot():
+    isl = Island(node_timeout_s=1e9)
+    isl.hello("a", 2)
+    job = running_job(isl, devices=2, lo=2, hi=2)
+    isl.hello("b", 2)
+    isl.s.scale(job, 4, isl.now)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5))
+    out = isl.report("b", report(job, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
+    assert of(out, p.ResizeJob)
+    # a joiner dies mid hand-over; a's agents are stuck in the rendezvous: stopped at once, no stop command
+    out = isl.report("b", report(job, [agent(2, 0, alive=False), agent(3, 1, alive=False)], state="ended",
+                                 ok=False, error={"message": "agent 3 exited with code -9"}))
+    ((node, kill),) = of(out, p.KillJob)
+    assert node == "a" and kill.force
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RESIZING and j.resize.phase == "rollback"
+    out = isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, snapshot_epoch=1,
+                                 snapshot_parts=[-1, 0, 1, 2, 3]))
+    assert isl.state(job) is JobState.RESIZING   # still waiting for a's agents to be gone
+    out = isl.report("a", report(job, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended",
+                                 ok=False, error={"message": "killed"}, snapshot_epoch=1,
+                                 snapshot_parts=[-1, 0, 1, 2, 3]))
+    ((node, launch),) = launches(out)
+    assert node == "a" and launch.restore_epoch == 1 and launch.world == 2
+    assert [pl.device_id for pl in launch.placements] == ["cpu:0", "cpu:1"]
+    j = isl.s.jobs[job]
+    assert j.state is JobState.STARTING and j.requested_devices == 2 and j.error is None
+    assert j.resizes[-1]["outcome"] == "rolled back" and "agent 3 exited" in j.resizes[-1]["note"]
+    assert "failed half-way" in j.history[-1][2]
+    # a heartbeat about the agents before the fall-back neither fails the job nor makes a forget its snapshot
+    out = isl.report("a", report(job, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended",
+                                 ok=False))
+    assert isl.state(job) is JobState.STARTING and not kills(out)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], master_port=99, restore_epoch=1))
+    assert isl.state(job) is JobState.RUNNING and isl.s.free_count() == 2   # b's devices are free again
+
+
+def test_a_fall_back_across_nodes_relaunches_rank_0_first_and_the_others_once_its_port_is_known():
+    isl = Island(node_timeout_s=1e9)
+    isl.hello("a", 1)
+    isl.hello("b", 1)
+    job, out = isl.submit(workers=4, lo=2, hi=2)
+    isl.report("a", report(job, [agent(0, 0)], master_port=7))
+    isl.report("b", report(job, [agent(1, 0)]))
+    assert isl.state(job) is JobState.RUNNING
+    isl.s.scale(job, 1, isl.now)
+    isl.report("a", report(job, [agent(0, 0)], resize_epoch=1, resize_port=5))
+    # b's agent left after handing its ranks over; a's agent then died: the parts are split over a and b
+    isl.report("b", report(job, [agent(1, 0, alive=False, left=True, epoch=1)], state="ended",
+                           snapshot_epoch=1, snapshot_parts=[2, 3]))
+    out = isl.report("a", report(job, [agent(0, 0, alive=False)], state="ended", ok=False,
+                                 error={"message": "agent 0 raised"}, snapshot_epoch=1, snapshot_parts=[-1, 0, 1]))
+    ((node, launch),) = launches(out)
+    assert node == "a" and launch.restore_epoch == 1 and launch.world == 2
+    out = isl.report("b", report(job, [agent(1, 0, alive=False)], state="ended"))   # stale: ignored, kept
+    assert not kills(out) and isl.state(job) is JobState.STARTING
+    out = isl.report("a", report(job, [agent(0, 0)], state="launching", master_port=11, restore_epoch=1))
+    ((node, launch),) = launches(out)
+    assert node == "b" and launch.restore_epoch == 1 and launch.master_port == 11
 
 
 def test_resize_phases_time_out_prepare_aborts_go_fails():
@@ -147,9 +211,12 @@ def test_resize_phases_time_out_prepare_aborts_go_fails():
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=2, resize_port=6))
     isl.report("a", report(job, [agent(0, 0, epoch=2)], resize_epoch=2))
     out = isl.tick(31.0)
+    assert kills(out) == [("a", job)] and isl.s.jobs[job].resize.phase == "rollback"
+    isl.report("a", report(job, [agent(0, 0, alive=False, epoch=2)], state="ended", ok=False))
     j = isl.s.jobs[job]
-    assert j.state is JobState.FAILED and kills(out) == [("a", job)]
+    assert j.state is JobState.FAILED
     assert "resize 2 (2 -> 1 devices" in j.error["message"] and "rank 0 did not complete a step" in j.error["message"]
+    assert "no complete snapshot" in j.error["message"]
 
 
 def test_job_finishing_before_the_joiners_are_warm_finishes_and_sends_them_away():

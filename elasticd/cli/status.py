@@ -81,7 +81,9 @@ def render_job(j: Any) -> str:
              f"step       {j.step}  ({j.steps_per_s:.2f} steps/s)  loss {_fmt_loss(j.metrics)}",
              f"submitted  {ts(j.submitted_at)}   started {ts(j.started_at)}   ended {ts(j.ended_at)}",
              f"resizes    {len(j.resizes)}" + (f" (resizing {j.resizing['from']} -> {j.resizing['to']}: "
-                                                  f"{j.resizing['phase']})" if j.resizing else "")]
+                                                  f"{j.resizing['phase']}, snapshot parts saved "
+                                                  f"{j.resizing.get('saved', 0)}/{j.resizing.get('parts', '?')})"
+                                                  if j.resizing else "")]
     lines += [_fmt_resize(r) for r in j.resizes]
     for a in j.agents:
         lines.append(f"agent {a.get('rank')}    {a.get('node')}/{a.get('device')} pid {a.get('pid')} "

@@ -13,7 +13,8 @@ class JobState(str, Enum):
     ``queued`` until the policy finds devices for it; then ``starting`` while the nodes spawn its M
     agents (gang: the job holds all M devices or none); ``running`` once every node reports its
     agents up; ``resizing`` while live resize moves it to another M (issue 5), then ``running``
-    again. It ends ``finished`` (every agent exited 0), ``failed`` (an agent raised, a node was
+    again, or ``starting`` once more when the resize failed half-way and the job restarts on the
+    devices it had from the snapshot its agents saved at that resize (elasticd.scheduler.rollback). It ends ``finished`` (every agent exited 0), ``failed`` (an agent raised, a node was
     lost, or the agents did not come up in time) or ``stopped`` (`elasticd stop`). A job whose
     start is interrupted by a node loss goes back to ``queued``: none of its agents keep running.
     """
@@ -40,7 +41,8 @@ _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.STARTING, JobState.STOPPED, JobState.FAILED}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.STOPPED}),
     JobState.RUNNING: frozenset({JobState.RESIZING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED}),
-    JobState.RESIZING: frozenset({JobState.RUNNING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED}),
+    JobState.RESIZING: frozenset({JobState.RUNNING, JobState.STARTING, JobState.FINISHED, JobState.FAILED,
+                                  JobState.STOPPED}),
     JobState.FINISHED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.STOPPED: frozenset(),
@@ -77,6 +79,8 @@ class ResizePlan:
     ``prepare``: joining agents start as warm standbys and rank 0's node picks the rendezvous port,
     while the job keeps training at the old size. ``go``: every agent was told; the resize is done
     when every rank of the new layout reported it and rank 0 completed a step at the new size.
+    ``rollback``: an agent died (or time ran out) during ``go``; every agent is being stopped, and once
+    all are gone the job restarts on its old devices from the snapshot saved at this resize.
     """
 
     epoch: int
@@ -93,6 +97,9 @@ class ResizePlan:
     acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation
     commanded_at: float | None = None
     handover_s: float | None = None                 # rank 0's own time from its vote to the new group
+    failure: dict[str, Any] | None = None          # rollback: what went wrong
+    gone: list[str] = field(default_factory=list)   # rollback: nodes whose agents of the job all exited
+    saved: dict[str, list[int]] = field(default_factory=dict)   # node -> snapshot parts it holds (-1: replicated)
 
     @property
     def joiners(self) -> list[int]:
@@ -135,6 +142,7 @@ class Job:
     resizes: list[dict[str, Any]] = field(default_factory=list)
     epoch: int = 0                          # layout epoch: +1 per resize started
     resize: ResizePlan | None = None        # the resize in flight
+    restore_epoch: int = 0                  # > 0: (re)started from the snapshot of that resize
     history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
     # live progress, reported by the node hosting rank 0 (not persisted on every heartbeat)
     step: int = 0

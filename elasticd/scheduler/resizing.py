@@ -16,9 +16,10 @@ One resize of a running job from M to M2 devices (layout epoch E):
 
 Failures. A joiner that dies, or does not come up within `resize_timeout_s`, during step 1 aborts the
 resize and the job goes on at M: nothing was touched yet. After step 2 an agent that dies while the
-group re-forms, or a resize that does not finish within `resize_timeout_s`, fails the job with an error
-naming the resize: the agents hold the job's state in memory only, so there is no older state to fall
-back to, and a failed job never hangs nor retries forever.
+group re-forms, or a resize that does not finish within `resize_timeout_s`, rolls the resize back: every
+agent is stopped and the job restarts on its M devices from the snapshot saved at the step boundary
+(elasticd.scheduler.rollback). Only when that snapshot is incomplete does the job fail, with an error
+naming the resize; it never hangs nor retries forever.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from elasticd import protocol as p
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobState, ResizePlan
+from elasticd.scheduler.rollback import ResizeRollback
 
 if TYPE_CHECKING:
     from elasticd.scheduler.state import Config, Node
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 _send = Send
 
 
-class ResizeCoordinator:
+class ResizeCoordinator(ResizeRollback):
     """The resize half of `SchedulerState` (a mixin: it shares the job and node tables)."""
 
     cfg: Config
@@ -101,6 +103,7 @@ class ResizeCoordinator:
         plan = job.resize
         if plan is None or job.state is not JobState.RESIZING:
             return []
+        self.note_saved(job, node, r)
         lead = job.placement[0][0]
         if r.resize_epoch == plan.epoch:
             if node == lead and r.resize_port and not plan.port:
@@ -248,8 +251,7 @@ class ResizeCoordinator:
             if not r.ok:
                 err = dict(p.flat_scalars(r.error or {}))
                 err["node"] = node
-                return self._end(job, JobState.FAILED, now, f"agent failed on {node}",
-                                 error=self._resize_error(job, err), gone=node)
+                return self.begin_rollback(job, now, self._resize_error(job, err), gone=node)
             if node not in job.ended:
                 job.ended.append(node)
             return []
@@ -284,16 +286,16 @@ class ResizeCoordinator:
             if plan is None or job.state is not JobState.RESIZING or now <= plan.deadline:
                 continue
             t = self.cfg.resize_timeout_s
-            if plan.phase == "prepare":
+            if plan.phase == "rollback":
+                out += self.rollback_tick(job, now)
+            elif plan.phase == "prepare":
                 missing = [r for r in plan.joiners if r not in plan.ready]
                 what = f"joining ranks {missing} not ready" if missing else "no rendezvous port from rank 0's node"
                 out += self._abort_resize(job, now, f"{what} within {t:.0f}s")
             else:
                 missing = [r for r in range(plan.dst) if r not in plan.acked]
                 what = f"ranks {missing} did not re-form" if missing else "rank 0 did not complete a step"
-                reason = f"{what} within {t:.0f}s"
-                out += self._end(job, JobState.FAILED, now, f"resize {plan.epoch} timed out",
-                                 error=self._resize_error(job, {"message": reason}))
+                out += self.begin_rollback(job, now, self._resize_error(job, {"message": f"{what} within {t:.0f}s"}))
         return out
 
     def _record(self, job: Job, plan: ResizePlan, outcome: str, seconds: float | None = None,

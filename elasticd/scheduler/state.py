@@ -323,6 +323,7 @@ class SchedulerState(ResizeCoordinator):
         job.launched, job.ready, job.ended = [], [], []
         job.master_addr, job.master_port = self.nodes[chosen[0][0]].host, 0
         job.step, job.steps_per_s, job.metrics, job.error, job.agents = 0, 0.0, {}, None, {}
+        job.restore_epoch = 0
         job.transition(JobState.STARTING, now, f"placed on {len(chosen)} devices of {','.join(job.nodes)}")
         self.dirty.add(job.job_id)
         log.info("job %s starting: %d workers on %d devices %s", job.job_id, job.spec.workers, len(chosen),
@@ -338,13 +339,19 @@ class SchedulerState(ResizeCoordinator):
             world=len(job.placement),
             placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
                         if n == node],
-            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=job.spec.env))
+            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=job.spec.env,
+            restore_epoch=job.restore_epoch))
 
     def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[Send], list[str]]:
         out: list[Send] = []
         forget: list[str] = []
         for r in reports:
             job = self.jobs.get(r.job_id)
+            if (job is not None and job.restore_epoch and r.restore_epoch != job.restore_epoch
+                    and job.state.active and node in job.nodes):
+                # The job's agents before it fell back to a snapshot: gone, and their node keeps the
+                # snapshot for the restart (a forget would delete it).
+                continue
             if job is not None and node in job.launched:   # also after the job ended: agents still exiting
                 job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
                                      "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode}
@@ -359,6 +366,9 @@ class SchedulerState(ResizeCoordinator):
                     out += self._kill(node, r.job_id, now, "not scheduled here")
                 continue
             self._release(job, node, r)
+            if self.rolling_back(job):
+                out += self.rollback_report(job, node, r, now)
+                continue
             out += self._resize_report(job, node, r, now)
             if not (job.state.active and node in job.launched):   # the report ended the job, or the node's part
                 continue
@@ -393,6 +403,8 @@ class SchedulerState(ResizeCoordinator):
             err["node"] = node
             err = self._resize_error(job, err)
             log.warning("job %s failed on node %s: %s", job.job_id, node, err.get("message"))
+            if job.resize is not None and job.resize.phase == "go":
+                return self.begin_rollback(job, now, err, gone=node)
             return self._end(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
         job.ended.append(node)
         self.dirty.add(job.job_id)
@@ -459,7 +471,11 @@ class SchedulerState(ResizeCoordinator):
             if node in job.launched:
                 job.launched.remove(node)
             return self._abort_resize(job, now, reason)
-        if job.state is JobState.STARTING:
+        if self.lost_in_rollback(job, node):   # it hosted only joiners: the others hold the snapshot
+            if self.rolling_back(job):
+                return self.maybe_fall_back(job, now)
+            return self.begin_rollback(job, now, {"message": reason, "node": node})
+        if job.state is JobState.STARTING and not job.restore_epoch:
             out = self._end(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out
@@ -482,20 +498,24 @@ class SchedulerState(ResizeCoordinator):
             self.dirty.add(job.job_id)
             self._resched = True
 
-    def _kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False) -> list[Send]:
+    def _kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False,
+              hard: bool = False) -> list[Send]:
+        """`force`: send now even if a kill went there a moment ago; `hard`: no stop command first."""
         last = self._kill_sent.get((node, job_id))
         if not force and last is not None and now - last < self.cfg.kill_repeat_s:
             return []
         self._kill_sent[(node, job_id)] = now
-        return [Send(node, p.KillJob(job_id=job_id, reason=reason))]
+        return [Send(node, p.KillJob(job_id=job_id, reason=reason, force=hard))]
 
     @staticmethod
     def _resizing_info(job: Job) -> dict[str, Any] | None:
         plan = job.resize
         if plan is None:
             return None
+        saved = {part for parts in plan.saved.values() for part in parts}
+        # "saved": snapshot parts written so far (the job's logical ranks plus its replicated state).
         return {"epoch": plan.epoch, "from": plan.src, "to": plan.dst, "why": plan.why, "phase": plan.phase,
-                "at": round(plan.requested_at, 3)}
+                "at": round(plan.requested_at, 3), "saved": len(saved), "parts": job.spec.workers + 1}
 
     def _info(self, job: Job) -> p.JobInfo:
         return p.JobInfo(

@@ -7,7 +7,8 @@ counter (samples seen) must survive every resize. Deterministic mode is switched
 Driven from outside (tests/test_daemon_resize.py), the job can be paced: while $ELASTICD_TEST_RELEASE
 names a file that does not exist yet, every step also sleeps $ELASTICD_TEST_PACE_S, so a test can scale
 it several times while it is surely still training. The sleep changes when steps happen, never what
-they compute.
+they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step waits at its start: a test
+holds the job short of its next step boundary, to line up what happens at that boundary.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def paced() -> None:
     release = os.environ.get("ELASTICD_TEST_RELEASE")
     if release and not os.path.exists(release):
         time.sleep(PACE_S)
+    hold = os.environ.get("ELASTICD_TEST_HOLD")
+    while hold and os.path.exists(hold):
+        time.sleep(0.01)
 
 
 @elasticd.elastic(workers=WORKERS, deterministic=DETERMINISTIC)
