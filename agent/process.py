@@ -206,7 +206,14 @@ class AgentProcess:
         if cfg.snapshot_dir and isinstance(epoch, int) and epoch > 0:
             # Before any state moves: if the re-forming fails, this is what the job falls back to.
             assert self.phys is not None
-            fallback.save(cfg.snapshot_dir, epoch, snap, with_groups=self.phys.rank == 0)
+            saving = time.monotonic()
+            try:
+                size = fallback.save(cfg.snapshot_dir, epoch, snap, with_groups=self.phys.rank == 0)
+                log.info("resize %d: snapshot saved (%.1f MiB in %.2fs)", epoch, size / 2**20,
+                         time.monotonic() - saving)
+            except OSError as e:   # e.g. tmpfs full: the resize itself can still succeed
+                print(f"[elasticd] agent {cfg.rank}: could not save the snapshot of resize {epoch} ({e}); "
+                      "if this resize fails half-way the job cannot fall back", file=sys.stderr, flush=True)
         return self._relayout(command, snap, started)
 
     def _relayout(self, command: dict[str, Any], snap: AgentSnapshot, started: float
