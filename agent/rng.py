@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+import struct
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ class RngState:
     numpy: Any | None = None
     cuda: torch.Tensor | None = None
     numpy_key: bytes | None = None  # numpy's raw MT19937 bytes when `numpy` was taken (see _numpy_key)
+    python_key: tuple[bytes, Any] | None = None   # the same for `random` (see _python_key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain containers for snapshots (resize, checkpoints)."""
@@ -58,6 +60,36 @@ def _numpy_key(np_random: Any) -> bytes | None:
         return None
 
 
+def _python_key_offset() -> int | None:
+    """Where CPython keeps a `random.Random`'s Mersenne Twister (`int index; uint32_t state[624]` right
+    after the object header), checked against `getstate()` once; None where the layout differs."""
+    probe = random.Random(20261122)
+    probe.random()
+    offset = object.__basicsize__
+    try:
+        index, *words = struct.unpack("<i624I", ctypes.string_at(id(probe) + offset, 2500))
+    except (ValueError, OSError, struct.error):
+        return None
+    state = probe.getstate()[1]
+    return offset if (index == state[-1] and tuple(words) == state[:-1]) else None
+
+
+_PY_OFFSET = _python_key_offset() if sys.implementation.name == "cpython" else None
+
+
+def _python_key() -> tuple[bytes, Any] | None:
+    """`random`'s raw generator bytes (~1 us) and its cached Gaussian.
+
+    `random.getstate()` builds a 625-int tuple (~27 us) and `setstate` ~7 us; with a few hand-overs per
+    worker per step that was ~2% of a small step, for a stream most jobs never draw from. `gauss()` can
+    consume its cached value without touching the generator, hence the second half of the key.
+    """
+    if _PY_OFFSET is None:
+        return None
+    inst = random._inst  # type: ignore[attr-defined]  # the module-level functions' generator
+    return ctypes.string_at(id(inst) + _PY_OFFSET, 2500), inst.gauss_next
+
+
 def _no_cached_gauss(numpy_state: Any) -> bool:
     return numpy_state is not None and numpy_state[3] == 0
 
@@ -70,19 +102,23 @@ def capture(cuda_device: torch.device | None = None, prev: RngState | None = Non
         key = _numpy_key(np_random)
         unmoved = prev is not None and key is not None and key == prev.numpy_key
         numpy_state = prev.numpy if unmoved and _no_cached_gauss(prev.numpy) else np_random.get_state()
+    py_key = _python_key()
+    py_unmoved = prev is not None and py_key is not None and py_key == prev.python_key
     return RngState(
         torch_cpu=torch.get_rng_state(),
-        python=random.getstate(),
+        python=prev.python if py_unmoved and prev is not None else random.getstate(),
         numpy=numpy_state,
         cuda=torch.cuda.get_rng_state(cuda_device) if cuda_device is not None else None,
         numpy_key=key,
+        python_key=py_key,
     )
 
 
 def restore(state: RngState, cuda_device: torch.device | None = None, live: RngState | None = None) -> None:
     """Make `state` the live streams. `live`: the streams just captured from the outgoing worker."""
     torch.set_rng_state(state.torch_cpu)
-    random.setstate(state.python)
+    if not (live is not None and state.python_key is not None and live.python_key == state.python_key):
+        random.setstate(state.python)
     np_random = _numpy_random()
     if np_random is not None and state.numpy is not None:
         same = (live is not None and state.numpy_key is not None and live.numpy_key == state.numpy_key

@@ -103,6 +103,38 @@ def test_numpy_streams_stay_exact_when_workers_share_a_seed_and_cached_gaussians
         assert got[r] == want, f"rank {r}'s numpy stream was disturbed by a hand-over"
 
 
+def test_python_random_streams_stay_exact_when_workers_share_a_seed_and_cached_gaussians() -> None:
+    # As for numpy: equal generator bytes across workers let a hand-over skip getstate/setstate, and
+    # random.gauss() hands out its cached second value without touching those bytes.
+    got: dict[int, list[float]] = {}
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        random.seed(5)
+        out = [random.gauss(0.0, 1.0)]  # caches a second Gaussian
+        ctx.barrier()
+        out.append(random.gauss(0.0, 1.0))  # the cached one: no draw from the generator
+        ctx.barrier()
+        if ctx.rank == 1:
+            out.append(random.random())  # only rank 1 moves its generator
+        if ctx.rank == 2:
+            random.seed(9)  # and rank 2 re-seeds it
+        ctx.barrier()
+        out += [random.gauss(0.0, 1.0), random.random()]
+        got[ctx.rank] = out
+
+    train()
+    for r in range(3):
+        random.seed(5)
+        want = [random.gauss(0.0, 1.0), random.gauss(0.0, 1.0)]
+        if r == 1:
+            want.append(random.random())
+        if r == 2:
+            random.seed(9)
+        want += [random.gauss(0.0, 1.0), random.random()]
+        assert got[r] == want, f"rank {r}'s random stream was disturbed by a hand-over"
+
+
 def test_logical_collectives_over_hosted_workers() -> None:
     got: dict[int, dict] = {}
 
