@@ -173,6 +173,27 @@ def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices
     assert isl.state(job) is JobState.RUNNING and isl.s.free_count() == 2   # b's devices are free again
 
 
+def test_losing_the_node_of_the_joiners_mid_hand_over_falls_back_on_the_nodes_that_hold_the_snapshot():
+    isl = Island(node_timeout_s=5.0)
+    isl.hello("a", 2)
+    job = running_job(isl, devices=2, lo=2, hi=2)
+    isl.hello("b", 2)
+    isl.s.scale(job, 4, isl.now)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5))
+    isl.report("b", report(job, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
+    isl.now += 4.0
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, snapshot_epoch=1,
+                           snapshot_parts=[-1, 0, 1, 2, 3]))
+    out = isl.tick(2.0)   # b is silent past the node timeout
+    assert kills(out) == [("a", job)] and isl.s.jobs[job].resize.phase == "rollback"
+    out = isl.report("a", report(job, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended",
+                                 ok=False, snapshot_epoch=1, snapshot_parts=[-1, 0, 1, 2, 3]))
+    ((node, launch),) = launches(out)
+    j = isl.s.jobs[job]
+    assert node == "a" and launch.restore_epoch == 1 and j.state is JobState.STARTING
+    assert "resize 1 (2 -> 4 devices, scale command) failed: node b" in j.resizes[-1]["note"], j.resizes[-1]
+
+
 def test_a_fall_back_across_nodes_relaunches_rank_0_first_and_the_others_once_its_port_is_known():
     isl = Island(node_timeout_s=1e9)
     isl.hello("a", 1)

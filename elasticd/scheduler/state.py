@@ -474,7 +474,7 @@ class SchedulerState(ResizeCoordinator):
         if self.lost_in_rollback(job, node):   # it hosted only joiners: the others hold the snapshot
             if self.rolling_back(job):
                 return self.maybe_fall_back(job, now)
-            return self.begin_rollback(job, now, {"message": reason, "node": node})
+            return self.begin_rollback(job, now, self._resize_error(job, {"message": reason, "node": node}))
         if job.state is JobState.STARTING and not job.restore_epoch:
             out = self._end(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
