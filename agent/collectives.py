@@ -3,8 +3,9 @@
 A worker that calls a collective records a pending op and gives up the baton. When every hosted worker
 waits at the same collective, the agent calls the op class's `flush` with the ops in rank order: the
 hosted contributions are pre-combined locally and one physical collective over the M agents finishes
-the job. In deterministic mode reductions are done over logical ranks in rank order on every agent
-(all-gather, then a fixed-order sum), so the result does not depend on how ranks are spread over agents.
+the job. In deterministic mode reductions are done over logical ranks in rank order, so the result does
+not depend on how ranks are spread over agents: each agent sums one shard of the tensor over all N ranks
+(an all-to-all brings it every rank's piece of its shard), then the summed shards are all-gathered.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class FlushEnv:
 
     def sum_over_ranks(self, hosted: list[torch.Tensor]) -> torch.Tensor:
         """The sum over all N logical ranks of their tensors (each agent passes its hosted ones)."""
+        if self.deterministic and self.phys.world > 1 and hosted[0].numel() >= self.phys.world * SHARD_MIN:
+            return self._sum_sharded(hosted)
         if self.deterministic:
             every = self.gather_over_ranks(hosted)
             total = every[0].clone()
@@ -54,6 +57,37 @@ class FlushEnv:
         for t in hosted[1:]:
             total.add_(t)
         return self.phys.all_reduce_(total)
+
+
+    def _sum_sharded(self, hosted: list[torch.Tensor]) -> torch.Tensor:
+        """Deterministic sum, each agent reducing one shard: N*P/M + P elements moved per agent instead of
+        the N*P of gathering every rank's tensor, and N*P/M additions instead of N*P. Every element is
+        still summed over ranks 0, 1, ..., N-1 in that order, so the bits match the unsharded sum."""
+        phys, m, me = self.phys, self.phys.world, self.phys.rank
+        shape, n = hosted[0].shape, hosted[0].numel()
+        counts = [len(hosted_ranks(self.workers, m, p)) for p in range(m)]
+        base, extra = divmod(n, m)
+        sizes = [base + (1 if j < extra else 0) for j in range(m)]
+        starts = [sum(sizes[:j]) for j in range(m)]
+        rows = torch.stack([t.reshape(-1) for t in hosted])
+        # For each agent j: my ranks' pieces of shard j, rank after rank.
+        send = torch.cat([rows[:, a:a + z].reshape(-1) for a, z in zip(starts, sizes, strict=True)])
+        recv = send.new_empty(self.workers * sizes[me])
+        # Agents host contiguous blocks in agent order, so what arrives is in logical-rank order.
+        phys.all_to_all_(recv, send, [c * sizes[me] for c in counts], [len(hosted) * z for z in sizes])
+        pieces = recv.view(self.workers, sizes[me])
+        shard = pieces[0].clone()
+        for piece in pieces[1:]:
+            shard.add_(piece)
+        if sizes[me] < sizes[0]:  # all_gather wants equal sizes: the last shards may be one shorter
+            shard = torch.cat([shard, shard.new_zeros(sizes[0] - sizes[me])])
+        gathered = phys.all_gather(shard)
+        return torch.cat([g[:z] for g, z in zip(gathered, sizes, strict=True)]).view(shape)
+
+
+# Below this many elements per agent a deterministic sum gathers whole tensors: one collective instead of
+# two matters more than bytes for small tensors (losses, metrics, the step-boundary vote).
+SHARD_MIN = 4096
 
 
 @dataclass(slots=True)

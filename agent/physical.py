@@ -51,6 +51,16 @@ class PhysicalGroup:
             dist.all_reduce(t, op=_OPS[op])
         return t
 
+    def all_to_all_(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
+                    ) -> torch.Tensor:
+        """1-D `t`: the first in_splits[0] elements to agent 0, the next to agent 1, ...; `out` gets
+        out_splits[p] elements from each agent p, in agent order."""
+        if self.world == 1:
+            return out.copy_(t)
+        self.bytes_reduced += t.numel() * t.element_size()
+        dist.all_to_all_single(out, t, out_splits, in_splits)
+        return out
+
     def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
         if self.world > 1:
             dist.broadcast(t, src=src)
