@@ -14,7 +14,8 @@ class JobState(str, Enum):
     agents (gang: the job holds all M devices or none); ``running`` once every node reports its
     agents up; ``resizing`` while live resize moves it to another M (issue 5), then ``running``
     again, or ``starting`` once more when the resize failed half-way and the job restarts on the
-    devices it had from the snapshot its agents saved at that resize (elasticd.scheduler.rollback). It ends ``finished`` (every agent exited 0), ``failed`` (an agent raised, a node was
+    devices it had from the snapshot its agents saved at that resize (elasticd.scheduler.rollback).
+    It ends ``finished`` (every agent exited 0), ``failed`` (an agent raised, a node was
     lost, or the agents did not come up in time) or ``stopped`` (`elasticd stop`). A job whose
     start is interrupted by a node loss goes back to ``queued``: none of its agents keep running.
     """
