@@ -71,7 +71,7 @@ def _set_threads(cfg: AgentConfig, device: torch.device, deterministic: bool) ->
         torch.set_num_threads(threads)
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Pay torch's lazy first-use costs (building the first optimizer imports its compiler stack,
     seconds on a busy machine) before the agent reports ready, not inside a resize."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
@@ -119,7 +119,7 @@ class AgentProcess:
                         traceback.format_exc())
                 return 1
             _set_threads(self.cfg, self.device, self.ef.deterministic)
-            _warm_up()
+            warm_up()
             # Hello means ready: a joining agent is told to go only once it can start computing at once.
             cfg = self.cfg
             self.control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,

@@ -1,0 +1,118 @@
+"""`python -m agent.spare`: an agent process started before anyone knows which job it will serve.
+
+The node daemon keeps a few of these (elasticd/daemon/spares.py) so that starting an agent, above all a
+joiner of a live grow, does not wait for an interpreter to start and torch to import (3-20 s on a busy
+node). A spare imports torch and the agent runtime, pays torch's lazy first-optimizer imports, then
+blocks on ONE line of JSON from its stdin, a pipe from the daemon:
+    {"argv": [...], "env": {...}, "cwd": "...", "log": "..."}
+From then on it is that agent: the log file becomes its stdout and stderr, it takes the job's cwd,
+environment, `sys.path` and `sys.argv` as `python -m agent ARGV` started there would have had them, and
+runs the same entry (agent/__main__.py). Its pid is the agent's pid.
+
+What cannot be changed after start-up stays the spare's: variables read when the interpreter or a
+native library starts (PYTHON*, LD_*, MALLOC_*, OpenMP/MKL threads, CUDA_VISIBLE_DEVICES, ...). The
+daemon starts agents of jobs that set those cold instead (`startup_differences` in elasticd/daemon/spares.py).
+
+Nothing here may initialise CUDA before the assignment: which device the agent gets is not known yet,
+and a context created on the wrong device (or before CUDA_VISIBLE_DEVICES applies) cannot be undone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+# Captured before anything else runs: the assignment rebuilds sys.path from how this interpreter built it.
+_STARTUP_PATH = list(sys.path)
+_STARTUP_CWD = os.getcwd()
+_STARTUP_PYTHONPATH = os.environ.get("PYTHONPATH", "")
+
+
+def _preload() -> None:
+    """Everything an agent imports and warms up before it knows its job."""
+    import torch
+
+    import agent.control_zmq  # noqa: F401 - the daemon's control channel (pyzmq; no context, no socket yet)
+    from agent.process import warm_up
+    from agent.torch_dist import install
+
+    # The agent installs its torch.distributed patches before anything else imports; so does the spare,
+    # so that modules the warm-up imports bind the same objects as in a cold agent.
+    install()
+    warm_up()
+    if torch.cuda.is_initialized():
+        raise SystemExit("elasticd spare: CUDA was initialised before an assignment; refusing to serve")
+
+
+def pythonpath_entries(value: str, cwd: str) -> list[str]:
+    """PYTHONPATH's entries as the interpreter puts them in sys.path: absolute from `cwd`, no duplicates."""
+    if not value:
+        return []
+    return list(dict.fromkeys(os.path.abspath(os.path.join(cwd, e)) for e in value.split(os.pathsep)))
+
+
+def job_sys_path(cwd: str, pythonpath: str) -> list[str]:
+    """sys.path as `python -m agent` started in `cwd` with `pythonpath` would have it.
+
+    The directory of `-m` (the cwd) comes first unless the interpreter runs in safe-path mode, then the
+    PYTHONPATH entries (relative ones resolve against the cwd at start), then the interpreter's own.
+    """
+    rest = _STARTUP_PATH
+    head: list[str] = []
+    if rest and rest[0] == _STARTUP_CWD:
+        rest, head = rest[1:], [cwd]
+    old = pythonpath_entries(_STARTUP_PYTHONPATH, _STARTUP_CWD)
+    if rest[: len(old)] == old:
+        rest = rest[len(old):]
+    new = pythonpath_entries(pythonpath, cwd)
+    return [*head, *new, *(p for p in rest if p not in new)]
+
+
+def _assignment(line: bytes) -> dict:
+    job = json.loads(line)
+    ok = (isinstance(job, dict) and isinstance(job.get("argv"), list) and all(isinstance(a, str) for a in job["argv"])
+          and isinstance(job.get("env"), dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in job["env"].items())
+          and isinstance(job.get("cwd"), str) and isinstance(job.get("log"), str))
+    if not ok:
+        raise ValueError(f"malformed assignment: {line[:200]!r}")
+    return job
+
+
+def _become(job: dict) -> None:
+    """Take on the process state a cold `python -m agent` of this job would have started with."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for src, dst in ((out, 1), (out, 2), (null, 0)):
+        os.dup2(src, dst)
+    os.close(out)
+    os.close(null)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    sys.path[:] = job_sys_path(os.getcwd(), job["env"].get("PYTHONPATH", ""))
+    import agent.__main__
+
+    sys.argv = [agent.__main__.__file__, *job["argv"]]
+
+
+def main() -> int:
+    started = time.monotonic()
+    _preload()
+    print(f"elasticd spare pid {os.getpid()} ready in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return 0   # the daemon closed the pipe: no job for this spare
+    job = _assignment(line)
+    _become(job)
+    from agent.__main__ import main as agent_main
+
+    return agent_main(job["argv"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
