@@ -40,13 +40,19 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
               help="Seconds between heartbeats to the scheduler.")
 @click.option("--node-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds without heartbeats after which the (embedded) scheduler declares a node lost.")
+@click.option("--spares", type=click.IntRange(min=0), default=1, show_default=True, metavar="K",
+              help="Keep K agent processes started ahead (torch imported, waiting for a job), so that "
+                   "starting an agent, above all for a live grow, skips the interpreter start and torch "
+                   "import (seconds). Each idle spare holds a Python interpreter with torch imported "
+                   "(about 0.3 GB RSS). Jobs whose --env sets interpreter start-up variables (PYTHON*, "
+                   "LD_*, OMP_*, CUDA_VISIBLE_DEVICES, ...) start cold. 0 disables.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--agent-command", default=None, hidden=True,
               help="Command (space-separated) run instead of `python -m agent`; a test seam.")
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
-          log_level: str, agent_command: str | None) -> None:
+          log_level: str, agent_command: str | None, spares: int) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
@@ -71,7 +77,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     cfg = DaemonConfig(state_dir=sd, cpu_devices=cpu_devices, scheduler=scheduler, scheduler_key=key,
                        bind=None if bind.lower() == "none" else bind, host=host, node_id=node_id,
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
-                       agent_command=agent_command.split() if agent_command else None)
+                       agent_command=agent_command.split() if agent_command else None, spares=spares)
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:

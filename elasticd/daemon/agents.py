@@ -33,6 +33,7 @@ import psutil
 from agent.config import AgentConfig
 from elasticd import protocol as p
 from elasticd.daemon.resizing import NodeResizes
+from elasticd.daemon.spares import SparePool
 from elasticd.daemon.statedir import StateDir
 from elasticd.ports import free_port
 
@@ -63,6 +64,13 @@ def with_death_signal(command: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return command
     return [sys.executable, "-c", _DEATH_SIGNAL_PRELUDE, str(os.getpid()), *command]
+
+
+def _agent_env(job_env: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, **job_env, "PYTHONUNBUFFERED": "1"}
+    # The agent package must import in the child whatever its cwd is.
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (_REPO_ROOT, env.get("PYTHONPATH", "")) if x)
+    return env
 
 
 @dataclass(eq=False)
@@ -141,7 +149,7 @@ class Supervisor(NodeResizes):
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
-                 agent_command: list[str] | None = None) -> None:
+                 agent_command: list[str] | None = None, spares: int = 0) -> None:
         self.sd = sd
         self.devices = {d.device_id: d for d in devices}
         self.control_endpoint = control_endpoint
@@ -151,6 +159,12 @@ class Supervisor(NodeResizes):
         self._by_identity: dict[bytes, tuple[str, Agent]] = {}
         self._next_sample = 0.0
         self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
+        # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
+        own = self.agent_command == default_agent_command()
+        self.spares = SparePool(spares if own else 0, _agent_env({}), sd.root, sd.root / "spares.log",
+                                wrap=with_death_signal)
+        if spares and not own:
+            log.info("no spare agents: the agent command is not `python -m agent`")
         # Resize snapshots of a previous life of this daemon: its agents died with it (PR_SET_PDEATHSIG),
         # so no job here can fall back to them, and tmpfs would hold them until the host reboots.
         shutil.rmtree(sd.snapshot_root, ignore_errors=True)
@@ -218,14 +232,15 @@ class Supervisor(NodeResizes):
         return agent
 
     def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen:
-        env = {**os.environ, **msg.env, "PYTHONUNBUFFERED": "1", "ELASTICD_JOB_ID": msg.job_id}
-        # The agent package must import in the child whatever its cwd is.
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (_REPO_ROOT, env.get("PYTHONPATH", "")) if x)
+        env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id})
         cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else str(self.sd.root)
         with open(log_path, "ab") as out:
             out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"
                       f"{cfg.device_index} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
             out.flush()
+            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, f"job {msg.job_id} agent {cfg.rank}")
+            if spare is not None:
+                return spare
             return subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
@@ -311,6 +326,7 @@ class Supervisor(NodeResizes):
     def poll(self, now: float) -> bool:
         """Reap exited agents, escalate stops, sample usage. True when a job's state changed."""
         changed = False
+        self.spares.replenish()
         sample = now >= self._next_sample
         if sample:
             self._next_sample = now + SAMPLE_EVERY_S
@@ -408,6 +424,7 @@ class Supervisor(NodeResizes):
 
     def shutdown(self, timeout_s: float = TERM_GRACE_S) -> None:
         """Stop every agent now (SIGTERM, then SIGKILL after `timeout_s`) and reap them."""
+        self.spares.shutdown(timeout_s)
         for job in self.jobs.values():
             _signal_all(job, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s

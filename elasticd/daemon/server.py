@@ -52,6 +52,7 @@ class DaemonConfig:
     node_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
     agent_command: list[str] | None = None
+    spares: int = 1                        # warm spare agent processes (elasticd/daemon/spares.py)
 
 
 def default_node_id(sd: StateDir) -> str:
@@ -128,7 +129,8 @@ class NodeDaemon:
         except BaseException:
             self._close()
             raise
-        self.sup = Supervisor(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command)
+        self.sup = Supervisor(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
+                              spares=cfg.spares)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
