@@ -24,6 +24,7 @@ LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
     ("bench_multiplex.py", "overhead_vs_ideal"),
     ("bench_determinism.py", "deterministic_cost"),
     ("bench_resize.py", "resize_seconds"),
+    ("bench_daemon_grow.py", "daemon_grow_ratio"),
 ])
 def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--quick"], cwd=REPO,
@@ -37,7 +38,8 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     assert math.isfinite(float(m.group(2))) and float(m.group(2)) > 0
 
 
-@pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_determinism.py", "bench_resize.py"])
+@pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_determinism.py", "bench_resize.py",
+                                    "bench_daemon_grow.py"])
 def test_help_explains(script: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "-h"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
