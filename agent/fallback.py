@@ -16,29 +16,18 @@ other (agent/snapshot.py).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch
 
 from agent.layout import hosted_ranks, owner_of
-from agent.parts import GROUPS, describe
+from agent.parts import GROUPS, describe, epoch_dir, part_name, parts
 from agent.physical import PhysicalGroup
 from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes
-
-_PART = re.compile(r"^(?:w(\d+)|groups)\.pt$")
 
 
 class SnapshotMissing(RuntimeError):
     """A part of the snapshot to restore is on no agent's node."""
-
-
-def epoch_dir(root: str | os.PathLike[str], epoch: int) -> Path:
-    return Path(root) / f"e{epoch}"
-
-
-def _part_name(part: int) -> str:
-    return "groups.pt" if part == GROUPS else f"w{part}.pt"
 
 
 def _write(path: Path, obj: dict) -> int:
@@ -67,32 +56,10 @@ def save(root: str | os.PathLike[str], epoch: int, snap: AgentSnapshot, with_gro
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     total = 0
     for rank, w in sorted(snap.workers.items()):
-        total += _write(d / _part_name(rank), w.to_dict())
+        total += _write(d / part_name(rank), w.to_dict())
     if with_groups:
-        total += _write(d / _part_name(GROUPS), {"groups": [g.to_dict() for g in snap.groups]})
+        total += _write(d / part_name(GROUPS), {"groups": [g.to_dict() for g in snap.groups]})
     return total
-
-
-def parts(root: str | os.PathLike[str], epoch: int) -> list[int]:
-    """The parts of epoch `epoch` saved under `root` (logical ranks, and GROUPS), sorted."""
-    try:
-        names = os.listdir(epoch_dir(root, epoch))
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        m = _PART.match(name)
-        if m:
-            found.append(int(m.group(1)) if m.group(1) is not None else GROUPS)
-    return sorted(found)
-
-
-def epochs(root: str | os.PathLike[str]) -> list[int]:
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return []
-    return sorted(int(n[1:]) for n in names if n.startswith("e") and n[1:].isdigit())
 
 
 def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, workers: int,
@@ -126,14 +93,14 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
             if not needs or bool(table[dst, i]):
                 continue
             if me == src:
-                phys.send_bytes((d / _part_name(part)).read_bytes(), dst)
+                phys.send_bytes((d / part_name(part)).read_bytes(), dst)
             elif me == dst:
                 got[part] = phys.recv_bytes(src)
 
     def load(part: int) -> dict:
         if part in got:
             return from_bytes(got[part], device)
-        return torch.load(d / _part_name(part), map_location=device, weights_only=True)
+        return torch.load(d / part_name(part), map_location=device, weights_only=True)
 
     groups = [GroupSnapshot.from_dict(g) for g in load(GROUPS)["groups"]]
     return AgentSnapshot(groups=groups, workers={r: WorkerSnapshot.from_dict(load(r)) for r in sorted(mine)})

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from agent import fallback
-from agent.parts import GROUPS
+from agent.parts import GROUPS, epoch_dir, epochs, parts
 from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
 from elasticd.ports import free_port
 
@@ -59,15 +59,15 @@ def restore_on_two_nodes(tmp: Path, roots: list[Path]) -> list[dict]:
 def test_save_writes_each_part_whole_and_private(tmp_path: Path) -> None:
     n = fallback.save(tmp_path, EPOCH, snapshot([0, 1]), with_groups=True)
     assert n > 0
-    assert fallback.parts(tmp_path, EPOCH) == [GROUPS, 0, 1]
-    assert fallback.epochs(tmp_path) == [EPOCH]
-    files = sorted(os.listdir(fallback.epoch_dir(tmp_path, EPOCH)))
+    assert parts(tmp_path, EPOCH) == [GROUPS, 0, 1]
+    assert epochs(tmp_path) == [EPOCH]
+    files = sorted(os.listdir(epoch_dir(tmp_path, EPOCH)))
     assert files == ["groups.pt", "w0.pt", "w1.pt"], "no temporary file may be left behind"
     for name in files:
-        assert stat.S_IMODE(os.stat(fallback.epoch_dir(tmp_path, EPOCH) / name).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(epoch_dir(tmp_path, EPOCH) / name).st_mode) == 0o600
     fallback.save(tmp_path, EPOCH, snapshot([2]), with_groups=False)
-    assert fallback.parts(tmp_path, EPOCH) == [GROUPS, 0, 1, 2]
-    assert fallback.parts(tmp_path, EPOCH + 1) == [] and fallback.epochs(tmp_path / "nowhere") == []
+    assert parts(tmp_path, EPOCH) == [GROUPS, 0, 1, 2]
+    assert parts(tmp_path, EPOCH + 1) == [] and epochs(tmp_path / "nowhere") == []
 
 
 def test_agents_restore_their_ranks_trading_parts_saved_on_the_other_node(tmp_path: Path) -> None:

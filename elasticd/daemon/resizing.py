@@ -24,7 +24,7 @@ import shutil
 import signal
 from typing import TYPE_CHECKING, Any
 
-from agent import fallback
+from agent import parts as saved_parts
 from elasticd import protocol as p
 
 if TYPE_CHECKING:
@@ -169,21 +169,21 @@ class NodeResizes:
             changed = True
         return changed
 
-    # --- the snapshots kept for falling back (agent.fallback) ----------------------------------------
+    # --- the snapshots kept for falling back (agent/fallback.py) ----------------------------------------
 
     def snapshot_parts(self, job: LocalJob) -> tuple[int, list[int]]:
         """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
         root = self.sd.snapshot_dir(job.job_id)
-        epochs = fallback.epochs(root)
+        epochs = saved_parts.epochs(root)
         if not epochs:
             return 0, []
-        return epochs[-1], fallback.parts(root, epochs[-1])
+        return epochs[-1], saved_parts.parts(root, epochs[-1])
 
     def drop_snapshots(self, job: LocalJob, upto: int) -> None:
         root = self.sd.snapshot_dir(job.job_id)
-        for epoch in fallback.epochs(root):
+        for epoch in saved_parts.epochs(root):
             if epoch <= upto:
-                shutil.rmtree(fallback.epoch_dir(root, epoch), ignore_errors=True)
+                shutil.rmtree(saved_parts.epoch_dir(root, epoch), ignore_errors=True)
                 log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job.job_id, epoch)
 
     def _send_away(self, job: LocalJob, agent: Agent, now: float) -> None:
