@@ -4,7 +4,9 @@ Gang semantics: all agents start together; if one fails, its error (logical rank
 is shown and every other agent is stopped, so nothing hangs on a collective that can never finish.
 The launcher talks to its agents over pipes (`agent.control_pipe`), which also lets it resize the
 job live on a schedule (`--scale-at STEP:M`): the same resize path the daemon drives, minus the
-scheduler.
+scheduler. As under the daemon, the agents save each resize's snapshot to tmpfs before any state moves
+(agent/fallback.py), and a resize that fails half-way (an agent dies after the go) is rolled back: every
+agent is stopped and the job restarts on its old number of devices from that snapshot.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import parts
 from agent.config import AgentConfig
 from elasticd.ports import free_port
 
@@ -50,10 +54,11 @@ class Resize:
     last_old_step: float | None = None
     seconds: float | None = None  # request -> first completed step at the new size
     stall: float | None = None    # last step at the old size -> first step at the new size
+    outcome: str = "pending"      # "done", or "rolled back" (an agent died during the hand-over)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "from": self.src, "to": self.dst, "seconds": self.seconds,
-                "stall": self.stall}
+                "stall": self.stall, "outcome": self.outcome}
 
 
 @dataclass
@@ -68,6 +73,7 @@ class LocalJob:
     scale_at: list[tuple[int, int]] = field(default_factory=list)  # (after step, devices)
     quiet: bool = False
     device_memory: int = 0  # --device-memory for every agent; 0 = default policy
+    snapshot_dir: str = ""  # where resize snapshots are kept for falling back; "" = a private tmpfs directory
 
     def __post_init__(self) -> None:
         self.world = self.devices
@@ -82,6 +88,11 @@ class LocalJob:
         self._resized_acks: set[int] = set()
         self._sel = selectors.DefaultSelector()
         self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
+        self._own_snapshots = not self.snapshot_dir
+        if not self.snapshot_dir:
+            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None   # host memory, not a disk
+            self.snapshot_dir = tempfile.mkdtemp(prefix="elasticd-run-", dir=shm)
+        self._restore_epoch = 0   # > 0 while the agents restarted from that resize's snapshot have not stepped
         self._last_print = 0.0
         self.last_step = -1
 
@@ -96,6 +107,7 @@ class LocalJob:
             device_memory=self.device_memory,
             error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}-{len(self.spares)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
+            snapshot_dir=self.snapshot_dir, restore_epoch=0 if (standby or join_from) else self._restore_epoch,
         )
         proc = subprocess.Popen([sys.executable, "-m", "agent", *cfg.to_argv()], env={**os.environ, **(self.env or {})},
                                 pass_fds=(cmd_r, ev_w))
@@ -156,9 +168,14 @@ class LocalJob:
         if r is not None and self._resized_acks >= set(range(r.dst)) and step > r.step:
             r.seconds = now - r.requested
             r.stall = now - (r.last_old_step or r.requested)
+            r.outcome = "done"
             self._resizing = None
+            self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
             self._say(f"resized {r.src} -> {r.dst} devices in {r.seconds:.2f}s "
                       f"(training paused {r.stall:.2f}s)")
+        elif self._restore_epoch:
+            self._restore_epoch = 0
+            self._drop_snapshots()
         elif r is not None and not self._resized_acks:
             r.last_old_step = now
         if self._resizing is None and self._pending and step >= self._pending[0][0]:
@@ -211,10 +228,46 @@ class LocalJob:
             self._top_up_spares()
 
     def _go(self, command: dict[str, Any]) -> None:
-        assert self._resizing is not None
-        self._resizing.commanded = time.monotonic()
-        for rank in range(self._resizing.src):
+        r = self._resizing
+        assert r is not None
+        r.commanded = time.monotonic()
+        for rank in range(r.src):
             self._send(self.agents[rank], command)
+        self._say(f"resize {r.src} -> {r.dst} devices: agents told to hand over at their next step boundary")
+
+    def _drop_snapshots(self) -> None:
+        for name in os.listdir(self.snapshot_dir):
+            shutil.rmtree(os.path.join(self.snapshot_dir, name), ignore_errors=True)
+
+    def _can_fall_back(self) -> bool:
+        """A resize was under way past the go, and its snapshot is whole."""
+        r = self._resizing
+        if r is None or r.commanded is None:
+            return False
+        return not parts.missing(self.workers, parts.parts(self.snapshot_dir, self.epoch))
+
+    def _fall_back(self, bad: _Agent) -> None:
+        """Stop every agent and start the job again on the old number of devices from the snapshot."""
+        r = self._resizing
+        assert r is not None
+        self._read(0)
+        self.stop_all()
+        self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} during the resize {r.src} -> {r.dst}; "
+                  f"restarting on {r.src} devices from the snapshot taken at step {r.step + 1}")
+        for a in [*self.agents.values(), *self.retired, *self.spares]:
+            if a.events in self._sel.get_map():   # else already closed by _read at end of file
+                self._sel.unregister(a.events)
+                os.close(a.events)
+            os.close(a.commands)
+        r.outcome = "rolled back"
+        self._resizing, self._joining, self._resized_acks = None, None, set()
+        self.agents, self.retired, self.spares = {}, [], []
+        self.world = r.src
+        self._restore_epoch = self.epoch
+        port = free_port()
+        for rank in range(self.world):
+            self._spawn(rank, self.world, port)
+        self._top_up_spares()
 
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -246,6 +299,9 @@ class LocalJob:
                 self._read(0.1)
                 everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
+                if bad is not None and self._can_fall_back():
+                    self._fall_back(bad)
+                    continue
                 if bad is not None:
                     self._read(0)  # pick up its last words
                     self.stop_all()
@@ -274,13 +330,17 @@ class LocalJob:
                     pass
             self._sel.close()
             self._tmp.cleanup()
+            if self._own_snapshots:
+                shutil.rmtree(self.snapshot_dir, ignore_errors=True)
 
 
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",
               threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0,
-              scale_at: list[tuple[int, int]] | None = None, summary: str | None = None) -> int:
+              scale_at: list[tuple[int, int]] | None = None, summary: str | None = None,
+              snapshot_dir: str = "") -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed)."""
-    job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory)
+    job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
+                   snapshot_dir=snapshot_dir)
     code = job.run()
     if summary:
         with open(summary, "w") as f:

@@ -4,13 +4,15 @@ and every sample exactly once per logical rank, private state carried over."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from util import JOBS, max_rel_diff
+from util import JOBS, max_rel_diff, wait_until
 
 JOB = str(JOBS / "resize_job.py")
 STEPS = 40
@@ -26,8 +28,6 @@ def run(tmp: Path, name: str, devices: int, scale_at: str = "", deterministic: b
            "--summary", str(out / "summary.json")]
     if scale_at:
         cmd += ["--scale-at", scale_at]
-    import os
-
     proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, out
@@ -78,6 +78,49 @@ def test_scale_to_the_current_size_is_a_no_op(unscaled: Path, tmp_path: Path) ->
     assert "already there" in proc.stderr
     ref, got = torch.load(unscaled / "final.pt"), torch.load(out / "final.pt")
     assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+def assert_same_as(ref: Path, out: Path) -> None:
+    want, got = torch.load(ref / "final.pt"), torch.load(out / "final.pt")
+    assert all(torch.equal(want[k], got[k]) for k in want), "parameters differ from the unscaled run"
+    for rank in range(4):
+        assert consumed(out, rank) == consumed(ref, rank), f"rank {rank} skipped or repeated a step or sample"
+
+
+@pytest.mark.slow
+def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_scaled(unscaled: Path,
+                                                                                      tmp_path: Path) -> None:
+    out, snaps = tmp_path / "fell-back", tmp_path / "snapshots"
+    out.mkdir()
+    hold = out / "hold"
+    hold.touch()   # the job waits at the start of step 8: the grow at step 5 lands on the 8 -> 9 boundary
+    env = {**os.environ, "ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt"),
+           "ELASTICD_TEST_STEPS": str(STEPS), "ELASTICD_TEST_DETERMINISTIC": "1",
+           "ELASTICD_TEST_HOLD": str(hold), "ELASTICD_TEST_HOLD_AT": "8"}
+    cmd = [sys.executable, "-m", "elasticd", "run", JOB, "--devices", "2", "--scale-at", "5:4",
+           "--snapshot-dir", str(snaps), "--summary", str(out / "summary.json")]
+    with open(out / "stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: "agents told to hand over" in (out / "stderr").read_text(), 300, what="the go")
+        # The warm joiners got their join command; freeze one so that the group cannot re-form.
+        joiner = next(c for c in psutil.Process(proc.pid).children() if "--standby" in c.cmdline())
+        joiner.suspend()
+        hold.unlink()
+        wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,
+                   what="every part of the snapshot to be saved")
+        joiner.kill()
+        assert proc.wait(timeout=600) == 0, (out / "stderr").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (out / "stderr").read_text()
+    assert "during the resize 2 -> 4; restarting on 2 devices from the snapshot taken at step" in log, log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["from"], r["to"], r["outcome"]) for r in summary["resizes"]] == [(2, 4, "rolled back")]
+    assert summary["devices"] == 2 and summary["exit"] == 0
+    assert_same_as(unscaled, out)
+    assert os.listdir(snaps) == [], "the snapshot stays only until a step completed after the restart"
 
 
 @pytest.mark.parametrize("bad", ["5:0", "5:9", "five:2", "5"])

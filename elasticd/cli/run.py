@@ -53,10 +53,13 @@ def split_target(target: str) -> tuple[str, str | None]:
 @click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="Per-device budget for replicated plus worker-private state (ctx.private); private "
                    "state beyond it is swapped to host memory between turns.")
+@click.option("--snapshot-dir", type=click.Path(file_okay=False), default="",
+              help="Where each resize's snapshot is kept until a step completed after it, so a resize that "
+                   "fails half-way restarts from it (default: a private directory in /dev/shm, host memory).")
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
 def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, device_memory: int | None, scale_at: str,
-        summary: str | None, ddp: bool) -> None:
+        summary: str | None, snapshot_dir: str, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
     The result is what N real data-parallel workers would compute: same global batch, data order and
@@ -74,7 +77,10 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
         sys.exit(run_native_ddp(script, func, workers))
     from elasticd.launcher import run_local
 
-    sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0, scale_at=schedule, summary=summary))
+    if snapshot_dir:
+        os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
+    sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0,
+                       scale_at=schedule, summary=summary, snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else ""))
 
 
 def parse_scale_at(text: str, workers: int) -> list[tuple[int, int]]:

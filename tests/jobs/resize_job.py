@@ -7,8 +7,9 @@ counter (samples seen) must survive every resize. Deterministic mode is switched
 Driven from outside (tests/test_daemon_resize.py), the job can be paced: while $ELASTICD_TEST_RELEASE
 names a file that does not exist yet, every step also sleeps $ELASTICD_TEST_PACE_S, so a test can scale
 it several times while it is surely still training. The sleep changes when steps happen, never what
-they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step waits at its start: a test
-holds the job short of its next step boundary, to line up what happens at that boundary.
+they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step (only step
+$ELASTICD_TEST_HOLD_AT, if set) waits at its start: a test holds the job short of a step boundary, to line
+up what happens at that boundary.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ DETERMINISTIC = os.environ.get("ELASTICD_TEST_DETERMINISTIC", "0") == "1"
 PACE_S = float(os.environ.get("ELASTICD_TEST_PACE_S", "0.05"))
 
 
-def paced() -> None:
+HOLD_AT = int(os.environ.get("ELASTICD_TEST_HOLD_AT", "-1"))
+
+
+def paced(step: int) -> None:
     release = os.environ.get("ELASTICD_TEST_RELEASE")
     if release and not os.path.exists(release):
         time.sleep(PACE_S)
     hold = os.environ.get("ELASTICD_TEST_HOLD")
-    while hold and os.path.exists(hold):
+    while hold and HOLD_AT in (-1, step) and os.path.exists(hold):
         time.sleep(0.01)
 
 
@@ -56,7 +60,7 @@ def train(ctx) -> None:
     batches = ctx.batches(DataLoader(ds, batch_size=10, sampler=sampler))  # 10 steps per epoch
     log_dir = os.environ["ELASTICD_TEST_LOG"]
     for step in ctx.steps(STEPS):
-        paced()
+        paced(step)
         xb, yb, idx = next(batches)
         with open(os.path.join(log_dir, f"rank{ctx.rank}.log"), "a") as f:
             f.write(f"{step} {' '.join(map(str, idx.tolist()))}\n")
