@@ -350,3 +350,26 @@ def test_a_restarted_scheduler_carries_a_resize_in_flight_to_its_end():
                              resize_epoch=1))
     j = again.s.jobs[job]
     assert j.state is JobState.RUNNING and len(j.placement) == 4 and j.resizes[-1]["outcome"] == "done"
+
+
+def test_a_scheduler_restarted_mid_rollback_finishes_the_fall_back_from_its_stored_table(tmp_path):
+    from elasticd.scheduler.store import JobStore
+
+    isl = Island(node_timeout_s=1e9)
+    isl.hello("a", 4)
+    job = running_job(isl, devices=2, lo=2, hi=2)
+    isl.s.scale(job, 4, isl.now)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1), agent(2, 2, standby=True), agent(3, 3, standby=True)],
+                           resize_epoch=1, resize_port=5))
+    isl.s.tick(isl.now + 1e6)   # the hand-over never finishes: roll back
+    assert isl.s.jobs[job].resize.phase == "rollback"
+    store = JobStore(tmp_path / "jobs.db")
+    store.save(isl.s.take_dirty())
+    store.close()
+    again = Island(JobStore(tmp_path / "jobs.db").load(), node_timeout_s=1e9)
+    again.hello("a", 4, jobs=[report(job, [agent(r, r, alive=False) for r in range(4)], state="ended", ok=False,
+                                     snapshot_epoch=1, snapshot_parts=[-1, 0, 1, 2, 3])])
+    ((node, launch),) = launches(again.sent)
+    j = again.s.jobs[job]
+    assert node == "a" and launch.restore_epoch == 1 and j.state is JobState.STARTING
+    assert j.resizes[-1]["outcome"] == "rolled back" and "did not re-form" in j.resizes[-1]["note"]
