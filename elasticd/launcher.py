@@ -236,8 +236,8 @@ class LocalJob:
         self._say(f"resize {r.src} -> {r.dst} devices: agents told to hand over at their next step boundary")
 
     def _drop_snapshots(self) -> None:
-        for name in os.listdir(self.snapshot_dir):
-            shutil.rmtree(os.path.join(self.snapshot_dir, name), ignore_errors=True)
+        for epoch in parts.epochs(self.snapshot_dir):   # only what the agents wrote: --snapshot-dir is the user's
+            shutil.rmtree(parts.epoch_dir(self.snapshot_dir, epoch), ignore_errors=True)
 
     def _can_fall_back(self) -> bool:
         """A resize was under way past the go, and its snapshot is whole."""
@@ -253,7 +253,7 @@ class LocalJob:
         self._read(0)
         self.stop_all()
         self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} during the resize {r.src} -> {r.dst}; "
-                  f"restarting on {r.src} devices from the snapshot taken at step {r.step + 1}")
+                  f"restarting on {r.src} devices from the snapshot saved at its step boundary")
         for a in [*self.agents.values(), *self.retired, *self.spares]:
             if a.events in self._sel.get_map():   # else already closed by _read at end of file
                 self._sel.unregister(a.events)

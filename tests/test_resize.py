@@ -115,7 +115,8 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
         if proc.poll() is None:
             proc.kill()
     log = (out / "stderr").read_text()
-    assert "during the resize 2 -> 4; restarting on 2 devices from the snapshot taken at step" in log, log[-3000:]
+    assert "during the resize 2 -> 4; restarting on 2 devices from the snapshot saved at its step boundary" in log, \
+        log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert [(r["from"], r["to"], r["outcome"]) for r in summary["resizes"]] == [(2, 4, "rolled back")]
     assert summary["devices"] == 2 and summary["exit"] == 0
