@@ -1,10 +1,12 @@
-"""Shared fixtures: the real-DDP reference result of each equivalence job, computed once per session."""
+"""Shared fixtures: the real-DDP reference result of each equivalence job, computed once per session, and
+the daemons/schedulers of one control-plane test."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
+from cp_util import Cluster
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state
 
 from agent.native import run_native_ddp
@@ -26,3 +28,11 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], R
         return cache[job]
 
     return get
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Daemons and schedulers a test starts (tests/cp_util.py), stopped when it ends."""
+    c = Cluster(tmp_path)
+    yield c
+    c.cleanup()

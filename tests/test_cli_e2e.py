@@ -4,18 +4,11 @@ exactly what `elasticd run` computes, on one node and spread over two."""
 from __future__ import annotations
 
 import pytest
-from cp_util import REPO, Cluster, cli, status, wait_state, wait_until
+from cp_util import REPO, cli, status, wait_state, wait_until
 from util import JOBS, load_state, max_rel_diff
 
 SCRIPT = str(JOBS / "mlp_sgd.py")
 WORKERS, DEVICES = 4, 2
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cp_util import Cluster, cli, status, wait_state, wait_until
+from cp_util import cli, status, wait_state, wait_until
 
 FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")  # any readable file will do
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.cleanup()
 
 
 def submit(sd: Path, *args: str, **env: str) -> str:

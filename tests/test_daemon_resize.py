@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cp_util import Cluster, cli, status, wait_state, wait_until
+from cp_util import cli, status, wait_state, wait_until
 from util import JOBS
 
 from elasticd.daemon.statedir import StateDir
@@ -81,13 +81,6 @@ def unscaled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = cli("run", JOB, "--devices", "4", env=job_env(out), timeout=600)
     assert r.code == 0, r.err[-3000:]
     return out
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.cleanup()
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from cp_util import Cluster, Proc, cli, status, wait_state, wait_until
+from cp_util import Proc, cli, status, wait_state, wait_until
 from test_daemon_resize import JOB, consumed, job_env, submit, wait_resized
 
 from elasticd.daemon.spares import SparePool, startup_differences
@@ -42,13 +42,6 @@ print("probe imported", flush=True)
 def train(ctx):
     print("probe trained; malloc tuned:", sys.modules["agent.malloc"]._done, flush=True)
 """
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -136,15 +136,21 @@ def test_an_agent_dying_while_the_group_re_forms_without_a_whole_snapshot_fails_
     assert isl.s.free_count() == 4
 
 
-def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices_from_the_snapshot():
-    isl = Island(node_timeout_s=1e9)
+def growing_onto_node_b(isl: Island) -> str:
+    """A job on node a's 2 devices, growing onto node b's 2: its joiners are warm and every agent told."""
     isl.hello("a", 2)
     job = running_job(isl, devices=2, lo=2, hi=2)
     isl.hello("b", 2)
     isl.s.scale(job, 4, isl.now)
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5))
     out = isl.report("b", report(job, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
-    assert of(out, p.ResizeJob)
+    assert of(out, p.ResizeJob) and isl.s.jobs[job].resize.phase == "go"
+    return job
+
+
+def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices_from_the_snapshot():
+    isl = Island(node_timeout_s=1e9)
+    job = growing_onto_node_b(isl)
     # a joiner dies mid hand-over; a's agents are stuck in the rendezvous: stopped at once, no stop command
     out = isl.report("b", report(job, [agent(2, 0, alive=False), agent(3, 1, alive=False)], state="ended",
                                  ok=False, error={"message": "agent 3 exited with code -9"}))
@@ -175,12 +181,7 @@ def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices
 
 def test_losing_the_node_of_the_joiners_mid_hand_over_falls_back_on_the_nodes_that_hold_the_snapshot():
     isl = Island(node_timeout_s=5.0)
-    isl.hello("a", 2)
-    job = running_job(isl, devices=2, lo=2, hi=2)
-    isl.hello("b", 2)
-    isl.s.scale(job, 4, isl.now)
-    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5))
-    isl.report("b", report(job, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
+    job = growing_onto_node_b(isl)
     isl.now += 4.0
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, snapshot_epoch=1,
                            snapshot_parts=[-1, 0, 1, 2, 3]))

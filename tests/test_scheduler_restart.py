@@ -5,17 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from cp_util import Cluster, cli, status, wait_state, wait_until
+from cp_util import cli, status, wait_state, wait_until
 
 FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.cleanup()
 
 
 def test_scheduler_killed_and_restarted_keeps_the_job_table(cluster, tmp_path):
