@@ -195,6 +195,25 @@ def test_a_grow_takes_its_joiner_from_the_spares(cluster, tmp_path, cold_run):
 
 
 @pytest.mark.slow
+def test_the_pool_keeps_a_spare_per_idle_device_and_none_while_all_are_busy(cluster, tmp_path):
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = d.state_dir
+    first = wait_until(lambda: s if len(s := idle_spares(d, sd)) == 2 else None, 120, what="a spare per device")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = submit(sd, JOB, job_env(out, STEPS, WORKERS), "--workers", str(WORKERS), "--max-devices", "1")
+    wait_state(sd, job, "running", timeout=120)
+    assert cli("scale", job, "--devices", "2", "--state-dir", str(sd)).code == 0
+    info = wait_resized(sd, job, 1)
+    assert info["resizes"][-1]["outcome"] == "done", info["resizes"]
+    assert {a["pid"] for a in info["agents"] if a["alive"]} == first   # launch and grow both took a spare
+    wait_until(lambda: not idle_spares(d, sd), 60, what="no spare while every device is busy")
+    assert cli("stop", job, "--state-dir", str(sd)).code == 0
+    wait_state(sd, job, "stopped", timeout=60)
+    wait_until(lambda: len(idle_spares(d, sd)) == 2, 120, what="spares back on the freed devices")
+
+
+@pytest.mark.slow
 def test_a_script_broken_at_import_fails_on_a_spare_as_it_does_cold(cluster, tmp_path):
     d = cluster.daemon(cpu=1, fake=False)
     sd = d.state_dir

@@ -40,19 +40,20 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
               help="Seconds between heartbeats to the scheduler.")
 @click.option("--node-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds without heartbeats after which the (embedded) scheduler declares a node lost.")
-@click.option("--spares", type=click.IntRange(min=0), default=1, show_default=True, metavar="K",
-              help="Keep K agent processes started ahead (torch imported, waiting for a job), so that "
-                   "starting an agent, above all for a live grow, skips the interpreter start and torch "
-                   "import (seconds). Each idle spare holds a Python interpreter with torch imported "
-                   "(about 0.3 GB RSS). Jobs whose --env sets interpreter start-up variables (PYTHON*, "
-                   "LD_*, OMP_*, CUDA_VISIBLE_DEVICES, ...) start cold. 0 disables.")
+@click.option("--spares", type=click.IntRange(min=0), default=None, metavar="K",
+              help="Keep an agent process started ahead (torch imported, waiting for a job) for every idle "
+                   "device, at most K [default: no limit], so that starting an agent, above all for a live "
+                   "grow, skips the interpreter start and torch import (seconds). Each spare holds a Python "
+                   "interpreter with torch imported (about 0.3 GB RSS); a node whose devices are all busy "
+                   "keeps none. Jobs whose --env sets interpreter start-up variables (PYTHON*, LD_*, OMP_*, "
+                   "CUDA_VISIBLE_DEVICES, ...) start cold. 0 disables.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--agent-command", default=None, hidden=True,
               help="Command (space-separated) run instead of `python -m agent`; a test seam.")
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
-          log_level: str, agent_command: str | None, spares: int) -> None:
+          log_level: str, agent_command: str | None, spares: int | None) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at

@@ -149,7 +149,8 @@ class Supervisor(NodeResizes):
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
-                 agent_command: list[str] | None = None, spares: int = 0) -> None:
+                 agent_command: list[str] | None = None, spares: int | None = 0) -> None:
+        """`spares`: at most this many warm spare agents, one per idle device; None: one per idle device."""
         self.sd = sd
         self.devices = {d.device_id: d for d in devices}
         self.control_endpoint = control_endpoint
@@ -161,9 +162,10 @@ class Supervisor(NodeResizes):
         self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
-        self.spares = SparePool(spares if own else 0, _agent_env({}), sd.root, sd.root / "spares.log",
+        limit = len(self.devices) if spares is None else spares
+        self.spares = SparePool(limit if own else 0, _agent_env({}), sd.root, sd.root / "spares.log",
                                 wrap=with_death_signal)
-        if spares and not own:
+        if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
         # Resize snapshots of a previous life of this daemon: its agents died with it (PR_SET_PDEATHSIG),
         # so no job here can fall back to them, and tmpfs would hold them until the host reboots.
@@ -326,6 +328,8 @@ class Supervisor(NodeResizes):
     def poll(self, now: float) -> bool:
         """Reap exited agents, escalate stops, sample usage. True when a job's state changed."""
         changed = False
+        busy = {a.device.device_id for j in self.jobs.values() for a in j.everyone() if a.exitcode is None}
+        self.spares.want(len(self.devices) - len(busy))
         self.spares.replenish()
         sample = now >= self._next_sample
         if sample:

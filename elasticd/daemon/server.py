@@ -52,7 +52,8 @@ class DaemonConfig:
     node_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
     agent_command: list[str] | None = None
-    spares: int = 1                        # warm spare agent processes (elasticd/daemon/spares.py)
+    spares: int | None = None              # at most this many warm spare agents, one per idle device
+                                           # (elasticd/daemon/spares.py); None: one per idle device
 
 
 def default_node_id(sd: StateDir) -> str:

@@ -3,8 +3,10 @@
 Starting `python -m agent` costs an interpreter start, the torch import and torch's lazy first-optimizer
 imports: 5 s on an idle node, 20 s on a loaded one, and a live grow waits for all of it. The node daemon
 keeps `size` spares that have paid those costs and wait for one assignment on a pipe; any agent start
-(launch or joiner) takes one when the job allows it and starts cold otherwise. Each taken spare is
-replaced at once, so the next start finds one.
+(launch or joiner) takes one when the job allows it and starts cold otherwise. The pool keeps one spare
+per idle device (a device no agent runs on), at most `limit`: a grow onto every idle device finds all its
+joiners warm, and a node whose devices are all busy holds no spare's memory. A taken spare is replaced
+at once while devices stay idle.
 
 Every spare is started from the daemon's loop thread, like the agents: PR_SET_PDEATHSIG fires when the
 thread that forked the child ends, so a helper thread would kill its spares when it finished.
@@ -60,13 +62,15 @@ class Spare:
 
 
 class SparePool:
-    """Up to `size` spares; not thread-safe: the daemon's loop owns it (see the module docstring)."""
+    """Up to `size` spares (`want`: one per idle device, at most `limit`); not thread-safe: the daemon's
+    loop owns it (see the module docstring)."""
 
-    def __init__(self, size: int, env: dict[str, str], cwd: Path, log_path: Path,
+    def __init__(self, limit: int, env: dict[str, str], cwd: Path, log_path: Path,
                  wrap: Callable[[list[str]], list[str]] = list) -> None:
         """`env`: what a spare starts with (an agent's env without the job's); `wrap(command)` adds the
         death-signal prelude agents are started with; `log_path` takes spares' output until assigned."""
-        self.size = size
+        self.limit = limit
+        self.size = limit
         self.env = env
         self.cwd = cwd
         self.log_path = log_path
@@ -74,18 +78,27 @@ class SparePool:
         self.spares: list[Spare] = []
         self._failures = 0
         self._not_before = 0.0
-        if size:
-            log.info("keeping %d spare agent process(es) warm (%s); their output until used: %s",
-                     size, " ".join(spare_command()[1:]), log_path)
+        if limit:
+            log.info("keeping a spare agent process warm per idle device, at most %d (%s); their output until "
+                     "used: %s", limit, " ".join(spare_command()[1:]), log_path)
 
     def pids(self) -> list[int]:
         return [s.popen.pid for s in self.spares]
 
+    def want(self, idle_devices: int) -> None:
+        """How many devices no agent runs on: the pool follows it (at most `limit`)."""
+        self.size = min(self.limit, max(0, idle_devices))
+
     def replenish(self) -> None:
-        """Forget dead spares and start new ones up to `size` (unless backing off). Never blocks."""
+        """Forget dead spares, stop surplus ones, start new ones up to `size` (unless backing off). Never
+        blocks for long: a surplus spare only waits on a pipe, so it dies at once."""
         for s in [s for s in self.spares if s.popen.poll() is not None]:
             self.spares.remove(s)
             self._died(s)
+        while len(self.spares) > self.size:
+            surplus = self.spares.pop()   # the newest: the least likely to be warm yet
+            log.debug("spare agent pid %d stopped: no idle device for it", surplus.popen.pid)
+            _kill(surplus.popen)
         now = time.monotonic()
         while len(self.spares) < self.size and now >= self._not_before:
             try:
@@ -102,8 +115,9 @@ class SparePool:
     def take(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path, who: str
              ) -> subprocess.Popen | None:
         """Hand an agent start to a spare: its Popen, now that agent; None means start it cold."""
-        if not self.size:
+        if not self.limit:
             return None
+        self.size = max(0, self.size - 1)   # the agent takes an idle device: one spare fewer is wanted
         differ = startup_differences(env, self.env)
         if differ:
             log.info("%s: cold start, not a spare: the job sets %s, read only when an interpreter starts",
@@ -165,7 +179,7 @@ class SparePool:
 
     def shutdown(self, timeout_s: float) -> None:
         """Stop every spare: SIGTERM (they only wait on a pipe), SIGKILL after `timeout_s`."""
-        spares, self.spares, self.size = self.spares, [], 0
+        spares, self.spares, self.size, self.limit = self.spares, [], 0, 0
         for s in spares:
             _signal(s.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
