@@ -42,10 +42,9 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
               help="Seconds without heartbeats after which the (embedded) scheduler declares a node lost.")
 @click.option("--spares", type=click.IntRange(min=0), default=None, metavar="K",
               help="Keep an agent process started ahead (torch imported, waiting for a job) for every idle "
-                   "device, at most K [default: no limit], so that starting an agent, above all for a live "
-                   "grow, skips the interpreter start and torch import (seconds). Each spare holds a Python "
-                   "interpreter with torch imported (about 0.3 GB RSS); a node whose devices are all busy "
-                   "keeps none. Jobs whose --env sets interpreter start-up variables (PYTHON*, LD_*, OMP_*, "
+                   "device and at least one, at most K [default: no limit], so that starting an agent, above "
+                   "all for a live grow, skips the interpreter start and torch import (seconds). Each spare "
+                   "holds a Python interpreter with torch imported (about 0.3 GB RSS). Jobs whose --env sets interpreter start-up variables (PYTHON*, LD_*, OMP_*, "
                    "CUDA_VISIBLE_DEVICES, ...) start cold. 0 disables.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))

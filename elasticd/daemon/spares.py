@@ -4,9 +4,10 @@ Starting `python -m agent` costs an interpreter start, the torch import and torc
 imports: 5 s on an idle node, 20 s on a loaded one, and a live grow waits for all of it. The node daemon
 keeps `size` spares that have paid those costs and wait for one assignment on a pipe; any agent start
 (launch or joiner) takes one when the job allows it and starts cold otherwise. The pool keeps one spare
-per idle device (a device no agent runs on), at most `limit`: a grow onto every idle device finds all its
-joiners warm, and a node whose devices are all busy holds no spare's memory. A taken spare is replaced
-at once while devices stay idle.
+per idle device (a device no agent runs on) and at least one, at most `limit`: a grow onto every idle
+device finds all its joiners warm, and the one kept on a busy node is warm for the first grow after a
+shrink (a spare started when the shrink frees a device takes seconds to warm up). A taken spare is
+replaced at once while that rule wants it.
 
 Every spare is started from the daemon's loop thread, like the agents: PR_SET_PDEATHSIG fires when the
 thread that forked the child ends, so a helper thread would kill its spares when it finished.
@@ -62,8 +63,8 @@ class Spare:
 
 
 class SparePool:
-    """Up to `size` spares (`want`: one per idle device, at most `limit`); not thread-safe: the daemon's
-    loop owns it (see the module docstring)."""
+    """Up to `size` spares (`want`: one per idle device and at least one, at most `limit`); not
+    thread-safe: the daemon's loop owns it (see the module docstring)."""
 
     def __init__(self, limit: int, env: dict[str, str], cwd: Path, log_path: Path,
                  wrap: Callable[[list[str]], list[str]] = list) -> None:
@@ -86,8 +87,8 @@ class SparePool:
         return [s.popen.pid for s in self.spares]
 
     def want(self, idle_devices: int) -> None:
-        """How many devices no agent runs on: the pool follows it (at most `limit`)."""
-        self.size = min(self.limit, max(0, idle_devices))
+        """How many devices no agent runs on: the pool follows it (at least one, at most `limit`)."""
+        self.size = min(self.limit, max(1, idle_devices))
 
     def replenish(self) -> None:
         """Forget dead spares, stop surplus ones, start new ones up to `size` (unless backing off). Never
@@ -117,7 +118,7 @@ class SparePool:
         """Hand an agent start to a spare: its Popen, now that agent; None means start it cold."""
         if not self.limit:
             return None
-        self.size = max(0, self.size - 1)   # the agent takes an idle device: one spare fewer is wanted
+        self.size = max(1, self.size - 1)   # the agent takes an idle device: one spare fewer is wanted
         differ = startup_differences(env, self.env)
         if differ:
             log.info("%s: cold start, not a spare: the job sets %s, read only when an interpreter starts",
