@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,7 @@ def test_an_agent_dying_mid_hand_over_falls_back_to_the_snapshot_and_ends_as_if_
                       what="every part of the snapshot to be saved")
     snaps = StateDir.resolve(sd).snapshot_dir(job)
     assert sorted(os.listdir(snaps / "e1")) == ["groups.pt", "w0.pt", "w1.pt", "w2.pt", "w3.pt"]
+    assert stat.S_IMODE(snaps.parent.stat().st_mode) == 0o700, "other users must not list the snapshots"
     assert "snapshot parts saved 5/5" in cli("status", job, "--state-dir", str(sd)).out
     os.kill(joiner["pid"], signal.SIGKILL)
     info = wait_resized(sd, job, 1)

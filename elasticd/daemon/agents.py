@@ -150,7 +150,7 @@ class Supervisor(NodeResizes):
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
                  agent_command: list[str] | None = None, spares: int | None = 0) -> None:
-        """`spares`: at most this many warm spare agents, one per idle device; None: one per idle device."""
+        """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap."""
         self.sd = sd
         self.devices = {d.device_id: d for d in devices}
         self.control_endpoint = control_endpoint
@@ -170,6 +170,7 @@ class Supervisor(NodeResizes):
         # Resize snapshots of a previous life of this daemon: its agents died with it (PR_SET_PDEATHSIG),
         # so no job here can fall back to them, and tmpfs would hold them until the host reboots.
         shutil.rmtree(sd.snapshot_root, ignore_errors=True)
+        sd.snapshot_root.mkdir(mode=0o700, parents=True, exist_ok=True)   # /dev/shm is world-readable
 
     # --- commands from the scheduler -------------------------------------------------------------
 

@@ -52,8 +52,8 @@ class DaemonConfig:
     node_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
     agent_command: list[str] | None = None
-    spares: int | None = None              # at most this many warm spare agents, one per idle device
-                                           # (elasticd/daemon/spares.py); None: one per idle device
+    spares: int | None = None              # at most this many warm spare agents, one per idle device and
+                                           # at least one (elasticd/daemon/spares.py); None: no cap
 
 
 def default_node_id(sd: StateDir) -> str:
