@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -23,6 +24,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from agent import parts
 from agent.config import AgentConfig
@@ -90,8 +93,7 @@ class LocalJob:
         self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
         self._own_snapshots = not self.snapshot_dir
         if not self.snapshot_dir:
-            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None   # host memory, not a disk
-            self.snapshot_dir = tempfile.mkdtemp(prefix="elasticd-run-", dir=shm)
+            self.snapshot_dir = _private_snapshot_dir()
         self._restore_epoch = 0   # > 0 while the agents restarted from that resize's snapshot have not stepped
         self._last_print = 0.0
         self.last_step = -1
@@ -332,6 +334,19 @@ class LocalJob:
             self._tmp.cleanup()
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+
+
+def _private_snapshot_dir() -> str:
+    """A fresh directory for this run's resize snapshots, in tmpfs (host memory, not a disk) if the host has
+    one. Its name carries this process's pid, so that what a killed `elasticd run` left behind (tmpfs keeps
+    it until a reboot) is swept by the next one."""
+    root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    for name in os.listdir(root):
+        m = re.fullmatch(r"elasticd-run-(\d+)-\w+", name)
+        path = os.path.join(root, name)
+        if m and not psutil.pid_exists(int(m.group(1))) and os.stat(path).st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"elasticd-run-{os.getpid()}-", dir=root)
 
 
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -122,6 +124,24 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
     assert summary["devices"] == 2 and summary["exit"] == 0
     assert_same_as(unscaled, out)
     assert os.listdir(snaps) == [], "the snapshot stays only until a step completed after the restart"
+
+
+def test_a_run_sweeps_the_snapshot_directories_of_killed_runs_and_leaves_its_own_none(tmp_path: Path) -> None:
+    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale, live = root / f"elasticd-run-{gone.pid}-killed", root / f"elasticd-run-{os.getpid()}-running"
+    for d in (stale, live):
+        (d / "e1").mkdir(parents=True)
+    try:
+        before = {p.name for p in root.glob("elasticd-run-*")}
+        run(tmp_path, "sweeps", devices=2, scale_at="3:1")
+        assert not stale.exists(), "a dead run's snapshots stay in tmpfs until a reboot unless swept"
+        assert live.exists(), "a running run's snapshots must be left alone"
+        assert {p.name for p in root.glob("elasticd-run-*")} <= before, "the run left its own directory behind"
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 @pytest.mark.parametrize("bad", ["5:0", "5:9", "five:2", "5"])
