@@ -78,7 +78,7 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
     table = torch.zeros(world, len(order), dtype=torch.int64)
     for i, part in enumerate(order):
         table[me, i] = int(part in local)
-    phys.all_reduce_(table)
+    table = phys.all_reduce_(table.to(phys.device)).cpu()   # NCCL reduces device tensors only
     lost = [part for i, part in enumerate(order) if not bool(table[:, i].any())]
     if lost:
         raise SnapshotMissing(f"snapshot of resize {epoch} lacks {describe(lost)}: saved on no node of the job")
