@@ -58,7 +58,6 @@ class FlushEnv:
             total.add_(t)
         return self.phys.all_reduce_(total)
 
-
     def _sum_sharded(self, hosted: list[torch.Tensor]) -> torch.Tensor:
         """Deterministic sum, each agent reducing one shard: N*P/M + P elements moved per agent instead of
         the N*P of gathering every rank's tensor, and N*P/M additions instead of N*P. Every element is
