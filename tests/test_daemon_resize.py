@@ -16,9 +16,8 @@ import stat
 from pathlib import Path
 
 import pytest
-import torch
 from cp_util import cli, status, wait_state, wait_until
-from util import JOBS
+from util import JOBS, assert_same_run
 
 from elasticd.daemon.statedir import StateDir
 
@@ -46,11 +45,6 @@ def job_info(sd: Path, job: str) -> dict:
     return status(sd, job)["jobs"][0]
 
 
-def consumed(out: Path, rank: int) -> list[tuple[int, list[int]]]:
-    rows = [line.split() for line in (out / f"rank{rank}.log").read_text().splitlines()]
-    return [(int(r[0]), [int(i) for i in r[1:]]) for r in rows]
-
-
 def wait_resized(sd: Path, job: str, count: int, timeout: float = 120.0) -> dict:
     """The job's state once its `count`-th resize has an outcome (and no other is in flight)."""
     def check() -> dict | None:
@@ -63,15 +57,7 @@ def wait_resized(sd: Path, job: str, count: int, timeout: float = 120.0) -> dict
 
 
 def assert_exactly_the_unscaled_run(out: Path, ref: Path) -> None:
-    want, got = torch.load(ref / "final.pt"), torch.load(out / "final.pt")
-    assert set(want) == set(got)
-    for name in want:
-        assert torch.equal(want[name], got[name]), f"{name} differs from the unscaled run"
-    for rank in range(4):
-        steps = consumed(out, rank)
-        assert [s for s, _ in steps] == list(range(STEPS)), f"rank {rank} skipped or repeated a step"
-        assert steps == consumed(ref, rank), f"rank {rank} saw different samples"
-        assert torch.equal(torch.load(out / f"seen{rank}.pt"), torch.load(ref / f"seen{rank}.pt"))
+    assert_same_run(out, ref, STEPS, ranks=4)
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 from cp_util import Proc, cli, status, wait_state, wait_until
-from test_daemon_resize import JOB, consumed, job_env, submit, wait_resized
+from test_daemon_resize import JOB, job_env, submit, wait_resized
+from util import assert_same_run
 
 from elasticd.daemon.spares import SparePool, startup_differences
 from elasticd.ports import free_port
@@ -68,10 +68,7 @@ def _is_spare(proc: psutil.Process) -> bool:
 
 
 def assert_same_as_cold(out: Path, cold: Path) -> None:
-    want, got = torch.load(cold / "final.pt"), torch.load(out / "final.pt")
-    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)
-    for rank in range(WORKERS):
-        assert consumed(out, rank) == consumed(cold, rank), f"rank {rank} saw different samples"
+    assert_same_run(out, cold, STEPS, ranks=WORKERS)
 
 
 def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):

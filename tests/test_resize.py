@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from util import JOBS, max_rel_diff, wait_until
+from util import JOBS, assert_same_run, consumed, max_rel_diff, wait_until
 
 JOB = str(JOBS / "resize_job.py")
 STEPS = 40
@@ -35,11 +35,6 @@ def run(tmp: Path, name: str, devices: int, scale_at: str = "", deterministic: b
     return proc, out
 
 
-def consumed(out: Path, rank: int) -> list[tuple[int, list[int]]]:
-    rows = [line.split() for line in (out / f"rank{rank}.log").read_text().splitlines()]
-    return [(int(r[0]), [int(i) for i in r[1:]]) for r in rows]
-
-
 @pytest.fixture(scope="module")
 def unscaled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run(tmp_path_factory.mktemp("unscaled"), "run", devices=4)[1]
@@ -50,15 +45,7 @@ def test_scaling_4_2_1_4_is_bitwise_the_unscaled_run(unscaled: Path, tmp_path: P
     resizes = json.loads((out / "summary.json").read_text())["resizes"]
     assert [(r["from"], r["to"]) for r in resizes] == [(4, 2), (2, 1), (1, 4)]
     assert all(r["seconds"] is not None for r in resizes), resizes
-    ref, got = torch.load(unscaled / "final.pt"), torch.load(out / "final.pt")
-    assert set(ref) == set(got)
-    for name in ref:
-        assert torch.equal(ref[name], got[name]), f"{name} differs after live resizes"
-    for rank in range(4):
-        steps = consumed(out, rank)
-        assert [s for s, _ in steps] == list(range(STEPS)), f"rank {rank} skipped or repeated a step"
-        assert steps == consumed(unscaled, rank), f"rank {rank} saw different samples"
-        assert torch.equal(torch.load(out / f"seen{rank}.pt"), torch.load(unscaled / f"seen{rank}.pt"))
+    assert_same_run(out, unscaled, STEPS, ranks=4)
     # Across ranks, each epoch is a permutation: no sample seen twice or skipped (10 steps an epoch).
     for epoch in range(STEPS // 10):
         idx = sorted(i for r in range(4) for s, b in consumed(out, r) if s // 10 == epoch for i in b)
@@ -80,13 +67,6 @@ def test_scale_to_the_current_size_is_a_no_op(unscaled: Path, tmp_path: Path) ->
     assert "already there" in proc.stderr
     ref, got = torch.load(unscaled / "final.pt"), torch.load(out / "final.pt")
     assert all(torch.equal(ref[k], got[k]) for k in ref)
-
-
-def assert_same_as(ref: Path, out: Path) -> None:
-    want, got = torch.load(ref / "final.pt"), torch.load(out / "final.pt")
-    assert all(torch.equal(want[k], got[k]) for k in want), "parameters differ from the unscaled run"
-    for rank in range(4):
-        assert consumed(out, rank) == consumed(ref, rank), f"rank {rank} skipped or repeated a step or sample"
 
 
 @pytest.mark.slow
@@ -122,7 +102,7 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
     summary = json.loads((out / "summary.json").read_text())
     assert [(r["from"], r["to"], r["outcome"]) for r in summary["resizes"]] == [(2, 4, "rolled back")]
     assert summary["devices"] == 2 and summary["exit"] == 0
-    assert_same_as(unscaled, out)
+    assert_same_run(out, unscaled, STEPS, ranks=4)
     assert os.listdir(snaps) == [], "the snapshot stays only until a step completed after the restart"
 
 

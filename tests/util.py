@@ -119,3 +119,23 @@ def kill_session(session: int) -> None:
 
 def load_state(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def consumed(out: Path, rank: int) -> list[tuple[int, list[int]]]:
+    """What logical rank `rank` of tests/jobs/resize_job.py consumed, batch by batch: (step, sample indices)."""
+    rows = [line.split() for line in (out / f"rank{rank}.log").read_text().splitlines()]
+    return [(int(r[0]), [int(i) for i in r[1:]]) for r in rows]
+
+
+def assert_same_run(out: Path, ref: Path, steps: int, ranks: int) -> None:
+    """A run of tests/jobs/resize_job.py (in `out`) ended exactly as `ref` did: bitwise-equal parameters,
+    every step run once by every logical rank, on the same samples, with the same private counters."""
+    want, got = torch.load(ref / "final.pt"), torch.load(out / "final.pt")
+    assert set(want) == set(got)
+    for name in want:
+        assert torch.equal(want[name], got[name]), f"{name} differs from the reference run"
+    for rank in range(ranks):
+        seen = consumed(out, rank)
+        assert [s for s, _ in seen] == list(range(steps)), f"rank {rank} skipped or repeated a step"
+        assert seen == consumed(ref, rank), f"rank {rank} saw different samples"
+        assert torch.equal(torch.load(out / f"seen{rank}.pt"), torch.load(ref / f"seen{rank}.pt"))
