@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from agent.config import parse_args
+from elasticd.agent.config import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    from agent.process import run_agent
+    from elasticd.agent.process import run_agent
 
     return run_agent(cfg)
 

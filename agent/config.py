@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from agent.layout import hosted_ranks
+from elasticd.agent.comm.layout import hosted_ranks
 
 
 @dataclass(slots=True)

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from elasticd.agent.standalone import run_standalone
+
 
 class ElasticFunction:
     """A training function written for `workers` data-parallel workers.
@@ -27,8 +29,6 @@ class ElasticFunction:
         if args or kwargs:
             raise TypeError(f"{self.fn.__name__}() takes no arguments when called directly; "
                             "elasticd passes ctx to each logical worker")
-        from agent.standalone import run_standalone
-
         return run_standalone(self)
 
     def __repr__(self) -> str:

@@ -14,27 +14,27 @@ from typing import Any
 
 import torch
 
-from agent import fallback
-from agent.config import AgentConfig
-from agent.control import ControlChannel, NullControl
-from agent.physical import PhysicalGroup
-from agent.private import attach as attach_private
-from agent.resize import grow, shrink
-from agent.runtime import Runtime, WorkerFailed
-from agent.script import load_function
-from agent.snapshot import AgentSnapshot
-from agent.torch_dist import install as install_torch_dist
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.compat.torch_dist import install as install_torch_dist
+from elasticd.agent.config import AgentConfig
+from elasticd.agent.control.channel import ControlChannel, NullControl
+from elasticd.agent.private.registry import attach as attach_private
+from elasticd.agent.resize import fallback
+from elasticd.agent.resize.moves import grow, shrink
+from elasticd.agent.resize.snapshot import AgentSnapshot
+from elasticd.agent.script import load_function
+from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
 log = logging.getLogger(__name__)
 
 
 def _control(cfg: AgentConfig) -> ControlChannel:
     if cfg.control and cfg.control.startswith("pipe:"):
-        from agent.control_pipe import PipeControl
+        from elasticd.agent.control.pipe_channel import PipeControl
 
         return PipeControl.from_spec(cfg.control, cfg.rank)
     if cfg.control:
-        from agent.control_zmq import ZmqControl
+        from elasticd.agent.control.zmq_channel import ZmqControl
 
         return ZmqControl(cfg.control, cfg.job_id, cfg.rank)
     return NullControl(cfg.rank)
@@ -111,7 +111,7 @@ class AgentProcess:
         try:
             try:
                 # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
-                # must bind the worker-aware class (agent/torch_dist.py), in the script and in its helpers.
+                # must bind the worker-aware class (agent/compat/torch_dist.py), in the script and in its helpers.
                 install_torch_dist()
                 self.ef = load_function(self.cfg.script, self.cfg.func)
             except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole

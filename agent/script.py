@@ -6,7 +6,7 @@ import importlib.util
 import os
 import sys
 
-from agent.decorator import ElasticFunction
+from elasticd.agent.decorator import ElasticFunction
 
 
 class ScriptError(Exception):

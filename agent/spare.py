@@ -34,9 +34,9 @@ def _preload() -> None:
     """Everything an agent imports and warms up before it knows its job."""
     import torch
 
-    import agent.control_zmq  # noqa: F401 - the daemon's control channel (pyzmq; no context, no socket yet)
-    from agent.process import warm_up
-    from agent.torch_dist import install
+    import elasticd.agent.control.zmq_channel  # noqa: F401 - the daemon's control channel (pyzmq; no context, no socket yet)
+    from elasticd.agent.compat.torch_dist import install
+    from elasticd.agent.process import warm_up
 
     # The agent installs its torch.distributed patches before anything else imports; so does the spare,
     # so that modules the warm-up imports bind the same objects as in a cold agent.
@@ -95,9 +95,9 @@ def _become(job: dict) -> None:
     os.environ.clear()
     os.environ.update(job["env"])
     sys.path[:] = job_sys_path(os.getcwd(), job["env"].get("PYTHONPATH", ""))
-    import agent.__main__
+    import elasticd.agent.__main__
 
-    sys.argv = [agent.__main__.__file__, *job["argv"]]
+    sys.argv = [elasticd.agent.__main__.__file__, *job["argv"]]
 
 
 def main() -> int:
@@ -109,7 +109,7 @@ def main() -> int:
         return 0   # the daemon closed the pipe: no job for this spare
     job = _assignment(line)
     _become(job)
-    from agent.__main__ import main as agent_main
+    from elasticd.agent.__main__ import main as agent_main
 
     return agent_main(job["argv"])
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agent.decorator import ElasticFunction
-from agent.layout import hosted_ranks
-from agent.physical import PhysicalGroup
-from agent.runtime import Runtime
+from elasticd.agent.comm.layout import hosted_ranks
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.slicer.runtime import Runtime
+
+if TYPE_CHECKING:
+    from elasticd.agent.decorator import ElasticFunction
 
 
 def run_standalone(ef: ElasticFunction) -> Any:

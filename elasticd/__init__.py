@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "elastic":
-        from agent.decorator import elastic
+        from elasticd.agent.decorator import elastic
 
         return elastic
     raise AttributeError(f"module 'elasticd' has no attribute {name!r}")

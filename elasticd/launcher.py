@@ -2,10 +2,10 @@
 
 Gang semantics: all agents start together; if one fails, its error (logical rank, host, traceback)
 is shown and every other agent is stopped, so nothing hangs on a collective that can never finish.
-The launcher talks to its agents over pipes (`agent.control_pipe`), which also lets it resize the
+The launcher talks to its agents over pipes (`elasticd.agent.control.pipe_channel`), which also lets it resize the
 job live on a schedule (`--scale-at STEP:M`): the same resize path the daemon drives, minus the
 scheduler. As under the daemon, the agents save each resize's snapshot to tmpfs before any state moves
-(agent/fallback.py), and a resize that fails half-way (an agent dies after the go) is rolled back: every
+(agent/resize/fallback.py), and a resize that fails half-way (an agent dies after the go) is rolled back: every
 agent is stopped and the job restarts on its old number of devices from that snapshot.
 """
 
@@ -27,8 +27,9 @@ from typing import Any
 
 import psutil
 
-from agent import parts
-from agent.config import AgentConfig
+from elasticd.agent import module_command
+from elasticd.agent.config import AgentConfig
+from elasticd.agent.resize import parts
 from elasticd.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class LocalJob:
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
             snapshot_dir=self.snapshot_dir, restore_epoch=0 if (standby or join_from) else self._restore_epoch,
         )
-        proc = subprocess.Popen([sys.executable, "-m", "agent", *cfg.to_argv()], env={**os.environ, **(self.env or {})},
+        proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env={**os.environ, **(self.env or {})},
                                 pass_fds=(cmd_r, ev_w))
         os.close(cmd_r)
         os.close(ev_w)

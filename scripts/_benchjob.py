@@ -2,7 +2,7 @@
 
 The same file serves every variant of a benchmark, so they all compute the same thing:
 - `train` / `train_det`: the `@elastic` function (default / deterministic mode) that `elasticd run`, the
-  in-process runtime and the torch-DDP reference (`agent.native`) call with their own `ctx`;
+  in-process runtime and the torch-DDP reference (`elasticd.agent.ddp_reference`) call with their own `ctx`;
 - `make_model`, `batch`, `ideal_run`: the same model and data for the plain gradient-accumulation loop
   that the multiplexing benchmark takes as the ideal.
 

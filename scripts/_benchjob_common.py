@@ -37,8 +37,6 @@ def job_env(**knobs: Any) -> dict[str, str]:
     env = dict(os.environ)
     for k, v in knobs.items():
         env[f"ELASTICD_BENCH_{k.upper()}"] = str(v)
-    # Agents and DDP ranks import the repository's packages wherever the benchmark is started from.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
 
 

@@ -262,9 +262,9 @@ def _profile(bench: Bench) -> str:
     `Runtime._flush` (the gradient flush: flatten, all-reduce, unflatten), `Runtime.step_boundary` (report
     + resize vote) and `Runtime.after_backward` minus its drain (enqueueing the GradSync).
     """
-    from agent import rng
-    from agent.replicate import GradSync, ReplicatedGroup
-    from agent.runtime import Runtime
+    from elasticd.agent.replicated.group import GradSync, ReplicatedGroup
+    from elasticd.agent.slicer import rng
+    from elasticd.agent.slicer.runtime import Runtime
 
     clock = _Clock()
 

@@ -1,7 +1,7 @@
 """Private-state swap throughput vs a plain `copy_` of the same bytes, in the same run, on the CPU device.
 
 One worker's private state (a list of --slots float32 tensors, --mb MiB in all) is swapped out and back in
-through `agent.private.PrivateStore`, exactly as a hand-over does it (copy thread, pooled device blocks,
+through `elasticd.agent.private.registry.PrivateStore`, exactly as a hand-over does it (copy thread, pooled device blocks,
 checksum dedup). The baseline copies the same tensors to preallocated host buffers and back with `copy_`.
 Throughput = bytes moved (out + in) / time. The machine is shared, so every repetition times all cases
 back to back and the "vs memcpy" column is the median over repetitions of that repetition's time ratio
@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import torch
 
-from agent.private import PrivateStore
-from agent.swap import cpu_checksum
+from elasticd.agent.private.registry import PrivateStore
+from elasticd.agent.private.swap import cpu_checksum
 
 CPU = torch.device("cpu")
 

@@ -9,7 +9,7 @@ import pytest
 from cp_util import Cluster
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state
 
-from agent.native import run_native_ddp
+from elasticd.agent.ddp_reference import run_native_ddp
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,8 @@ import os
 import sys
 import time
 
-from agent.config import parse_args
-from agent.control_zmq import ZmqControl
+from elasticd.agent.config import parse_args
+from elasticd.agent.control.zmq_channel import ZmqControl
 
 
 def _error(cfg, ctl, message: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.baton import AllDone, Baton, BatonError, Flush, Run, Stranded
-from agent.layout import hosted_ranks, owner_of
+from elasticd.agent.comm.layout import hosted_ranks, owner_of
+from elasticd.agent.slicer.baton import AllDone, Baton, BatonError, Flush, Run, Stranded
 
 
 def test_round_robin_then_flush_then_lowest_rank_again() -> None:

@@ -40,7 +40,7 @@ print("probe imported", flush=True)
 
 @elasticd.elastic(workers=1)
 def train(ctx):
-    print("probe trained; malloc tuned:", sys.modules["agent.malloc"]._done, flush=True)
+    print("probe trained; malloc tuned:", sys.modules["elasticd.agent.slicer.malloc"]._done, flush=True)
 """
 
 
@@ -62,7 +62,7 @@ def idle_spares(d: Proc, sd: Path) -> set[int]:
 
 def _is_spare(proc: psutil.Process) -> bool:
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE and "agent.spare" in proc.cmdline()
+        return proc.status() != psutil.STATUS_ZOMBIE and "elasticd.agent.spare" in proc.cmdline()
     except psutil.Error:
         return False
 
@@ -79,7 +79,7 @@ def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
     spare_cwd.mkdir()
     # a relative PYTHONPATH entry resolves against the cwd the interpreter starts in: the job's, not the spare's
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(REPO), "rel"])}
-    spare = subprocess.Popen([sys.executable, "-m", "agent.spare"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    spare = subprocess.Popen([sys.executable, "-m", "elasticd.agent.spare"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, cwd=spare_cwd, env=env, start_new_session=True)
     runs = {}
     try:
@@ -95,7 +95,7 @@ def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
                 proc = spare
             else:
                 with open(log, "ab") as out:
-                    proc = subprocess.Popen([sys.executable, "-m", "agent", *argv], stdin=subprocess.DEVNULL,
+                    proc = subprocess.Popen([sys.executable, "-m", "elasticd.agent", *argv], stdin=subprocess.DEVNULL,
                                             stdout=out, stderr=subprocess.STDOUT, cwd=job_cwd, env=job_env)
             runs[how] = (proc, argv, log)
         for proc, _argv, log in runs.values():

@@ -1,4 +1,4 @@
-"""The deterministic sum over logical ranks (agent/collectives.py `FlushEnv.sum_over_ranks`) gives the same
+"""The deterministic sum over logical ranks (agent/comm/collectives.py `FlushEnv.sum_over_ranks`) gives the same
 bits on every number of agents, for tensors big enough to be summed shard by shard and for small ones,
 with layouts and sizes that do not divide evenly. Real agent processes, real gloo."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.collectives import SHARD_MIN, FlushEnv
-from agent.layout import hosted_ranks
+from elasticd.agent.comm.collectives import SHARD_MIN, FlushEnv
+from elasticd.agent.comm.layout import hosted_ranks
 from elasticd.ports import free_port
 
 WORKERS = 7
@@ -25,7 +25,7 @@ def rank_tensor(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _agent(rank: int, world: int, port: int, out: str) -> None:
-    from agent.physical import PhysicalGroup
+    from elasticd.agent.comm.physical import PhysicalGroup
 
     phys = PhysicalGroup.connect(rank, world, torch.device("cpu"), "127.0.0.1", port)
     env = FlushEnv(phys, WORKERS, deterministic=True)

@@ -1,7 +1,7 @@
 """DDP equivalence (DESIGN.md, semantics 1): N=4 logical workers on M=1, 2, 4 devices vs real DDP.
 
 Each job in tests/jobs/ is run once under `torch.nn.parallel.DistributedDataParallel` with 4 gloo
-processes (agent/native.py) and through `elasticd run` on M devices; logical rank 0's final state_dict
+processes (agent/ddp_reference.py) and through `elasticd run` on M devices; logical rank 0's final state_dict
 (params and buffers) must agree tensor by tensor within fp32 round-off.
 """
 
@@ -25,7 +25,7 @@ from util import (
     wait_until,
 )
 
-from agent.native import run_native_ddp
+from elasticd.agent.ddp_reference import run_native_ddp
 
 EQUIVALENCE_JOBS = ["mlp_sgd", "cnn_bn", "tiny_lm", "accum_nosync"]
 TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor: local pre-summation reorders fp32 additions, nothing more

@@ -1,4 +1,4 @@
-"""The resize snapshot kept on the nodes (agent/fallback.py): written whole, listed by part, and restored
+"""The resize snapshot kept on the nodes (agent/resize/fallback.py): written whole, listed by part, and restored
 by real agents over gloo, trading the parts that are on another node."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from agent import fallback
-from agent.parts import GROUPS, epoch_dir, epochs, parts
-from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.agent.resize import fallback
+from elasticd.agent.resize.parts import GROUPS, epoch_dir, epochs, parts
+from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
 from elasticd.ports import free_port
 
 WORKERS = 4
@@ -30,7 +30,7 @@ def snapshot(ranks: list[int]) -> AgentSnapshot:
 
 
 def _restore(rank: int, port: int, root: str, out: str) -> None:
-    from agent.physical import PhysicalGroup
+    from elasticd.agent.comm.physical import PhysicalGroup
 
     phys = PhysicalGroup.connect(rank, 2, torch.device("cpu"), "127.0.0.1", port)
     try:

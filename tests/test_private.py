@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import elasticd  # noqa: F401 - installs the package the way a user script does
-from agent.layout import hosted_ranks
-from agent.physical import PhysicalGroup
-from agent.private import DeviceMemoryError, SwapStats, attach
-from agent.runtime import Runtime, WorkerFailed
+from elasticd.agent.comm.layout import hosted_ranks
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.private.registry import DeviceMemoryError, SwapStats, attach
+from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
 CPU = torch.device("cpu")
 
@@ -190,7 +190,7 @@ import os
 import torch
 
 import elasticd
-from agent.private import stats
+from elasticd.agent.private.registry import stats
 
 
 @elasticd.elastic(workers=4)

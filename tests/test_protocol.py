@@ -11,8 +11,8 @@ import msgpack
 import pytest
 import zmq
 
-from agent.control_zmq import ZmqControl
 from elasticd import protocol as p
+from elasticd.agent.control.zmq_channel import ZmqControl
 
 
 def sample(tp, rng: random.Random):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import elasticd
-from agent.runtime import WorkerFailed
+from elasticd.agent.slicer.runtime import WorkerFailed
 
 
 class CountingSGD(torch.optim.SGD):

@@ -1,7 +1,7 @@
 """torch.distributed and DistributedDataParallel used directly inside the decorated function.
 
 End to end, against the real thing: jobs in tests/jobs/ run under torch DDP / torch.distributed with 4
-gloo processes (agent/native.py, no elasticd patches) and through `elasticd run` on M=1 and M=2
+gloo processes (agent/ddp_reference.py, no elasticd patches) and through `elasticd run` on M=1 and M=2
 devices. In process: what the patches must and must not change.
 """
 
@@ -18,11 +18,11 @@ from torch.nn.parallel import DistributedDataParallel  # bound before any patch:
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state, max_rel_diff, rel_diff, rel_diffs, run_cli
 
 import elasticd
-from agent.layout import hosted_ranks
-from agent.native import run_native_ddp
-from agent.physical import PhysicalGroup
-from agent.private import SwapStats, attach
-from agent.runtime import Runtime, WorkerFailed
+from elasticd.agent.comm.layout import hosted_ranks
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.ddp_reference import run_native_ddp
+from elasticd.agent.private.registry import SwapStats, attach
+from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
 DDP_TOLERANCE = 1e-5    # max|Δ|/max|p| per tensor after training (DESIGN.md, semantics 1)
 VALUE_TOLERANCE = 1e-6  # float collective results: only the order of a 4-term sum differs
@@ -76,7 +76,7 @@ def test_ddp_inside_matches_real_ddp(devices: int, ddp_inside_reference: tuple[R
                                          "ELASTICD_TEST_INIT": str(tmp_path / "init.pt"),
                                          "ELASTICD_TEST_INFO": str(tmp_path / "info.json")})
     info = json.loads((tmp_path / "info.json").read_text())
-    assert info == {"wrapper": "agent.logical_ddp.LogicalDDP", "world": 4, "initialized": True}
+    assert info == {"wrapper": "elasticd.agent.compat.logical_ddp.LogicalDDP", "world": 4, "initialized": True}
     # Every rank built a different model: DDP's constructor must have made them all rank 0's.
     assert max_rel_diff(ref.initial, load_state(tmp_path / "init.pt")) == 0.0
     got = load_state(tmp_path / "final.pt")
@@ -197,11 +197,11 @@ def test_other_groups_are_not_supported_inside_workers() -> None:
 
 def test_outside_workers_the_real_torch_distributed_answers() -> None:
     """The agent's own thread (and physical.py) keep torch's functions, even with a real group up."""
-    import agent.physical
-    from agent import torch_dist
+    import elasticd.agent.comm.physical
+    from elasticd.agent.compat import torch_dist
 
     torch_dist.install()
-    assert agent.physical.dist is dist.distributed_c10d
+    assert elasticd.agent.comm.physical.dist is dist.distributed_c10d
     assert not hasattr(dist.distributed_c10d.all_reduce, "__elasticd_logical__")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -22,7 +22,7 @@ REFERENCE_WORKERS = 4  # N of the equivalence jobs
 
 @dataclass(slots=True)
 class Reference:
-    """One job's result under plain torch DDP (agent/native.py)."""
+    """One job's result under plain torch DDP (agent/ddp_reference.py)."""
 
     initial: dict[str, torch.Tensor]  # logical rank 0's model before training
     final: dict[str, torch.Tensor]    # rank 0's state_dict after training

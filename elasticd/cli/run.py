@@ -20,7 +20,7 @@ def resolve_target(target: str, workers: int | None) -> tuple[str, str | None, i
     if not os.path.isfile(script):
         raise click.UsageError(f"no such script: {script}")
     if workers is None:
-        from agent.script import ScriptError, load_function
+        from elasticd.agent.script import ScriptError, load_function
 
         try:
             workers = load_function(script, func).workers
@@ -72,7 +72,7 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
         sys.exit(EXIT_USAGE)
     schedule = parse_scale_at(scale_at, workers)
     if ddp:
-        from agent.native import run_native_ddp
+        from elasticd.agent.ddp_reference import run_native_ddp
 
         sys.exit(run_native_ddp(script, func, workers))
     from elasticd.launcher import run_local

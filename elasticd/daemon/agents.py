@@ -30,8 +30,9 @@ from typing import Any
 
 import psutil
 
-from agent.config import AgentConfig
 from elasticd import protocol as p
+from elasticd.agent import module_command
+from elasticd.agent.config import AgentConfig
 from elasticd.daemon.resizing import NodeResizes
 from elasticd.daemon.spares import SparePool
 from elasticd.daemon.statedir import StateDir
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0     # after a stop command, before SIGTERM
 TERM_GRACE_S = 3.0     # after SIGTERM, before SIGKILL
 SAMPLE_EVERY_S = 1.0   # psutil sampling period
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 # Agents must not outlive a daemon that is SIGKILLed: nothing would watch or stop them, and they would
@@ -57,7 +57,7 @@ _DEATH_SIGNAL_PRELUDE = (
 
 
 def default_agent_command() -> list[str]:
-    return [sys.executable, "-m", "agent"]
+    return module_command()
 
 
 def with_death_signal(command: list[str]) -> list[str]:
@@ -67,10 +67,7 @@ def with_death_signal(command: list[str]) -> list[str]:
 
 
 def _agent_env(job_env: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, **job_env, "PYTHONUNBUFFERED": "1"}
-    # The agent package must import in the child whatever its cwd is.
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (_REPO_ROOT, env.get("PYTHONPATH", "")) if x)
-    return env
+    return {**os.environ, **job_env, "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(eq=False)

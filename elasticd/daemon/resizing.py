@@ -24,8 +24,8 @@ import shutil
 import signal
 from typing import TYPE_CHECKING, Any
 
-from agent import parts as saved_parts
 from elasticd import protocol as p
+from elasticd.agent.resize import parts as saved_parts
 
 if TYPE_CHECKING:
     from elasticd.daemon.agents import Agent, LocalJob
@@ -169,7 +169,7 @@ class NodeResizes:
             changed = True
         return changed
 
-    # --- the snapshots kept for falling back (agent/fallback.py) ----------------------------------------
+    # --- the snapshots kept for falling back (agent/resize/fallback.py) ----------------------------------------
 
     def snapshot_parts(self, job: LocalJob) -> tuple[int, list[int]]:
         """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""

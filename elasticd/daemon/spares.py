@@ -24,11 +24,12 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from elasticd.agent import module_command
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ HEALTHY_S = 60.0   # a spare that lived this long and then died does not count t
 
 
 def spare_command() -> list[str]:
-    return [sys.executable, "-m", "agent.spare"]
+    return module_command("elasticd.agent.spare")
 
 
 def startup_differences(env: dict[str, str], spare_env: dict[str, str]) -> list[str]:

@@ -1,7 +1,7 @@
 """A resize that fails half-way falls back to the snapshot its agents saved when it began.
 
 At the step boundary of resize E every agent writes its logical ranks' state, and agent 0 the
-replicated state, into its node's snapshot directory before any state moves (agent/fallback.py);
+replicated state, into its node's snapshot directory before any state moves (agent/resize/fallback.py);
 nodes report which parts they hold. When an agent dies while the group re-forms (phase ``go``), or
 the re-forming does not finish in time, the scheduler:
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from agent import parts
 from elasticd import protocol as p
+from elasticd.agent.resize import parts
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobState
 

@@ -1,6 +1,6 @@
 """What the equivalence jobs share: how logical rank 0 writes a model's state for a test to compare.
 
-Jobs import it by name: both runners (agent/script.py, agent/native.py) put the script's folder first
+Jobs import it by name: both runners (agent/script.py, agent/ddp_reference.py) put the script's folder first
 on sys.path, as `python script.py` does.
 """
 

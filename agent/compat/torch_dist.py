@@ -8,7 +8,7 @@ default group is the logical world; other groups raise NotImplementedError.
 
 What is patched, and what is not:
 - the `torch.distributed.<name>` attributes (what `dist.all_reduce` looks up at call time). The
-  functions inside `torch.distributed.distributed_c10d` are never touched: agent/physical.py calls
+  functions inside `torch.distributed.distributed_c10d` are never touched: agent/comm/physical.py calls
   those, so the agents' own collectives, which run in worker threads during a flush, stay physical.
 - `torch.nn.parallel.DistributedDataParallel` (and `torch.nn.parallel.distributed.…`) become a class
   that builds a `LogicalDDP` in worker threads and torch's own DDP elsewhere. The real reducer cannot
@@ -30,11 +30,13 @@ import torch.distributed.distributed_c10d as c10d
 import torch.nn.parallel
 import torch.nn.parallel.distributed as ddp_module
 
-from agent.context import Work
-from agent.logical_ddp import LogicalDDP
+from elasticd.agent.comm.collectives import AllGather
+from elasticd.agent.compat.logical_ddp import LogicalDDP
+from elasticd.agent.slicer.context import Work
+from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:
-    from agent.context import WorkerContext
+    from elasticd.agent.slicer.context import WorkerContext
 
 # Captured before anything here patches it (install() rebinds the module attributes, not this name).
 RealDDP = ddp_module.DistributedDataParallel
@@ -47,8 +49,6 @@ _PATCHES: dict[str, Callable[..., Any]] = {}  # torch.distributed name -> its wo
 
 
 def _ctx() -> WorkerContext | None:
-    from agent.runtime import current_worker  # lazy: runtime imports this module to install it
-
     w = current_worker()
     return None if w is None else w.ctx
 
@@ -104,8 +104,6 @@ class _DeliverWork(Work):
 
 def _gather(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
             deliver: Callable[[list[torch.Tensor]], None]) -> Work | None:
-    from agent.collectives import AllGather
-
     op = AllGather(ctx.rank, tensor=tensor)
     work = _DeliverWork(ctx._rt, op, deliver)
     ctx._rt.enqueue(ctx._w, op, work)
@@ -253,7 +251,7 @@ _PROXY: type | None = None  # set below: while the class is being created its ow
 
 
 class DistributedDataParallel(RealDDP, metaclass=_DDPMeta):
-    """torch's DDP outside elasticd workers; `agent.logical_ddp.LogicalDDP` inside them."""
+    """torch's DDP outside elasticd workers; `elasticd.agent.compat.logical_ddp.LogicalDDP` inside them."""
 
 
 _PROXY = DistributedDataParallel

@@ -10,7 +10,7 @@ stopped at, exactly as after a successful resize. The node daemon deletes an epo
 completed after it (then no fall-back to it can be needed) and a job's files when the job is over.
 
 Files are `torch.save` bytes read back with `weights_only=True`, like the snapshots agents send each
-other (agent/snapshot.py).
+other (agent/resize/snapshot.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from agent.layout import hosted_ranks, owner_of
-from agent.parts import GROUPS, describe, epoch_dir, part_name, parts
-from agent.physical import PhysicalGroup
-from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes
+from elasticd.agent.comm.layout import hosted_ranks, owner_of
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.resize.parts import GROUPS, describe, epoch_dir, part_name, parts
+from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes
 
 
 class SnapshotMissing(RuntimeError):
@@ -85,7 +85,7 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
     mine = set(hosted_ranks(workers, world, me))
     got: dict[int, bytes] = {}
     # One global order of transfers (by part, then receiving agent): the smallest pending transfer always
-    # has both its agents waiting on it, so this never deadlocks (as in agent/resize.py).
+    # has both its agents waiting on it, so this never deadlocks (as in agent/resize/moves.py).
     for i, part in enumerate(order):
         src = int(table[:, i].nonzero()[0])
         for dst in range(world):

@@ -1,4 +1,4 @@
-"""The parts of a resize snapshot (agent/fallback.py): names and listings without torch, for the daemon,
+"""The parts of a resize snapshot (agent/resize/fallback.py): names and listings without torch, for the daemon,
 the scheduler and `elasticd run`, which do not import it."""
 
 from __future__ import annotations

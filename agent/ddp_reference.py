@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from elasticd.agent import module_command
+
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "product": dist.ReduceOp.PRODUCT,
@@ -220,13 +222,11 @@ def run_native_ddp(
     child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # find_unused_parameters=True makes DDP warn once per rank when every parameter was used.
     child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # gloo must not pick an interface other ranks can't reach
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, child_env.get("PYTHONPATH")) if p)
     procs: list[subprocess.Popen[bytes]] = []
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
     try:
         for rank in range(workers):
-            cmd = [sys.executable, "-m", "agent.native", "worker", "--script", script_path,
+            cmd = [*module_command("elasticd.agent.ddp_reference"), "worker", "--script", script_path,
                    "--rank", str(rank), "--world", str(workers), "--store-port", str(store.port),
                    "--pg-timeout", str(timeout)]
             if func:

@@ -2,7 +2,7 @@
 
 NOT RUN HERE: the development machine has no GPU, so this file has only been read, not executed. It follows
 the rules the CUDA caching allocator and stream semantics impose, with the same interface as
-`agent.swap.CpuMover`:
+`elasticd.agent.private.swap.CpuMover`:
 
 - The workers' kernels run on the device's current stream of their thread (the default stream unless the
   user sets one). A copy on the side stream first waits for that stream, so it reads what the outgoing
@@ -16,7 +16,7 @@ the rules the CUDA caching allocator and stream semantics impose, with the same 
   buffer is never overwritten while a restore still reads it.
 - The dedup checksum runs on the worker's stream and its result is read on the CPU, which waits for that
   stream: the price of deciding on the host whether to copy. It is only computed when no version counter
-  proves the slot changed (see `agent.private`), and reading a slot at HBM speed is far cheaper than
+  proves the slot changed (see `elasticd.agent.private.registry`), and reading a slot at HBM speed is far cheaper than
   moving it over PCIe, so skipping unchanged slots pays off much more than on a CPU device.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from agent.swap import Slot, weights
+from elasticd.agent.private.swap import Slot, weights
 
 _ROW = 512
 

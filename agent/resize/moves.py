@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from agent.layout import owner_of
-from agent.physical import PhysicalGroup
-from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, to_bytes
+from elasticd.agent.comm.layout import owner_of
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, to_bytes
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ collective (its own `ctx` collectives, or the end of a backward pass over replic
 then queues the op, hands the baton to the next worker and sleeps on its own semaphore. When every
 live worker waits at the same collective, the worker that arrived last flushes: one physical collective
 over the M agents, results handed back, and the baton starts again at the lowest rank. The decisions
-are `agent.baton.Baton`'s; this module only executes them.
+are `elasticd.agent.slicer.baton.Baton`'s; this module only executes them.
 """
 
 from __future__ import annotations
@@ -16,23 +16,24 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from agent import private_state, rng
-from agent.autograd_hook import install_backward_hook
-from agent.baton import AllDone, Baton, Flush, Run, Stranded
-from agent.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
-from agent.context import Work, WorkerContext
-from agent.control import ControlChannel, NullControl
-from agent.loader import ResumableBatches
-from agent.malloc import tune_malloc
-from agent.physical import PhysicalGroup
-from agent.replicate import GradSync, OncePerStep, ReplicatedGroup
-from agent.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
-from agent.torch_dist import install as install_torch_dist
+from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
+from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.compat.torch_dist import install as install_torch_dist
+from elasticd.agent.control.channel import ControlChannel, NullControl
+from elasticd.agent.private import saving
+from elasticd.agent.replicated.group import GradSync, OncePerStep, ReplicatedGroup
+from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.agent.slicer import rng
+from elasticd.agent.slicer.backward_hook import install_backward_hook
+from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded
+from elasticd.agent.slicer.context import Work, WorkerContext
+from elasticd.agent.slicer.loader import ResumableBatches
+from elasticd.agent.slicer.malloc import tune_malloc
+from elasticd.agent.worker import Worker, current_worker, set_current_worker
 
 log = logging.getLogger(__name__)
 
@@ -55,47 +56,8 @@ class _Aborted(BaseException):
     """Unwinds a worker thread after another worker failed (BaseException: user `except Exception` can't eat it)."""
 
 
-def _held_lock() -> Any:
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
-@dataclass(eq=False)
-class Worker:
-    rank: int
-    # A held lock used as a binary semaphore: released once per hand-over to this worker, acquired by
-    # the worker to wait for it. The C lock wakes in a fraction of threading.Semaphore's time.
-    sem: Any = field(default_factory=_held_lock)
-    ctx: WorkerContext | None = None
-    rng: rng.RngState | None = None
-    queued: list[tuple[Collective, Work | None]] = field(default_factory=list)
-    touched_grads: bool = False
-    no_sync_depth: int = 0
-    replicate_calls: int = 0
-    start_step: int = 0
-    total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar
-    metrics: dict[str, Any] = field(default_factory=dict)
-    loaders: list[ResumableBatches] = field(default_factory=list)
-    private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
-    # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
-    # private model's gradient average), which the runtime then flushes with the replicated ones.
-    backward_hooks: list[Callable[[], None]] = field(default_factory=list)
-    result: Any = None
-    restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
-    snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
-
-
 # What the agents vote at each step boundary; the maximum wins, so a stop beats a resize.
 VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
-
-_tls = threading.local()
-
-
-def current_worker() -> Worker | None:
-    """The worker whose thread this is (None outside worker threads)."""
-    return getattr(_tls, "worker", None)
-
 
 class Runtime:
     def __init__(self, fn: Callable[[Any], Any], workers: int, hosted: list[int], phys: PhysicalGroup,
@@ -135,7 +97,7 @@ class Runtime:
         # user code (swapped-out private state must be back in the user's tensors by then). Idempotent.
         self.end_listeners: list[Callable[[], None]] = []
         install_backward_hook()
-        tune_malloc()  # before worker threads exist: see agent/malloc.py
+        tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -168,7 +130,7 @@ class Runtime:
         return {r: w.result for r, w in self._workers.items()}
 
     def _body(self, w: Worker) -> None:
-        _tls.worker = w
+        set_current_worker(w)
         w.sem.acquire()
         if self._aborted:
             return
@@ -344,7 +306,7 @@ class Runtime:
         w.private.append(obj)
         saved = w.restore.extras.get("private", []) if w.restore is not None else []
         if k < len(saved):
-            private_state.load(obj, saved[k])
+            saving.load(obj, saved[k])
 
     def attach_loader(self, w: Worker, it: ResumableBatches) -> None:
         k = len(w.loaders)
@@ -368,7 +330,7 @@ class Runtime:
             w.snapshot = WorkerSnapshot(
                 rank=w.rank, step=step + 1, rng=rng.capture(self._cuda).to_dict(),
                 loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
-                extras={"private": [private_state.save(obj) for obj in w.private]},
+                extras={"private": [saving.save(obj) for obj in w.private]},
             )
             raise _Preempted()
 

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from agent.layout import hosted_ranks, owner_of
-from agent.physical import PhysicalGroup
+from elasticd.agent.comm.layout import hosted_ranks, owner_of
+from elasticd.agent.comm.physical import PhysicalGroup
 
 
 class CollectiveMismatch(RuntimeError):

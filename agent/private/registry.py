@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from agent.baton import WorkerState
-from agent.swap import Copier, CpuMover, Slot, SwapStats, tensors_of
+from elasticd.agent.private.swap import Copier, CpuMover, Slot, SwapStats, tensors_of
+from elasticd.agent.slicer.baton import WorkerState
 
 if TYPE_CHECKING:
-    from agent.context import WorkerContext
-    from agent.runtime import Runtime, Worker
+    from elasticd.agent.slicer.context import WorkerContext
+    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.worker import Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,7 +101,7 @@ class PrivateStore:
         self.prefetch = prefetch
         self.stats = SwapStats(budget=budget)
         if device.type == "cuda":
-            from agent.swap_cuda import CudaMover
+            from elasticd.agent.private.swap_cuda import CudaMover
 
             mover: Any = CudaMover(device)
         else:
@@ -408,7 +409,7 @@ def attach(runtime: Runtime, budget: int | None = None, *, dedup: bool = True, p
             raise RuntimeError(f"private state of this runtime already has a budget of {store.budget} bytes")
         return store
     if budget is None and runtime.device.type == "cuda":
-        from agent.swap_cuda import default_budget
+        from elasticd.agent.private.swap_cuda import default_budget
 
         budget = default_budget(runtime.device)
     store = PrivateStore(runtime.device, budget, dedup=dedup, prefetch=prefetch, runtime=runtime)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from agent.collectives import Collective, FlushEnv
+from elasticd.agent.comm.collectives import Collective, FlushEnv
 
 if TYPE_CHECKING:
-    from agent.runtime import Runtime
+    from elasticd.agent.slicer.runtime import Runtime
 
 
 class OncePerStep:

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from elasticd.agent.worker import current_worker
+
 _installed = False
 
 
@@ -20,8 +22,6 @@ def install_backward_hook() -> None:
     global _installed
     if _installed:
         return
-    from agent.runtime import current_worker  # here, not at the top: agent.runtime imports this module
-
     original = torch.autograd.backward
 
     @functools.wraps(original)

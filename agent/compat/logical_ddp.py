@@ -1,7 +1,7 @@
 """`DistributedDataParallel` inside an elastic function: DDP's semantics over the logical world.
 
 A script that wraps its model in DDP inside the decorated function gets this class (see
-agent/torch_dist.py). Each logical worker owns its model, as each DDP process does: this is the
+agent/compat/torch_dist.py). Each logical worker owns its model, as each DDP process does: this is the
 correct but swap-heavy path; `ctx.replicate` is the cheap one. What it reproduces of torch's DDP:
 
 - construction broadcasts logical rank 0's parameters and buffers (`init_sync=True`);
@@ -30,10 +30,11 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._pytree import tree_map_only
 
-from agent.replicate import _by_dtype, _scatter_back, flatten_grads, unflatten_grads
+from elasticd.agent.replicated.group import _by_dtype, _scatter_back, flatten_grads, unflatten_grads
+from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:
-    from agent.context import WorkerContext
+    from elasticd.agent.slicer.context import WorkerContext
 
 # Accepted for compatibility; they tune DDP's bucketing/graph handling, not what it computes.
 _NO_EFFECT = {"bucket_cap_mb", "check_reduction", "gradient_as_bucket_view", "static_graph",
@@ -50,9 +51,6 @@ class LogicalDDP(torch.nn.Module):
                  process_group: Any = None, find_unused_parameters: bool = False,
                  forward_sync_buffers: bool | None = None, **options: Any) -> None:
         super().__init__()
-        # lazy: the runtime imports agent.torch_dist, which imports this module
-        from agent.runtime import current_worker
-
         worker = current_worker()
         if worker is None or worker.ctx is None:
             raise RuntimeError("LogicalDDP only works inside an elastic function's worker")
@@ -202,7 +200,7 @@ def _register_private(ctx: WorkerContext, module: torch.nn.Module) -> None:
     # PRIVATE-STATE SWAPPING: the single call site. A DDP-wrapped model is worker-private (every
     # logical rank has its own copy, as every DDP process does), so its parameters, gradients and
     # buffers must be swapped out to host at switch-out and back in at switch-in. That is
-    # agent/private.py's job (`ctx.private`); until it lands, every hosted worker's copy stays on the
+    # agent/private/registry.py's job (`ctx.private`); until it lands, every hosted worker's copy stays on the
     # device (correct, just not memory-bounded).
     private = getattr(ctx, "private", None)
     if private is not None:

@@ -1,6 +1,6 @@
 """`ctx`: what the decorated function sees of its logical worker.
 
-The surface is a contract (DESIGN.md, "User-facing surface"); `agent.native.NativeContext` offers the
+The surface is a contract (DESIGN.md, "User-facing surface"); `elasticd.agent.ddp_reference.NativeContext` offers the
 same one over plain torch DDP so the same script can be checked against the real thing.
 """
 
@@ -12,11 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agent.collectives import AllGather, AllReduce, Barrier, Broadcast, ReduceScatter, validate_reduce_op
-from agent.loader import ResumableBatches
+from elasticd.agent.comm.collectives import (
+    AllGather,
+    AllReduce,
+    Barrier,
+    Broadcast,
+    ReduceScatter,
+    validate_reduce_op,
+)
+from elasticd.agent.private.registry import attach
+from elasticd.agent.slicer.loader import ResumableBatches
 
 if TYPE_CHECKING:
-    from agent.runtime import Runtime, Worker
+    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.worker import Worker
 
 
 class Work:
@@ -99,8 +108,6 @@ class WorkerContext:
         swapped to host while other workers run and restored before this one runs again. Never touch
         another worker's private tensors: while swapped out they have no memory.
         """
-        from agent.private import attach
-
         self._rt.restore_private(self._w, obj)  # after a resize: this registration's saved values
         return attach(self._rt).register(self.rank, obj, self._w)
 

@@ -1,8 +1,8 @@
 """The agent's channel to whoever launched it (the local launcher or a node daemon).
 
 The runtime only sees this interface. `NullControl` serves standalone runs (progress goes to stderr);
-`elasticd run` passes `--control pipe:R,W` (`agent.control_pipe.PipeControl`); the node daemon passes
-a ZeroMQ endpoint and the agent talks through `agent.control_zmq.ZmqControl`.
+`elasticd run` passes `--control pipe:R,W` (`elasticd.agent.control.pipe_channel.PipeControl`); the node daemon passes
+a ZeroMQ endpoint and the agent talks through `elasticd.agent.control.zmq_channel.ZmqControl`.
 """
 
 from __future__ import annotations

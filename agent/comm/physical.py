@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in worker threads, where torch.distributed.* is logical (agent/torch_dist.py)
+import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in worker threads, where torch.distributed.* is logical (agent/compat/torch_dist.py)
 
 log = logging.getLogger(__name__)
 

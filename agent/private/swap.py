@@ -9,7 +9,7 @@ may use them, and it only runs once they are back.
 
 On CPU devices released memory goes to a small pool instead of back to malloc: a fresh block page-faults on
 first touch, which alone made restores 3x slower than a warm `copy_` (1.7 vs 5.3 GB/s for 64 MB, measured
-on the dev box). The CUDA mover is in `agent.swap_cuda`; its caching allocator already is such a pool.
+on the dev box). The CUDA mover is in `elasticd.agent.private.swap_cuda`; its caching allocator already is such a pool.
 """
 
 from __future__ import annotations

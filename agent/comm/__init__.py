@@ -1,0 +1,1 @@
+"""Physical communication: the M agents' process group, the rank layout, and logical collectives flushed over it."""

@@ -1,0 +1,1 @@
+"""`torch.distributed` and `DistributedDataParallel` inside a worker, addressing the logical world."""

@@ -1,0 +1,1 @@
+"""Replicated state: one copy per device of a model, its optimizer and scheduler, shared by the hosted workers."""

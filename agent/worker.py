@@ -1,0 +1,64 @@
+"""A logical worker as every layer of the agent sees it, and which worker the calling thread is.
+
+The runtime creates one `Worker` per hosted logical rank and runs it in its own thread; the layers
+under the runtime (replicated state, the torch.distributed shims, private state, the backward hook)
+only need to ask "which worker is this thread?", so that question lives here, below all of them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from elasticd.agent.comm.collectives import Collective
+    from elasticd.agent.resize.snapshot import WorkerSnapshot
+    from elasticd.agent.slicer.context import Work, WorkerContext
+    from elasticd.agent.slicer.loader import ResumableBatches
+    from elasticd.agent.slicer.rng import RngState
+
+
+def _held_lock() -> Any:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(eq=False)
+class Worker:
+    rank: int
+    # A held lock used as a binary semaphore: released once per hand-over to this worker, acquired by
+    # the worker to wait for it. The C lock wakes in a fraction of threading.Semaphore's time.
+    sem: Any = field(default_factory=_held_lock)
+    ctx: WorkerContext | None = None
+    rng: RngState | None = None
+    queued: list[tuple[Collective, Work | None]] = field(default_factory=list)
+    touched_grads: bool = False
+    no_sync_depth: int = 0
+    replicate_calls: int = 0
+    start_step: int = 0
+    total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar
+    metrics: dict[str, Any] = field(default_factory=dict)
+    loaders: list[ResumableBatches] = field(default_factory=list)
+    private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
+    # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
+    # private model's gradient average), which the runtime then flushes with the replicated ones.
+    backward_hooks: list[Callable[[], None]] = field(default_factory=list)
+    result: Any = None
+    restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
+    snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
+
+
+_tls = threading.local()
+
+
+def set_current_worker(w: Worker) -> None:
+    """Called once by the worker's own thread, before it runs the user's function."""
+    _tls.worker = w
+
+
+def current_worker() -> Worker | None:
+    """The worker whose thread this is (None outside worker threads)."""
+    return getattr(_tls, "worker", None)

@@ -1,0 +1,189 @@
+"""The package layout holds: no import circles, every package installed, nothing named `agent` at the top.
+
+Import circles are read from the source (every `import`, also those inside functions, except the ones
+under `if TYPE_CHECKING:`), so a lazy import that only hides a circle counts as the circle it hides.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {"elasticd": REPO / "elasticd", "elasticd.agent": REPO / "agent"}  # pyproject's package-dir
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for prefix, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("").parts
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            found[".".join((prefix, *rel))] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ours that `module` imports at run time."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+
+    def resolve(name: str) -> None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.add(name)
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                resolve(a.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                parts = parts if is_pkg else parts[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                resolve(full if full in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comps: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return comps
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    graph = {m: _imports(m, p, known) for m, p in mods.items()}
+    # A package's own __init__ is imported on the way to any of its modules; that edge is not a circle.
+    for m in graph:
+        graph[m] = {d for d in graph[m] if not m.startswith(d + ".")}
+    return graph
+
+
+def test_no_import_circles_in_the_agent():
+    graph = _graph()
+    agent = {m: {d for d in deps if d.startswith("elasticd.agent")} for m, deps in graph.items()
+             if m.startswith("elasticd.agent")}
+    assert _cycles(agent) == []
+
+
+def test_the_cycle_finder_sees_a_lazy_import_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    src = textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from elasticd.agent.slicer import runtime
+        def f():
+            from elasticd.agent.comm import physical
+    """)
+    path = REPO / "build" / "layout_probe.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(src)
+    try:
+        assert _imports("elasticd.probe", path, {"elasticd.agent.slicer.runtime", "elasticd.agent.comm.physical",
+                                                 "elasticd.agent.comm"}) == {"elasticd.agent.comm.physical"}
+    finally:
+        path.unlink()
+
+
+def test_every_package_is_installed():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {m for m, p in _modules().items() if p.name == "__init__.py"}
+    assert listed == on_disk
+
+
+def test_torch_free_parts_stay_torch_free():
+    # The daemon and the scheduler read these; importing torch there costs seconds and memory per node.
+    code = ("import sys, elasticd.daemon.server, elasticd.scheduler.server, elasticd.launcher, elasticd.cli;"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("how", ["standalone", "run"])
+def test_a_users_own_agent_module_does_not_shadow_the_runtime(tmp_path, how):
+    """RL code often has an `agent.py` next to its training script; it must be the user's `agent`."""
+    (tmp_path / "agent.py").write_text("NAME = 'the user agent'\n")
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import sys
+        import agent
+        import elasticd
+        import torch
+
+        @elasticd.elastic(workers=2)
+        def train(ctx):
+            model = torch.nn.Linear(2, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            model, opt = ctx.replicate(model, opt)
+            for _ in ctx.steps(2):
+                opt.zero_grad()
+                model(torch.ones(1, 2)).sum().backward()
+                opt.step()
+            print(f"rank {ctx.rank}: {agent.NAME}", flush=True)
+
+        if __name__ == "__main__":
+            train()
+    """))
+    cmd = ([sys.executable, "train.py"] if how == "standalone"
+           else [sys.executable, "-m", "elasticd", "run", "train.py", "--devices", "2"])
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "rank 0: the user agent" in out.stdout and "rank 1: the user agent" in out.stdout
