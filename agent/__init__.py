@@ -16,9 +16,8 @@ def module_command(module: str = "elasticd.agent") -> list[str]:
     """The command line that starts `python -m module` so that the user's files cannot shadow ours.
 
     `-m` puts the current directory first on sys.path, where a job's own `elasticd.py` or `torch.py`
-    would win; safe-path mode (`-P`, Python 3.11+) leaves it out. The user's script directory is
-    added when the script is loaded (`elasticd.agent.script`), as `python script.py` would.
+    would win; safe-path mode (`-P`) leaves it out. The user's script directory is added when the
+    script is loaded (`elasticd.agent.script`), as `python script.py` would.
     """
-    safe = ["-P"] if sys.version_info >= (3, 11) else []
-    return [sys.executable, *safe, "-m", module]
+    return [sys.executable, "-P", "-m", module]
 
