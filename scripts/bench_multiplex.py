@@ -262,7 +262,8 @@ def _profile(bench: Bench) -> str:
     `Runtime._flush` (the gradient flush: flatten, all-reduce, unflatten), `Runtime.step_boundary` (report
     + resize vote) and `Runtime.after_backward` minus its drain (enqueueing the GradSync).
     """
-    from elasticd.agent.replicated.group import GradSync, ReplicatedGroup
+    from elasticd.agent.replicated.grad_sync import GradSync
+    from elasticd.agent.replicated.group import ReplicatedGroup
     from elasticd.agent.slicer import rng
     from elasticd.agent.slicer.runtime import Runtime
 

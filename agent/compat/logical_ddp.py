@@ -30,7 +30,7 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._pytree import tree_map_only
 
-from elasticd.agent.replicated.group import _by_dtype, _scatter_back, flatten_grads, unflatten_grads
+from elasticd.agent.replicated.flat import by_dtype, flatten_grads, scatter_back, unflatten_grads
 from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class LogicalDDP(torch.nn.Module):
             return  # not the backward of a synced forward of this model (no_sync, or another graph)
         self._expect_sync = False
         n = self._ctx.world_size
-        groups = list(_by_dtype(self._params).values())
+        groups = list(by_dtype(self._params).values())
         with torch.no_grad():
             flats = []
             for params in groups:
@@ -153,14 +153,14 @@ class LogicalDDP(torch.nn.Module):
         return [b for n, b in self.module.named_buffers() if n not in self._ignored]
 
     def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
-        groups = list(_by_dtype(tensors).values())
+        groups = list(by_dtype(tensors).values())
         with torch.no_grad():
             flats = [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in groups]
             works = [self._ctx.broadcast(flat, 0, async_op=True) for flat in flats]
             for work in works:
                 work.wait()
             for flat, ts in zip(flats, groups, strict=True):
-                _scatter_back(flat, ts)
+                scatter_back(flat, ts)
 
 
 def _call_after_backward(ref: weakref.ref[LogicalDDP]) -> None:

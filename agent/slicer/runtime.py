@@ -25,7 +25,9 @@ from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.private import saving
-from elasticd.agent.replicated.group import GradSync, OncePerStep, ReplicatedGroup
+from elasticd.agent.replicated.grad_sync import GradSync
+from elasticd.agent.replicated.group import ReplicatedGroup
+from elasticd.agent.replicated.once import OncePerStep
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook

@@ -1,0 +1,38 @@
+"""Flattening tensors into one buffer per dtype for a physical collective, and scattering it back."""
+
+from __future__ import annotations
+
+import torch
+
+
+def by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor]]:
+    out: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        out.setdefault(t.dtype, []).append(t)
+    return out
+
+
+def scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.detach().copy_(flat[offset:offset + n].view_as(t))
+        offset += n
+
+
+def flatten_grads(params: list[torch.Tensor]) -> torch.Tensor:
+    """Gradients as one flat fp32-or-native buffer, zeros for missing grads, then one used-flag per param."""
+    dtype = params[0].dtype
+    parts = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
+    parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
+    return torch.cat(parts)
+
+
+def unflatten_grads(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
+    """Assign averaged gradients; a parameter no rank produced a gradient for keeps `grad=None`, as in DDP."""
+    used = flat[-len(params):]
+    offset = 0
+    for i, p in enumerate(params):
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p) if used[i] > 0 else None
+        offset += n

@@ -1,0 +1,33 @@
+"""Operations that run once per physical step, however many hosted workers call them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+class OncePerStep:
+    """Runs the k-th call of an operation once, however many hosted workers make their k-th call.
+
+    Hosted workers run the same program, so their k-th calls are the same logical operation; the first
+    one to arrive runs it and later ones get its result. Results are dropped once every hosted worker
+    has fetched them.
+    """
+
+    def __init__(self, ranks: Iterable[int]) -> None:
+        self._ranks = tuple(ranks)
+        self._calls = {r: 0 for r in self._ranks}
+        self._results: dict[int, list[Any]] = {}  # call index -> [result, fetches left]
+        self._executed = 0
+
+    def call(self, rank: int, fn: Callable[[], Any]) -> Any:
+        k = self._calls[rank]
+        self._calls[rank] = k + 1
+        if k == self._executed:
+            self._executed += 1
+            self._results[k] = [fn(), len(self._ranks)]
+        entry = self._results[k]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._results[k]
+        return entry[0]
