@@ -156,7 +156,7 @@ class AgentProcess:
         cfg = self.cfg
         assert self.phys is not None
         started = time.monotonic()
-        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers, self.device)
+        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers)
         log.info("restored the snapshot of resize %d in %.2fs", cfg.restore_epoch, time.monotonic() - started)
         return snap
 
