@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.comm.physical import PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
-from elasticd.agent.config import AgentConfig
+from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.private.registry import attach as attach_private
 from elasticd.agent.resize import fallback
@@ -41,9 +41,14 @@ def _control(cfg: AgentConfig) -> ControlChannel:
 
 
 def _device(cfg: AgentConfig) -> torch.device:
+    """The agent's device. A CUDA standby started without a GPU (DEVICE_AT_JOIN) gets a placeholder until
+    its join names its rank: nothing touches CUDA before that (warm-up is CPU only)."""
     if cfg.device_type == "cuda":
-        device = torch.device("cuda", cfg.device_index)
-        torch.cuda.set_device(device)
+        if cfg.standby and cfg.device_index == DEVICE_AT_JOIN:
+            return torch.device("cuda")
+        index = cuda_ordinal(cfg.device_index, cfg.rank, torch.cuda.device_count(), shares_devices())
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)  # this thread's; worker threads set their own (slicer/runtime.py)
         return device
     return torch.device("cpu")
 
@@ -167,6 +172,7 @@ class AgentProcess:
         self.cfg = dataclasses.replace(
             self.cfg, rank=int(join["rank"]), world=int(join["world"]), join_from=int(join["join_from"]),
             master_addr=str(join["master_addr"]), master_port=int(join["master_port"]), standby=False)
+        self.device = _device(self.cfg)  # a CUDA standby's GPU follows the rank it joins as
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from util import JOBS, run_cli
 
 from elasticd.agent.comm.physical import DEVICE_BACKEND_ENV, GroupSpec, group_spec, shares_devices
+from elasticd.agent.config import DEVICE_AT_JOIN, cuda_capacity_problem, cuda_ordinal, launch_device_index
 
 # -- the agents' process group ----------------------------------------------------------------------
 
@@ -46,3 +48,36 @@ def test_bad_device_group_settings_are_refused() -> None:
         group_spec(torch.device("cuda", 0), environ={DEVICE_BACKEND_ENV: "mpi"})
     with pytest.raises(ValueError, match="index"):
         group_spec(torch.device("cuda"), environ={})
+
+
+# -- which GPU an agent gets ------------------------------------------------------------------------
+
+def test_launched_agents_get_one_gpu_each_and_standbys_pick_theirs_at_join() -> None:
+    assert [launch_device_index(r, "cuda") for r in range(4)] == [0, 1, 2, 3]
+    assert launch_device_index(-1, "cuda") == DEVICE_AT_JOIN   # a standby: `cuda:-1` would be invalid
+    assert launch_device_index(-1, "cpu") == 0 and launch_device_index(3, "cpu") == 0
+    # The agent resolves it: its own index, or at join the index of the rank it joins as.
+    assert cuda_ordinal(1, rank=0, device_count=2) == 1
+    assert cuda_ordinal(DEVICE_AT_JOIN, rank=1, device_count=2) == 1
+    with pytest.raises(ValueError, match="standby"):
+        cuda_ordinal(DEVICE_AT_JOIN, rank=-1, device_count=2)
+
+
+def test_more_cuda_agents_than_gpus_is_refused_unless_the_test_switch_lets_them_share() -> None:
+    with pytest.raises(ValueError, match="NCCL refuses two ranks on one GPU"):
+        cuda_ordinal(DEVICE_AT_JOIN, rank=1, device_count=1)
+    assert cuda_ordinal(DEVICE_AT_JOIN, rank=1, device_count=1, shared=True) == 0
+    assert cuda_ordinal(3, rank=3, device_count=2, shared=True) == 1
+    assert cuda_capacity_problem(2, 2) is None
+    assert "no CUDA device" in (cuda_capacity_problem(1, 0, shared=True) or "")
+
+
+def test_run_on_cuda_without_enough_gpus_is_a_usage_error_before_any_agent_starts() -> None:
+    """This machine has no GPU: `elasticd run --device-type cuda` must say so (exit 2), not start M agents
+    that each crash in torch.cuda."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    run = run_cli(["run", str(JOBS / "mlp_sgd.py"), "--workers", "4", "--devices", "2", "--device-type", "cuda"],
+                  timeout=120)
+    assert run.returncode == 2, run.output
+    assert "torch sees no CUDA device" in run.output
