@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from elasticd.agent.resize import fallback
 from elasticd.agent.resize.moves import grow, shrink
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.script import load_function
+from elasticd.agent.slicer.device import set_deterministic
 from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,7 @@ class AgentProcess:
                         traceback.format_exc())
                 return 1
             _set_threads(self.cfg, self.device, self.ef.deterministic)
+            set_deterministic(self.device, self.ef.deterministic)  # CUDA: before any worker's first kernel
             warm_up()
             # Hello means ready: a joining agent is told to go only once it can start computing at once.
             cfg = self.cfg
@@ -207,7 +210,10 @@ class AgentProcess:
             control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
             return 0, None
         snap = runtime.snapshot()
-        del runtime  # the old workers' objects: their state now lives in `snap`
+        del runtime  # the old workers' objects: their state now lives in `snap`, in host memory
+        # Workers, contexts and the runtime reference each other: without a collection their model,
+        # optimizer and private tensors would hold device memory while the next segment allocates its own.
+        gc.collect()
         epoch = command.get("epoch")
         if cfg.snapshot_dir and isinstance(epoch, int) and epoch > 0:
             # Before any state moves: if the re-forming fails, this is what the job falls back to.

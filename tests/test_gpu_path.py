@@ -81,3 +81,36 @@ def test_run_on_cuda_without_enough_gpus_is_a_usage_error_before_any_agent_start
                   timeout=120)
     assert run.returncode == 2, run.output
     assert "torch sees no CUDA device" in run.output
+
+
+# -- deterministic mode on CUDA ---------------------------------------------------------------------
+
+@pytest.fixture
+def global_determinism():
+    """set_deterministic changes process-wide torch flags: put them back for the other tests."""
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic)
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[1], saved[2]
+
+
+def test_deterministic_mode_on_cuda_fixes_kernels_cublas_workspace_and_cudnn(global_determinism) -> None:
+    """Pinning CPU threads is not enough on a GPU: cuBLAS' split-K workspace, nondeterministic kernels
+    (atomics) and cuDNN's timed algorithm choice each change the bits from run to run."""
+    from elasticd.agent.slicer.device import set_deterministic
+
+    torch.backends.cudnn.benchmark = True
+    env: dict[str, str] = {}
+    set_deterministic(torch.device("cuda", 0), False, environ=env)
+    assert env == {} and torch.backends.cudnn.benchmark and not torch.are_deterministic_algorithms_enabled()
+    set_deterministic(torch.device("cpu"), True, environ=env)
+    assert env == {} and not torch.are_deterministic_algorithms_enabled()  # CPU: one pinned thread instead
+
+    set_deterministic(torch.device("cuda", 0), True, environ=env)
+    assert env == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    mine = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}  # the other reproducible setting, exported by the user
+    set_deterministic(torch.device("cuda", 0), True, environ=mine)
+    assert mine == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
