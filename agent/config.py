@@ -13,6 +13,48 @@ from typing import Any
 
 from elasticd.agent.comm.layout import hosted_ranks
 
+# device_index of a CUDA agent started as a standby: its rank, hence its GPU, is known only at its join.
+DEVICE_AT_JOIN = -1
+
+
+def launch_device_index(rank: int, device_type: str) -> int:
+    """The --device-index a local launcher gives physical rank `rank` (-1: a standby without a rank yet).
+
+    One GPU per agent, in rank order; a standby waits for its join to pick the GPU of the rank it gets
+    (`torch.device("cuda", -1)` would be invalid). Pure: the launcher does not import torch.
+    """
+    if device_type != "cuda":
+        return 0
+    return rank if rank >= 0 else DEVICE_AT_JOIN
+
+
+def cuda_ordinal(device_index: int, rank: int, device_count: int, shared: bool = False) -> int:
+    """The GPU an agent uses: its --device-index, or its rank's when that is DEVICE_AT_JOIN.
+
+    Raises:
+        ValueError: no GPU, or more agents than GPUs while agents may not share one (NCCL refuses two
+            ranks on one GPU; `shared` is the ELASTICD_DEVICE_BACKEND=gloo test switch).
+    """
+    index = rank if device_index < 0 else device_index
+    if index < 0:
+        raise ValueError(f"agent rank {rank} has no GPU yet: a standby agent is placed only when it joins")
+    problem = cuda_capacity_problem(index + 1, device_count, shared)
+    if problem is not None:
+        raise ValueError(problem)
+    return index % device_count
+
+
+def cuda_capacity_problem(devices: int, device_count: int, shared: bool = False) -> str | None:
+    """Why `devices` CUDA agents cannot run on a node with `device_count` GPUs, or None if they can."""
+    if device_count < 1:
+        return "--device-type cuda, but torch sees no CUDA device on this node"
+    if devices > device_count and not shared:
+        return (f"{devices} CUDA agents need {devices} GPUs, but this node has {device_count}: NCCL refuses "
+                f"two ranks on one GPU (run with at most {device_count} devices; more logical workers than "
+                f"GPUs is what --workers is for)")
+    return None
+
+
 _TYPES = {"str": str, "int": int, "str | None": str, "bool": bool}
 
 
@@ -28,7 +70,8 @@ class AgentConfig:
     world: int = _opt(help="M physical agents")
     func: str | None = _opt(None, "name of the @elastic function (default: the only one in the script)")
     device_type: str = _opt("cpu", "device kind", ("cpu", "cuda"))
-    device_index: int = _opt(0, "CUDA ordinal on this node (ignored on CPU)")
+    device_index: int = _opt(0, "CUDA ordinal on this node (ignored on CPU); -1: the GPU of the rank a standby "
+                                    "agent joins as")
     master_addr: str = _opt("127.0.0.1", "rendezvous address of the physical group")
     master_port: int = _opt(29500, "rendezvous port of the physical group")
     job_id: str = _opt("local", "job id, in logs and reports")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -14,15 +15,16 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.comm.physical import PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
-from elasticd.agent.config import AgentConfig
+from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.private.registry import attach as attach_private
 from elasticd.agent.resize import fallback
 from elasticd.agent.resize.moves import grow, shrink
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.script import load_function
+from elasticd.agent.slicer.device import set_deterministic
 from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -41,9 +43,14 @@ def _control(cfg: AgentConfig) -> ControlChannel:
 
 
 def _device(cfg: AgentConfig) -> torch.device:
+    """The agent's device. A CUDA standby started without a GPU (DEVICE_AT_JOIN) gets a placeholder until
+    its join names its rank: nothing touches CUDA before that (warm-up is CPU only)."""
     if cfg.device_type == "cuda":
-        device = torch.device("cuda", cfg.device_index)
-        torch.cuda.set_device(device)
+        if cfg.standby and cfg.device_index == DEVICE_AT_JOIN:
+            return torch.device("cuda")
+        index = cuda_ordinal(cfg.device_index, cfg.rank, torch.cuda.device_count(), shares_devices())
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)  # this thread's; worker threads set their own (slicer/runtime.py)
         return device
     return torch.device("cpu")
 
@@ -119,6 +126,7 @@ class AgentProcess:
                         traceback.format_exc())
                 return 1
             _set_threads(self.cfg, self.device, self.ef.deterministic)
+            set_deterministic(self.device, self.ef.deterministic)  # CUDA: before any worker's first kernel
             warm_up()
             # Hello means ready: a joining agent is told to go only once it can start computing at once.
             cfg = self.cfg
@@ -156,7 +164,7 @@ class AgentProcess:
         cfg = self.cfg
         assert self.phys is not None
         started = time.monotonic()
-        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers, self.device)
+        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers)
         log.info("restored the snapshot of resize %d in %.2fs", cfg.restore_epoch, time.monotonic() - started)
         return snap
 
@@ -167,6 +175,7 @@ class AgentProcess:
         self.cfg = dataclasses.replace(
             self.cfg, rank=int(join["rank"]), world=int(join["world"]), join_from=int(join["join_from"]),
             master_addr=str(join["master_addr"]), master_port=int(join["master_port"]), standby=False)
+        self.device = _device(self.cfg)  # a CUDA standby's GPU follows the rank it joins as
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True
 
@@ -201,7 +210,10 @@ class AgentProcess:
             control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
             return 0, None
         snap = runtime.snapshot()
-        del runtime  # the old workers' objects: their state now lives in `snap`
+        del runtime  # the old workers' objects: their state now lives in `snap`, in host memory
+        # Workers, contexts and the runtime reference each other: without a collection their model,
+        # optimizer and private tensors would hold device memory while the next segment allocates its own.
+        gc.collect()
         epoch = command.get("epoch")
         if cfg.snapshot_dir and isinstance(epoch, int) and epoch > 0:
             # Before any state moves: if the re-forming fails, this is what the job falls back to.

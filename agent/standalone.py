@@ -8,6 +8,7 @@ import torch
 
 from elasticd.agent.comm.layout import hosted_ranks
 from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.slicer.device import set_deterministic
 from elasticd.agent.slicer.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def run_standalone(ef: ElasticFunction) -> Any:
             raise SystemExit(code)
         return None
     device = torch.device("cuda", 0) if gpus == 1 else torch.device("cpu")
+    set_deterministic(device, ef.deterministic)  # CUDA: deterministic kernels, cuBLAS workspace, no cuDNN timing
     phys = PhysicalGroup(0, 1, device)
     runtime = Runtime(ef.fn, ef.workers, hosted_ranks(ef.workers, 1, 0), phys, device, ef.deterministic)
     return runtime.run().get(0)

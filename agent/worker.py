@@ -49,6 +49,7 @@ class Worker:
     result: Any = None
     restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
     snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
+    handover: Any = None  # CUDA: the event the previous worker recorded when it handed over (slicer/device.py)
 
 
 _tls = threading.local()

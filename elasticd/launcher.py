@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from elasticd.agent import module_command
-from elasticd.agent.config import AgentConfig
+from elasticd.agent.config import AgentConfig, launch_device_index
 from elasticd.agent.resize import parts
 from elasticd.ports import free_port
 
@@ -106,7 +106,7 @@ class LocalJob:
         cfg = AgentConfig(
             # A standby agent's rank and world are placeholders until its join command names them.
             script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=max(rank, 0), world=world,
-            device_type=self.device_type, device_index=rank, master_port=port, threads=self.threads,
+            device_type=self.device_type, device_index=launch_device_index(rank, self.device_type), master_port=port, threads=self.threads,
             device_memory=self.device_memory,
             error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}-{len(self.spares)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,

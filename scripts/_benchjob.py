@@ -14,7 +14,10 @@ stamps is one whole physical step (every hosted worker's turn plus the flush).
 
 Knobs (environment, so `elasticd run` needs no extra arguments): ELASTICD_BENCH_WORKERS (N, default 8),
 ELASTICD_BENCH_STEPS (default 40), ELASTICD_BENCH_BATCH (per rank, default 32), ELASTICD_BENCH_WIDTH
-(hidden width, default 512), ELASTICD_BENCH_OUT (where rank 0 writes its JSON).
+(hidden width, default 512), ELASTICD_BENCH_OUT (where rank 0 writes its JSON), ELASTICD_BENCH_DEVICE
+(`ideal_run`'s device, default cpu; the elastic function uses `ctx.device`). On a GPU every stamp is
+taken after a `torch.cuda.synchronize()`, in both loops alike: kernels run asynchronously, and a stamp
+at launch time would time the Python, not the step.
 
 Checkpoint knobs for the restart baseline of bench_resize (`train_ckpt`): ELASTICD_BENCH_SAVE_AT=k saves
 model + optimizer state to ELASTICD_BENCH_CKPT with `torch.save` after step k and stamps the wall-clock
@@ -41,6 +44,7 @@ WORKERS = int(os.environ.get("ELASTICD_BENCH_WORKERS", "8"))
 STEPS = int(os.environ.get("ELASTICD_BENCH_STEPS", "40"))
 BATCH = int(os.environ.get("ELASTICD_BENCH_BATCH", "32"))
 WIDTH = int(os.environ.get("ELASTICD_BENCH_WIDTH", "512"))
+DEVICE = torch.device(os.environ.get("ELASTICD_BENCH_DEVICE", "cpu"))
 IN_DIM, CLASSES, SAMPLES = 256, 10, 4096
 
 
@@ -93,6 +97,12 @@ def digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def _stamp(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _write(out: dict[str, Any]) -> None:
     path = os.environ.get("ELASTICD_BENCH_OUT")
     if path:
@@ -106,17 +116,17 @@ def ideal_run(steps: int, workers: int) -> tuple[list[float], float]:
     Returns `time.perf_counter()` stamps (start of every step, then once after the last) and the final
     parameter checksum.
     """
-    model = make_model()
+    model = make_model().to(DEVICE)
     opt = make_optimizer(model)
     stamps = []
     for step in range(steps):
-        stamps.append(time.perf_counter())
+        stamps.append(_stamp(DEVICE))
         opt.zero_grad()
         for r in range(workers):
             x, y = batch(r, step, workers)
-            (F.cross_entropy(model(x), y) / workers).backward()
+            (F.cross_entropy(model(x.to(DEVICE)), y.to(DEVICE)) / workers).backward()
         opt.step()
-    stamps.append(time.perf_counter())
+    stamps.append(_stamp(DEVICE))
     return stamps, checksum(model)
 
 
@@ -138,7 +148,7 @@ def _body(ctx: Any) -> None:
     for step in ctx.steps(STEPS):
         if step < first:
             continue  # the restarted job resumes after the checkpointed step (no work, no collective)
-        stamps.append(time.perf_counter())
+        stamps.append(_stamp(ctx.device))
         x, y = batch(ctx.rank, step, ctx.world_size)
         loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
         opt.zero_grad()
@@ -155,7 +165,7 @@ def _body(ctx: Any) -> None:
             out["saved_wall"] = time.time()
             _write(out)
     if ctx.rank == 0 and not resume:
-        stamps.append(time.perf_counter())
+        stamps.append(_stamp(ctx.device))
         out.update(stamps=stamps, checksum=checksum(model), digest=digest(model))
         _write(out)
 

@@ -84,6 +84,9 @@ def _parse() -> argparse.Namespace:
                     help="pin this process, hence (a) and (b), to this one core (default: the last allowed "
                          "core when --threads is 1; -1 = no pinning). (c) and (d) always get every core")
     ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where (a) and (b) run (cuda: cuda:0, the only visible GPU; (c) and (d) need a GPU per "
+                         "rank and are skipped). cpu hides any GPU from this process")
     ap.add_argument("--profile", action="store_true", help="also break down (b)'s time per step")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: N=4, a small model, few steps, one round (numbers not meaningful)")
@@ -92,6 +95,13 @@ def _parse() -> argparse.Namespace:
         a.workers, a.width, a.steps, a.warmup, a.pairs, a.repeats = 4, 64, 6, 2, 2, 1
     if a.steps - a.warmup < 2:
         ap.error("--steps must exceed --warmup by at least 2")
+    # Before anything initialises CUDA: the in-process run (b) takes the one visible GPU, or none.
+    if a.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+        a.skip = ",".join(filter(None, [a.skip, "m2", "ddp"]))
+    os.environ["ELASTICD_BENCH_DEVICE"] = a.device
     return a
 
 

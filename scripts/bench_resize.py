@@ -52,11 +52,20 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--width", type=int, default=512, help="MLP hidden width (default 512)")
     ap.add_argument("--at", type=int, default=10, help="K: shrink after step K, grow after step 2K (default 10)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of every variant (default 3)")
+    ap.add_argument("--device-type", choices=["cpu", "cuda"], default="cpu",
+                    help="agents' devices (cuda with fewer than 4 GPUs: agents share them over the gloo test "
+                         "backend, ELASTICD_DEVICE_BACKEND=gloo, which NCCL figures will not match)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: one round, a small model, the restart baseline for the shrink only")
     a = ap.parse_args()
     if a.quick:
         a.width, a.at, a.repeats = 64, 4, 1
+    a.device_args = ("--device-type", a.device_type)
+    if a.device_type == "cuda":
+        import torch  # only for a GPU run: the CPU benchmark never initialises CUDA here
+
+        if torch.cuda.device_count() < 4:
+            os.environ["ELASTICD_DEVICE_BACKEND"] = "gloo"  # inherited by every job_env()
     return a
 
 
@@ -64,7 +73,7 @@ def live(a: argparse.Namespace, tmp: str) -> dict[str, dict[str, float]]:
     """One `elasticd run` that shrinks 4 -> 2 and grows 2 -> 4; the launcher's figures per direction."""
     summary = out_file(tmp, "summary")
     steps = 3 * a.at + 5  # a few steps after the grow, so its first step at 4 devices surely completes
-    run(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", "4",
+    run(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", "4", *a.device_args,
                      "--scale-at", f"{a.at}:2,{2 * a.at}:4", "--summary", summary),
         job_env(workers=WORKERS, steps=steps, width=a.width), timeout=900)
     got = read_json(summary)
@@ -108,7 +117,8 @@ def restart(a: argparse.Namespace, tmp: str, old: int, new: int) -> dict[str, fl
     first = out_file(tmp, "first")
     # The first job trains "forever": it is killed once its checkpoint is on disk, like a job that loses a node.
     env = job_env(workers=WORKERS, steps=10**6, width=a.width, save_at=a.at, ckpt=ckpt, out=first)
-    proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(old)),
+    proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(old),
+                                         *a.device_args),
                             env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # its own process group: one killpg reaches every agent
     try:
@@ -127,7 +137,7 @@ def restart(a: argparse.Namespace, tmp: str, old: int, new: int) -> dict[str, fl
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     resumed = out_file(tmp, "resumed")
-    run(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(new)),
+    run(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(new), *a.device_args),
         job_env(workers=WORKERS, steps=a.at + 2, width=a.width, ckpt=ckpt, resume=1, out=resumed), timeout=900)
     done = read_json(resumed)["first_step_done_wall"]
     return {"seconds": done - killed, "teardown": gone - killed}
@@ -164,7 +174,8 @@ def main() -> None:
         speedup = f"{median(restart_s) / median(live_s):.1f}x" if restart_s else "-"
         rows.append([f"{direction} {old} -> {new}", fig(f"live {direction} seconds"), fig(f"live {direction} stall"),
                      fig(f"restart {direction} seconds"), fig(f"restart {direction} teardown"), speedup])
-    print(f"N={WORKERS} logical workers on CPU, MLP width {a.width}, resize after step {a.at} (shrink) and "
+    shared = " (agents sharing GPUs over gloo)" if os.environ.get("ELASTICD_DEVICE_BACKEND") == "gloo" else ""
+    print(f"N={WORKERS} logical workers on {a.device_type.upper()}{shared}, MLP width {a.width}, resize after step {a.at} (shrink) and "
           f"{2 * a.at} (grow), {a.repeats} round(s), medians in seconds; {load_average()}")
     print(table(["resize", "elasticd: request->step", "stall", "restart: kill->step", "of which teardown",
                  "restart/elasticd"], rows))

@@ -1,4 +1,8 @@
-"""Private-state swap throughput vs a plain `copy_` of the same bytes, in the same run, on the CPU device.
+"""Private-state swap throughput vs a plain `copy_` of the same bytes, in the same run, on one device.
+
+On `--device cuda` the state lives on cuda:0, the swap goes through the CUDA mover (pinned host buffers,
+side stream, events) and the baseline copies to pinned host buffers and back with `copy_(non_blocking=True)`;
+every timed call ends with a `torch.cuda.synchronize()`, so both sides are timed to completion.
 
 One worker's private state (a list of --slots float32 tensors, --mb MiB in all) is swapped out and back in
 through `elasticd.agent.private.registry.PrivateStore`, exactly as a hand-over does it (copy thread, pooled device blocks,
@@ -27,8 +31,7 @@ import torch
 
 from elasticd.agent.private.registry import PrivateStore
 from elasticd.agent.private.swap import cpu_checksum
-
-CPU = torch.device("cpu")
+from elasticd.agent.private.swap_cuda import cuda_checksum
 
 
 def _median_seconds(fn: Callable[[], None], prepare: Callable[[], None], reps: int) -> float:
@@ -47,22 +50,34 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=16, help="tensors it is split into")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
+    dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device("cpu")
+    cuda = dev.type == "cuda"
+
+    def done(fn: Callable[[], None]) -> Callable[[], None]:
+        if not cuda:
+            return fn
+
+        def synced() -> None:
+            fn()
+            torch.cuda.synchronize(dev)
+        return synced
     if a.threads:
         torch.set_num_threads(a.threads)
 
     numel = a.mb * 2**20 // 4 // a.slots
-    state = [torch.randn(numel) for _ in range(a.slots)]
+    state = [torch.randn(numel, device=dev) for _ in range(a.slots)]
     nbytes = sum(t.untyped_storage().nbytes() for t in state)
     moved = 2 * nbytes  # out + in
 
-    host = [torch.empty_like(t) for t in state]
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in state]
 
     def memcpy() -> None:
         for h, t in zip(host, state, strict=True):
-            h.copy_(t)
+            h.copy_(t, non_blocking=cuda)
         for h, t in zip(host, state, strict=True):
-            t.copy_(h)
+            t.copy_(h, non_blocking=cuda)
 
     def in_place() -> None:
         for t in state:
@@ -75,7 +90,7 @@ def main() -> None:
     def nothing() -> None:
         pass
 
-    stores = {dedup: PrivateStore(CPU, dedup=dedup) for dedup in (True, False)}
+    stores = {dedup: PrivateStore(dev, dedup=dedup) for dedup in (True, False)}
     for store in stores.values():
         store.register(0, state)
 
@@ -83,11 +98,11 @@ def main() -> None:
         def run() -> None:
             store.swap_out(0)
             store.swap_in(0)
-        return run
+        return done(run)
 
     # (label, timed function, what changes before each repetition, dedup store or None)
     cases: list[tuple[str, Callable[[], None], Callable[[], None], PrivateStore | None]] = [
-        ("memcpy (copy_ out and back)", memcpy, in_place, None),
+        ("memcpy (copy_ out and back)", done(memcpy), in_place, None),
         ("swap, dedup off, changed", swap(stores[False]), in_place, stores[False]),
         ("swap, dedup on, changed", swap(stores[True]), in_place, stores[True]),
         ("swap, dedup on, changed behind autograd", swap(stores[True]), behind_autograd, stores[True]),
@@ -102,15 +117,15 @@ def main() -> None:
     for _ in range(a.reps):  # interleaved, so machine noise hits every case alike
         for label, fn, prep, store in cases:
             before = store.stats.dedup_skipped if store else 0
-            seconds[label].append(_median_seconds(fn, prep, 1))
+            seconds[label].append(_median_seconds(fn, done(prep), 1))
             skipped[label] += (store.stats.dedup_skipped - before) if store else 0
 
     big = torch.cat([t.view(-1) for t in state]).view(torch.uint8)
-    checksum_s = _median_seconds(lambda: cpu_checksum(big), nothing, a.reps)
+    checksum_s = _median_seconds(lambda: (cuda_checksum if cuda else cpu_checksum)(big), nothing, a.reps)
 
     base = seconds[cases[0][0]]
     ratio = {label: statistics.median(b / x for b, x in zip(base, s, strict=True)) for label, s in seconds.items()}
-    print(f"private state: {nbytes / 2**20:.0f} MiB in {a.slots} slots; torch threads {torch.get_num_threads()}; "
+    print(f"private state on {dev}: {nbytes / 2**20:.0f} MiB in {a.slots} slots; torch threads {torch.get_num_threads()}; "
           f"{a.reps} repetitions")
     print(f"{'case':<42} {'ms':>8} {'GB/s':>7} {'vs memcpy':>10} {'slots skipped':>14}")
     for label, s in seconds.items():

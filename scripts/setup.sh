@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: a virtualenv in .venv with the CPU torch wheel first (a bare `torch`
 # requirement would pull a multi-GB CUDA build), then elasticd itself with its test extras.
+# VENV (default .venv) and TORCH_PIP_ARGS (default: torch==2.13.0 from the configured index) let
+# scripts/gpu_check.sh make a separate virtualenv with a CUDA build of torch instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
+VENV="${VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e '.[test]'
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of pip arguments
+"$VENV/bin/python" -m pip install --quiet ${TORCH_PIP_ARGS:-torch==2.13.0}
+"$VENV/bin/python" -m pip install --quiet -e '.[test]'

@@ -34,7 +34,7 @@ def _restore(rank: int, port: int, root: str, out: str) -> None:
 
     phys = PhysicalGroup.connect(rank, 2, torch.device("cpu"), "127.0.0.1", port)
     try:
-        snap = fallback.restore(phys, root, EPOCH, WORKERS, torch.device("cpu"))
+        snap = fallback.restore(phys, root, EPOCH, WORKERS)
         result: dict = {"workers": {r: w.to_dict() for r, w in snap.workers.items()},
                         "groups": [g.to_dict() for g in snap.groups]}
     except fallback.SnapshotMissing as e:
@@ -98,3 +98,39 @@ def test_a_part_saved_nowhere_is_a_clear_error_on_every_agent(tmp_path: Path) ->
     for result in got:
         assert result["error"] == ("snapshot of resize 3 lacks the replicated state and logical rank(s) [3]: "
                                    "saved on no node of the job")
+
+
+def _all_tensors(x: object) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _all_tensors(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _all_tensors(v)]
+    return []
+
+
+def test_restore_loads_on_the_cpu_whatever_the_agents_device(tmp_path: Path) -> None:
+    """RNG states must come back as CPU tensors (torch.set_rng_state / torch.cuda.set_rng_state and numpy's
+    .numpy() refuse others), so parts load onto the CPU even for an agent on another device ("meta" stands
+    in for a GPU here); loading the model/optimizer moves their tensors where they belong."""
+    import numpy as np
+
+    from elasticd.agent.comm.physical import PhysicalGroup
+    from elasticd.agent.slicer import rng
+
+    np.random.seed(5)
+    torch.manual_seed(5)
+    snap = snapshot([0, 1, 2, 3])
+    for w in snap.workers.values():
+        w.rng = rng.capture().to_dict()
+    expected = torch.rand(3)
+    fallback.save(tmp_path, EPOCH, snap, with_groups=True)
+    torch.manual_seed(6)
+
+    got = fallback.restore(PhysicalGroup(0, 1, torch.device("meta")), tmp_path, EPOCH, WORKERS)
+
+    everything = [g.to_dict() for g in got.groups] + [w.to_dict() for w in got.workers.values()]
+    assert {t.device.type for t in _all_tensors(everything)} == {"cpu"}
+    rng.restore(rng.RngState.from_dict(got.workers[2].rng))
+    assert torch.equal(torch.rand(3), expected)

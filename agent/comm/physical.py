@@ -1,7 +1,16 @@
-"""The physical process group: the M agents of a job (gloo on CPU, NCCL on CUDA).
+"""The physical process group: the M agents of a job (gloo on CPU; gloo for CPU tensors and NCCL for
+CUDA tensors on CUDA).
 
 Every physical collective of an agent goes through this class, so a world of one agent costs
 nothing and the logical layer never special-cases it.
+
+On CUDA the group is one process group with two backends, `"cpu:gloo,cuda:nccl"`: torch dispatches
+each collective by the device of its tensors, so small control tensors (the step-boundary vote, the
+snapshot table, user `ctx` collectives of CPU tensors) and the byte transfers of a resize stay on
+the host, while gradients go over NCCL. NCCL never sees a CPU tensor (it would fail), and no side
+group is needed (`new_group` must be entered by every rank, which only some agents of a resize would).
+The group is bound to the agent's GPU (`device_id`), so NCCL connects eagerly on that device and
+`barrier` allocates its tensor there rather than on whatever device is current.
 """
 
 from __future__ import annotations
@@ -10,6 +19,8 @@ import ctypes
 import datetime
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,29 +28,76 @@ import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in w
 
 log = logging.getLogger(__name__)
 
+# Test-only switch: "gloo" makes the group of CUDA agents plain gloo (which carries CUDA tensors too),
+# so that two agents can share one GPU, which NCCL refuses. Slower; never for real runs.
+DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """How the agents' process group is created for a device: what `init_process_group` and `barrier` get."""
+
+    backend: str
+    device_id: torch.device | None = None   # init_process_group(device_id=...): binds the group to the GPU
+    barrier_device_ids: list[int] | None = None
+
+    def init_kwargs(self) -> dict[str, Any]:
+        return {} if self.device_id is None else {"device_id": self.device_id}
+
+    def barrier_kwargs(self) -> dict[str, Any]:
+        return {} if self.barrier_device_ids is None else {"device_ids": list(self.barrier_device_ids)}
+
+
+def group_spec(device: torch.device, environ: Mapping[str, str] | None = None) -> GroupSpec:
+    """The process group for agents on `device` (a pure function of the device and the environment).
+
+    CPU: gloo. CUDA: one group, gloo for CPU tensors and NCCL for CUDA tensors, bound to the agent's GPU.
+    With ELASTICD_DEVICE_BACKEND=gloo (tests: two agents on one GPU): gloo for both, not bound.
+
+    Raises:
+        ValueError: a CUDA device without an index, or an unknown ELASTICD_DEVICE_BACKEND value.
+    """
+    env = os.environ if environ is None else environ
+    if device.type != "cuda":
+        return GroupSpec("gloo")
+    override = env.get(DEVICE_BACKEND_ENV, "")
+    if override == "gloo":
+        return GroupSpec("gloo")
+    if override not in ("", "nccl"):
+        raise ValueError(f"{DEVICE_BACKEND_ENV}={override!r}: expected 'nccl' (default) or 'gloo'")
+    if device.index is None:
+        raise ValueError(f"the agents' group needs a CUDA device with an index, got {device}")
+    return GroupSpec("cpu:gloo,cuda:nccl", device_id=device, barrier_device_ids=[device.index])
+
+
+def shares_devices(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether agents may share a GPU (only with the gloo test switch: NCCL refuses two ranks on one GPU)."""
+    env = os.environ if environ is None else environ
+    return env.get(DEVICE_BACKEND_ENV, "") == "gloo"
+
 
 class PhysicalGroup:
-    def __init__(self, rank: int, world: int, device: torch.device) -> None:
+    def __init__(self, rank: int, world: int, device: torch.device, spec: GroupSpec | None = None) -> None:
         self.rank = rank
         self.world = world
         self.device = device
+        self.spec = spec if spec is not None else group_spec(device)
         self.bytes_reduced = 0  # accounting for benchmarks and tests
-        self._gloo: Any = None
 
     @classmethod
     def connect(cls, rank: int, world: int, device: torch.device, master_addr: str, master_port: int,
                 timeout_s: float = 600.0) -> PhysicalGroup:
+        spec = group_spec(device)
         if world > 1:
             if master_addr in ("127.0.0.1", "localhost", "::1"):
                 # gloo otherwise resolves the hostname, which in containers often points nowhere useful.
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(
-                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world,
-                timeout=datetime.timedelta(seconds=timeout_s),
+                spec.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world,
+                timeout=datetime.timedelta(seconds=timeout_s), **spec.init_kwargs(),
             )
-            log.info("physical group up: rank %d of %d (%s)", rank, world, backend)
-        return cls(rank, world, device)
+            log.info("physical group up: rank %d of %d (%s)", rank, world, spec.backend)
+        return cls(rank, world, device, spec)
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():
@@ -76,29 +134,20 @@ class PhysicalGroup:
 
     def barrier(self) -> None:
         if self.world > 1:
-            dist.barrier()
+            dist.barrier(**self.spec.barrier_kwargs())
 
-    # Byte transfer for resize hand-overs. NCCL moves device tensors only, so on CUDA these go over a
-    # gloo side group (created lazily: only a resize needs it).
-    def _cpu_group(self) -> Any:
-        if self.device.type != "cuda":
-            return None
-        if self._gloo is None:
-            self._gloo = dist.new_group(backend="gloo")
-        return self._gloo
-
+    # Byte transfer for resize hand-overs: CPU tensors, which the group's gloo backend carries (also on
+    # CUDA, where the group is "cpu:gloo,cuda:nccl").
     def send_bytes(self, data: bytes, dst: int) -> None:
-        group = self._cpu_group()
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group)
-        dist.send(payload, dst, group=group)
+        dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst)
+        dist.send(payload, dst)
 
     def recv_bytes(self, src: int) -> bytes:
-        group = self._cpu_group()
         size = torch.zeros(1, dtype=torch.int64)
-        dist.recv(size, src, group=group)
+        dist.recv(size, src)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.recv(payload, src, group=group)
+        dist.recv(payload, src)
         # Straight from the tensor's memory: numpy is not a dependency of the runtime.
         return ctypes.string_at(payload.data_ptr(), payload.numel())
 

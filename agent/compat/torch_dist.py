@@ -212,6 +212,37 @@ if hasattr(c10d, "reduce_scatter_single"):
     _logical("reduce_scatter_single")(_reduce_scatter_tensor)
 
 
+# -- what has no logical form here ----------------------------------------------------------------
+
+# Object collectives pickle through torch's own all_gather/broadcast on the agents' group, and rooted or
+# point-to-point ops would run once per hosted rank over agents, not logical ranks: inside a worker they
+# would hang or answer wrongly, so they fail at once, naming themselves.
+UNSUPPORTED = (
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object_list", "recv_object_list",
+    "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "all_reduce_coalesced", "all_gather_coalesced", "monitored_barrier",
+)
+
+
+def _unsupported(name: str) -> None:
+    def impl(ctx: WorkerContext, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"elasticd: torch.distributed.{name} is not supported inside an elastic function (logical ranks "
+            f"share an agent process, so it would run over agents, not ranks). Supported on the default "
+            f"group: all_reduce, broadcast, all_gather, all_gather_into_tensor, reduce_scatter, "
+            f"reduce_scatter_tensor, barrier; for objects, all_gather a tensor encoding them."
+        )
+
+    if hasattr(c10d, name):  # names differ between torch versions
+        _logical(name)(impl)
+
+
+for _name in UNSUPPORTED:
+    _unsupported(_name)
+
+
 # -- DistributedDataParallel ----------------------------------------------------------------------
 
 class _DDPMeta(type(RealDDP)):  # type: ignore[misc]  # ABCMeta: DDP is a Joinable

@@ -9,8 +9,13 @@ the rules the CUDA caching allocator and stream semantics impose, with the same 
   worker wrote and writes a block only after earlier work on it is done.
 - A block read or written by the side stream gets `record_stream(side)`: when the storage is freed
   (`resize_(0)`) the allocator will not hand the block to other work before the side-stream copy is done.
-- The incoming worker's stream waits on the restore's event (`ready`), a GPU-side wait: the CPU does not
-  block, and a prefetch issued while another worker computes really overlaps it.
+- `ready` makes the current stream of the thread that calls it wait on the restore's event, a GPU-side
+  wait: the CPU does not block, and a prefetch issued while another worker computes really overlaps it.
+  At a hand-over the listeners run in the outgoing worker's thread, so that is the outgoing worker's
+  stream; the incoming worker may compute on another stream (`with torch.cuda.stream(s):`), and it is
+  ordered after the copies by the hand-over event, recorded on the outgoing stream after `ready` and
+  waited on in the incoming worker's own thread (`elasticd.agent.slicer.device`). Current streams are
+  per thread: a wait made on the outgoing thread's stream alone would not order the incoming worker.
 - Host buffers are pinned (page-locked) once per slot and reused: `non_blocking` copies from pageable
   memory would be synchronous, and pinning is slow. Both copies of a slot use the same side stream, so a
   buffer is never overwritten while a restore still reads it.

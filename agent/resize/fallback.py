@@ -23,7 +23,7 @@ import torch
 from elasticd.agent.comm.layout import hosted_ranks, owner_of
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.resize.parts import GROUPS, describe, epoch_dir, part_name, parts
-from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes
+from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, load_file
 
 
 class SnapshotMissing(RuntimeError):
@@ -62,10 +62,10 @@ def save(root: str | os.PathLike[str], epoch: int, snap: AgentSnapshot, with_gro
     return total
 
 
-def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, workers: int,
-            device: torch.device) -> AgentSnapshot:
+def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, workers: int) -> AgentSnapshot:
     """Every agent of the (re-started) job calls this: load its ranks' parts and the replicated state,
-    from its own node's files when they are there, else from the first agent that has them.
+    from its own node's files when they are there, else from the first agent that has them. Parts load
+    onto the CPU whatever the agent's device (see `snapshot.from_bytes`).
 
     Raises:
         SnapshotMissing: a part is on no agent's node (on every agent alike: they all see the same table).
@@ -78,7 +78,7 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
     table = torch.zeros(world, len(order), dtype=torch.int64)
     for i, part in enumerate(order):
         table[me, i] = int(part in local)
-    table = phys.all_reduce_(table.to(phys.device)).cpu()   # NCCL reduces device tensors only
+    table = phys.all_reduce_(table)   # a CPU tensor: the group carries those on every device (physical.py)
     lost = [part for i, part in enumerate(order) if not bool(table[:, i].any())]
     if lost:
         raise SnapshotMissing(f"snapshot of resize {epoch} lacks {describe(lost)}: saved on no node of the job")
@@ -99,8 +99,8 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
 
     def load(part: int) -> dict:
         if part in got:
-            return from_bytes(got[part], device)
-        return torch.load(d / part_name(part), map_location=device, weights_only=True)
+            return from_bytes(got[part])
+        return load_file(d / part_name(part))
 
     groups = [GroupSnapshot.from_dict(g) for g in load(GROUPS)["groups"]]
     return AgentSnapshot(groups=groups, workers={r: WorkerSnapshot.from_dict(load(r)) for r in sorted(mine)})

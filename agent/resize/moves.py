@@ -38,8 +38,8 @@ def plan_moves(workers: int, old: int, new: int) -> list[Move]:
     return moves
 
 
-def _exchange(phys: PhysicalGroup, me: int, moves: list[Move], snap: AgentSnapshot | None,
-              device: torch.device) -> dict[int, WorkerSnapshot]:
+def _exchange(phys: PhysicalGroup, me: int, moves: list[Move], snap: AgentSnapshot | None
+              ) -> dict[int, WorkerSnapshot]:
     """Send the snapshots `me` gives away, receive those it gets. Walking the moves in one global order
     never deadlocks: the smallest pending move always has both its agents waiting on it."""
     got: dict[int, WorkerSnapshot] = {}
@@ -48,7 +48,7 @@ def _exchange(phys: PhysicalGroup, me: int, moves: list[Move], snap: AgentSnapsh
             assert snap is not None
             phys.send_bytes(to_bytes(snap.workers[mv.rank].to_dict()), mv.dst)
         elif mv.dst == me:
-            got[mv.rank] = WorkerSnapshot.from_dict(from_bytes(phys.recv_bytes(mv.src), device))
+            got[mv.rank] = WorkerSnapshot.from_dict(from_bytes(phys.recv_bytes(mv.src)))
     return got
 
 
@@ -59,7 +59,7 @@ def shrink(phys: PhysicalGroup, snap: AgentSnapshot, workers: int, new_world: in
     Returns (None, snap) for an agent that leaves.
     """
     me, old = phys.rank, phys.world
-    got = _exchange(phys, me, plan_moves(workers, old, new_world), snap, phys.device)
+    got = _exchange(phys, me, plan_moves(workers, old, new_world), snap)
     phys.close()
     if me >= new_world:
         return None, snap
@@ -78,14 +78,14 @@ def grow(phys: PhysicalGroup | None, snap: AgentSnapshot | None, workers: int, o
     if phys is not None:
         phys.close()
     new = PhysicalGroup.connect(rank, new_world, device, master_addr, master_port)
-    got = _exchange(new, rank, plan_moves(workers, old_world, new_world), snap, device)
+    got = _exchange(new, rank, plan_moves(workers, old_world, new_world), snap)
     if rank == 0:
         assert snap is not None
         blob = to_bytes({"groups": [g.to_dict() for g in snap.groups]})
         for joiner in range(old_world, new_world):
             new.send_bytes(blob, joiner)
     if rank >= old_world:
-        groups = [GroupSnapshot.from_dict(g) for g in from_bytes(new.recv_bytes(0), device)["groups"]]
+        groups = [GroupSnapshot.from_dict(g) for g in from_bytes(new.recv_bytes(0))["groups"]]
         return new, AgentSnapshot(groups=groups, workers=got)
     assert snap is not None
     kept = {r: w for r, w in snap.workers.items() if owner_of(workers, new_world, r) == rank}

@@ -12,6 +12,7 @@ back with `weights_only=True`: plain containers and tensors, never arbitrary pic
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +66,17 @@ def to_bytes(obj: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def from_bytes(data: bytes, device: torch.device | str = "cpu") -> dict[str, Any]:
-    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+def from_bytes(data: bytes) -> dict[str, Any]:
+    """Always onto the CPU, whatever device the tensors were saved from or the agent runs on: RNG states
+    must be CPU ByteTensors (`torch.set_rng_state`, `torch.cuda.set_rng_state`, numpy's `.numpy()`), and
+    model/optimizer/private loading moves the rest to its device (`load_state_dict`, `copy_`) one tensor
+    at a time instead of holding a second copy of everything on the device."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A snapshot part written with `torch.save` to a file, onto the CPU (see `from_bytes`)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _rng_to_plain(rng: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded
 from elasticd.agent.slicer.context import Work, WorkerContext
+from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.loader import ResumableBatches
 from elasticd.agent.slicer.malloc import tune_malloc
 from elasticd.agent.worker import Worker, current_worker, set_current_worker
@@ -119,6 +120,7 @@ class Runtime:
             t.start()
         self._execute(None, self.baton.start())
         self._done.wait()
+        finish_run(self._cuda)  # the workers' kernels, on their own streams, are done before anything reads
         for end in self.end_listeners:
             end()
         if self._failure is not None:
@@ -133,9 +135,11 @@ class Runtime:
 
     def _body(self, w: Worker) -> None:
         set_current_worker(w)
+        enter_thread(self._cuda)  # the current CUDA device is per thread: the main thread's does not carry over
         w.sem.acquire()
         if self._aborted:
             return
+        wait_handover(self._cuda, w.handover)
         try:
             w.result = self.fn(w.ctx)
             if w.queued:  # async collectives never waited on still complete, as in torch.distributed
@@ -209,6 +213,7 @@ class Runtime:
         rng.restore(nxt.rng, self._cuda, live=live)
         for listener in self.switch_listeners:
             listener(me, nxt)
+        nxt.handover = record_handover(self._cuda)  # nxt's stream waits on it, in nxt's thread
         self.current = nxt
         nxt.sem.release()
 
@@ -216,6 +221,7 @@ class Runtime:
         w.sem.acquire()
         if self._aborted:
             raise _Aborted()
+        wait_handover(self._cuda, w.handover)
 
     def _flush(self, ranks: tuple[int, ...]) -> None:
         batches = [self._workers[r].queued for r in ranks]
@@ -361,9 +367,10 @@ class Runtime:
 
     def snapshot(self) -> AgentSnapshot:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""
-        groups = [GroupSnapshot(model=g.model.state_dict(),
-                                optimizer=g.optimizer.state_dict() if g.optimizer is not None else None,
-                                scheduler=g.scheduler.state_dict() if g.scheduler is not None else None)
+        host = saving.host_view  # in host memory: the next segment's model is built on the device meanwhile
+        groups = [GroupSnapshot(model=host(g.model.state_dict()),
+                                optimizer=host(g.optimizer.state_dict()) if g.optimizer is not None else None,
+                                scheduler=host(g.scheduler.state_dict()) if g.scheduler is not None else None)
                   for g in self.groups]
         missing = [r for r, w in self._workers.items() if w.snapshot is None]
         if missing:

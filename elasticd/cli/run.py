@@ -71,6 +71,11 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
                    f"logical worker", err=True)
         sys.exit(EXIT_USAGE)
     schedule = parse_scale_at(scale_at, workers)
+    if device_type == "cuda" and not ddp:
+        problem = _cuda_problem(max([devices, *(m for _, m in schedule)]))
+        if problem:
+            click.echo(f"Error: {problem}", err=True)
+            sys.exit(EXIT_USAGE)
     if ddp:
         from elasticd.agent.ddp_reference import run_native_ddp
 
@@ -81,6 +86,16 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
         os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
     sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0,
                        scale_at=schedule, summary=summary, snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else ""))
+
+
+def _cuda_problem(devices: int) -> str | None:
+    """Checked here, before any agent starts, so that too few GPUs is a usage error, not M agent crashes."""
+    import torch  # only for --device-type cuda: `elasticd run` on CPU does not pay torch's import here
+
+    from elasticd.agent.comm.physical import shares_devices
+    from elasticd.agent.config import cuda_capacity_problem
+
+    return cuda_capacity_problem(devices, torch.cuda.device_count(), shares_devices())
 
 
 def parse_scale_at(text: str, workers: int) -> list[tuple[int, int]]:

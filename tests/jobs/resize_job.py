@@ -51,7 +51,8 @@ def train(ctx) -> None:
     ds = TensorDataset(x, y, torch.arange(400))
     # bias=False before BatchNorm: BN cancels a bias, leaving it a round-off-only gradient that AdamW
     # would turn into lr-sized steps under any reordering of the sum (DESIGN.md).
-    model = nn.Sequential(nn.Linear(12, 24, bias=False), nn.BatchNorm1d(24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 3))
+    model = nn.Sequential(nn.Linear(12, 24, bias=False), nn.BatchNorm1d(24), nn.ReLU(), nn.Dropout(0.2),
+                          nn.Linear(24, 3)).to(ctx.device)  # a no-op on CPU; tests/test_cuda.py runs it on a GPU
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
     model, opt, sched = ctx.replicate(model, opt, sched)
@@ -65,7 +66,7 @@ def train(ctx) -> None:
         with open(os.path.join(log_dir, f"rank{ctx.rank}.log"), "a") as f:
             f.write(f"{step} {' '.join(map(str, idx.tolist()))}\n")
         seen += len(idx)
-        loss = F.cross_entropy(model(xb), yb)
+        loss = F.cross_entropy(model(xb.to(ctx.device)), yb.to(ctx.device))
         opt.zero_grad()
         loss.backward()
         ctx.clip_grad_norm_(1.0)
@@ -74,7 +75,7 @@ def train(ctx) -> None:
         ctx.log(loss=loss.item())
     torch.save(seen.clone(), os.path.join(log_dir, f"seen{ctx.rank}.pt"))
     if ctx.rank == 0:
-        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, os.environ["ELASTICD_TEST_OUT"])
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, os.environ["ELASTICD_TEST_OUT"])
 
 
 if __name__ == "__main__":
