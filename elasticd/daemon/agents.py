@@ -111,7 +111,7 @@ class Supervisor:
         old = self.core.jobs.get(msg.job_id)
         repeated = old is not None and old.state != "ended"
         port = 0 if msg.master_port or repeated else free_port(self.host)
-        self._execute(self.core.launch(msg, port), now)
+        self._execute_here(self.core.launch(msg, port), now)
         return repeated or self.core.jobs[msg.job_id].error is None
 
     def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[tuple[bytes, p.Message]]:
@@ -119,24 +119,24 @@ class Supervisor:
         return self._execute(self.core.kill(job_id, reason, now, graceful), now)
 
     def forget(self, job_ids: list[str]) -> None:
-        self._execute(self.core.forget(job_ids), time.time())
+        self._execute_here(self.core.forget(job_ids), time.time())
 
     def prepare(self, msg: p.PrepareResize, now: float) -> None:
-        self._execute(self.core.prepare(msg, free_port(self.host) if msg.pick_port else 0), now)
+        self._execute_here(self.core.prepare(msg, free_port(self.host) if msg.pick_port else 0), now)
 
     def go(self, msg: p.ResizeJob) -> list[tuple[bytes, p.Message]]:
         """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
         return self._execute(self.core.go(msg), time.time())
 
     def abort(self, msg: p.AbortResize, now: float) -> None:
-        self._execute(self.core.abort(msg, now), now)
+        self._execute_here(self.core.abort(msg, now), now)
 
     # --- messages from agents --------------------------------------------------------------------
 
     def agent_message(self, identity: bytes, msg: p.Message, now: float) -> str | None:
         """Apply an agent's message; returns an error text for the agent if it is not acceptable."""
         err, actions = self.core.agent_message(identity, msg, now)
-        self._execute(actions, now)
+        self._execute_here(actions, now)
         return err
 
     # --- watching --------------------------------------------------------------------------------
@@ -155,14 +155,14 @@ class Supervisor:
             code = proc.popen.poll()
             if code is not None:
                 del self._procs[agent.pid]
-                self._execute(self.core.exited(agent.pid, code, _error_of(proc, agent.rank, code), now), now)
+                self._execute_here(self.core.exited(agent.pid, code, _error_of(proc, agent.rank, code), now), now)
             elif sample and proc.ps is not None:
                 try:
                     with proc.ps.oneshot():
                         self.core.sampled(agent.pid, proc.ps.memory_info().rss, proc.ps.cpu_percent(None))
                 except psutil.Error:
                     pass
-        self._execute(self.core.tick(now), now)
+        self._execute_here(self.core.tick(now), now)
         changed, self.changed = self.changed, False
         return changed
 
@@ -232,6 +232,12 @@ class Supervisor:
             elif isinstance(a, DropSnapshots):
                 self._drop_snapshots(a.job_id, a.upto)
         return sends
+
+    def _execute_here(self, actions: list[Action], now: float) -> None:
+        """`_execute` where no caller takes agent commands: the core sends none there, and one that it
+        did would be a bug to see, not a command to lose quietly."""
+        for identity, msg in self._execute(actions, now):
+            log.error("internal: %r for agent %r dropped (nobody sends it)", msg.op, identity)
 
     def _start_agent(self, spawn: Spawn) -> int:
         """Spawn one agent process; its pid.

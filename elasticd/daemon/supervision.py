@@ -143,9 +143,10 @@ class Supervision:
         """Agent `pid` exited with `code`; `error`: its error report (or one made up from its log tail),
         used only when the exit is a failure."""
         where = self._by_pid.pop(pid, None)
-        if where is None:
+        job = self.jobs.get(where[0]) if where else None
+        if where is None or job is None:
             return []
-        job, agent = self.jobs[where[0]], where[1]
+        agent = where[1]
         before = job.state
         agent.exitcode = code
         self._by_identity.pop(agent.identity or b"", None)
