@@ -11,7 +11,7 @@ import pytest
 from cp_util import FAKE_AGENT, wait_until
 
 from elasticd import protocol as p
-from elasticd.daemon import agents as agents_mod
+from elasticd.daemon import supervision
 from elasticd.daemon.agents import Supervisor
 from elasticd.daemon.devices import cpu_devices, discover
 from elasticd.daemon.statedir import StateDir
@@ -63,7 +63,7 @@ def test_agent_dying_without_a_report_gets_a_synthesised_error_with_its_log_tail
 
 
 def test_stop_escalates_from_command_to_sigterm(sup, monkeypatch):
-    monkeypatch.setattr(agents_mod, "STOP_GRACE_S", 0.3)
+    monkeypatch.setattr(supervision, "STOP_GRACE_S", 0.3)
     assert launch(sup, "j4", {"FAKE_MODE": "deaf"})
     pids = [a.pid for a in report(sup, "j4").agents]
     assert sup.kill("j4", "test", time.time()) == []    # nobody said hello: no command to send, only signals

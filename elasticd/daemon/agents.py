@@ -1,17 +1,14 @@
-"""Spawning and watching this node's agent processes.
+"""Spawning and watching this node's agent processes: the I/O shell of elasticd.daemon.supervision.
 
-One agent process per (job, device), each in its own session so that stopping it reaches any child it
-started. Liveness comes from the process table (`Popen.poll`, psutil for RSS and CPU), not from the
-agent's own messages: a hung or SIGKILLed agent is still seen. Progress (step, loss) comes from the
-agents' control messages.
+The pure core decides (which agent to start, whom to signal, what to tell an agent or the scheduler);
+`Supervisor` feeds it what happened and carries out the actions it returns, as the scheduler's server
+carries out its state machine's. Here live the processes (`Popen`, psutil for RSS and CPU), signals,
+the warm spare pool (elasticd.daemon.spares) and the files under the state dir: logs, error reports,
+resize snapshots.
 
-Stopping escalates: a stop command on the control socket (the runtime stops at its next step
-boundary), then SIGTERM to the agent's process group, then SIGKILL. When one local agent of a job
-fails, its siblings are terminated at once: they would otherwise wait forever on a collective.
-
-Live resize (elasticd.daemon.resizing) adds two kinds of agents to a job: joiners, started warm before
-a grow and counted in only once they re-formed with the others, and agents that left in a shrink
-(`LocalJob.retired`), which exit 0 on their own and free their device when gone.
+One agent process per (job, device), each in its own session so that a signal to its process group
+reaches any child it started. Agents are started through a prelude that makes the kernel stop them if
+the daemon dies.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +30,17 @@ import psutil
 from elasticd import protocol as p
 from elasticd.agent import module_command
 from elasticd.agent.config import AgentConfig
-from elasticd.daemon.resizing import NodeResizes
+from elasticd.agent.resize import parts as saved_parts
+from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
 from elasticd.daemon.spares import SparePool
 from elasticd.daemon.statedir import StateDir
+from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
 from elasticd.ports import free_port
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 5.0     # after a stop command, before SIGTERM
-TERM_GRACE_S = 3.0     # after SIGTERM, before SIGKILL
 SAMPLE_EVERY_S = 1.0   # psutil sampling period
+_SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
 
 # Agents must not outlive a daemon that is SIGKILLed: nothing would watch or stop them, and they would
@@ -71,95 +69,32 @@ def _agent_env(job_env: dict[str, str]) -> dict[str, str]:
 
 
 @dataclass(eq=False)
-class Agent:
-    rank: int
-    device: p.DeviceInfo
+class _Process:
+    """What the shell holds of one agent until it is reaped."""
+
     popen: subprocess.Popen
+    ps: psutil.Process | None
     log_path: Path
     error_path: Path
-    ps: psutil.Process | None = None
-    identity: bytes | None = None       # control-socket identity once it said hello
-    exitcode: int | None = None
-    rss: int = 0
-    cpu: float = 0.0
-    step: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
-    step_times: list[tuple[float, int]] = field(default_factory=list)
-    # live resize
-    standby: bool = False      # a joiner, warm, waiting for the hand-over
-    joining: bool = False      # a joiner told to join, not yet re-formed with the others
-    epoch: int = 0             # last resize epoch this agent finished
-    stepped: int = 0           # last resize epoch after which it completed a step at the new size
-    left: bool = False         # left the job in a shrink: exits 0, then its device is free
-    dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
-    kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
-
-    @property
-    def pending(self) -> bool:
-        """A joiner that is not part of the job's group yet."""
-        return self.standby or self.joining
 
 
-@dataclass(eq=False)
-class LocalJob:
-    job_id: str
-    launch: p.LaunchJob
-    master_port: int
-    agents: dict[int, Agent] = field(default_factory=dict)   # by physical rank: the job's agents and joiners
-    retired: list[Agent] = field(default_factory=list)      # left in a shrink or dropped joiners, until gone
-    error: dict[str, Any] | None = None
-    resizes: list[dict[str, Any]] = field(default_factory=list)
-    killing: str | None = None          # reason, once a stop/kill started
-    term_at: float | None = None        # when to send SIGTERM
-    kill_at: float | None = None        # when to send SIGKILL
-    resize_epoch: int = 0               # the resize being prepared or carried out here
-    resize_port: int = 0                # its rendezvous port (this node hosts rank 0)
-    resize_error: dict[str, Any] | None = None   # a joiner died before the hand-over
-    restored: bool = False              # launched from a snapshot (restore_epoch) and a step completed since
-
-    def everyone(self) -> list[Agent]:
-        return [*self.agents.values(), *self.retired]
-
-    @property
-    def state(self) -> str:
-        if all(a.exitcode is not None for a in self.everyone()):
-            return "ended"
-        if all(a.identity is not None or a.exitcode is not None for a in self.agents.values() if not a.standby):
-            return "running"
-        return "launching"
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.killing is None and all(a.exitcode == 0 for a in self.agents.values())
-
-    def lead(self) -> Agent:
-        """The agent whose progress stands for the job here: the lowest physical rank on this node."""
-        return self.agents[min(self.agents)]
-
-    def retire(self, agent: Agent) -> None:
-        if self.agents.get(agent.rank) is agent:
-            del self.agents[agent.rank]
-            self.retired.append(agent)
-
-
-class Supervisor(NodeResizes):
+class Supervisor:
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
                  agent_command: list[str] | None = None, spares: int | None = 0) -> None:
         """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap."""
         self.sd = sd
-        self.devices = {d.device_id: d for d in devices}
+        self.core = Supervision(devices)
         self.control_endpoint = control_endpoint
         self.host = host
         self.agent_command = agent_command or default_agent_command()
-        self.jobs: dict[str, LocalJob] = {}
-        self._by_identity: dict[bytes, tuple[str, Agent]] = {}
+        self._procs: dict[int, _Process] = {}   # by pid, until reaped
         self._next_sample = 0.0
         self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
-        limit = len(self.devices) if spares is None else spares
+        limit = len(devices) if spares is None else spares
         self.spares = SparePool(limit if own else 0, _agent_env({}), sd.root, sd.root / "spares.log",
                                 wrap=with_death_signal)
         if limit and not own:
@@ -169,67 +104,170 @@ class Supervisor(NodeResizes):
         shutil.rmtree(sd.snapshot_root, ignore_errors=True)
         sd.snapshot_root.mkdir(mode=0o700, parents=True, exist_ok=True)   # /dev/shm is world-readable
 
-    # --- commands from the scheduler -------------------------------------------------------------
+    # --- commands from the scheduler: the agent commands to send on the control socket come back ---
 
     def launch(self, msg: p.LaunchJob, now: float) -> bool:
         """Spawn this node's agents of a job (idempotent). False if the launch was refused or failed."""
-        old = self.jobs.get(msg.job_id)
-        if old is not None and old.state != "ended":
-            log.info("job %s: launch repeated while its agents run; ignored", msg.job_id)
-            return True
-        if old is not None:
-            self._drop(old)
-        unknown = [pl.device_id for pl in msg.placements if pl.device_id not in self.devices]
-        port = msg.master_port or free_port(self.host)
-        job = LocalJob(msg.job_id, msg, port)
-        self.jobs[msg.job_id] = job
-        if unknown or not msg.placements:
-            job.error = {"message": f"node has no device(s) {unknown}" if unknown else "launch without ranks"}
-            log.error("job %s: %s", msg.job_id, job.error["message"])
-            return False
-        for pl in msg.placements:
-            try:
-                agent = self._start_agent(job, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}.json",
-                                          master_addr=msg.master_addr, master_port=port)
-            except (OSError, ValueError) as e:
-                job.error = {"message": f"cannot start agent {pl.rank}: {e}"}
-                log.error("job %s: %s", msg.job_id, job.error["message"])
-                self.kill(msg.job_id, "a sibling agent could not start", now, graceful=False)
-                return False
-            job.agents[pl.rank] = agent
-        log.info("job %s: launched ranks %s (world %d, rendezvous %s:%d)", msg.job_id,
-                 [pl.rank for pl in msg.placements], msg.world, msg.master_addr, port)
-        return True
+        old = self.core.jobs.get(msg.job_id)
+        repeated = old is not None and old.state != "ended"
+        port = 0 if msg.master_port or repeated else free_port(self.host)
+        self._execute_here(self.core.launch(msg, port), now)
+        return repeated or self.core.jobs[msg.job_id].error is None
 
-    def _start_agent(self, job: LocalJob, rank: int, world: int, device_id: str, error_name: str, *,
-                     master_addr: str = "", master_port: int = 0, standby: bool = False) -> Agent:
-        """Spawn one agent process of `job`.
+    def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[tuple[bytes, p.Message]]:
+        """Start stopping a job's agents; returns the stop commands to send on the control socket."""
+        return self._execute(self.core.kill(job_id, reason, now, graceful), now)
+
+    def forget(self, job_ids: list[str]) -> None:
+        self._execute_here(self.core.forget(job_ids), time.time())
+
+    def prepare(self, msg: p.PrepareResize, now: float) -> None:
+        self._execute_here(self.core.prepare(msg, free_port(self.host) if msg.pick_port else 0), now)
+
+    def go(self, msg: p.ResizeJob) -> list[tuple[bytes, p.Message]]:
+        """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
+        return self._execute(self.core.go(msg), time.time())
+
+    def abort(self, msg: p.AbortResize, now: float) -> None:
+        self._execute_here(self.core.abort(msg, now), now)
+
+    # --- messages from agents --------------------------------------------------------------------
+
+    def agent_message(self, identity: bytes, msg: p.Message, now: float) -> str | None:
+        """Apply an agent's message; returns an error text for the agent if it is not acceptable."""
+        err, actions = self.core.agent_message(identity, msg, now)
+        self._execute_here(actions, now)
+        return err
+
+    # --- watching --------------------------------------------------------------------------------
+
+    def poll(self, now: float) -> bool:
+        """Reap exited agents, escalate stops, sample usage. True when a job's state changed."""
+        self.spares.want(len(self.core.devices) - len(self.core.busy_devices()))
+        self.spares.replenish()
+        sample = now >= self._next_sample
+        if sample:
+            self._next_sample = now + SAMPLE_EVERY_S
+        for agent in self.core.live():
+            proc = self._procs.get(agent.pid)
+            if proc is None:
+                continue
+            code = proc.popen.poll()
+            if code is not None:
+                del self._procs[agent.pid]
+                self._execute_here(self.core.exited(agent.pid, code, _error_of(proc, agent.rank, code), now), now)
+            elif sample and proc.ps is not None:
+                try:
+                    with proc.ps.oneshot():
+                        self.core.sampled(agent.pid, proc.ps.memory_info().rss, proc.ps.cpu_percent(None))
+                except psutil.Error:
+                    pass
+        self._execute_here(self.core.tick(now), now)
+        changed, self.changed = self.changed, False
+        return changed
+
+    def reports(self) -> list[p.JobReport]:
+        return self.core.reports({job_id: self.snapshot_parts(job_id) for job_id in self.core.jobs})
+
+    def live_agents(self) -> int:
+        return len(self.core.live())
+
+    def shutdown(self, timeout_s: float = TERM_GRACE_S) -> None:
+        """Stop every agent now (SIGTERM, then SIGKILL after `timeout_s`) and reap them."""
+        self.spares.shutdown(timeout_s)
+        for agent in self.core.live():
+            _signal_group(agent.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for pid, proc in self._procs.items():
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(pid, signal.SIGKILL)
+                proc.popen.wait()
+        shutil.rmtree(self.sd.snapshot_root, ignore_errors=True)
+
+    # --- the snapshots kept for falling back (agent/resize/fallback.py) --------------------------
+
+    def snapshot_parts(self, job_id: str) -> tuple[int, list[int]]:
+        """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
+        root = self.sd.snapshot_dir(job_id)
+        epochs = saved_parts.epochs(root)
+        if not epochs:
+            return 0, []
+        return epochs[-1], saved_parts.parts(root, epochs[-1])
+
+    def _drop_snapshots(self, job_id: str, upto: int | None) -> None:
+        root = self.sd.snapshot_dir(job_id)
+        if upto is None:
+            shutil.rmtree(root, ignore_errors=True)
+            return
+        for epoch in saved_parts.epochs(root):
+            if epoch <= upto:
+                shutil.rmtree(saved_parts.epoch_dir(root, epoch), ignore_errors=True)
+                log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job_id, epoch)
+
+    # --- carrying out the core's actions ---------------------------------------------------------
+
+    def _execute(self, actions: list[Action], now: float) -> list[tuple[bytes, p.Message]]:
+        """Carry out `actions` in order; the agent commands among them are returned for the caller's socket."""
+        sends: list[tuple[bytes, p.Message]] = []
+        given_up: set[str] = set()   # jobs whose spawn failed in this batch
+        queue = list(actions)
+        while queue:
+            a = queue.pop(0)
+            if isinstance(a, Spawn):
+                if a.job_id in given_up:
+                    continue
+                try:
+                    self.core.started(a, self._start_agent(a))
+                except (OSError, ValueError) as e:
+                    given_up.add(a.job_id)
+                    queue += self.core.spawn_failed(a, str(e), now)
+            elif isinstance(a, Signal):
+                _signal_group(a.pid, _SIGNALS[a.sig])
+            elif isinstance(a, Send):
+                sends.append((a.identity, a.msg))
+            elif isinstance(a, Report):
+                self.changed = True
+            elif isinstance(a, DropSnapshots):
+                self._drop_snapshots(a.job_id, a.upto)
+        return sends
+
+    def _execute_here(self, actions: list[Action], now: float) -> None:
+        """`_execute` where no caller takes agent commands: the core sends none there, and one that it
+        did would be a bug to see, not a command to lose quietly."""
+        for identity, msg in self._execute(actions, now):
+            log.error("internal: %r for agent %r dropped (nobody sends it)", msg.op, identity)
+
+    def _start_agent(self, spawn: Spawn) -> int:
+        """Spawn one agent process; its pid.
 
         Raises:
             OSError, ValueError: it could not be started.
         """
-        msg = job.launch
-        dev = self.devices[device_id]
+        msg = spawn.launch
+        dev = self.core.devices[spawn.device_id]
         log_dir, err_dir = self.sd.log_dir(msg.job_id), self.sd.error_dir(msg.job_id)
         log_dir.mkdir(parents=True, exist_ok=True)
         err_dir.mkdir(parents=True, exist_ok=True)
-        err_path = err_dir / error_name
+        err_path = err_dir / spawn.error_name
         err_path.unlink(missing_ok=True)
-        cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=rank, world=world,
-                          device_type=dev.type, device_index=dev.index, master_addr=master_addr or "127.0.0.1",
-                          master_port=master_port, job_id=msg.job_id, control=self.control_endpoint,
-                          error_file=str(err_path), standby=standby,
-                          snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
-                          restore_epoch=0 if standby else msg.restore_epoch)
-        log_path = log_dir / f"rank{rank}.log"
+        cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=spawn.rank, world=spawn.world,
+                          device_type=dev.type, device_index=dev.index,
+                          master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
+                          job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
+                          standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
+                          restore_epoch=spawn.restore_epoch)
+        log_path = log_dir / f"rank{spawn.rank}.log"
         popen = self._spawn(cfg, msg, log_path)
-        agent = Agent(rank, dev, popen, log_path, err_path, standby=standby)
+        ps: psutil.Process | None = None
         try:
-            agent.ps = psutil.Process(popen.pid)
-            agent.ps.cpu_percent(None)
+            ps = psutil.Process(popen.pid)
+            ps.cpu_percent(None)
         except psutil.Error:
             pass
-        return agent
+        self._procs[popen.pid] = _Process(popen, ps, log_path, err_path)
+        return popen.pid
 
     def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen:
         env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id})
@@ -245,210 +283,17 @@ class Supervisor(NodeResizes):
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
 
-    def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[tuple[bytes, p.Message]]:
-        """Start stopping a job's agents; returns the stop commands to send on the control socket."""
-        job = self.jobs.get(job_id)
-        if job is None or job.state == "ended":
-            return []
-        if job.killing is None:
-            job.killing = reason
-            log.info("job %s: stopping agents (%s)", job_id, reason)
-        if not graceful:
-            if job.term_at != float("inf"):  # not already past SIGTERM
-                job.term_at = now
-                self._escalate(job, now)
-            return []
-        if job.term_at is not None:
-            return []
-        job.term_at = now + STOP_GRACE_S
-        return [(a.identity, p.AgentStop()) for a in job.everyone()
-                if a.identity is not None and a.exitcode is None]
 
-    def forget(self, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            job = self.jobs.get(job_id)
-            if job is not None and job.state == "ended":
-                self._drop(job)
-                # Over for the scheduler: no relaunch will restore from what its agents saved here.
-                shutil.rmtree(self.sd.snapshot_dir(job_id), ignore_errors=True)
-
-    # --- messages from agents --------------------------------------------------------------------
-
-    def agent_message(self, identity: bytes, msg: p.Message, now: float) -> str | None:
-        """Apply an agent's message; returns an error text for the agent if it is not acceptable."""
-        if isinstance(msg, p.AgentHello):
-            job = self.jobs.get(msg.job_id)
-            agent = job.agents.get(msg.rank) if job else None
-            if agent is None:
-                return f"no agent {msg.rank} of job {msg.job_id} runs on this node"
-            pid = msg.info.get("pid")
-            if isinstance(pid, int) and pid != agent.popen.pid:
-                return f"agent {msg.rank} of job {msg.job_id} is pid {agent.popen.pid}, not {pid}"
-            agent.identity = identity
-            self._by_identity[identity] = (msg.job_id, agent)
-            log.info("job %s: agent %d up (pid %d)%s", msg.job_id, msg.rank, agent.popen.pid,
-                     " as a warm joiner" if agent.standby else "")
-            return None
-        where = self._by_identity.get(identity)
-        job = self.jobs.get(where[0]) if where else None
-        agent = where[1] if where else None
-        if agent is None or job is None:
-            return "say agent_hello first"
-        if getattr(msg, "job_id", None) != job.job_id or getattr(msg, "rank", None) != agent.rank:
-            return f"this connection is agent {agent.rank} of job {job.job_id}"
-        if isinstance(msg, p.AgentStep):
-            agent.step = msg.step
-            agent.metrics = p.flat_scalars(msg.metrics)
-            agent.step_times.append((now, msg.step))
-            del agent.step_times[:-20]
-            if agent.epoch > agent.stepped:   # the first step at the new size ends a resize: tell at once
-                agent.stepped = agent.epoch
-                self.changed = True
-                # A step at the new size ran a collective with every agent: nothing falls back to the
-                # snapshot of this resize any more (nor of an older one).
-                self.drop_snapshots(job, agent.epoch)
-            elif job.launch.restore_epoch and not job.restored:
-                job.restored = True   # the same, for the snapshot this launch started from
-                self.drop_snapshots(job, job.launch.restore_epoch)
-        elif isinstance(msg, p.AgentFailed):
-            if agent.pending:
-                job.resize_error = job.resize_error or p.flat_scalars(msg.error)
-            elif job.error is None:
-                job.error = p.flat_scalars(msg.error)
-        elif isinstance(msg, p.AgentResized):
-            self.resized(job, agent, p.flat_scalars(msg.info))
-        elif not isinstance(msg, p.AgentDone):
-            return f"unexpected {msg.op!r} on the agent socket"
-        return None
-
-    # --- watching --------------------------------------------------------------------------------
-
-    def poll(self, now: float) -> bool:
-        """Reap exited agents, escalate stops, sample usage. True when a job's state changed."""
-        changed = False
-        busy = {a.device.device_id for j in self.jobs.values() for a in j.everyone() if a.exitcode is None}
-        self.spares.want(len(self.devices) - len(busy))
-        self.spares.replenish()
-        sample = now >= self._next_sample
-        if sample:
-            self._next_sample = now + SAMPLE_EVERY_S
-        for job in list(self.jobs.values()):
-            before = job.state
-            for agent in list(job.agents.values()):
-                if agent.exitcode is not None:
-                    continue
-                code = agent.popen.poll()
-                if code is not None:
-                    self._exited(job, agent, code, now)
-                elif sample and agent.ps is not None:
-                    try:
-                        with agent.ps.oneshot():
-                            agent.rss = agent.ps.memory_info().rss
-                            agent.cpu = agent.ps.cpu_percent(None)
-                    except psutil.Error:
-                        pass
-            for agent in list(job.retired):
-                if agent.exitcode is None:
-                    code = agent.popen.poll()
-                    if code is not None:
-                        self._exited(job, agent, code, now)
-                    elif agent.kill_at is not None and now >= agent.kill_at:
-                        agent.kill_at = None
-                        _signal_group(agent.popen.pid, signal.SIGKILL)
-            changed |= self.after_exits(job, now)
-            self._escalate(job, now)
-            changed |= job.state != before
-        changed |= self.changed
-        self.changed = False
-        return changed
-
-    def _exited(self, job: LocalJob, agent: Agent, code: int, now: float) -> None:
-        agent.exitcode = code
-        self._by_identity.pop(agent.identity or b"", None)
-        level = logging.INFO if code == 0 or agent.dropped else logging.WARNING
-        log.log(level, "job %s: agent %d (pid %d) exited with code %d%s", job.job_id, agent.rank, agent.popen.pid,
-                code, " (left in a resize)" if agent.left else " (joiner sent away)" if agent.dropped else "")
-        if agent.dropped or agent.left:
-            return
-        if agent.standby:
-            self.joiner_died(job, agent, code)
-            return
-        if code != 0 and job.killing is None:
-            if job.error is None:
-                job.error = self._error_of(agent, code)
-            job.error.setdefault("rank", agent.rank)
-            self.kill(job.job_id, f"agent {agent.rank} failed", now, graceful=False)
-
-    def _error_of(self, agent: Agent, code: int) -> dict[str, Any]:
-        try:
-            err = p.flat_scalars(json.loads(agent.error_path.read_text()))
-            if err:
-                return err
-        except (OSError, ValueError):
-            pass
-        return {"message": f"agent {agent.rank} exited with code {code} and left no error report "
-                           "(killed? out of memory?)", "log_tail": _tail(agent.log_path)}
-
-    def _escalate(self, job: LocalJob, now: float) -> None:
-        if job.term_at is not None and now >= job.term_at:
-            job.term_at = float("inf")
-            job.kill_at = now + TERM_GRACE_S
-            _signal_all(job, signal.SIGTERM)
-        if job.kill_at is not None and now >= job.kill_at:
-            job.kill_at = None
-            _signal_all(job, signal.SIGKILL)
-
-    def reports(self) -> list[p.JobReport]:
-        out = []
-        for job in self.jobs.values():
-            lead = job.lead() if job.agents else None
-            rate = 0.0
-            metrics: dict[str, Any] = {}
-            if lead is not None:
-                metrics = dict(lead.metrics)
-                rate = metrics.pop("steps_per_s", None) or _rate(lead.step_times)
-            saved = self.snapshot_parts(job)
-            out.append(p.JobReport(
-                job_id=job.job_id, state=job.state, ranks=sorted(job.agents), master_port=job.master_port,
-                step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
-                ok=job.ok, error=job.error, resizes=list(job.resizes), resize_epoch=job.resize_epoch,
-                resize_port=job.resize_port, resize_error=job.resize_error,
-                snapshot_epoch=saved[0], snapshot_parts=saved[1], restore_epoch=job.launch.restore_epoch,
-                agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.popen.pid,
-                                      alive=a.exitcode is None, connected=a.identity is not None,
-                                      exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,
-                                      epoch=a.epoch, stepped=a.stepped, left=a.left)
-                        for a in job.everyone()]))
-        return out
-
-    def live_agents(self) -> int:
-        return sum(a.exitcode is None for j in self.jobs.values() for a in j.everyone())
-
-    def shutdown(self, timeout_s: float = TERM_GRACE_S) -> None:
-        """Stop every agent now (SIGTERM, then SIGKILL after `timeout_s`) and reap them."""
-        self.spares.shutdown(timeout_s)
-        for job in self.jobs.values():
-            _signal_all(job, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for job in self.jobs.values():
-            for a in job.everyone():
-                try:
-                    a.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    _signal_group(a.popen.pid, signal.SIGKILL)
-                    a.popen.wait()
-        shutil.rmtree(self.sd.snapshot_root, ignore_errors=True)
-
-    def _drop(self, job: LocalJob) -> None:
-        for a in job.everyone():
-            self._by_identity.pop(a.identity or b"", None)
-        self.jobs.pop(job.job_id, None)
-
-
-def _signal_all(job: LocalJob, sig: int) -> None:
-    for a in job.everyone():
-        if a.exitcode is None:
-            _signal_group(a.popen.pid, sig)
+def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
+    """The agent's own error report, or one made up from its exit code and log tail."""
+    try:
+        err = p.flat_scalars(json.loads(proc.error_path.read_text()))
+        if err:
+            return err
+    except (OSError, ValueError):
+        pass
+    return {"message": f"agent {rank} exited with code {code} and left no error report "
+                       "(killed? out of memory?)", "log_tail": _tail(proc.log_path)}
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -456,12 +301,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _rate(times: list[tuple[float, int]]) -> float:
-    if len(times) < 2 or times[-1][0] <= times[0][0]:
-        return 0.0
-    return (times[-1][1] - times[0][1]) / (times[-1][0] - times[0][0])
 
 
 def _tail(path: Path, limit: int = 4000) -> str:

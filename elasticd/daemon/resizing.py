@@ -14,22 +14,23 @@ heartbeats, what the scheduler needs to take the next step:
 A joiner that dies before the go does not fail the job (it never joined it): the node reports a
 `resize_error` and the scheduler calls the resize off. If the job's own agents all end while joiners
 are still waiting (the job finished before the resize could happen), the joiners are sent away and
-the job ends normally.
+the job ends normally. The resize snapshots the agents save here for falling back
+(agent/resize/fallback.py) are dropped once a step completed after the resize.
+
+`NodeResizes` is pure, like the core that holds it (elasticd.daemon.supervision): the core owns the job
+table and hands it the job a command or event is about; it answers with actions (elasticd.daemon.actions)
+and never starts, signals or deletes anything itself.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import signal
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import Any
 
 from elasticd import protocol as p
-from elasticd.agent.resize import parts as saved_parts
-
-if TYPE_CHECKING:
-    from elasticd.daemon.agents import Agent, LocalJob
-    from elasticd.daemon.statedir import StateDir
+from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
+from elasticd.daemon.records import Agent, LocalJob
 
 log = logging.getLogger(__name__)
 
@@ -37,68 +38,47 @@ DROP_GRACE_S = 3.0   # SIGTERM -> SIGKILL for a joiner sent away
 
 
 class NodeResizes:
-    """The resize half of `Supervisor` (a mixin: it shares the job table and the spawning)."""
+    """The node's resize steps over the jobs the supervision core hands it."""
 
-    if TYPE_CHECKING:   # provided by Supervisor
-        jobs: dict[str, LocalJob]
-        devices: dict[str, p.DeviceInfo]
-        sd: StateDir
-        host: str
-        changed: bool
+    def __init__(self, devices: Collection[str]) -> None:
+        self.devices = devices
 
-        def _start_agent(self, job: LocalJob, rank: int, world: int, device_id: str, error_name: str, *,
-                         master_addr: str = "", master_port: int = 0, standby: bool = False) -> Agent: ...
-
-        def _drop(self, job: LocalJob) -> None: ...
-
-        def _error_of(self, agent: Agent, code: int) -> dict[str, Any]: ...
-
-    def prepare(self, msg: p.PrepareResize, now: float) -> None:
-        from elasticd.daemon.agents import LocalJob
-        from elasticd.ports import free_port
-
-        job = self.jobs.get(msg.job_id)
-        if job is None or (job.state == "ended" and not job.agents):
-            if job is not None:
-                self._drop(job)
-            launch = p.LaunchJob(job_id=msg.job_id, script=msg.script, func=msg.func, workers=msg.workers,
-                                 world=msg.world, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
-                                 env=msg.env)
-            job = LocalJob(msg.job_id, launch, 0)
-            self.jobs[msg.job_id] = job
+    def prepare(self, job: LocalJob, msg: p.PrepareResize, port: int) -> list[Action]:
+        """Spawn the joiners of resize `msg.epoch` (a repeated prepare does nothing); `port`: the
+        rendezvous port picked for the new group, used when `msg.pick_port`."""
         if job.resize_epoch == msg.epoch:
-            return   # a repeated prepare
+            return []
         job.resize_epoch, job.resize_error, job.resize_port = msg.epoch, None, 0
         if msg.pick_port:
-            job.resize_port = free_port(self.host)
+            job.resize_port = port
+        out: list[Action] = []
+        taken = {rank for rank, a in job.agents.items() if a.exitcode is None}
         for pl in msg.joiners:
-            old = job.agents.get(pl.rank)
-            if pl.device_id not in self.devices or (old is not None and old.exitcode is None):
+            if pl.device_id not in self.devices or pl.rank in taken:
                 why = "no such device" if pl.device_id not in self.devices else "rank still taken"
                 job.resize_error = {"message": f"cannot start joining agent {pl.rank} on {pl.device_id}: {why}"}
+                log.error("job %s resize %d: %s", msg.job_id, msg.epoch, job.resize_error["message"])
                 break
-            try:
-                agent = self._start_agent(job, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
-                                          standby=True)
-            except (OSError, ValueError) as e:
-                job.resize_error = {"message": f"cannot start joining agent {pl.rank}: {e}"}
-                break
-            job.agents[pl.rank] = agent
-        if job.resize_error is not None:
-            log.error("job %s resize %d: %s", msg.job_id, msg.epoch, job.resize_error["message"])
+            taken.add(pl.rank)
+            out.append(Spawn(job.launch, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
+                             standby=True))
         log.info("job %s resize %d (%d -> %d): joiners %s starting%s", msg.job_id, msg.epoch, msg.world_from,
                  msg.world, [pl.rank for pl in msg.joiners],
                  f"; rendezvous port {job.resize_port}" if job.resize_port else "")
+        return out
 
-    def go(self, msg: p.ResizeJob) -> list[tuple[bytes, p.Message]]:
+    def joiner_not_started(self, job: LocalJob, spawn: Spawn, reason: str) -> list[Action]:
+        """A joiner's process could not be started: the resize cannot happen, the job goes on."""
+        job.resize_error = {"message": f"cannot start joining agent {spawn.rank}: {reason}"}
+        log.error("job %s resize %d: %s", job.job_id, job.resize_epoch, job.resize_error["message"])
+        return []
+
+    def go(self, job: LocalJob, msg: p.ResizeJob) -> list[Action]:
         """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
-        job = self.jobs.get(msg.job_id)
-        if job is None:
-            return []
         job.resize_epoch = msg.epoch
         resize = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr,
                                master_port=msg.master_port)
-        out: list[tuple[bytes, p.Message]] = []
+        out: list[Action] = []
         for rank, a in sorted(job.agents.items()):
             if a.exitcode is not None:
                 continue
@@ -107,27 +87,24 @@ class NodeResizes:
                 continue
             if a.standby:
                 a.standby, a.joining = False, True
-                out.append((a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.world_from,
-                                                    master_addr=msg.master_addr, master_port=msg.master_port)))
+                out.append(Send(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.world_from,
+                                                        master_addr=msg.master_addr, master_port=msg.master_port)))
             else:
-                out.append((a.identity, resize))
+                out.append(Send(a.identity, resize))
                 if rank >= msg.devices:
                     job.retire(a)   # leaves after handing its workers over
         log.info("job %s resize %d: %d agents here told to re-form as %d at %s:%d", msg.job_id, msg.epoch, len(out),
                  msg.devices, msg.master_addr, msg.master_port)
         return out
 
-    def abort(self, msg: p.AbortResize, now: float) -> None:
-        job = self.jobs.get(msg.job_id)
-        if job is None:
-            return
+    def abort(self, job: LocalJob, msg: p.AbortResize, now: float) -> list[Action]:
         dropped = [a for a in job.agents.values() if a.pending]
-        for a in dropped:
-            self._send_away(job, a, now)
+        out = [x for a in dropped for x in self._send_away(job, a, now)]
         log.info("job %s resize %d called off (%s): joiners %s sent away", msg.job_id, msg.epoch, msg.reason,
                  [a.rank for a in dropped])
+        return out
 
-    def resized(self, job: LocalJob, agent: Agent, info: dict[str, Any]) -> None:
+    def resized(self, job: LocalJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
         epoch = info.get("epoch")
         # A joiner does not know the epoch it joined (agent.process `_join`); this node does.
         agent.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else job.resize_epoch
@@ -139,60 +116,60 @@ class NodeResizes:
         elif job.agents and agent is job.lead():
             job.resizes.append(info)
             del job.resizes[:-100]
-        self.changed = True
+        return [Report()]
 
-    def joiner_died(self, job: LocalJob, agent: Agent, code: int) -> None:
+    def stepped(self, job: LocalJob, agent: Agent) -> list[Action]:
+        """An agent completed a step: the first at the new size ends a resize (tell at once)."""
+        if agent.epoch > agent.stepped:
+            agent.stepped = agent.epoch
+            # A step at the new size ran a collective with every agent: nothing falls back to the
+            # snapshot of this resize any more (nor of an older one).
+            return [Report(), DropSnapshots(job.job_id, agent.epoch)]
+        if job.launch.restore_epoch and not job.restored:
+            job.restored = True   # the same, for the snapshot this launch started from
+            return [DropSnapshots(job.job_id, job.launch.restore_epoch)]
+        return []
+
+    def joiner_died(self, job: LocalJob, agent: Agent, code: int, error: dict[str, Any]) -> list[Action]:
         """A joiner exited before the hand-over: the resize is off, the job goes on without it."""
         agent.dropped = True
         job.retire(agent)
         if job.resize_error is None:
-            job.resize_error = {**self._error_of(agent, code), "rank": agent.rank}
+            job.resize_error = {**error, "rank": agent.rank}
         log.warning("job %s resize %d: joining agent %d exited with code %d before the hand-over", job.job_id,
                     job.resize_epoch, agent.rank, code)
-        self.changed = True
+        return [Report()]
 
-    def after_exits(self, job: LocalJob, now: float) -> bool:
+    def expire(self, job: LocalJob, now: float) -> list[Action]:
+        """SIGKILL the joiners sent away that did not go within their grace."""
+        out: list[Action] = []
+        for a in job.retired:
+            if a.exitcode is None and a.kill_at is not None and now >= a.kill_at:
+                a.kill_at = None
+                out.append(Signal(a.pid, "KILL"))
+        return out
+
+    def after_exits(self, job: LocalJob, now: float) -> list[Action]:
         """Send joiners away once the job's own agents here have all ended; forget retired agents that are
-        gone (the scheduler frees a device as soon as no live agent is reported on it). True if changed."""
-        changed = False
+        gone (the scheduler frees a device as soon as no live agent is reported on it)."""
+        out: list[Action] = []
         members = [a for a in job.everyone() if not a.pending and not a.dropped]
         pending = [a for a in job.agents.values() if a.pending and a.exitcode is None]
         if pending and members and all(a.exitcode is not None for a in members):
             log.info("job %s: its agents here ended before resize %d; joiners %s sent away", job.job_id,
                      job.resize_epoch, [a.rank for a in pending])
             for a in pending:
-                self._send_away(job, a, now)
-            changed = True
+                out += self._send_away(job, a, now)
         gone = [a for a in job.retired if a.exitcode is not None]
         if gone:
             job.retired = [a for a in job.retired if a.exitcode is None]
-            changed = True
-        return changed
+            out.append(Report())
+        return out
 
-    # --- the snapshots kept for falling back (agent/resize/fallback.py) ----------------------------------------
-
-    def snapshot_parts(self, job: LocalJob) -> tuple[int, list[int]]:
-        """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
-        root = self.sd.snapshot_dir(job.job_id)
-        epochs = saved_parts.epochs(root)
-        if not epochs:
-            return 0, []
-        return epochs[-1], saved_parts.parts(root, epochs[-1])
-
-    def drop_snapshots(self, job: LocalJob, upto: int) -> None:
-        root = self.sd.snapshot_dir(job.job_id)
-        for epoch in saved_parts.epochs(root):
-            if epoch <= upto:
-                shutil.rmtree(saved_parts.epoch_dir(root, epoch), ignore_errors=True)
-                log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job.job_id, epoch)
-
-    def _send_away(self, job: LocalJob, agent: Agent, now: float) -> None:
-        from elasticd.daemon.agents import _signal_group
-
+    def _send_away(self, job: LocalJob, agent: Agent, now: float) -> list[Action]:
         agent.dropped = True
         agent.standby = agent.joining = False
         job.retire(agent)
         # A standby agent has no state to save: SIGTERM at once, SIGKILL if it does not go.
-        _signal_group(agent.popen.pid, signal.SIGTERM)
         agent.kill_at = now + DROP_GRACE_S
-        self.changed = True
+        return [Signal(agent.pid, "TERM"), Report()]

@@ -1,0 +1,68 @@
+"""What the node's agent supervision core (elasticd.daemon.supervision) asks its I/O shell to do.
+
+The core decides; the shell (elasticd.daemon.agents) starts processes, sends signals, talks on the agents'
+socket and touches files. Keeping these as plain records lets the core be tested without any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from elasticd import protocol as p
+
+
+@dataclass(slots=True)
+class Spawn:
+    """Action: start one agent process of `launch.job_id` on `device_id`.
+
+    The shell answers with `Supervision.started` (the pid) or `Supervision.spawn_failed`. A command's
+    spawns for one job come in rank order; once one of them fails the core has given up on the rest,
+    so the shell starts no further spawn of that job from the same batch.
+    """
+
+    launch: p.LaunchJob
+    rank: int
+    world: int
+    device_id: str
+    error_name: str          # file name of the agent's error report in the job's error dir
+    master_addr: str = ""
+    master_port: int = 0
+    standby: bool = False    # a warm joiner for a live grow
+    restore_epoch: int = 0   # start from the node's resize snapshot of this epoch (0: from scratch)
+
+    @property
+    def job_id(self) -> str:
+        return self.launch.job_id
+
+
+@dataclass(slots=True)
+class Signal:
+    """Action: send SIGTERM or SIGKILL to the process group of agent `pid` (its own session)."""
+
+    pid: int
+    sig: Literal["TERM", "KILL"]
+
+
+@dataclass(slots=True)
+class Send:
+    """Action: deliver `msg` to the agent connected as `identity` on the agents' socket."""
+
+    identity: bytes
+    msg: p.Message
+
+
+@dataclass(slots=True)
+class Report:
+    """Action: the scheduler should hear about this node's jobs now, not at the next heartbeat."""
+
+
+@dataclass(slots=True)
+class DropSnapshots:
+    """Action: delete the job's resize snapshots on this node up to epoch `upto` (None: all, and the dir)."""
+
+    job_id: str
+    upto: int | None
+
+
+Action = Spawn | Signal | Send | Report | DropSnapshots

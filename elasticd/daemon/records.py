@@ -1,0 +1,84 @@
+"""The node's record of its agents and of the jobs they belong to: plain data, no processes.
+
+An `Agent` is known by its pid (unique while the daemon holds its unreaped process). A job's agents
+are indexed by physical rank; `LocalJob.retired` keeps, until they are gone, agents that left in a
+shrink (they exit 0 on their own, then their device is free) and joiners that were sent away. Live
+resize (elasticd.daemon.resizing) adds joiners: started warm before a grow and counted in only once
+they re-formed with the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd import protocol as p
+
+
+@dataclass(eq=False)
+class Agent:
+    rank: int
+    device: p.DeviceInfo
+    pid: int
+    identity: bytes | None = None       # control-socket identity once it said hello
+    exitcode: int | None = None
+    rss: int = 0
+    cpu: float = 0.0
+    step: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    step_times: list[tuple[float, int]] = field(default_factory=list)
+    # live resize
+    standby: bool = False      # a joiner, warm, waiting for the hand-over
+    joining: bool = False      # a joiner told to join, not yet re-formed with the others
+    epoch: int = 0             # last resize epoch this agent finished
+    stepped: int = 0           # last resize epoch after which it completed a step at the new size
+    left: bool = False         # left the job in a shrink: exits 0, then its device is free
+    dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
+    kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
+
+    @property
+    def pending(self) -> bool:
+        """A joiner that is not part of the job's group yet."""
+        return self.standby or self.joining
+
+
+@dataclass(eq=False)
+class LocalJob:
+    job_id: str
+    launch: p.LaunchJob
+    master_port: int
+    agents: dict[int, Agent] = field(default_factory=dict)   # by physical rank: the job's agents and joiners
+    retired: list[Agent] = field(default_factory=list)      # left in a shrink or dropped joiners, until gone
+    error: dict[str, Any] | None = None
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    killing: str | None = None          # reason, once a stop/kill started
+    term_at: float | None = None        # when to send SIGTERM
+    kill_at: float | None = None        # when to send SIGKILL
+    resize_epoch: int = 0               # the resize being prepared or carried out here
+    resize_port: int = 0                # its rendezvous port (this node hosts rank 0)
+    resize_error: dict[str, Any] | None = None   # a joiner died before the hand-over
+    restored: bool = False              # launched from a snapshot (restore_epoch) and a step completed since
+
+    def everyone(self) -> list[Agent]:
+        return [*self.agents.values(), *self.retired]
+
+    @property
+    def state(self) -> str:
+        if all(a.exitcode is not None for a in self.everyone()):
+            return "ended"
+        if all(a.identity is not None or a.exitcode is not None for a in self.agents.values() if not a.standby):
+            return "running"
+        return "launching"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.killing is None and all(a.exitcode == 0 for a in self.agents.values())
+
+    def lead(self) -> Agent:
+        """The agent whose progress stands for the job here: the lowest physical rank on this node."""
+        return self.agents[min(self.agents)]
+
+    def retire(self, agent: Agent) -> None:
+        if self.agents.get(agent.rank) is agent:
+            del self.agents[agent.rank]
+            self.retired.append(agent)
