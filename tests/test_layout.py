@@ -10,10 +10,10 @@ import ast
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"elasticd": REPO / "elasticd", "elasticd.agent": REPO / "agent"}  # pyproject's package-dir
