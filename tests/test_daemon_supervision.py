@@ -120,6 +120,18 @@ def test_an_agent_that_cannot_start_fails_the_launch_and_stops_the_started_ones(
     assert signals(node.core.tick(T0 + supervision.TERM_GRACE_S)) == [(100, "KILL")]
 
 
+def test_an_agent_that_said_done_is_not_sigtermed_while_it_exits():
+    node = Node()
+    idents = running(node)
+    node.core.kill("j", "user", T0)
+    err, _ = node.core.agent_message(idents[0], p.AgentDone(job_id="j", rank=0), T0 + 1)
+    assert err is None
+    assert signals(node.core.tick(T0 + supervision.STOP_GRACE_S)) == [(101, "TERM")]
+    # Still there once the kill deadline comes: a done agent stuck on its way out is not left running.
+    assert signals(node.core.tick(T0 + supervision.STOP_GRACE_S + supervision.TERM_GRACE_S)) == [
+        (100, "KILL"), (101, "KILL")]
+
+
 def test_stop_escalates_from_a_command_to_sigterm_to_sigkill():
     node = Node()
     idents = running(node)

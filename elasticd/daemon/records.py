@@ -35,6 +35,7 @@ class Agent:
     left: bool = False         # left the job in a shrink: exits 0, then its device is free
     dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
     kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
+    done: bool = False         # said agent_done: its workers returned and it is on its way out
 
     @property
     def pending(self) -> bool:

@@ -220,7 +220,9 @@ class Supervision:
                 job.error = p.flat_scalars(msg.error)
         elif isinstance(msg, p.AgentResized):
             return None, self.resizes.resized(job, agent, p.flat_scalars(msg.info))
-        elif not isinstance(msg, p.AgentDone):
+        elif isinstance(msg, p.AgentDone):
+            agent.done = True
+        else:
             return f"unexpected {msg.op!r} on the agent socket", []
         return None, []
 
@@ -264,7 +266,9 @@ class Supervision:
         if job.term_at is not None and now >= job.term_at:
             job.term_at = float("inf")
             job.kill_at = now + TERM_GRACE_S
-            out += [Signal(a.pid, "TERM") for a in job.everyone() if a.exitcode is None]
+            # An agent that said done obeyed the stop and is tearing down (gloo, threads, atexit: seconds on
+            # a loaded node); SIGTERM would turn its clean exit into a failure. It still gets SIGKILL below.
+            out += [Signal(a.pid, "TERM") for a in job.everyone() if a.exitcode is None and not a.done]
         if job.kill_at is not None and now >= job.kill_at:
             job.kill_at = None
             out += [Signal(a.pid, "KILL") for a in job.everyone() if a.exitcode is None]
