@@ -34,6 +34,8 @@ from typing import Any
 
 from elasticd.agent.resize import parts
 
+NO_DEADLINE = math.inf   # a plan's timeout_s for a shell that waits as long as it takes (`elasticd run`)
+
 # --- actions ----------------------------------------------------------------------------------------
 
 
@@ -261,5 +263,3 @@ class ResizePlan:
         err["message"] = f"{err.get('message', 'resize failed')}; {why}"
         return err
 
-
-NO_DEADLINE = math.inf
