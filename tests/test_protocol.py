@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import subprocess
+import sys
 import time
 import typing
 
@@ -214,3 +216,39 @@ def test_pipe_control_refuses_what_is_no_command(line, code):
         ctl.close()
         os.close(cmd_w)
         os.close(ev_r)
+
+
+ROGUE_JOB = '''
+import os
+import sys
+
+import torch
+
+import elasticd
+
+# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it
+# (the launcher loads this file too, to read the worker count: it has no pipe).
+if "--control" in sys.argv:
+    _, events = sys.argv[sys.argv.index("--control") + 1].removeprefix("pipe:").split(",")
+    os.write(int(events), b'{"v": VERSION, "op": "launch_missiles"}\\n')
+
+
+@elasticd.elastic(workers=1)
+def train(ctx):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ctx.replicate(model, opt)
+    for _ in ctx.steps(3):
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+'''.replace("VERSION", str(p.PROTOCOL_VERSION))
+
+
+def test_elasticd_run_ends_a_run_whose_agent_sends_what_is_no_event(tmp_path):
+    """Strict on the launcher's side too: a line it cannot read fails the run instead of being skipped."""
+    (tmp_path / "rogue.py").write_text(ROGUE_JOB)
+    out = subprocess.run([sys.executable, "-m", "elasticd", "run", "rogue.py", "--devices", "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "unreadable message from agent 0: unknown op 'launch_missiles'" in out.stderr, out.stderr[-3000:]
