@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,6 +26,7 @@ from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.script import load_function
 from elasticd.agent.slicer.device import set_deterministic
 from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
+from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def _control(cfg: AgentConfig) -> ControlChannel:
     if cfg.control and cfg.control.startswith("pipe:"):
         from elasticd.agent.control.pipe_channel import PipeControl
 
-        return PipeControl.from_spec(cfg.control, cfg.rank)
+        return PipeControl.from_spec(cfg.control, cfg.job_id, cfg.rank)
     if cfg.control:
         from elasticd.agent.control.zmq_channel import ZmqControl
 
@@ -84,20 +85,24 @@ def warm_up() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def _wait_for(control: ControlChannel, op: str, timeout_s: float | None) -> dict | None:
-    """The next `op` command (None if told to stop, or if the launcher went away)."""
+C = TypeVar("C", bound=AgentCommand)
+
+
+def _wait_for(control: ControlChannel, kind: type[C], timeout_s: float | None) -> C | None:
+    """The next command of type `kind` (None if told to stop, or if the launcher went away); other
+    commands meanwhile are not for this moment of the agent's life and are dropped."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     parent = os.getppid()
     while deadline is None or time.monotonic() < deadline:
         for cmd in control.poll():
-            if cmd.get("op") == op:
+            if isinstance(cmd, kind):
                 return cmd
-            if cmd.get("op") == "stop":
+            if isinstance(cmd, AgentStop):
                 return None
         if os.getppid() != parent:
             return None
         time.sleep(0.01)  # a control channel has no blocking read in its interface; poll gently
-    raise TimeoutError(f"no {op} command reached this agent in {timeout_s:.0f}s")
+    raise TimeoutError(f"no {kind.op} command reached this agent in {timeout_s:.0f}s")
 
 
 class AgentProcess:
@@ -169,12 +174,12 @@ class AgentProcess:
         return snap
 
     def _await_join(self) -> bool:
-        join = _wait_for(self.control, "join", None)
+        join = _wait_for(self.control, AgentJoin, None)
         if join is None:
             return False
         self.cfg = dataclasses.replace(
-            self.cfg, rank=int(join["rank"]), world=int(join["world"]), join_from=int(join["join_from"]),
-            master_addr=str(join["master_addr"]), master_port=int(join["master_port"]), standby=False)
+            self.cfg, rank=join.rank, world=join.world, join_from=join.join_from,
+            master_addr=join.master_addr, master_port=join.master_port, standby=False)
         self.device = _device(self.cfg)  # a CUDA standby's GPU follows the rank it joins as
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True
@@ -205,7 +210,7 @@ class AgentProcess:
             return 0, None
         started = time.monotonic()
         # Another agent may have voted for the resize; this one waits for its own copy of it.
-        command = runtime.command or _wait_for(control, "resize", 300.0)
+        command = runtime.command or _wait_for(control, AgentResize, 300.0)
         if command is None:  # stopped while waiting for the new layout
             control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
             return 0, None
@@ -214,8 +219,8 @@ class AgentProcess:
         # Workers, contexts and the runtime reference each other: without a collection their model,
         # optimizer and private tensors would hold device memory while the next segment allocates its own.
         gc.collect()
-        epoch = command.get("epoch")
-        if cfg.snapshot_dir and isinstance(epoch, int) and epoch > 0:
+        epoch = command.epoch
+        if cfg.snapshot_dir and epoch is not None and epoch > 0:
             # Before any state moves: if the re-forming fails, this is what the job falls back to.
             assert self.phys is not None
             saving = time.monotonic()
@@ -228,22 +233,22 @@ class AgentProcess:
                       "if this resize fails half-way the job cannot fall back", file=sys.stderr, flush=True)
         return self._relayout(command, snap, started)
 
-    def _relayout(self, command: dict[str, Any], snap: AgentSnapshot, started: float
+    def _relayout(self, command: AgentResize, snap: AgentSnapshot, started: float
                   ) -> tuple[int | None, AgentSnapshot | None]:
         cfg, phys = self.cfg, self.phys
         assert phys is not None
-        new_world = int(command["world"])
-        addr, port = str(command["master_addr"]), int(command["master_port"])
+        new_world = command.world
+        addr, port = command.master_addr, command.master_port
         if new_world < phys.world:
             self.phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port)
         elif new_world > phys.world:
             self.phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, self.device,
                                    addr, port)
         left = self.phys is None
-        self.control.resized({"epoch": command.get("epoch"), "world": new_world, "rank": cfg.rank,
+        self.control.resized({"epoch": command.epoch, "world": new_world, "rank": cfg.rank,
                               "left": left, "seconds": time.monotonic() - started})
         if left:
-            if command.get("standby"):
+            if command.standby:
                 self.cfg = dataclasses.replace(cfg, standby=True)
                 return None, None
             # Nothing of the user's runs any more; an interpreter and torch shutdown would hold the

@@ -2,7 +2,8 @@
 
 Gang semantics: all agents start together; if one fails, its error (logical rank, host, traceback)
 is shown and every other agent is stopped, so nothing hangs on a collective that can never finish.
-The launcher talks to its agents over pipes (`elasticd.agent.control.pipe_channel`), which also lets it resize the
+The launcher talks to its agents over pipes (`elasticd.agent.control.pipe_channel`) in the daemon's vocabulary
+(the typed messages of `elasticd.protocol.agents`, one JSON line each), which also lets it resize the
 job live on a schedule (`--scale-at STEP:M`): the same resize path the daemon drives, minus the
 scheduler. As under the daemon, the agents save each resize's snapshot to tmpfs before any state moves
 (agent/resize/fallback.py), and a resize that fails half-way (an agent dies after the go) is rolled back: every
@@ -27,12 +28,16 @@ from typing import Any
 
 import psutil
 
+from elasticd import protocol as p
 from elasticd.agent import module_command
 from elasticd.agent.config import AgentConfig, launch_device_index
+from elasticd.agent.control.pipe_channel import LineReader, encode_line
 from elasticd.agent.resize import parts
 from elasticd.ports import free_port
+from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, ResizePlan, RollBack
 
 log = logging.getLogger(__name__)
+HERE = "local"   # the one place of a local job's layout, in the resize plan's terms
 
 
 @dataclass(eq=False)
@@ -42,7 +47,7 @@ class _Agent:
     commands: int          # our end of the command pipe
     events: int            # our end of the event pipe
     error_file: str
-    buf: bytes = b""
+    reader: LineReader = field(default_factory=lambda: LineReader(p.EVENTS))
     ready: bool = False     # said hello: script loaded, warmed up
 
 
@@ -87,9 +92,9 @@ class LocalJob:
         self.spares: list[_Agent] = []  # warm standby agents for the schedule's grows
         self.resizes: list[Resize] = []
         self._pending = sorted(self.scale_at)
-        self._resizing: Resize | None = None
-        self._joining: tuple[dict[str, Any], set[int]] | None = None  # grow command, joiners not ready
-        self._resized_acks: set[int] = set()
+        self._plan: ResizePlan | None = None         # the decisions about the resize in flight
+        self._resizing: Resize | None = None         # its record, for the summary
+        self._command: p.AgentResize | None = None   # what the running agents are told at its go
         self._sel = selectors.DefaultSelector()
         self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
         self._own_snapshots = not self.snapshot_dir
@@ -129,59 +134,51 @@ class LocalJob:
         for _ in range(future - self.world - len(self.spares)):
             self.spares.append(self._spawn(-1, 1, 0, standby=True))
 
-    def _send(self, agent: _Agent, command: dict[str, Any]) -> None:
+    def _send(self, agent: _Agent, command: p.AgentCommand) -> None:
         try:
-            os.write(agent.commands, (json.dumps(command) + "\n").encode())
+            os.write(agent.commands, encode_line(command))
         except BrokenPipeError:
             pass  # the agent died; its exit code tells the story
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         procs = [a.proc for a in [*self.agents.values(), *self.retired, *self.spares]]
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for p in procs:
+        for proc in procs:
             try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                proc.kill()
+                proc.wait()
 
     # -- events -------------------------------------------------------------------------------
-    def _on_event(self, agent: _Agent, ev: dict[str, Any]) -> None:
-        kind = ev.get("event")
-        if kind == "step" and agent.rank == 0 and agent in self.agents.values():
-            self._on_step(int(ev["step"]), ev.get("metrics") or {})
-        elif kind == "hello":
+    def _on_event(self, agent: _Agent, ev: p.Message) -> None:
+        plan = self._plan
+        if isinstance(ev, p.AgentStep) and agent.rank == 0 and agent in self.agents.values():
+            self._on_step(ev.step, ev.metrics)
+        elif isinstance(ev, p.AgentHello):
             agent.ready = True
-            if self._joining is not None:
-                self._joining[1].discard(agent.rank)
-                if not self._joining[1]:
-                    command = self._joining[0]
-                    self._joining = None
-                    self._go(command)
-        elif kind == "resized":
-            self._resized_acks.add(agent.rank)
+            if plan is not None:
+                self._execute(plan.joiner_ready(agent.rank, time.monotonic()))
+        elif isinstance(ev, p.AgentResized) and plan is not None:
+            plan.reformed(agent.rank)
 
     def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step = step
         now = time.monotonic()
-        r = self._resizing
-        if r is not None and self._resized_acks >= set(range(r.dst)) and step > r.step:
-            r.seconds = now - r.requested
-            r.stall = now - (r.last_old_step or r.requested)
-            r.outcome = "done"
-            self._resizing = None
-            self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
-            self._say(f"resized {r.src} -> {r.dst} devices in {r.seconds:.2f}s "
-                      f"(training paused {r.stall:.2f}s)")
+        plan, r = self._plan, self._resizing
+        # Steps after the go can still be at the old size; once every rank re-formed, the next is at the new.
+        done = plan.stepped(now) if plan is not None and step > plan.step else []
+        if done:
+            self._execute(done)
         elif self._restore_epoch:
             self._restore_epoch = 0
             self._drop_snapshots()
-        elif r is not None and not self._resized_acks:
+        elif plan is not None and r is not None and not plan.acked:
             r.last_old_step = now
-        if self._resizing is None and self._pending and step >= self._pending[0][0]:
+        if self._plan is None and self._pending and step >= self._pending[0][0]:
             _, target = self._pending.pop(0)
             self._resize(step, target)
         if now - self._last_print >= 2.0:
@@ -195,66 +192,99 @@ class LocalJob:
             return
         self.epoch += 1
         port = free_port()
-        self._resizing = Resize(step=step, src=self.world, dst=target, requested=time.monotonic())
+        now = time.monotonic()
+        old = self.world
+        plan = self._plan = ResizePlan.begin(
+            epoch=self.epoch, src=old, dst=target, why="--scale-at", now=now, step=step, timeout_s=NO_DEADLINE,
+            placement=[[HERE, str(rank)] for rank in range(target)])
+        self._resizing = Resize(step=step, src=old, dst=target, requested=now)
         self.resizes.append(self._resizing)
-        self._resized_acks = set()
         # Agents that leave stay warm for a grow still to come, instead of exiting.
         keep_warm = max((m for _, m in self._pending), default=0) > target
-        command = {"op": "resize", "epoch": self.epoch, "world": target, "master_addr": "127.0.0.1",
-                   "master_port": port, "standby": keep_warm}
-        old = self.world
-        if target > old:
+        self._command = p.AgentResize(epoch=self.epoch, world=target, master_addr="127.0.0.1", master_port=port,
+                                      standby=keep_warm)
+        if plan.joiners:
             # The job keeps training until every joining agent is ready; then it stops for the hand-over.
             self.world = target
-            waiting = set()
-            for rank in range(old, target):
+            for rank in plan.joiners:
                 if self.spares:
                     agent = self.spares.pop(0)
                     agent.rank = rank
                     self.agents[rank] = agent
-                    self._send(agent, {"op": "join", "rank": rank, "world": target, "join_from": old,
-                                       "master_addr": "127.0.0.1", "master_port": port})
+                    self._send(agent, p.AgentJoin(rank=rank, world=target, join_from=old, master_addr="127.0.0.1",
+                                                  master_port=port))
                 else:
-                    agent = self._spawn(rank, target, port, join_from=old)
-                if not agent.ready:
-                    waiting.add(rank)
-            if waiting:
-                self._joining = (command, waiting)
-            else:
-                self._go(command)
-        else:
-            self._go(command)
-            for rank in range(target, old):
-                agent = self.agents.pop(rank)
-                (self.spares if keep_warm else self.retired).append(agent)
-            self.world = target
-            self._top_up_spares()
+                    self._spawn(rank, target, port, join_from=old)
+        actions = plan.port_known(port, now)
+        for rank in plan.joiners:
+            if self.agents[rank].ready:
+                actions += plan.joiner_ready(rank, now)
+        self._execute(actions)
 
-    def _go(self, command: dict[str, Any]) -> None:
-        r = self._resizing
-        assert r is not None
-        r.commanded = time.monotonic()
-        for rank in range(r.src):
+    def _execute(self, actions: list[Action]) -> None:
+        """What the resize plan decided; the failures (Abort, RollBack) are acted on in `run`."""
+        for action in actions:
+            if isinstance(action, Go):
+                self._go()
+            elif isinstance(action, Done):
+                self._done(action)
+
+    def _go(self) -> None:
+        plan, r, command = self._plan, self._resizing, self._command
+        assert plan is not None and r is not None and command is not None
+        r.commanded = plan.commanded_at
+        for rank in range(plan.src):
             self._send(self.agents[rank], command)
         self._say(f"resize {r.src} -> {r.dst} devices: agents told to hand over at their next step boundary")
+        if plan.leavers:
+            for rank in plan.leavers:
+                agent = self.agents.pop(rank)
+                (self.spares if command.standby else self.retired).append(agent)
+            self.world = plan.dst
+            self._top_up_spares()
+
+    def _done(self, done: Done) -> None:
+        r = self._resizing
+        assert r is not None
+        now = time.monotonic()
+        r.seconds = done.seconds
+        r.stall = now - (r.last_old_step or r.requested)
+        r.outcome = "done"
+        self._plan, self._resizing, self._command = None, None, None
+        self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
+        self._say(f"resized {r.src} -> {r.dst} devices in {r.seconds:.2f}s (training paused {r.stall:.2f}s)")
 
     def _drop_snapshots(self) -> None:
         for epoch in parts.epochs(self.snapshot_dir):   # only what the agents wrote: --snapshot-dir is the user's
             shutil.rmtree(parts.epoch_dir(self.snapshot_dir, epoch), ignore_errors=True)
 
-    def _can_fall_back(self) -> bool:
-        """A resize was under way past the go, and its snapshot is whole."""
-        r = self._resizing
-        if r is None or r.commanded is None:
+    def _agent_died(self, bad: _Agent) -> bool:
+        """An agent exited badly. True: the job goes on (fell back to the last resize's snapshot);
+        False: the run fails, every agent stopped."""
+        plan = self._plan
+        error = {"message": f"agent {bad.rank} exited with code {bad.proc.returncode}"}
+        actions = plan.agent_failed(time.monotonic(), error, joiner=bad.rank in plan.joiners) if plan else []
+        if not any(isinstance(a, RollBack) for a in actions):
+            # No hand-over under way (an Abort included: `elasticd run` has no joiners to drop and go on
+            # without, it fails as before the resize began).
             return False
-        return not parts.missing(self.workers, parts.parts(self.snapshot_dir, self.epoch))
+        assert plan is not None
+        self._read(0)
+        self.stop_all()   # synchronous: once it returns no agent of the job runs on this machine
+        plan.note_saved(HERE, parts.parts(self.snapshot_dir, plan.epoch))
+        plan.place_gone(HERE)
+        for action in plan.settle([HERE], self.workers):
+            if isinstance(action, FallBack):
+                self._fall_back(bad)
+                return True
+            if isinstance(action, Fail):
+                self._say(str(action.error.get("message", action.reason)))
+        return False
 
     def _fall_back(self, bad: _Agent) -> None:
-        """Stop every agent and start the job again on the old number of devices from the snapshot."""
+        """Every agent is stopped: start the job again on the old number of devices from the snapshot."""
         r = self._resizing
         assert r is not None
-        self._read(0)
-        self.stop_all()
         self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} during the resize {r.src} -> {r.dst}; "
                   f"restarting on {r.src} devices from the snapshot saved at its step boundary")
         for a in [*self.agents.values(), *self.retired, *self.spares]:
@@ -263,7 +293,7 @@ class LocalJob:
                 os.close(a.events)
             os.close(a.commands)
         r.outcome = "rolled back"
-        self._resizing, self._joining, self._resized_acks = None, None, set()
+        self._plan, self._resizing, self._command = None, None, None
         self.agents, self.retired, self.spares = {}, [], []
         self.world = r.src
         self._restore_epoch = self.epoch
@@ -284,11 +314,12 @@ class LocalJob:
                 self._sel.unregister(agent.events)
                 os.close(agent.events)
                 continue
-            agent.buf += chunk
-            *lines, agent.buf = agent.buf.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    self._on_event(agent, json.loads(line))
+            try:
+                events = agent.reader.feed(chunk)
+            except p.ProtocolError as e:
+                raise p.ProtocolError(e.code, f"agent {agent.rank}: {e.message}") from None
+            for ev in events:
+                self._on_event(agent, ev)
 
     # -- main loop ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -302,8 +333,7 @@ class LocalJob:
                 self._read(0.1)
                 everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
-                if bad is not None and self._can_fall_back():
-                    self._fall_back(bad)
+                if bad is not None and self._agent_died(bad):
                     continue
                 if bad is not None:
                     self._read(0)  # pick up its last words
@@ -314,7 +344,8 @@ class LocalJob:
                     return 1
                 # Done when every agent of the job has exited; spares, and joiners the job finished
                 # without, have no one left to join.
-                waiting = self._joining[1] if self._joining is not None else set()
+                plan = self._plan
+                waiting = set(plan.joiners) - set(plan.ready) if plan is not None and plan.phase == "prepare" else set()
                 job = [a for a in [*self.agents.values(), *self.retired] if a.rank not in waiting]
                 if all(a.proc.poll() == 0 for a in job):
                     self._read(0)
@@ -322,6 +353,12 @@ class LocalJob:
                         self._say("job finished before the grow took effect")
                     self.stop_all()
                     return 0
+        except p.ProtocolError as e:
+            # Launcher and agents are one install: a line either side cannot read is a bug, and guessing
+            # what it meant could resize or stop the wrong way. End the run instead.
+            self.stop_all()
+            self._say(f"stopping the job: unreadable message from {e.message}")
+            return 1
         except KeyboardInterrupt:
             self.stop_all()
             raise

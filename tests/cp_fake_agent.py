@@ -26,6 +26,11 @@ from elasticd.agent.config import parse_args
 from elasticd.agent.control.zmq_channel import ZmqControl
 
 
+def _polled(ctl) -> list[dict]:
+    """The commands that arrived, as wire maps without the envelope: what FAKE_OUT records and tests read."""
+    return [{k: v for k, v in m.to_wire().items() if k not in ("v", "rid")} for m in ctl.poll()]
+
+
 def _error(cfg, ctl, message: str) -> None:
     err = {"rank": cfg.rank, "logical_rank": cfg.hosted[0], "host": "fakehost",
            "message": message, "traceback": f"Traceback (fake)\n{message}\n"}
@@ -46,7 +51,7 @@ def _join(cfg, ctl) -> dict | None:
         return None
     ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
     while True:
-        for cmd in ctl.poll():
+        for cmd in _polled(ctl):
             if cmd.get("op") == "join":
                 return cmd
         time.sleep(0.005)
@@ -82,7 +87,7 @@ def main() -> int:
             step += 1
             if ctl:
                 ctl.step(step, {"loss": 1.0 / step})
-                got = ctl.poll()
+                got = _polled(ctl)
                 commands += got
                 if mode == "hang" and any(c.get("op") == "stop" for c in got):
                     print("stopping at step boundary", flush=True)

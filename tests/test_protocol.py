@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import subprocess
+import sys
 import time
 import typing
 
@@ -12,6 +15,7 @@ import pytest
 import zmq
 
 from elasticd import protocol as p
+from elasticd.agent.control.pipe_channel import LineReader, PipeControl, encode_line
 from elasticd.agent.control.zmq_channel import ZmqControl
 
 
@@ -153,8 +157,7 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     deadline = time.monotonic() + 5
     while len(cmds) < 2 and time.monotonic() < deadline:
         cmds += ctl.poll()
-    assert cmds == [{"op": "stop"}, {"op": "resize", "epoch": 1, "world": 2, "master_addr": "h", "master_port": 5,
-                                      "standby": False}]
+    assert cmds == [p.AgentStop(), p.AgentResize(epoch=1, world=2, master_addr="h", master_port=5)]
     ctl.resized({"epoch": 1, "world": 2, "rank": 3, "left": False, "seconds": 0.5})
     assert router.poll(5000)
     resized = p.decode(router.recv_multipart()[1])
@@ -162,3 +165,90 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     ctl.close()
     router.close(linger=0)
     ctx.term()
+
+
+def test_pipe_control_speaks_the_daemons_messages_both_ways():
+    """`elasticd run`'s pipes carry the same typed messages as the daemon's ZeroMQ channel."""
+    cmd_r, cmd_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    ctl = PipeControl.from_spec(f"pipe:{cmd_r},{ev_w}", "local", 2)
+    try:
+        ctl.hello({"pid": 42, "hosted": [4, 5]})
+        ctl.step(7, {"loss": 0.25})
+        ctl.resized({"epoch": 1, "world": 2, "rank": 2, "left": True, "seconds": 0.5})
+        events = LineReader(p.EVENTS).feed(os.read(ev_r, 65536))
+        assert events == [p.AgentHello(job_id="local", rank=2, info={"pid": 42}),   # flattened, as over ZeroMQ
+                          p.AgentStep(job_id="local", rank=2, step=7, metrics={"loss": 0.25}),
+                          p.AgentResized(job_id="local", rank=2, info={"epoch": 1, "world": 2, "rank": 2,
+                                                                       "left": True, "seconds": 0.5})]
+        sent = [p.AgentStop(), p.AgentResize(epoch=3, world=1, master_addr="127.0.0.1", master_port=9, standby=True),
+                p.AgentJoin(rank=1, world=2, join_from=1, master_addr="127.0.0.1", master_port=9)]
+        wire = b"".join(encode_line(m) for m in sent)
+        os.write(cmd_w, wire[:10])             # a line split across reads is kept until it is whole
+        assert ctl.poll() == []
+        os.write(cmd_w, wire[10:])
+        assert ctl.poll() == sent
+    finally:
+        ctl.close()
+        os.close(cmd_w)
+        os.close(ev_r)
+
+
+@pytest.mark.parametrize("line, code", [
+    (b'{"v": %d, "op": "launch_missiles"}' % p.PROTOCOL_VERSION, p.UNKNOWN_OP),
+    (b'{"op": "stop"}', p.VERSION_MISMATCH),
+    (b'{"v": %d, "op": "resize", "world": 2}' % p.PROTOCOL_VERSION, p.BAD_REQUEST),
+    (b'{"v": %d, "op": "agent_step", "job_id": "j", "rank": 0, "step": 1}' % p.PROTOCOL_VERSION, p.UNEXPECTED),
+    (b"stop", p.BAD_FRAME),
+    (b"[1]", p.BAD_FRAME),
+])
+def test_pipe_control_refuses_what_is_no_command(line, code):
+    """Strict on both ends: one install speaks both sides, so an unreadable line is a bug to surface."""
+    cmd_r, cmd_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    ctl = PipeControl(cmd_r, ev_w, "local", 0)
+    try:
+        os.write(cmd_w, line + b"\n")
+        with pytest.raises(p.ProtocolError) as e:
+            ctl.poll()
+        assert e.value.code == code
+    finally:
+        ctl.close()
+        os.close(cmd_w)
+        os.close(ev_r)
+
+
+ROGUE_JOB = '''
+import os
+import sys
+
+import torch
+
+import elasticd
+
+# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it
+# (the launcher loads this file too, to read the worker count: it has no pipe).
+if "--control" in sys.argv:
+    _, events = sys.argv[sys.argv.index("--control") + 1].removeprefix("pipe:").split(",")
+    os.write(int(events), b'{"v": VERSION, "op": "launch_missiles"}\\n')
+
+
+@elasticd.elastic(workers=1)
+def train(ctx):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ctx.replicate(model, opt)
+    for _ in ctx.steps(3):
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+'''.replace("VERSION", str(p.PROTOCOL_VERSION))
+
+
+def test_elasticd_run_ends_a_run_whose_agent_sends_what_is_no_event(tmp_path):
+    """Strict on the launcher's side too: a line it cannot read fails the run instead of being skipped."""
+    (tmp_path / "rogue.py").write_text(ROGUE_JOB)
+    out = subprocess.run([sys.executable, "-m", "elasticd", "run", "rogue.py", "--devices", "1"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "unreadable message from agent 0: unknown op 'launch_missiles'" in out.stderr, out.stderr[-3000:]

@@ -2,7 +2,9 @@
 
 The runtime only sees this interface. `NullControl` serves standalone runs (progress goes to stderr);
 `elasticd run` passes `--control pipe:R,W` (`elasticd.agent.control.pipe_channel.PipeControl`); the node daemon passes
-a ZeroMQ endpoint and the agent talks through `elasticd.agent.control.zmq_channel.ZmqControl`.
+a ZeroMQ endpoint and the agent talks through `elasticd.agent.control.zmq_channel.ZmqControl`. Every channel
+delivers commands as the typed messages of `elasticd.protocol.agents` (`AgentStop`, `AgentResize`,
+`AgentJoin`), so the agent's handling of them does not depend on who launched it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import logging
 import sys
 import time
 from typing import Any, Protocol
+
+from elasticd import protocol as p
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +35,8 @@ class ControlChannel(Protocol):
     def resized(self, info: dict[str, Any]) -> None:
         """A resize finished on this agent: {"epoch", "world", "rank", "left", "seconds"}."""
 
-    def poll(self) -> list[dict[str, Any]]:
-        """Commands waiting for the agent, never blocking: {"op": "stop"}, or
-        {"op": "resize", "epoch": E, "world": M, "master_addr": A, "master_port": P}."""
+    def poll(self) -> list[p.AgentCommand]:
+        """Commands waiting for the agent, never blocking: `AgentStop`, `AgentResize` or `AgentJoin`."""
 
     def close(self) -> None: ...
 
@@ -65,7 +68,7 @@ class NullControl:
     def resized(self, info: dict[str, Any]) -> None:
         pass
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[p.AgentCommand]:
         return []
 
     def close(self) -> None:

@@ -1,7 +1,12 @@
 """Control channel over two inherited pipes, for the local launcher (`elasticd run`).
 
-The launcher and its agents share a machine and a parent process, so they talk JSON lines over pipes
-the launcher created: events one way, commands the other. Nothing here listens on a socket.
+The launcher and its agents share a machine and a parent process, so they talk over pipes the launcher
+created (events one way, commands the other) and nothing listens on a socket. What travels is the
+typed messages of `elasticd.protocol.agents`, the same the node daemon exchanges with its agents over
+ZeroMQ, one `Message.to_wire()` map per JSON line: a line is readable in a debugger, and both ends
+decode it with the protocol's own validation (`from_dict`), so the agent handles one set of command
+objects whoever launched it. Decoding is strict: a line that is not a known message of the expected
+direction raises `ProtocolError` instead of being skipped, since launcher and agent are one install.
 """
 
 from __future__ import annotations
@@ -10,51 +15,93 @@ import json
 import os
 from typing import Any
 
+from elasticd import protocol as p
+
+
+def encode_line(msg: p.Message) -> bytes:
+    """One message as one JSON line."""
+    return (json.dumps(msg.to_wire()) + "\n").encode()
+
+
+def decode_line(line: bytes, expected: tuple[type[p.Message], ...]) -> p.Message:
+    """The message of one JSON line, which must be one of `expected`.
+
+    Raises:
+        ProtocolError: not JSON, not a map, an unknown op, a bad field, or a message of the other direction.
+    """
+    try:
+        d = json.loads(line)
+    except ValueError as e:
+        raise p.ProtocolError(p.BAD_FRAME, f"not a JSON line ({e})") from None
+    if not isinstance(d, dict):
+        raise p.ProtocolError(p.BAD_FRAME, f"a line must hold a JSON object, got {type(d).__name__}")
+    msg = p.from_dict(d)
+    if not isinstance(msg, expected):
+        raise p.ProtocolError(p.UNEXPECTED, f"{msg.op!r} does not belong on this side of an agent's pipe")
+    return msg
+
+
+class LineReader:
+    """Splits what a pipe delivered into messages; keeps an incomplete last line for the next read."""
+
+    def __init__(self, expected: tuple[type[p.Message], ...]) -> None:
+        self._expected = expected
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[p.Message]:
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        return [decode_line(line, self._expected) for line in lines if line.strip()]
+
 
 class PipeControl:
-    def __init__(self, read_fd: int, write_fd: int, physical_rank: int) -> None:
+    def __init__(self, read_fd: int, write_fd: int, job_id: str, physical_rank: int) -> None:
         self._r = read_fd
         self._w = write_fd
-        self._rank = physical_rank
-        self._buf = b""
+        self.job_id = job_id
+        self.rank = physical_rank
+        self._commands = LineReader(p.COMMANDS)
         os.set_blocking(self._r, False)
 
     @classmethod
-    def from_spec(cls, spec: str, physical_rank: int) -> PipeControl:
+    def from_spec(cls, spec: str, job_id: str, physical_rank: int) -> PipeControl:
         """`pipe:R,W` -> the agent's ends of the two pipes."""
         r, w = spec.removeprefix("pipe:").split(",")
-        return cls(int(r), int(w), physical_rank)
+        return cls(int(r), int(w), job_id, physical_rank)
 
-    def _send(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, "rank": self._rank, **fields}, default=str) + "\n"
+    def _send(self, msg: p.Message) -> None:
         try:
-            os.write(self._w, line.encode())
+            os.write(self._w, encode_line(msg))
         except BrokenPipeError:
             pass  # the launcher is gone; the agent finishes or is killed on its own
 
+    # The peer-supplied dicts are flattened as on the ZeroMQ channel, so a launcher sees the same objects.
     def hello(self, info: dict[str, Any]) -> None:
-        self._send("hello", **info)
+        self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        self._send("step", step=step, metrics=metrics)
+        self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics)))
 
     def done(self, result: dict[str, Any]) -> None:
-        self._send("done", **result)
+        self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, result=p.flat_scalars(result)))
 
     def failed(self, error: dict[str, Any]) -> None:
-        self._send("failed", **error)
+        self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=p.flat_scalars(error)))
 
     def resized(self, info: dict[str, Any]) -> None:
-        self._send("resized", **info)
+        self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[p.AgentCommand]:
+        """Commands that arrived, never blocking.
+
+        Raises:
+            ProtocolError: the launcher wrote something that is not a command.
+        """
         try:
             chunk = os.read(self._r, 65536)
         except BlockingIOError:
             chunk = b""
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return self._commands.feed(chunk)  # type: ignore[return-value]  # checked against COMMANDS
 
     def close(self) -> None:
         for fd in (self._r, self._w):

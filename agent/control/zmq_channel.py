@@ -90,11 +90,11 @@ class ZmqControl:
             # The first step at the new size is what ends a resize for the daemon: report it unthrottled.
             self._last_step_sent = 0.0
 
-    def poll(self) -> list[dict[str, Any]]:
-        """Commands from the daemon as wire dicts: {"op": "stop"},
-        {"op": "resize", "epoch": E, "world": M, "master_addr": A, "master_port": P, "standby": S}, or
-        {"op": "join", "rank": p, "world": M, "join_from": M0, "master_addr": A, "master_port": P}."""
-        out: list[dict[str, Any]] = []
+    def poll(self) -> list[p.AgentCommand]:
+        """Commands from the daemon: `AgentStop`, `AgentResize` or `AgentJoin` (what the pipes of
+        `elasticd run` deliver too). A frame that is no command is logged and dropped: the daemon is
+        another process that may be of another build, and the agent must keep training."""
+        out: list[p.AgentCommand] = []
         with self._lock:
             if self._closed:
                 return out
@@ -114,10 +114,10 @@ class ZmqControl:
                 if isinstance(msg, p.Error):
                     log.warning("daemon refused a control message: %s: %s", msg.code, msg.message)
                     continue
-                d = msg.to_wire()
-                d.pop("v", None)
-                d.pop("rid", None)
-                out.append(d)
+                if not isinstance(msg, p.COMMANDS):
+                    log.warning("the daemon sent %r, which is no agent command", msg.op)
+                    continue
+                out.append(msg)  # type: ignore[arg-type]  # one of COMMANDS
         return out
 
     def _flush_step_if_due(self) -> None:

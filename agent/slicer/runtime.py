@@ -37,6 +37,7 @@ from elasticd.agent.slicer.device import enter_thread, finish_run, record_handov
 from elasticd.agent.slicer.loader import ResumableBatches
 from elasticd.agent.slicer.malloc import tune_malloc
 from elasticd.agent.worker import Worker, current_worker, set_current_worker
+from elasticd.protocol.agents import AgentResize, AgentStop
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class Runtime:
                 w.restore = restore.workers[r]
                 w.start_step = w.restore.step
         self.outcome = "running"            # then "done", "resize" or "stop"
-        self.command: dict[str, Any] | None = None  # the resize command this agent received, if any
+        self.command: AgentResize | None = None  # the resize command this agent received, if any
         self._vote = torch.zeros(1, dtype=torch.int64)
         self._stop_at: int | None = None
         self._done = threading.Event()
@@ -356,13 +357,13 @@ class Runtime:
     def _poll_control(self) -> int:
         vote = VOTE_NONE
         for cmd in self.control.poll():
-            if cmd.get("op") == "stop":
+            if isinstance(cmd, AgentStop):
                 vote = VOTE_STOP
-            elif cmd.get("op") == "resize":
+            elif isinstance(cmd, AgentResize):
                 self.command = cmd
                 vote = max(vote, VOTE_RESIZE)
-            else:
-                log.warning("ignoring unknown control command %r", cmd)
+            else:   # a join is for a standby agent; one that runs a job has no use for it
+                log.warning("ignoring control command %r while running", cmd)
         return vote
 
     def snapshot(self) -> AgentSnapshot:

@@ -8,7 +8,11 @@ the messages are grouped by who talks: `requests` (CLI), `nodes` (daemon <-> sch
 from __future__ import annotations
 
 from elasticd.protocol.agents import (  # noqa: F401
+    COMMANDS,
+    EVENTS,
+    AgentCommand,
     AgentDone,
+    AgentEvent,
     AgentFailed,
     AgentHello,
     AgentJoin,
@@ -67,6 +71,7 @@ from elasticd.protocol.wire import (  # noqa: F401
     decode,
     error_from,
     flat_scalars,
+    from_dict,
     message,
     peek_rid,
     record,

@@ -1,4 +1,8 @@
-"""Between an agent process and its node daemon (agent.control_zmq on the agent side)."""
+"""Between an agent process and whoever launched it: its node daemon (msgpack frames over ZeroMQ,
+`elasticd.agent.control.zmq_channel`) or `elasticd run` (the same messages as JSON lines over pipes,
+`elasticd.agent.control.pipe_channel`). Both channels hand the agent the same command objects, and both
+launchers read the same event objects, so there is one vocabulary for agents however they were started.
+"""
 
 from __future__ import annotations
 
@@ -43,27 +47,27 @@ class AgentFailed(Message):
 
 @message
 class AgentStop(Message):
-    """Daemon -> agent: stop at the next step boundary."""
+    """Launcher -> agent: stop at the next step boundary."""
 
     op: ClassVar[str] = "stop"
 
 
 @message
 class AgentResize(Message):
-    """Daemon -> agent: re-form the job's group with `world` agents at master_addr:master_port
-    (agent.control: {"op": "resize", "epoch", "world", "master_addr", "master_port"})."""
+    """Launcher -> agent: re-form the job's group with `world` agents at master_addr:master_port, at the
+    next step boundary; `epoch` names the resize (its snapshot directory for falling back)."""
 
     op: ClassVar[str] = "resize"
     epoch: int | None = None
     world: int
     master_addr: str
     master_port: int
-    standby: bool = False         # an agent that leaves stays warm for a later grow (unused by the daemon)
+    standby: bool = False         # an agent that leaves stays warm for a later grow (`elasticd run` only)
 
 
 @message
 class AgentJoin(Message):
-    """Daemon -> a warm standby agent: become physical rank `rank` of `world`, joining a job that grows
+    """Launcher -> a warm standby agent: become physical rank `rank` of `world`, joining a job that grows
     from `join_from` agents, rendezvous at master_addr:master_port (agent.process `_await_join`)."""
 
     op: ClassVar[str] = "join"
@@ -76,9 +80,16 @@ class AgentJoin(Message):
 
 @message
 class AgentResized(Message):
-    """Agent -> daemon: a resize finished here: {"epoch", "world", "rank", "left", "seconds"}."""
+    """Agent -> launcher: a resize finished here: {"epoch", "world", "rank", "left", "seconds"}."""
 
     op: ClassVar[str] = "agent_resized"
     job_id: str
     rank: int
     info: dict[str, Any] = field(default_factory=dict)
+
+
+# What may travel each way: anything else on an agent's channel is a protocol error, not a command to skip.
+AgentCommand = AgentStop | AgentResize | AgentJoin
+AgentEvent = AgentHello | AgentStep | AgentDone | AgentFailed | AgentResized
+COMMANDS: tuple[type[Message], ...] = (AgentStop, AgentResize, AgentJoin)
+EVENTS: tuple[type[Message], ...] = (AgentHello, AgentStep, AgentDone, AgentFailed, AgentResized)

@@ -104,6 +104,16 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Message:
         raise ProtocolError(BAD_FRAME, f"not a msgpack frame ({type(e).__name__})") from None
     if not isinstance(d, dict):
         raise ProtocolError(BAD_FRAME, f"a frame must be a msgpack map, got {type(d).__name__}")
+    return from_dict(d)
+
+
+def from_dict(d: dict[str, Any]) -> Message:
+    """The message a decoded map holds, whatever carried it (a msgpack frame, or a JSON line on the
+    pipes of `elasticd run`): the version, the op and every field are checked the same way.
+
+    Raises:
+        ProtocolError: `version_mismatch`, `unknown_op` or `bad_request`.
+    """
     v = d.get("v")
     if v != PROTOCOL_VERSION:
         raise ProtocolError(

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from elasticd.resize_plan import ResizePlan
+
 
 class JobState(str, Enum):
     """Lifecycle of a job in the island scheduler.
@@ -74,49 +76,6 @@ class JobSpec:
 
 
 @dataclass(slots=True)
-class ResizePlan:
-    """A live resize in flight (the job is ``resizing``); persisted with the job.
-
-    ``prepare``: joining agents start as warm standbys and rank 0's node picks the rendezvous port,
-    while the job keeps training at the old size. ``go``: every agent was told; the resize is done
-    when every rank of the new layout reported it and rank 0 completed a step at the new size.
-    ``rollback``: an agent died (or time ran out) during ``go``; every agent is being stopped, and once
-    all are gone the job restarts on its old devices from the snapshot saved at this resize.
-    """
-
-    epoch: int
-    src: int                       # devices before
-    dst: int                       # devices after
-    why: str
-    requested_at: float
-    placement: list[list[str]]     # the whole new layout, rank -> [node, device]
-    deadline: float                # for the current phase
-    phase: str = "prepare"         # "prepare" | "go"
-    step: int = 0                  # job step when requested
-    port: int = 0
-    ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
-    acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation
-    commanded_at: float | None = None
-    handover_s: float | None = None                 # rank 0's own time from its vote to the new group
-    failure: dict[str, Any] | None = None          # rollback: what went wrong
-    gone: list[str] = field(default_factory=list)   # rollback: nodes whose agents of the job all exited
-    saved: dict[str, list[int]] = field(default_factory=dict)   # node -> snapshot parts it holds (-1: replicated)
-
-    @property
-    def joiners(self) -> list[int]:
-        return list(range(self.src, self.dst))
-
-    def joiners_on(self, node: str) -> list[int]:
-        return [r for r in self.joiners if self.placement[r][0] == node]
-
-    def nodes(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for node, _dev in self.placement:
-            seen.setdefault(node, None)
-        return list(seen)
-
-
-@dataclass(slots=True)
 class Job:
     job_id: str
     seq: int
@@ -166,6 +125,23 @@ class Job:
             self.started_at = now
         if dst.terminal:
             self.ended_at = now
+
+    def record_resize(self, plan: ResizePlan, outcome: str, seconds: float | None = None, note: str = "") -> None:
+        """Add a resize's outcome to the job's history (what `status` shows)."""
+        entry: dict[str, Any] = {
+            "epoch": plan.epoch, "at": round(plan.requested_at, 3), "from": plan.src, "to": plan.dst,
+            "why": plan.why, "step": plan.step, "outcome": outcome,
+            "seconds": round(seconds, 3) if seconds is not None else None,
+            "handover_s": round(plan.handover_s, 3) if plan.handover_s is not None else None,
+        }
+        if plan.commanded_at is not None:
+            entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)   # joiners warming up
+        if outcome == "done":
+            entry["done_step"] = self.step   # rank 0's step when it was seen done
+        if note:
+            entry["note"] = note
+        self.resizes.append(entry)
+        del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
 
     @property
     def nodes(self) -> list[str]:

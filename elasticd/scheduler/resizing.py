@@ -1,8 +1,14 @@
-"""Live resize, the scheduler's half: plan the new layout, prepare it, tell the nodes to go, see it through.
+"""Live resize, the scheduler's shell: place the new layout, talk to the nodes, keep the job table.
+
+What to do and when (who moves, when to go, when it is done, abort or roll back) is decided by the job's
+`ResizePlan` (elasticd.resize_plan), the same decisions `elasticd run` executes on one machine; this
+module turns node reports into the plan's events and its actions into node messages and job-table
+changes. `Resizes` is an object `SchedulerState` holds, seeing the state only as a `ResizeHost`
+(elasticd.scheduler.host); the fall-back half is `elasticd.scheduler.rollback.Rollbacks`.
 
 One resize of a running job from M to M2 devices (layout epoch E):
 
-1. `begin_resize` picks the new layout -- ranks 0..min(M, M2)-1 keep their devices (agents that stay
+1. `Resizes.begin` picks the new layout -- ranks 0..min(M, M2)-1 keep their devices (agents that stay
    keep their process), a grow adds devices for ranks M..M2-1 -- and sends `PrepareResize` to the node
    hosting rank 0, which picks the new group's rendezvous port, and to every node getting a joining
    rank, which starts its joiners as warm standby agents. The job keeps training meanwhile: starting a
@@ -25,61 +31,47 @@ naming the resize; it never hangs nor retries forever.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from elasticd import protocol as p
+from elasticd.resize_plan import Abort, Action, Done, Fail, Go, ResizePlan, RollBack
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
-from elasticd.scheduler.jobs import Job, JobState, ResizePlan
-from elasticd.scheduler.rollback import ResizeRollback
-
-if TYPE_CHECKING:
-    from elasticd.scheduler.state import Config, Node
+from elasticd.scheduler.host import ResizeHost
+from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.rollback import Rollbacks
 
 log = logging.getLogger(__name__)
-_send = Send
 
 
-class ResizeCoordinator(ResizeRollback):
-    """The resize half of `SchedulerState` (a mixin: it shares the job and node tables)."""
+class Resizes:
+    """The scheduler's resizes in flight: one `ResizePlan` per resizing job (kept in `Job.resize`)."""
 
-    cfg: Config
-    jobs: dict[str, Job]
-    nodes: dict[str, Node]
-    dirty: set[str]
-    _resched: bool
-
-    if TYPE_CHECKING:   # provided by SchedulerState
-        def _free_views(self) -> list[policy.NodeView]: ...
-
-        def _end(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
-                 gone: str | None = None) -> list[Send]: ...
+    def __init__(self, host: ResizeHost) -> None:
+        self.host = host
+        self.rollbacks = Rollbacks(host)
 
     # --- starting ------------------------------------------------------------------------------------
 
-    def free_count(self) -> int:
-        return sum(len(v.free) for v in self._free_views())
-
-    def begin_resize(self, job: Job, dst: int, why: str, now: float) -> list[Send]:
+    def begin(self, job: Job, dst: int, why: str, now: float) -> list[Send]:
         """Start moving a running job to `dst` devices (phase 1).
 
         Raises:
-            ValueError: a grow needs more devices than are free (callers check `free_count` first).
+            ValueError: a grow needs more devices than are free (callers check `SchedulerState.free_count`).
         """
         assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
         src = len(job.placement)
         if dst > src:
-            chosen = policy.spread(dst - src, self._free_views())
+            chosen = policy.spread(dst - src, self.host.free_views())
             placement = [list(x) for x in job.placement] + [[n, d] for n, d in chosen]
         else:
             placement = [list(x) for x in job.placement[:dst]]
         job.epoch += 1
-        plan = ResizePlan(epoch=job.epoch, src=src, dst=dst, why=why, requested_at=now, placement=placement,
-                          deadline=now + self.cfg.resize_timeout_s, step=job.step)
+        plan = ResizePlan.begin(epoch=job.epoch, src=src, dst=dst, why=why, now=now, placement=placement,
+                                step=job.step, timeout_s=self.host.cfg.resize_timeout_s)
         job.resize = plan
         job.transition(JobState.RESIZING, now, f"{why}: {src} -> {dst} devices")
-        self.dirty.add(job.job_id)
-        self._resched = True
+        self.host.changed(job, resched=True)
         log.info("job %s resize %d: %d -> %d devices (%s) at step %d%s", job.job_id, plan.epoch, src, dst, why,
                  job.step, "; joiners on " + " ".join(f"{n}/{d}" for n, d in placement[src:]) if dst > src else "")
         lead = job.placement[0][0]
@@ -90,7 +82,7 @@ class ResizeCoordinator(ResizeRollback):
                 continue
             if node not in job.launched:
                 job.launched.append(node)
-            out.append(_send(node, p.PrepareResize(
+            out.append(Send(node, p.PrepareResize(
                 job_id=job.job_id, epoch=plan.epoch, world_from=src, world=dst, pick_port=node == lead,
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
@@ -99,60 +91,80 @@ class ResizeCoordinator(ResizeRollback):
 
     # --- progress, from node reports --------------------------------------------------------------
 
-    def _resize_report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+        """A node's heartbeat about a resizing job (not rolling back: `rollbacks.report` takes those)."""
         plan = job.resize
         if plan is None or job.state is not JobState.RESIZING:
             return []
-        self.note_saved(job, node, r)
+        self.rollbacks.note_saved(job, node, r)
         lead = job.placement[0][0]
+        preparing = plan.phase == "prepare"
+        actions: list[Action] = []
         if r.resize_epoch == plan.epoch:
-            if node == lead and r.resize_port and not plan.port:
-                plan.port = r.resize_port
-                self.dirty.add(job.job_id)
-            if r.resize_error and plan.phase == "prepare":
+            if r.resize_error and preparing:
                 why = str(r.resize_error.get("message", "a joining agent failed"))
-                return self._abort_resize(job, now, f"a joining agent on {node} failed before the hand-over: {why}")
-        if plan.phase == "prepare":
+                return self._act(job, now, plan.agent_failed(
+                    now, {"message": f"a joining agent on {node} failed before the hand-over: {why}"}, joiner=True))
+            if node == lead and r.resize_port and not plan.port:
+                actions += plan.port_known(r.resize_port, now)
+                self.host.changed(job)
+        if preparing:
             here = {a.rank: a for a in r.agents}
             for rank in plan.joiners_on(node):
                 a = here.get(rank)
                 if a is not None and a.standby and a.connected and a.alive and rank not in plan.ready:
-                    plan.ready.append(rank)
-                    self.dirty.add(job.job_id)
-            if plan.port and len(plan.ready) == len(plan.joiners):
-                return self._go(job, now)
-            return []
+                    actions += plan.joiner_ready(rank, now)
+                    self.host.changed(job)
+            return self._act(job, now, actions)
         for a in r.agents:
-            if (a.epoch == plan.epoch and not a.left and a.rank < plan.dst and a.rank not in plan.acked
-                    and plan.placement[a.rank][0] == node):
-                plan.acked.append(a.rank)
-                self.dirty.add(job.job_id)
+            if (a.epoch == plan.epoch and not a.left and a.rank < plan.dst and plan.placement[a.rank][0] == node
+                    and plan.reformed(a.rank)):
+                self.host.changed(job)
         if node == lead:
             rank0 = next((a for a in r.agents if a.rank == 0 and not a.left), None)
             if rank0 is not None and rank0.stepped == plan.epoch:
                 job.step = max(job.step, r.step)
-                plan.handover_s = next((x.get("seconds") for x in r.resizes if x.get("epoch") == plan.epoch
-                                        and isinstance(x.get("seconds"), float)), None)
-                if len(plan.acked) == plan.dst:
-                    return self._complete_resize(job, now)
+                handover = next((x.get("seconds") for x in r.resizes if x.get("epoch") == plan.epoch
+                                 and isinstance(x.get("seconds"), float)), None)
+                return self._act(job, now, plan.stepped(now, handover))
         return []
+
+    def _act(self, job: Job, now: float, actions: list[Action], gone: str | None = None) -> list[Send]:
+        """Carry out what the job's resize plan decided (`gone`: the node whose agents all died, if any)."""
+        out: list[Send] = []
+        for action in actions:
+            if isinstance(action, Go):
+                out += self._go(job, now)
+            elif isinstance(action, Done):
+                out += self._complete_resize(job, now, action.seconds)
+            elif isinstance(action, Abort):
+                out += self._abort_resize(job, now, action.reason)
+            elif isinstance(action, RollBack):
+                out += self.rollbacks.begin(job, now, gone)
+            elif isinstance(action, Fail):   # a rollback that timed out (`settle` takes the others)
+                out += self.host.end_job(job, JobState.FAILED, now, action.reason, error=action.error)
+        return out
+
+    def agent_failed(self, job: Job, now: float, error: dict[str, Any], *, joiner: bool,
+                     gone: str | None = None) -> list[Send]:
+        """An agent of a resizing job died or failed (`gone`: its node has no agent of the job left)."""
+        plan = job.resize
+        assert plan is not None
+        return self._act(job, now, plan.agent_failed(now, error, joiner=joiner), gone)
 
     def _go(self, job: Job, now: float) -> list[Send]:
         plan = job.resize
-        assert plan is not None
-        plan.phase = "go"
-        plan.commanded_at = now
-        plan.deadline = now + self.cfg.resize_timeout_s
-        self.dirty.add(job.job_id)
+        assert plan is not None and plan.phase == "go"
+        self.host.changed(job)
         lead = job.placement[0][0]
-        addr = self.nodes[lead].host if lead in self.nodes and self.nodes[lead].host else job.master_addr
+        addr = self.host.nodes[lead].host if lead in self.host.nodes and self.host.nodes[lead].host else job.master_addr
         log.info("job %s resize %d: joiners ready after %.2fs; agents told to re-form at %s:%d", job.job_id,
                  plan.epoch, now - plan.requested_at, addr, plan.port)
         msg = p.ResizeJob(job_id=job.job_id, devices=plan.dst, epoch=plan.epoch, master_addr=addr,
                           master_port=plan.port, world_from=plan.src)
-        return [_send(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
+        return [Send(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
 
-    def _complete_resize(self, job: Job, now: float) -> list[Send]:
+    def _complete_resize(self, job: Job, now: float, seconds: float) -> list[Send]:
         plan = job.resize
         assert plan is not None
         kept = {tuple(x) for x in plan.placement}
@@ -167,12 +179,10 @@ class ResizeCoordinator(ResizeRollback):
                 job.launched.remove(node)
                 job.ended.remove(node)
                 job.zombies.pop(node, None)
-        seconds = now - plan.requested_at
-        self._record(job, plan, "done", seconds=seconds)
+        job.record_resize(plan, "done", seconds=seconds)
         job.resize = None
         job.transition(JobState.RUNNING, now, f"resized {plan.src} -> {plan.dst} devices in {seconds:.2f}s")
-        self.dirty.add(job.job_id)
-        self._resched = True
+        self.host.changed(job, resched=True)
         log.info("job %s resize %d done: %d -> %d devices in %.2fs (hand-over %.2fs)", job.job_id, plan.epoch,
                  plan.src, plan.dst, seconds, plan.handover_s or 0.0)
         return []
@@ -184,13 +194,12 @@ class ResizeCoordinator(ResizeRollback):
         plan = job.resize
         assert plan is not None and plan.phase == "prepare"
         out = self._drop_joiners(job, plan, reason)
-        self._record(job, plan, "aborted", note=reason)
+        job.record_resize(plan, "aborted", note=reason)
         job.resize = None
         # Pinned at the size it has, so the policy does not retry the same resize in a loop.
         job.requested_devices = plan.src
         job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} aborted: {reason}")
-        self.dirty.add(job.job_id)
-        self._resched = True
+        self.host.changed(job, resched=True)
         log.warning("job %s resize %d aborted, continuing on %d devices: %s", job.job_id, plan.epoch, plan.src,
                     reason)
         return out
@@ -203,10 +212,10 @@ class ResizeCoordinator(ResizeRollback):
                 continue
             devs = job.zombies.setdefault(node, [])
             devs += [plan.placement[r][1] for r in joiners if plan.placement[r][1] not in devs]
-            out.append(_send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason)))
+            out.append(Send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason)))
         return out
 
-    def _close_resize(self, job: Job, now: float, ending: str) -> list[Send]:
+    def close(self, job: Job, now: float, ending: str) -> list[Send]:
         """The job ends (`ending`: finished, failed, stopped) with a resize in flight: record it, free its
         joiners' devices once they are gone."""
         plan = job.resize
@@ -231,12 +240,12 @@ class ResizeCoordinator(ResizeRollback):
                 devs = job.zombies.setdefault(node, [])
                 if plan.placement[r][1] not in devs:
                     devs.append(plan.placement[r][1])
-        self._record(job, plan, outcome, note=note)
+        job.record_resize(plan, outcome, note=note)
         job.resize = None
-        self.dirty.add(job.job_id)
+        self.host.changed(job)
         return out
 
-    def _resize_ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send] | None:
+    def node_ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send] | None:
         """A node that is not (or no longer) part of the job's layout reports its agents all gone.
 
         Returns None when the node still belongs to the job's current layout (the caller's business).
@@ -247,11 +256,12 @@ class ResizeCoordinator(ResizeRollback):
         if plan is not None and node in plan.nodes():   # it hosts only joining ranks
             if plan.phase == "prepare":
                 err = (r.error or r.resize_error or {}).get("message", "agents exited")
-                return self._abort_resize(job, now, f"the joining agents on {node} are gone: {err}")
+                return self.agent_failed(job, now, {"message": f"the joining agents on {node} are gone: {err}"},
+                                         joiner=True)
             if not r.ok:
                 err = dict(p.flat_scalars(r.error or {}))
                 err["node"] = node
-                return self.begin_rollback(job, now, self._resize_error(job, err), gone=node)
+                return self.agent_failed(job, now, err, joiner=True, gone=node)
             if node not in job.ended:
                 job.ended.append(node)
             return []
@@ -264,53 +274,19 @@ class ResizeCoordinator(ResizeRollback):
             job.launched.remove(node)
         if node in job.ended:
             job.ended.remove(node)
-        self.dirty.add(job.job_id)
-        self._resched = True
+        self.host.changed(job, resched=True)
         return []
 
-    def _resize_error(self, job: Job, err: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def name_error(job: Job, err: dict[str, Any]) -> dict[str, Any]:
         """Name the resize in an error that happened while the job was re-forming."""
-        plan = job.resize
-        if plan is None or plan.phase != "go":
-            return err
-        err = dict(err)
-        err["message"] = (f"resize {plan.epoch} ({plan.src} -> {plan.dst} devices, {plan.why}) failed: "
-                          f"{err.get('message', 'agent failed')}")
-        err["resize_epoch"] = plan.epoch
-        return err
+        return job.resize.name_in(err) if job.resize is not None else err
 
-    def _resize_tick(self, now: float) -> list[Send]:
+    def tick(self, now: float) -> list[Send]:
+        """Phases past their deadline."""
         out: list[Send] = []
-        for job in list(self.jobs.values()):
+        for job in list(self.host.jobs.values()):
             plan = job.resize
-            if plan is None or job.state is not JobState.RESIZING or now <= plan.deadline:
-                continue
-            t = self.cfg.resize_timeout_s
-            if plan.phase == "rollback":
-                out += self.rollback_tick(job, now)
-            elif plan.phase == "prepare":
-                missing = [r for r in plan.joiners if r not in plan.ready]
-                what = f"joining ranks {missing} not ready" if missing else "no rendezvous port from rank 0's node"
-                out += self._abort_resize(job, now, f"{what} within {t:.0f}s")
-            else:
-                missing = [r for r in range(plan.dst) if r not in plan.acked]
-                what = f"ranks {missing} did not re-form" if missing else "rank 0 did not complete a step"
-                out += self.begin_rollback(job, now, self._resize_error(job, {"message": f"{what} within {t:.0f}s"}))
+            if plan is not None and job.state is JobState.RESIZING:
+                out += self._act(job, now, plan.tick(now, job.launched))
         return out
-
-    def _record(self, job: Job, plan: ResizePlan, outcome: str, seconds: float | None = None,
-                note: str = "") -> None:
-        entry: dict[str, Any] = {
-            "epoch": plan.epoch, "at": round(plan.requested_at, 3), "from": plan.src, "to": plan.dst,
-            "why": plan.why, "step": plan.step, "outcome": outcome,
-            "seconds": round(seconds, 3) if seconds is not None else None,
-            "handover_s": round(plan.handover_s, 3) if plan.handover_s is not None else None,
-        }
-        if plan.commanded_at is not None:
-            entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)   # joiners warming up
-        if outcome == "done":
-            entry["done_step"] = job.step   # rank 0's step when it was seen done
-        if note:
-            entry["note"] = note
-        job.resizes.append(entry)
-        del job.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever

@@ -20,7 +20,7 @@ from elasticd import protocol as p
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
-from elasticd.scheduler.resizing import ResizeCoordinator
+from elasticd.scheduler.resizing import Resizes
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,10 @@ class Config:
     resize_timeout_s: float = 120.0   # per resize phase: joiners warm, then every agent re-formed
 
 
-class SchedulerState(ResizeCoordinator):
+class SchedulerState:
+    """The job and node tables; live resizes are `self.resizes`'s (elasticd.scheduler.resizing), which
+    sees this class only as a `ResizeHost` (elasticd.scheduler.host)."""
+
     def __init__(self, jobs: list[Job] | None = None, *, now: float, config: Config | None = None) -> None:
         self.cfg = config or Config()
         self.jobs: dict[str, Job] = {}
@@ -69,6 +72,7 @@ class SchedulerState(ResizeCoordinator):
         # change its answer (a submit, a node joining or leaving, devices freed); heartbeats that
         # change nothing stay cheap with hundreds of nodes.
         self._resched = True
+        self.resizes = Resizes(self)
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
             self._next_seq = max(self._next_seq, job.seq + 1)
@@ -112,7 +116,7 @@ class SchedulerState(ResizeCoordinator):
         job = self._job(job_id)
         if job.state.terminal:
             return f"job {job_id} already {job.state.value}", []
-        out = self._end(job, JobState.STOPPED, now, "stopped by user")
+        out = self.end_job(job, JobState.STOPPED, now, "stopped by user")
         return f"job {job_id} stopped", out + self._schedule(now)
 
     def scale(self, job_id: str, devices: int, now: float) -> tuple[str, list[Send]]:
@@ -152,7 +156,7 @@ class SchedulerState(ResizeCoordinator):
             raise SchedulerError(p.INVALID_STATE, f"job {job_id} cannot grow from {current} to {devices} devices: "
                                  f"{free} free (at most {current + free} now){hint}")
         job.requested_devices = devices
-        out = self.begin_resize(job, devices, "scale command", now)
+        out = self.resizes.begin(job, devices, "scale command", now)
         return (f"job {job_id} resizing {current} -> {devices} devices at its next step boundary "
                 f"(epoch {job.epoch})"), out
 
@@ -224,10 +228,10 @@ class SchedulerState(ResizeCoordinator):
                                        f"{now - nd.last_seen:.0f}s)")
         for job in list(self.jobs.values()):
             if job.state is JobState.STARTING and now - job.state_since > self.cfg.start_timeout_s:
-                out += self._end(job, JobState.FAILED, now, "agents did not start within "
-                                 f"{self.cfg.start_timeout_s:.0f}s",
-                                 error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
-        out += self._resize_tick(now)
+                out += self.end_job(job, JobState.FAILED, now, "agents did not start within "
+                                    f"{self.cfg.start_timeout_s:.0f}s",
+                                    error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
+        out += self.resizes.tick(now)
         return out + self._schedule(now)
 
     def take_dirty(self) -> list[Job]:
@@ -274,7 +278,16 @@ class SchedulerState(ResizeCoordinator):
                 busy.update((node, d) for d in devs)
         return busy
 
-    def _free_views(self) -> list[policy.NodeView]:
+    def changed(self, job: Job, *, resched: bool = False) -> None:
+        """`job`'s row changed (persist it); `resched`: devices were freed or reserved."""
+        self.dirty.add(job.job_id)
+        if resched:
+            self._resched = True
+
+    def free_count(self) -> int:
+        return sum(len(v.free) for v in self.free_views())
+
+    def free_views(self) -> list[policy.NodeView]:
         """Live nodes with their free devices, for the policy."""
         busy = self._busy()
         load: dict[str, int] = {}
@@ -292,7 +305,7 @@ class SchedulerState(ResizeCoordinator):
         reqs = [policy.JobRequest(j.job_id, j.spec.workers, j.spec.min_devices, j.spec.max_devices,
                                   j.spec.priority, j.seq, j.requested_devices) for j in queued]
         out: list[Send] = []
-        started = policy.place(reqs, self._free_views()) if queued else {}
+        started = policy.place(reqs, self.free_views()) if queued else {}
         for job_id, chosen in started.items():
             out += self._start(self.jobs[job_id], chosen, now)
         return out + self._rebalance([r for r in reqs if r.job_id not in started], now)
@@ -311,11 +324,11 @@ class SchedulerState(ResizeCoordinator):
         if not running:
             return []
         out: list[Send] = []
-        for d in policy.rebalance(waiting, running, self._free_views()):
+        for d in policy.rebalance(waiting, running, self.free_views()):
             job = self.jobs[d.job_id]
             if d.devices > len(job.placement) and d.devices - len(job.placement) > self.free_count():
                 continue   # an earlier grow of this wave took the devices (cannot happen with one node view)
-            out += self.begin_resize(job, d.devices, d.why, now)
+            out += self.resizes.begin(job, d.devices, d.why, now)
         return out
 
     def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[Send]:
@@ -329,9 +342,9 @@ class SchedulerState(ResizeCoordinator):
         log.info("job %s starting: %d workers on %d devices %s", job.job_id, job.spec.workers, len(chosen),
                  " ".join(f"{n}/{d}" for n, d in chosen))
         # Rank 0's node goes first: it picks the rendezvous port, which the other nodes need.
-        return [self._launch(job, job.nodes[0])]
+        return [self.launch(job, job.nodes[0])]
 
-    def _launch(self, job: Job, node: str) -> Send:
+    def launch(self, job: Job, node: str) -> Send:
         job.launched.append(node)
         self.dirty.add(job.job_id)
         return Send(node, p.LaunchJob(
@@ -363,17 +376,17 @@ class SchedulerState(ResizeCoordinator):
                     forget.append(r.job_id)
                     self._kill_sent.pop((node, r.job_id), None)
                 else:
-                    out += self._kill(node, r.job_id, now, "not scheduled here")
+                    out += self.kill(node, r.job_id, now, "not scheduled here")
                 continue
             self._release(job, node, r)
-            if self.rolling_back(job):
-                out += self.rollback_report(job, node, r, now)
+            if self.resizes.rollbacks.rolling_back(job):
+                out += self.resizes.rollbacks.report(job, node, r, now)
                 continue
-            out += self._resize_report(job, node, r, now)
+            out += self.resizes.report(job, node, r, now)
             if not (job.state.active and node in job.launched):   # the report ended the job, or the node's part
                 continue
             if r.state == "ended":
-                left = self._resize_ended(job, node, r, now)
+                left = self.resizes.node_ended(job, node, r, now)
                 out += left if left is not None else self._ended(job, node, r, now)
                 if job.state.terminal:
                     forget.append(job.job_id)
@@ -381,7 +394,7 @@ class SchedulerState(ResizeCoordinator):
             if r.master_port and not job.master_port and node == job.nodes[0]:
                 job.master_port = r.master_port
                 self.dirty.add(job.job_id)
-                out += [self._launch(job, other) for other in job.nodes[1:]]
+                out += [self.launch(job, other) for other in job.nodes[1:]]
             if r.state == "running" and node not in job.ready:
                 job.ready.append(node)
                 self.dirty.add(job.job_id)
@@ -401,21 +414,21 @@ class SchedulerState(ResizeCoordinator):
             err = dict(p.flat_scalars(r.error or {}))
             err.setdefault("message", "agent failed")
             err["node"] = node
-            err = self._resize_error(job, err)
+            err = self.resizes.name_error(job, err)
             log.warning("job %s failed on node %s: %s", job.job_id, node, err.get("message"))
             if job.resize is not None and job.resize.phase == "go":
-                return self.begin_rollback(job, now, err, gone=node)
-            return self._end(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
+                return self.resizes.agent_failed(job, now, err, joiner=False, gone=node)
+            return self.end_job(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
         job.ended.append(node)
         self.dirty.add(job.job_id)
         out: list[Send] = []
         if set(job.nodes) <= set(job.ended):
-            out += self._close_resize(job, now, "finished")
+            out += self.resizes.close(job, now, "finished")
             for other in job.launched:   # nodes holding only joiners of a resize that never happened
                 if other not in job.ended:
                     devs = job.zombies.setdefault(other, [])
                     devs += [d for n, d in job.placement if n == other and d not in devs]
-                    out += self._kill(other, job.job_id, now, "job finished", force=True)
+                    out += self.kill(other, job.job_id, now, "job finished", force=True)
             if job.state is JobState.STARTING:
                 job.transition(JobState.RUNNING, now, "all agents up")
             job.transition(JobState.FINISHED, now, "all agents exited 0")
@@ -440,19 +453,19 @@ class SchedulerState(ResizeCoordinator):
         self.dirty.add(job.job_id)
         self._resched = True
 
-    def _end(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
-             gone: str | None = None) -> list[Send]:
+    def end_job(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
+                gone: str | None = None) -> list[Send]:
         """Leave an active (or queued) state for `dst`; kill agents wherever they may still run."""
         out: list[Send] = []
         if job.resize is not None:
-            out += self._close_resize(job, now, dst.value)
+            out += self.resizes.close(job, now, dst.value)
         if job.state.active:
             for node in job.launched:
                 if node == gone or node in job.ended:
                     continue
                 devs = job.zombies.setdefault(node, [])
                 devs += [d for n, d in job.placement if n == node and d not in devs]
-                out += self._kill(node, job.job_id, now, reason, force=True)
+                out += self.kill(node, job.job_id, now, reason, force=True)
         if gone is not None:
             job.zombies.pop(gone, None)   # everything of the job there has exited (or the node is gone)
         job.transition(dst, now, reason)
@@ -470,16 +483,16 @@ class SchedulerState(ResizeCoordinator):
             job.zombies.pop(node, None)
             if node in job.launched:
                 job.launched.remove(node)
-            return self._abort_resize(job, now, reason)
-        if self.lost_in_rollback(job, node):   # it hosted only joiners: the others hold the snapshot
-            if self.rolling_back(job):
-                return self.maybe_fall_back(job, now)
-            return self.begin_rollback(job, now, self._resize_error(job, {"message": reason, "node": node}))
+            return self.resizes.agent_failed(job, now, {"message": reason}, joiner=True)
+        if self.resizes.rollbacks.lost(job, node):   # it hosted only joiners: the others hold the snapshot
+            if self.resizes.rollbacks.rolling_back(job):
+                return self.resizes.rollbacks.settle(job, now)
+            return self.resizes.agent_failed(job, now, {"message": reason, "node": node}, joiner=True)
         if job.state is JobState.STARTING and not job.restore_epoch:
-            out = self._end(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
+            out = self.end_job(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out
-        return self._end(job, JobState.FAILED, now, reason, error={"message": reason, "node": node}, gone=node)
+        return self.end_job(job, JobState.FAILED, now, reason, error={"message": reason, "node": node}, gone=node)
 
     def _node_lost(self, nd: Node, now: float, reason: str) -> list[Send]:
         nd.alive = False
@@ -498,8 +511,8 @@ class SchedulerState(ResizeCoordinator):
             self.dirty.add(job.job_id)
             self._resched = True
 
-    def _kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False,
-              hard: bool = False) -> list[Send]:
+    def kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False,
+             hard: bool = False) -> list[Send]:
         """`force`: send now even if a kill went there a moment ago; `hard`: no stop command first."""
         last = self._kill_sent.get((node, job_id))
         if not force and last is not None and now - last < self.cfg.kill_repeat_s:

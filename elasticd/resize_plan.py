@@ -1,0 +1,265 @@
+"""One live resize, decided in one place: who moves, when to go, when it is done, when to roll back, and
+whether the snapshot to fall back to is whole.
+
+The island scheduler (`elasticd.scheduler.resizing`, across nodes) and `elasticd run`
+(`elasticd.launcher`, one machine) both resize a running job from M to M2 agents (layout epoch E) the
+same way; they differ only in how they reach agents (node messages vs pipes) and where they learn what
+happened (node heartbeats vs agent events). So the decisions live here, in `ResizePlan`: a synchronous
+state machine with no sockets, threads, processes or clock (`now` is passed in). The shells feed it
+events and execute the actions it returns (`Go`, `Done`, `Abort`, `RollBack`, `FallBack`, `Fail`).
+
+Who moves: ranks 0..min(M, M2)-1 stay (their agents keep their process), a grow adds joining ranks
+M..M2-1, a shrink lets ranks M2..M-1 leave. Phases:
+
+``prepare``  the joiners start as warm standbys and the new group's rendezvous port is chosen, while the
+             job keeps training at M. `Go` once the port is known and every joiner is ready; a joiner
+             that dies, or a deadline passed, gives `Abort`: nothing was touched, the job goes on at M.
+``go``       every agent was told; it is `Done` when rank 0 completed a step at the new size with every
+             rank of the new layout having reported its part. An agent dying, or the deadline passing,
+             gives `RollBack`: the shell stops every agent, whatever it is doing.
+``rollback`` the shell reports the places (nodes; the launcher's one machine) whose agents are all gone;
+             once none is left, `FallBack` if the parts the agents saved at the step boundary
+             (elasticd.agent.resize.parts) cover every logical rank and the replicated state, else
+             `Fail` naming what is missing. A deadline passing here is a `Fail` too.
+
+The plan is also the record the scheduler persists with the job (`Job.resize`): every field is plain
+data, so a restarted scheduler resumes the same decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.agent.resize import parts
+
+NO_DEADLINE = math.inf   # a plan's timeout_s for a shell that waits as long as it takes (`elasticd run`)
+
+# --- actions ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """Tell every agent of the old and the new layout to re-form at the port now (joiners: join)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The new layout trains: `seconds` from the request to rank 0's first step at the new size."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Call the resize off before anything moved: stop the joiners; the job goes on at its old size."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RollBack:
+    """The hand-over failed half-way: stop every agent of the job at once, then report each place gone."""
+
+    error: dict[str, Any]   # the failure, naming the resize
+
+
+@dataclass(frozen=True, slots=True)
+class FallBack:
+    """Every agent is gone and the snapshot is whole: restart on the old layout from this epoch's parts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """No way back: the job fails with `error` (the original failure, and why it cannot fall back)."""
+
+    reason: str
+    error: dict[str, Any]
+
+
+Action = Go | Done | Abort | RollBack | FallBack | Fail
+
+
+@dataclass(slots=True)
+class ResizePlan:
+    """A live resize in flight, and the decisions about it (see the module docstring)."""
+
+    epoch: int
+    src: int                       # devices before
+    dst: int                       # devices after
+    why: str
+    requested_at: float
+    placement: list[list[str]]     # the whole new layout, rank -> [place (node), device]
+    deadline: float                # for the current phase
+    phase: str = "prepare"         # "prepare" | "go" | "rollback"
+    step: int = 0                  # job step when requested
+    port: int = 0
+    ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
+    acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation
+    commanded_at: float | None = None
+    handover_s: float | None = None                 # rank 0's own time from its vote to the new group
+    failure: dict[str, Any] | None = None          # rollback: what went wrong
+    gone: list[str] = field(default_factory=list)   # rollback: places whose agents of the job all exited
+    saved: dict[str, list[int]] = field(default_factory=dict)   # place -> snapshot parts it holds (-1: replicated)
+    timeout_s: float = 120.0       # per phase; math.inf: no deadline (`elasticd run` waits as long as it takes)
+
+    @classmethod
+    def begin(cls, *, epoch: int, src: int, dst: int, why: str, now: float, placement: list[list[str]],
+              step: int, timeout_s: float) -> ResizePlan:
+        """A resize from `src` to `dst` agents whose new layout is `placement` (ranks 0..src-1 as before)."""
+        if dst == src or dst < 1 or len(placement) != dst:
+            raise ValueError(f"no resize from {src} to {dst} devices over a layout of {len(placement)}")
+        return cls(epoch=epoch, src=src, dst=dst, why=why, requested_at=now, placement=placement,
+                   deadline=now + timeout_s, step=step, timeout_s=timeout_s)
+
+    # --- who moves ------------------------------------------------------------------------------------
+
+    @property
+    def joiners(self) -> list[int]:
+        return list(range(self.src, self.dst))
+
+    @property
+    def leavers(self) -> list[int]:
+        return list(range(self.dst, self.src))
+
+    @property
+    def stayers(self) -> list[int]:
+        return list(range(min(self.src, self.dst)))
+
+    def joiners_on(self, place: str) -> list[int]:
+        return [r for r in self.joiners if self.placement[r][0] == place]
+
+    def nodes(self) -> list[str]:
+        """The places of the new layout, in rank order of first appearance."""
+        return list(dict.fromkeys(place for place, _dev in self.placement))
+
+    # --- prepare -> go ---------------------------------------------------------------------------------
+
+    def port_known(self, port: int, now: float) -> list[Action]:
+        """The new group's rendezvous port was chosen (the first report of it counts)."""
+        if self.phase != "prepare" or self.port or not port:
+            return []
+        self.port = port
+        return self._maybe_go(now)
+
+    def joiner_ready(self, rank: int, now: float) -> list[Action]:
+        """A joining rank's agent is warm (script loaded, said hello)."""
+        if self.phase != "prepare" or rank not in self.joiners or rank in self.ready:
+            return []
+        self.ready.append(rank)
+        return self._maybe_go(now)
+
+    def _maybe_go(self, now: float) -> list[Action]:
+        if not self.port or len(self.ready) != len(self.joiners):
+            return []
+        self.phase = "go"
+        self.commanded_at = now
+        self.deadline = now + self.timeout_s
+        return [Go()]
+
+    # --- go -> done ------------------------------------------------------------------------------------
+
+    def reformed(self, rank: int) -> bool:
+        """A rank of the new layout reported its re-formation finished; True if that is news."""
+        if self.phase != "go" or not 0 <= rank < self.dst or rank in self.acked:
+            return False
+        self.acked.append(rank)
+        return True
+
+    def stepped(self, now: float, handover_s: float | None = None) -> list[Action]:
+        """Rank 0 completed a step at the new size (`handover_s`: its own time from vote to new group)."""
+        if self.phase != "go":
+            return []
+        self.handover_s = handover_s
+        return [Done(now - self.requested_at)] if len(self.acked) == self.dst else []
+
+    # --- failures --------------------------------------------------------------------------------------
+
+    def agent_failed(self, now: float, error: dict[str, Any], *, joiner: bool) -> list[Action]:
+        """An agent died or reported a failure (`joiner`: it hosted only joining ranks).
+
+        Before the go a joiner's death calls the resize off, while an old agent's is the job's own
+        failure (no action: the shell ends the job). After the go any death rolls the resize back.
+        """
+        if self.phase == "prepare":
+            return [Abort(str(error.get("message", "a joining agent failed")))] if joiner else []
+        if self.phase == "go":
+            return self._roll_back(now, self.name_in(error))
+        return []
+
+    def tick(self, now: float, places: list[str]) -> list[Action]:
+        """The clock: a phase past its deadline (`places`: where agents of the job were started)."""
+        if now <= self.deadline:
+            return []
+        t = self.timeout_s
+        if self.phase == "prepare":
+            missing = [r for r in self.joiners if r not in self.ready]
+            what = f"joining ranks {missing} not ready" if missing else "no rendezvous port from rank 0's node"
+            return [Abort(f"{what} within {t:.0f}s")]
+        if self.phase == "go":
+            missing = [r for r in range(self.dst) if r not in self.acked]
+            what = f"ranks {missing} did not re-form" if missing else "rank 0 did not complete a step"
+            return self._roll_back(now, self.name_in({"message": f"{what} within {t:.0f}s"}))
+        waiting = [n for n in places if n not in self.gone]
+        return [Fail(f"resize {self.epoch} rollback timed out",
+                     self._failure(f"its agents on {waiting} did not exit within {t:.0f}s, so it could not "
+                                   "fall back"))]
+
+    def name_in(self, error: dict[str, Any]) -> dict[str, Any]:
+        """Name the resize in an error that happened while the job was re-forming (once: a shell may
+        have named it already, to log it)."""
+        if self.phase != "go" or error.get("resize_epoch") == self.epoch:
+            return error
+        error = dict(error)
+        error["message"] = (f"resize {self.epoch} ({self.src} -> {self.dst} devices, {self.why}) failed: "
+                            f"{error.get('message', 'agent failed')}")
+        error["resize_epoch"] = self.epoch
+        return error
+
+    def _roll_back(self, now: float, error: dict[str, Any]) -> list[Action]:
+        self.phase = "rollback"
+        self.failure = error
+        self.deadline = now + self.timeout_s
+        return [RollBack(error)]
+
+    # --- rollback -> fall back --------------------------------------------------------------------------
+
+    def note_saved(self, place: str, have: list[int]) -> bool:
+        """The snapshot parts `place` holds for this resize; True if that is news."""
+        if self.saved.get(place) == list(have):
+            return False
+        self.saved[place] = list(have)
+        return True
+
+    def place_gone(self, place: str) -> bool:
+        """Every agent of the job at `place` exited; True if that is news."""
+        if place in self.gone:
+            return False
+        self.gone.append(place)
+        return True
+
+    def missing_parts(self, workers: int) -> list[int]:
+        return parts.missing(workers, {part for have in self.saved.values() for part in have})
+
+    def settle(self, places: list[str], workers: int, dead: list[str] | None = None) -> list[Action]:
+        """Once no agent runs at any of `places`: `FallBack`, or `Fail` when the snapshot lacks a part
+        or a place of the old layout (`dead`) is gone with its parts and its devices."""
+        if self.phase != "rollback" or not all(n in self.gone for n in places):
+            return []
+        lost = self.missing_parts(workers)
+        if lost or dead:
+            what = (f"nodes {dead} of its layout are gone" if dead else
+                    "its snapshot lacks " + parts.describe(lost) + " (an agent died before saving it)")
+            return [Fail(f"resize {self.epoch} failed", self._failure(f"no complete snapshot to fall back to: {what}"))]
+        return [FallBack()]
+
+    def reason(self) -> str:
+        """What failed, for the record of a rollback."""
+        return str((self.failure or {}).get("message", "an agent failed"))
+
+    def _failure(self, why: str) -> dict[str, Any]:
+        err = dict(self.failure or {"message": "resize failed"})
+        err["message"] = f"{err.get('message', 'resize failed')}; {why}"
+        return err
+
