@@ -20,6 +20,7 @@ from elasticd.agent.replicated.flat import by_dtype, scatter_back
 from elasticd.agent.replicated.ledger import GradLedger
 from elasticd.agent.replicated.once import OncePerStep
 from elasticd.agent.replicated.views import ReplicatedOptimizer, ReplicatedScheduler
+from elasticd.agent.resize.snapshot import GroupSnapshot
 
 if TYPE_CHECKING:
     from elasticd.agent.slicer.runtime import Runtime
@@ -110,14 +111,24 @@ class ReplicatedGroup:
                 scatter_back(flat, tensors)
         self.ledger.record()
 
-    def load(self, snap: Any) -> None:
+    def snapshot(self) -> GroupSnapshot:
+        """The replicated state at the step boundary where the agents stopped, gradients included."""
+        return GroupSnapshot(model=self.model.state_dict(),
+                             optimizer=self.optimizer.state_dict() if self.optimizer is not None else None,
+                             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
+                             grads=self.ledger.common_grads())
+
+    def load(self, snap: GroupSnapshot) -> None:
         """Adopt the replicated state saved at the step boundary where the job was resized."""
         self.model.load_state_dict(snap.model)
         if self.optimizer is not None and snap.optimizer is not None:
             self.optimizer.load_state_dict(snap.optimizer)
         if self.scheduler is not None and snap.scheduler is not None:
             self.scheduler.load_state_dict(snap.scheduler)
-        self.ledger.record()
+        if snap.grads is not None:
+            for p, g in zip(self.params, snap.grads, strict=True):
+                p.grad = g.to(p.device) if g is not None else None
+        self.ledger.after_flush()  # every rank starts from the saved gradient, as after a flush
 
     def sync_buffers(self) -> None:
         phys = self.runtime.phys

@@ -148,6 +148,21 @@ class GradLedger:
             self._note(p, e)
         return out
 
+    def common_grads(self) -> list[torch.Tensor | None]:
+        """The gradients every rank shares at a step boundary, for a resize snapshot.
+
+        Raises:
+            ReplicatedStateError: some are a sum over hosted ranks not flushed yet (a backward under
+                `no_sync` in one step whose flush comes in the next), which another M cannot take over.
+        """
+        pending = [n for n, e in zip(self.names, self.entries, strict=True) if e.contributors]
+        if pending:
+            raise ReplicatedStateError(
+                f"elasticd: the job was resized or stopped at a step boundary while gradients of replicated "
+                f"parameters {pending} held backward passes not averaged yet (ctx.no_sync() across the end of "
+                f"a step); end every step with a backward pass outside no_sync, or clear the gradients.")
+        return [p.grad for p in self.params]
+
     @staticmethod
     def _take_base(p: torch.Tensor, e: _Entry) -> None:
         if not e.base_taken:  # the first rank to get here since the flush sees the common gradient

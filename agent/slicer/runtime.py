@@ -28,7 +28,7 @@ from elasticd.agent.private import saving
 from elasticd.agent.replicated.grad_sync import GradSync
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.once import OncePerStep
-from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.agent.resize.snapshot import AgentSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded
@@ -361,10 +361,7 @@ class Runtime:
 
     def snapshot(self) -> AgentSnapshot:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""
-        groups = [GroupSnapshot(model=g.model.state_dict(),
-                                optimizer=g.optimizer.state_dict() if g.optimizer is not None else None,
-                                scheduler=g.scheduler.state_dict() if g.scheduler is not None else None)
-                  for g in self.groups]
+        groups = [g.snapshot() for g in self.groups]
         missing = [r for r, w in self._workers.items() if w.snapshot is None]
         if missing:
             raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "
