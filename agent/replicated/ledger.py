@@ -174,8 +174,8 @@ class GradLedger:
         if p._version != e.param_version:
             raise ReplicatedStateError(
                 f"elasticd: logical rank {rank} changed replicated parameter '{name}' in place outside "
-                f"optimizer.step() (e.g. `with torch.no_grad(): p.mul_(...)`, `p.copy_(...)`, nn.init after "
-                f"ctx.replicate). Hosted workers share one copy of it, so each of them would apply the change "
+                f"the step of the optimizer ctx.replicate returned (e.g. `with torch.no_grad(): p.mul_(...)`, "
+                f"`p.copy_(...)`, nn.init after ctx.replicate, stepping the original optimizer). Hosted workers share one copy of it, so each of them would apply the change "
                 f"again. Make it part of the optimizer (e.g. its weight_decay), do it before ctx.replicate, or "
                 f"keep such a model private to each worker (DistributedDataParallel inside the function).")
         g = p.grad
