@@ -340,6 +340,7 @@ def _profile(bench: Bench) -> str:
                     for p in g.params:
                         if p.grad is not None:
                             p.grad.div_(env.workers)
+                    g.ledger.after_flush()  # the runtime's own change: the ledger must know it
         return flush
 
     # What-ifs, each run paired with (a): (b) without swapping numpy's global RNG (this job never draws

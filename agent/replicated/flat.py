@@ -29,10 +29,20 @@ def flatten_grads(params: list[torch.Tensor]) -> torch.Tensor:
 
 
 def unflatten_grads(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
-    """Assign averaged gradients; a parameter no rank produced a gradient for keeps `grad=None`, as in DDP."""
-    used = flat[-len(params):]
+    """Assign averaged gradients; a parameter no rank produced a gradient for keeps `grad=None`, as in DDP.
+
+    Written into the existing `.grad` tensors (a fresh one only where there was none), never left as views
+    of `flat`: views share one version counter, and the ledger (replicated/ledger.py) tells a worker's
+    in-place change of a gradient from the runtime's by each gradient's own counter.
+    """
+    used = flat[-len(params):].tolist()
     offset = 0
     for i, p in enumerate(params):
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p) if used[i] > 0 else None
+        if used[i] <= 0:
+            p.grad = None
+        elif p.grad is not None:
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+        else:
+            p.grad = flat[offset:offset + n].view_as(p).clone()
         offset += n

@@ -29,22 +29,25 @@ class GradSync(Collective):
         # Keep each rank's gradient apart so the sum can be done over ranks in a fixed order.
         self.stash = {}
         for g in self.groups:
-            for dtype, params in by_dtype(g.params).items():
-                self.stash[(g.index, dtype)] = flatten_grads(params)
-                for p in params:
-                    p.grad = None
+            for dtype, flat in g.ledger.stash(self.rank).items():
+                self.stash[(g.index, dtype)] = flat
 
     @classmethod
     def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
         first: GradSync = ops[0]  # type: ignore[assignment]
-        if env.phys.world == 1 and not env.deterministic:
+        last = ops[-1].rank  # the flush runs in the last arriving worker's thread, after its changes
+        local_only = env.phys.world == 1 and not env.deterministic
+        untouched = [g.ledger.before_flush(last, local_only) for g in first.groups]
+        if local_only:
             # One agent: the shared .grad already holds the sum over every rank, and a missing grad
             # already means no rank produced one. Averaging is all that is left; no flat copy needed.
+            # A gradient still holding the last flush's average (no rank accumulated since) keeps it.
             with torch.no_grad():
-                for g in first.groups:
-                    for p in g.params:
-                        if p.grad is not None:
+                for g, keep in zip(first.groups, untouched, strict=True):
+                    for p, k in zip(g.params, keep, strict=True):
+                        if p.grad is not None and not k:
                             p.grad.div_(env.workers)
+                    g.ledger.after_flush()
             return
         for g in first.groups:
             for dtype, params in by_dtype(g.params).items():
@@ -55,3 +58,4 @@ class GradSync(Collective):
                 flat[: -len(params)].div_(env.workers)
                 unflatten_grads(flat, params)
             g.sync_buffers()
+            g.ledger.after_flush()

@@ -11,16 +11,20 @@ update"). Buffers follow DDP's `broadcast_buffers=True`: logical rank 0's win.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from elasticd.agent.replicated.flat import by_dtype, scatter_back
+from elasticd.agent.replicated.ledger import GradLedger
 from elasticd.agent.replicated.once import OncePerStep
 from elasticd.agent.replicated.views import ReplicatedOptimizer, ReplicatedScheduler
+from elasticd.agent.resize.snapshot import GroupSnapshot
 
 if TYPE_CHECKING:
     from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.worker import Worker
 
 
 class ReplicatedGroup:
@@ -33,7 +37,8 @@ class ReplicatedGroup:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
         if optimizer is not None:
             known = {id(p) for p in self.params}
             stray = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in known]
@@ -45,8 +50,17 @@ class ReplicatedGroup:
         self.step_once = OncePerStep(ranks)
         self.zero_once = OncePerStep(ranks)
         self.sched_once = OncePerStep(ranks)
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
+        self.ledger = GradLedger(named, len(ranks), runtime.deterministic)
+        # AccumulateGrad nodes run their pre-hooks only when autograd accumulates into .grad (not for
+        # torch.autograd.grad); a parameter holds its node weakly, so keep them for the hooks to stay.
+        self._accumulators = []
+        with torch.enable_grad():
+            for i, p in enumerate(self.params):
+                node = p.view_as(p).grad_fn.next_functions[0][0]
+                node.register_prehook(functools.partial(self._before_grad, i))
+                self._accumulators.append(node)
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+        runtime.switch_listeners.append(self._on_switch)
         if self.buffers:
             model.register_forward_pre_hook(self._guard_buffers)
             model.register_forward_hook(self._restore_buffers)
@@ -55,11 +69,22 @@ class ReplicatedGroup:
         self.opt_view = ReplicatedOptimizer(self, runtime) if optimizer is not None else None
         self.sched_view = ReplicatedScheduler(self, runtime) if scheduler is not None else None
 
-    def _on_grad(self, _p: torch.Tensor) -> None:
+    def _before_grad(self, i: int, _grad_outputs: Any) -> None:
         # Runs where autograd runs (an engine thread on CUDA), so ask the baton, not the thread.
         worker = self.runtime.current
         if worker is not None:
+            self.ledger.before_accumulate(i, worker.rank)
+
+    def _on_grad(self, i: int, _p: torch.Tensor) -> None:
+        worker = self.runtime.current
+        if worker is not None:
             worker.touched_grads = True
+            self.ledger.after_accumulate(i, worker.rank)
+
+    def _on_switch(self, outgoing: Worker | None, _incoming: Worker) -> None:
+        # The outgoing worker's changes since the runtime last looked: judged before another worker runs.
+        if outgoing is not None:
+            self.ledger.check(outgoing.rank)
 
     def _guard_buffers(self, _module: torch.nn.Module, _args: Any) -> None:
         worker = self.runtime.current
@@ -84,14 +109,26 @@ class ReplicatedGroup:
                 flat = torch.cat([t.detach().reshape(-1) for t in tensors])
                 phys.broadcast_(flat, 0)
                 scatter_back(flat, tensors)
+        self.ledger.record()
 
-    def load(self, snap: Any) -> None:
+    def snapshot(self) -> GroupSnapshot:
+        """The replicated state at the step boundary where the agents stopped, gradients included."""
+        return GroupSnapshot(model=self.model.state_dict(),
+                             optimizer=self.optimizer.state_dict() if self.optimizer is not None else None,
+                             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
+                             grads=self.ledger.common_grads())
+
+    def load(self, snap: GroupSnapshot) -> None:
         """Adopt the replicated state saved at the step boundary where the job was resized."""
         self.model.load_state_dict(snap.model)
         if self.optimizer is not None and snap.optimizer is not None:
             self.optimizer.load_state_dict(snap.optimizer)
         if self.scheduler is not None and snap.scheduler is not None:
             self.scheduler.load_state_dict(snap.scheduler)
+        if snap.grads is not None:
+            for p, g in zip(self.params, snap.grads, strict=True):
+                p.grad = g.to(p.device) if g is not None else None
+        self.ledger.after_flush()  # every rank starts from the saved gradient, as after a flush
 
     def sync_buffers(self) -> None:
         phys = self.runtime.phys

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from elasticd.agent.worker import current_worker
+
 
 class OncePerStep:
     """Runs the k-th call of an operation once, however many hosted workers make their k-th call.
@@ -25,9 +27,25 @@ class OncePerStep:
         self._calls[rank] = k + 1
         if k == self._executed:
             self._executed += 1
-            self._results[k] = [fn(), len(self._ranks)]
+            self._results[k] = [_sanctioned(rank, fn), len(self._ranks)]
         entry = self._results[k]
         entry[1] -= 1
         if entry[1] == 0:
             del self._results[k]
         return entry[0]
+
+
+def _sanctioned(rank: int, fn: Callable[[], Any]) -> Any:
+    """Run a once-per-step call as the runtime's own change of replicated state.
+
+    What the calling worker changed before it is judged first (see `replicated/ledger.py`); what the call
+    changes (parameters stepped, gradients cleared or clipped) is recorded as the new state afterwards.
+    """
+    w = current_worker()
+    groups = w.ctx._rt.groups if w is not None and w.ctx is not None else []
+    for g in groups:
+        g.ledger.check(rank)
+    result = fn()
+    for g in groups:
+        g.ledger.record()
+    return result

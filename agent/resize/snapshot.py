@@ -45,13 +45,16 @@ class GroupSnapshot:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
     scheduler: dict[str, Any] | None
+    # The common gradient at the boundary, by trainable parameter (None: no gradient). Under DDP it carries
+    # over into the next step unless the job clears it first, so it survives a resize as well.
+    grads: list[torch.Tensor | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "grads": self.grads}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GroupSnapshot:
-        return cls(model=d["model"], optimizer=d["optimizer"], scheduler=d["scheduler"])
+        return cls(model=d["model"], optimizer=d["optimizer"], scheduler=d["scheduler"], grads=d.get("grads"))
 
 
 @dataclass(slots=True)

@@ -368,11 +368,11 @@ class Runtime:
 
     def snapshot(self) -> AgentSnapshot:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""
-        host = saving.host_view  # in host memory: the next segment's model is built on the device meanwhile
-        groups = [GroupSnapshot(model=host(g.model.state_dict()),
-                                optimizer=host(g.optimizer.state_dict()) if g.optimizer is not None else None,
-                                scheduler=host(g.scheduler.state_dict()) if g.scheduler is not None else None)
-                  for g in self.groups]
+        # In host memory: the next segment's model is built on the device while this is still referenced.
+        host = saving.host_view
+        groups = [GroupSnapshot(model=host(s.model), optimizer=host(s.optimizer), scheduler=host(s.scheduler),
+                                grads=host(s.grads))
+                  for s in (g.snapshot() for g in self.groups)]
         missing = [r for r, w in self._workers.items() if w.snapshot is None]
         if missing:
             raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "

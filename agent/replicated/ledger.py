@@ -1,0 +1,207 @@
+"""What a replicated gradient holds, and what a worker's own change of it means.
+
+Hosted workers share one `.grad` per replicated parameter. Between two gradient flushes (a *window*) it
+holds the sum over hosted ranks of their logical gradients; right after a flush it holds their common
+average. Under DDP each rank owns its `.grad`, so user code that clears or changes gradients changes
+only its own; on the shared tensor the same call, made once per hosted worker, would wipe or compound
+the other workers' gradients. This ledger tells the runtime's own changes (autograd accumulating, the
+flush, once-per-step calls such as `optimizer.step`) from a worker's: it records each gradient's and
+parameter's identity and version counter (`t._version`) after every change the runtime makes and compares
+them at the next point where the runtime has the thread (before autograd accumulates, before a flush or
+a once-per-step call, when a worker hands the baton over). Then:
+
+- a worker that set a gradient to `None` (`model.zero_grad()`, a submodule's, `p.grad = None`) cleared
+  its logical gradient. If no rank accumulated since the last flush that is the common value: cleared,
+  once. If other hosted workers did, the first worker's identical call already cleared it before they
+  accumulated, so the tensor they accumulated into is put back (the k-th call of every worker is one
+  logical call, as for `optimizer.zero_grad`). A worker that clears after its own backward in the same
+  window (between `no_sync` passes) cannot be told apart from the others: refused.
+- any other change (in-place ops on `.grad` or on parameters, a new tensor assigned to `.grad`) would be
+  applied once per hosted worker: refused with `ReplicatedStateError` naming it.
+
+Several backward passes per step without `no_sync` (DDP: each all-reduces, `.grad = avg(g1) + avg(g2)`):
+after the first flush the shared tensor holds the common average C, but the next window sums over hosted
+ranks. So before the first accumulation into C it becomes H*C (H hosted ranks; exact for H a power of
+two), and the flush's sum over agents divided by N gives C + avg(g2), as DDP's all-reduce of C + g2_r
+does, with no extra copy. A gradient nobody on this agent accumulated into is scaled at the flush
+instead (another agent may have). In deterministic mode each rank's gradient is stashed apart at its
+switch point; there the common C is kept as `base`, every rank starts from it (copied on its first
+accumulation: the one extra gradient copy, and only when a job runs several backward passes per step),
+so the ordered sum over ranks of C + g2_r does not depend on M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from elasticd.agent.replicated.flat import by_dtype, flatten_grads
+
+INSTEAD = ("clear gradients with optimizer.zero_grad() or model.zero_grad() (set_to_none=True), clip with "
+           "ctx.clip_grad_norm_, scale the loss rather than the gradients, or keep such a model private to "
+           "each worker (DistributedDataParallel inside the function)")
+
+
+class ReplicatedStateError(RuntimeError):
+    """A worker changed replicated gradients or parameters in a way hosted workers cannot share."""
+
+
+class _Entry:
+    """The runtime's last known state of one replicated parameter and its gradient."""
+
+    __slots__ = ("base", "base_taken", "contributors", "grad", "grad_version", "param_version", "synced")
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None  # the tensor .grad should be (held: a dropped one comes back)
+        self.grad_version = 0
+        self.param_version = 0
+        self.contributors: set[int] = set()    # ranks whose backward accumulated into it in this window
+        self.synced = False                    # holds the last flush's average, not a sum over hosted ranks
+        self.base: torch.Tensor | None = None  # deterministic mode: the common gradient every rank starts from
+        self.base_taken = False
+
+
+class GradLedger:
+    """One replicated group's parameters: the runtime's changes recorded, the workers' ones judged."""
+
+    def __init__(self, named: Iterable[tuple[str, torch.nn.Parameter]], hosted: int, deterministic: bool) -> None:
+        named = list(named)
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.hosted = hosted
+        self.deterministic = deterministic
+        self.entries = [_Entry() for _ in self.params]
+        self.record()
+
+    # -- the runtime's own changes ----------------------------------------------------------------
+    def record(self) -> None:
+        """After the runtime changed gradients or parameters (a flush, a once-per-step call): the new truth."""
+        for p, e in zip(self.params, self.entries, strict=True):
+            self._note(p, e)
+
+    @staticmethod
+    def _note(p: torch.Tensor, e: _Entry) -> None:
+        e.grad = p.grad
+        e.grad_version = p.grad._version if p.grad is not None else 0
+        e.param_version = p._version
+
+    def before_accumulate(self, i: int, rank: int) -> None:
+        """Autograd is about to add rank's gradient into parameter i's `.grad` (an AccumulateGrad pre-hook)."""
+        p, e = self.params[i], self.entries[i]
+        self._judge(i, rank)
+        if self.deterministic:
+            self._take_base(p, e)
+            if p.grad is not None and p.grad is e.base:  # the common gradient: this rank accumulates into a copy
+                p.grad = p.grad.clone()
+                self._note(p, e)
+        elif e.synced:
+            e.synced = False
+            if p.grad is not None:
+                with torch.no_grad():
+                    p.grad.mul_(self.hosted)  # the common average, once per hosted rank: see the module doc
+                self._note(p, e)
+
+    def after_accumulate(self, i: int, rank: int) -> None:
+        """Autograd added rank's gradient (a post-accumulate-grad hook): the new tensor and version are ours."""
+        e = self.entries[i]
+        e.contributors.add(rank)
+        self._note(self.params[i], e)
+
+    def check(self, rank: int) -> None:
+        """At a point where `rank` gives the thread back to the runtime: judge what it changed since."""
+        for i in range(len(self.params)):
+            self._judge(i, rank)
+
+    # -- the flush --------------------------------------------------------------------------------
+    def before_flush(self, rank: int, local_only: bool) -> list[bool]:
+        """Check the last worker's changes; which gradients still hold the last average untouched.
+
+        With `local_only` (one agent) those keep their value; otherwise they are scaled to the hosted sum
+        like any other, since another agent may have accumulated into its copy.
+        """
+        self.check(rank)
+        untouched = [e.synced and p.grad is not None for p, e in zip(self.params, self.entries, strict=True)]
+        if not local_only and not self.deterministic:
+            with torch.no_grad():
+                for p, keep in zip(self.params, untouched, strict=True):
+                    if keep:
+                        p.grad.mul_(self.hosted)
+        return untouched
+
+    def after_flush(self) -> None:
+        """The flush wrote every rank's average: a new window starts from it."""
+        for p, e in zip(self.params, self.entries, strict=True):
+            self._note(p, e)
+            e.contributors.clear()
+            e.synced = p.grad is not None
+            e.base, e.base_taken = None, False
+
+    def stash(self, rank: int) -> dict[torch.dtype, torch.Tensor]:
+        """Deterministic mode, at rank's switch point: its own gradients as flat buffers by dtype; the next
+        rank starts again from the common gradient."""
+        self.check(rank)
+        out = {dtype: flatten_grads(params) for dtype, params in by_dtype(self.params).items()}
+        for p, e in zip(self.params, self.entries, strict=True):
+            self._take_base(p, e)
+            p.grad = e.base
+            self._note(p, e)
+        return out
+
+    def common_grads(self) -> list[torch.Tensor | None]:
+        """The gradients every rank shares at a step boundary, for a resize snapshot.
+
+        Raises:
+            ReplicatedStateError: some are a sum over hosted ranks not flushed yet (a backward under
+                `no_sync` in one step whose flush comes in the next), which another M cannot take over.
+        """
+        pending = [n for n, e in zip(self.names, self.entries, strict=True) if e.contributors]
+        if pending:
+            raise ReplicatedStateError(
+                f"elasticd: the job was resized or stopped at a step boundary while gradients of replicated "
+                f"parameters {pending} held backward passes not averaged yet (ctx.no_sync() across the end of "
+                f"a step); end every step with a backward pass outside no_sync, or clear the gradients.")
+        return [p.grad for p in self.params]
+
+    @staticmethod
+    def _take_base(p: torch.Tensor, e: _Entry) -> None:
+        if not e.base_taken:  # the first rank to get here since the flush sees the common gradient
+            e.base, e.base_taken = p.grad, True
+
+    # -- a worker's own changes -------------------------------------------------------------------
+    def _judge(self, i: int, rank: int) -> None:
+        p, e, name = self.params[i], self.entries[i], self.names[i]
+        if p._version != e.param_version:
+            raise ReplicatedStateError(
+                f"elasticd: logical rank {rank} changed replicated parameter '{name}' in place outside "
+                f"the step of the optimizer ctx.replicate returned (e.g. `with torch.no_grad(): p.mul_(...)`, "
+                f"`p.copy_(...)`, nn.init after ctx.replicate, stepping the original optimizer). Hosted workers share one copy of it, so each of them would apply the change "
+                f"again. Make it part of the optimizer (e.g. its weight_decay), do it before ctx.replicate, or "
+                f"keep such a model private to each worker (DistributedDataParallel inside the function).")
+        g = p.grad
+        if g is e.grad:
+            if g is None or g._version == e.grad_version:
+                return
+            raise ReplicatedStateError(
+                f"elasticd: logical rank {rank} changed the gradient of replicated parameter '{name}' in place "
+                f"(e.g. p.grad.mul_/div_/zero_, zero_grad(set_to_none=False), torch.nn.utils.clip_grad_* on "
+                f"the model's parameters). Hosted workers share one .grad, so each of them would apply it "
+                f"again, to the others' gradients as well; {INSTEAD}.")
+        if g is not None:
+            raise ReplicatedStateError(
+                f"elasticd: logical rank {rank} assigned a new tensor to .grad of replicated parameter "
+                f"'{name}'. Hosted workers share one .grad, which holds the others' gradients too; {INSTEAD}.")
+        # The worker cleared the gradient: zero_grad() (set_to_none=True), a submodule's, or p.grad = None.
+        if rank in e.contributors:
+            raise ReplicatedStateError(
+                f"elasticd: logical rank {rank} cleared the gradient of replicated parameter '{name}' after its "
+                f"own backward pass in the same step (zero_grad() or p.grad = None between backward passes, "
+                f"e.g. under ctx.no_sync()). Hosted workers accumulate into one .grad, so its share cannot be "
+                f"told apart from theirs; clear gradients before the step's first backward pass, or after "
+                f"optimizer.step().")
+        if e.contributors:
+            # Other hosted workers accumulated since the last flush: this worker's call is the one the
+            # first of them made before accumulating. Give back what they accumulated.
+            p.grad = e.grad
+            return
+        e.grad, e.grad_version, e.synced = None, 0, False  # nobody accumulated yet: cleared for everyone, once

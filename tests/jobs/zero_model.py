@@ -1,0 +1,54 @@
+"""Idiom job: `model.zero_grad()` instead of `optimizer.zero_grad()`.
+
+Under DDP every rank clears its own gradients. Hosted workers share one `.grad`, so without the runtime's
+ledger (agent/replicated/ledger.py) each of them would wipe what the workers before it accumulated.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from _jobstate import save_state
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import elasticd
+
+WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
+STEPS = 16
+BATCH = 16
+
+
+def make_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(512, 16, generator=g)
+    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
+    return TensorDataset(x, y)
+
+
+@elasticd.elastic(workers=WORKERS)
+def train(ctx) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(ctx.device)
+    if ctx.rank == 0:
+        save_state(model, "ELASTICD_TEST_INIT")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, opt = ctx.replicate(model, opt)
+    ds = make_data()
+    sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
+    for _ in ctx.steps(STEPS):
+        x, y = next(batches)
+        model.zero_grad()
+        loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
+        loss.backward()
+        opt.step()
+        ctx.log(loss=loss.item())
+    if ctx.rank == 0:
+        save_state(model, "ELASTICD_TEST_OUT")
+
+
+if __name__ == "__main__":
+    train()

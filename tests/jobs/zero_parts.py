@@ -1,0 +1,58 @@
+"""Idiom job: gradients cleared part by part after the step: a submodule's `zero_grad()` and a
+`p.grad = None` loop over the rest.
+
+Under DDP each rank clears its own; on the `.grad` hosted workers share, the later workers' calls come
+after the first worker already accumulated the next step's gradient and must not wipe it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from _jobstate import save_state
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import elasticd
+
+WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
+STEPS = 16
+BATCH = 16
+
+
+def make_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(4321)
+    x = torch.randn(512, 16, generator=g)
+    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
+    return TensorDataset(x, y)
+
+
+@elasticd.elastic(workers=WORKERS)
+def train(ctx) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(ctx.device)
+    if ctx.rank == 0:
+        save_state(model, "ELASTICD_TEST_INIT")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, opt = ctx.replicate(model, opt)
+    core = getattr(model, "module", model)  # DDP (the reference) wraps the model
+    ds = make_data()
+    sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
+    for _ in ctx.steps(STEPS):
+        x, y = next(batches)
+        loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
+        loss.backward()
+        opt.step()
+        core[0].zero_grad()
+        for p in core[2].parameters():
+            p.grad = None
+        ctx.log(loss=loss.item())
+    if ctx.rank == 0:
+        save_state(model, "ELASTICD_TEST_OUT")
+
+
+if __name__ == "__main__":
+    train()
