@@ -28,6 +28,9 @@ class AgentConfig:
     device_memory: int = 0      # private-state budget per device in bytes; 0 = default (agent.private)
     snapshot_dir: str = ""      # where resize snapshots are kept for falling back (agent.fallback); "" = not kept
     restore_epoch: int = 0      # > 0: start from the snapshot of that resize (a resize that failed half-way)
+    # Steps after which the launcher resizes (`elasticd run --scale-at`): the agents stop there and wait for
+    # the command, so the resize happens at that step and not at whichever boundary the command reaches.
+    hold_at: tuple[int, ...] = ()
 
     @property
     def hosted(self) -> list[int]:
@@ -57,6 +60,8 @@ class AgentConfig:
             argv += ["--snapshot-dir", self.snapshot_dir]
         if self.restore_epoch:
             argv += ["--restore-epoch", str(self.restore_epoch)]
+        if self.hold_at:
+            argv += ["--hold-at", ",".join(map(str, self.hold_at))]
         return argv
 
 
@@ -87,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--restore-epoch", type=int, default=0,
                    help="start from the snapshot of this resize in --snapshot-dir (falling back after a "
                         "resize that failed half-way)")
+    p.add_argument("--hold-at", default="", metavar="STEP[,STEP...]",
+                   help="stop after these steps for a resize the launcher scheduled, and wait for its command")
     a = p.parse_args(argv)
     cfg = AgentConfig(
         script=a.script, func=a.func, workers=a.workers, rank=a.rank, world=a.world,
@@ -94,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         master_port=a.master_port, job_id=a.job_id, control=a.control, error_file=a.error_file,
         threads=a.threads, join_from=a.join_from, device_memory=a.device_memory, standby=a.standby,
         snapshot_dir=a.snapshot_dir, restore_epoch=a.restore_epoch,
+        hold_at=tuple(int(s) for s in a.hold_at.split(",") if s),
     )
     if cfg.restore_epoch and not cfg.snapshot_dir:
         p.error("--restore-epoch needs --snapshot-dir")

@@ -50,7 +50,7 @@ class _Agent:
 class Resize:
     """One live resize, as the launcher saw it."""
 
-    step: int               # the last step before the resize
+    step: int               # the last step before the resize (the agents' report once they stopped there)
     src: int
     dst: int
     requested: float
@@ -87,6 +87,7 @@ class LocalJob:
         self.spares: list[_Agent] = []  # warm standby agents for the schedule's grows
         self.resizes: list[Resize] = []
         self._pending = sorted(self.scale_at)
+        self._hold_at = _hold_steps(self.devices, self._pending)
         self._resizing: Resize | None = None
         self._joining: tuple[dict[str, Any], set[int]] | None = None  # grow command, joiners not ready
         self._resized_acks: set[int] = set()
@@ -111,6 +112,7 @@ class LocalJob:
             error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}-{len(self.spares)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
             snapshot_dir=self.snapshot_dir, restore_epoch=0 if (standby or join_from) else self._restore_epoch,
+            hold_at=self._hold_at,
         )
         proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env={**os.environ, **(self.env or {})},
                                 pass_fds=(cmd_r, ev_w))
@@ -163,10 +165,32 @@ class LocalJob:
                     self._go(command)
         elif kind == "resized":
             self._resized_acks.add(agent.rank)
+            step = ev.get("step")
+            if self._resizing is not None and isinstance(step, int):
+                self._resizing.step = step
+            self._advance(time.monotonic())
 
     def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step = step
         now = time.monotonic()
+        r = self._resizing
+        if r is not None and not self._resized_acks:
+            r.last_old_step = now
+        elif self._restore_epoch and r is None:
+            self._restore_epoch = 0
+            self._drop_snapshots()
+        self._advance(now)
+        if now - self._last_print >= 2.0:
+            self._last_print = now
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+            self._say(f"step {step} on {self.world} device(s) {shown}".rstrip())
+
+    def _advance(self, now: float) -> None:
+        """Close the resize in flight once every new agent acknowledged it and a step ran after it, then
+        start the next scheduled one whose step has passed. Called on steps and on acknowledgements: rank
+        0's next step may be read before another agent's acknowledgement, and the agents are held at the
+        next scheduled step until its command comes, so neither order may stall the schedule."""
+        step = self.last_step
         r = self._resizing
         if r is not None and self._resized_acks >= set(range(r.dst)) and step > r.step:
             r.seconds = now - r.requested
@@ -174,20 +198,11 @@ class LocalJob:
             r.outcome = "done"
             self._resizing = None
             self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
-            self._say(f"resized {r.src} -> {r.dst} devices in {r.seconds:.2f}s "
+            self._say(f"resized {r.src} -> {r.dst} devices after step {r.step} in {r.seconds:.2f}s "
                       f"(training paused {r.stall:.2f}s)")
-        elif self._restore_epoch:
-            self._restore_epoch = 0
-            self._drop_snapshots()
-        elif r is not None and not self._resized_acks:
-            r.last_old_step = now
         if self._resizing is None and self._pending and step >= self._pending[0][0]:
             _, target = self._pending.pop(0)
             self._resize(step, target)
-        if now - self._last_print >= 2.0:
-            self._last_print = now
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-            self._say(f"step {step} on {self.world} device(s) {shown}".rstrip())
 
     def _resize(self, step: int, target: int) -> None:
         if target == self.world:
@@ -272,6 +287,24 @@ class LocalJob:
             self._spawn(rank, self.world, port)
         self._top_up_spares()
 
+    def _unhonoured(self) -> int:
+        """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
+        for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
+        ended before."""
+        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{self._resizing.step}:{self._resizing.dst}"]
+                                                          if self._resizing is not None else [])
+        if not left:
+            return 0
+        if self.last_step < 0:
+            print(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
+                  f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
+                  f"on {self.world} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`",
+                  file=sys.stderr, flush=True)
+            return 1
+        self._say(f"--scale-at {','.join(left)} not applied: the job ended after step {self.last_step}, "
+                  f"before reaching {'them' if len(left) > 1 else 'it'}")
+        return 0
+
     def _say(self, text: str) -> None:
         if not self.quiet:
             print(f"[elasticd] {text}", file=sys.stderr, flush=True)
@@ -321,7 +354,7 @@ class LocalJob:
                     if waiting:
                         self._say("job finished before the grow took effect")
                     self.stop_all()
-                    return 0
+                    return self._unhonoured()
         except KeyboardInterrupt:
             self.stop_all()
             raise
@@ -335,6 +368,17 @@ class LocalJob:
             self._tmp.cleanup()
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+
+
+def _hold_steps(devices: int, schedule: list[tuple[int, int]]) -> tuple[int, ...]:
+    """The steps of a sorted --scale-at schedule that change the size (a scale to the size the job will have
+    then is a no-op): the agents stop after each and wait for the resize command."""
+    held, world = [], devices
+    for step, target in schedule:
+        if target != world:
+            held.append(step)
+            world = target
+    return tuple(held)
 
 
 def _private_snapshot_dir() -> str:
