@@ -92,7 +92,7 @@ class ResizePlan:
     placement: list[list[str]]     # the whole new layout, rank -> [node, device]
     deadline: float                # for the current phase
     phase: str = "prepare"         # "prepare" | "go"
-    step: int = 0                  # job step when requested
+    step: int = 0                  # job step when requested; then the step the agents stopped after
     port: int = 0
     ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
     acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation
@@ -139,7 +139,7 @@ class Job:
     error: dict[str, Any] | None = None
     requested_devices: int | None = None   # M pinned by `elasticd scale` (the policy leaves the job alone)
     # Resize history, one entry per resize asked for: at, from, to, why, seconds (request -> first step
-    # at the new size), outcome ("done", "aborted", "failed", "not applied") and a note.
+    # at the new size), outcome ("done", "aborted", "failed", "not applied", "refused") and a note.
     resizes: list[dict[str, Any]] = field(default_factory=list)
     epoch: int = 0                          # layout epoch: +1 per resize started
     resize: ResizePlan | None = None        # the resize in flight
@@ -166,6 +166,12 @@ class Job:
             self.started_at = now
         if dst.terminal:
             self.ended_at = now
+
+    @property
+    def entered_steps(self) -> bool:
+        """Rank 0 reported a `ctx.steps` step boundary (only those reports carry `total_steps`): the only
+        place the job can be resized. A job that never does cannot honour a scale."""
+        return "total_steps" in self.metrics
 
     @property
     def nodes(self) -> list[str]:

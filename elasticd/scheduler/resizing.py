@@ -133,6 +133,10 @@ class ResizeCoordinator(ResizeRollback):
                 job.step = max(job.step, r.step)
                 plan.handover_s = next((x.get("seconds") for x in r.resizes if x.get("epoch") == plan.epoch
                                         and isinstance(x.get("seconds"), float)), None)
+                # The history records the step the agents actually stopped after, not the one current when asked.
+                plan.step = next((x["step"] for x in r.resizes if x.get("epoch") == plan.epoch
+                                  and isinstance(x.get("step"), int) and not isinstance(x.get("step"), bool)),
+                                 plan.step)
                 if len(plan.acked) == plan.dst:
                     return self._complete_resize(job, now)
         return []
@@ -218,6 +222,9 @@ class ResizeCoordinator(ResizeRollback):
             outcome, note = "not applied", f"the job {ending} before the hand-over"
         elif ending == "finished" and len(plan.acked) == plan.dst:
             outcome, note = "done", "the job finished right after the hand-over"
+        elif ending == "finished" and not job.entered_steps:
+            outcome, note = "refused", ("the job never reached a step boundary of `ctx.steps`, the only place a job "
+                                        "can be resized; drive its loop with `for step in ctx.steps(n)` to resize it")
         elif ending == "finished":
             outcome, note = "not applied", "the job finished before its agents reached a step boundary"
         elif ending == "failed":
