@@ -29,9 +29,9 @@ def _job_module(name: str) -> ModuleType:
     return module
 
 
-def _run(job: str, out: Path, *args: str) -> Finished:
+def _run(job: str, out: Path, *args: str, env: dict[str, str] | None = None) -> Finished:
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_TEST_OUT": str(out / "final.pt"),
-           "ELASTICD_TEST_LOG": str(out)}
+           "ELASTICD_TEST_LOG": str(out), **(env or {})}
     return run_cli(["run", str(JOBS / f"{job}.py"), "--workers", str(REFERENCE_WORKERS), *args], env=env, timeout=400)
 
 
@@ -104,3 +104,24 @@ def test_ctx_batches_keeps_the_epoch_the_user_set(tmp_path: Path) -> None:
             want += [order[i * user_epoch.BATCH:(i + 1) * user_epoch.BATCH] for i in range(per_epoch)]
         got = [[int(i) for i in line.split()[1:]] for line in (tmp_path / f"rank{rank}.log").read_text().splitlines()]
         assert got == want[:user_epoch.STEPS], f"rank {rank} walked other epochs than the sampler's own"
+
+
+@pytest.mark.timeout(900)
+def test_a_for_loop_over_the_loader_with_ctx_steps_driving_resumes_where_it_was(
+        forgot_runs: tuple[Path, Path], tmp_path: Path) -> None:
+    ref, _ = forgot_runs
+    run = _run("forgot_job", tmp_path, "--devices", "2", "--scale-at", "5:1", env={"ELASTICD_TEST_LOOP": "for"})
+    assert run.returncode == 0, run.output
+    want, got = load_state(ref / "final.pt"), load_state(tmp_path / "final.pt")
+    too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+    assert not too_far, f"the loader restarted at the resize: {too_far}"
+
+
+@pytest.mark.timeout(900)
+def test_an_epoch_counter_that_restarted_with_the_function_fails_instead_of_repeating_data(tmp_path: Path) -> None:
+    # Resized after step 10, in epoch 1 (8 steps an epoch): the re-entered loop's `epoch` starts at 0 again
+    # and would set epoch 1 a second time at the end of this one.
+    run = _run("forgot_job", tmp_path, "--devices", "2", "--scale-at", "10:1", env={"ELASTICD_TEST_LOOP": "for"})
+    assert run.returncode == 1, run.output
+    assert "resumed DataLoader #1 of this rank in epoch 1 after a resize, and now its sampler is set to epoch 1" \
+        in run.output, run.output

@@ -46,7 +46,8 @@ class StepBoundary:
 
     def prepare(self, w: Worker) -> None:
         """Before the worker's thread runs the function: what a resumed worker's objects load from."""
-        w.loader_tracks = loader_tracking.LoaderTracks()
+        w.loader_tracks = tracks = loader_tracking.LoaderTracks()
+        w.backward_hooks.append(tracks.after_backward)
         if w.restore is not None:
             w.loader_tracks.saved = w.restore.extras.get("raw_loaders", [])
             w.carried_restore = carried.CarriedRestore(w.rank, w.restore.extras.get("carried", []))
@@ -55,6 +56,8 @@ class StepBoundary:
     def begin_steps(self, w: Worker) -> None:
         """First step of `ctx.steps` after a resize: the worker's streams and objects continue where they were."""
         w.entered_steps = True
+        if w.loader_tracks is not None:
+            w.loader_tracks.new_step()
         if w.restore is not None:
             rng.restore(rng.RngState.from_dict(w.restore.rng), self.rt._cuda)
             w.metrics.update(w.restore.metrics)
@@ -106,6 +109,8 @@ class StepBoundary:
                         "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else []},
             )
             raise Preempted()
+        if w.loader_tracks is not None:
+            w.loader_tracks.new_step()
 
     @property
     def stopped_at(self) -> int | None:

@@ -40,18 +40,31 @@ class _Tracked:
         self._track = track
         self.taken = 0
         self.exhausted = False
+        self.marked: int | None = None            # `taken` at the step's last backward
+        self.since_mark: list[dict[str, Any]] = []  # random states before each batch taken since then
+        self.refetch: list[dict[str, Any]] = []     # resumed: the states those batches were first taken with
 
     def __iter__(self) -> _Tracked:
         return self
 
     def __next__(self) -> Any:
+        states = _rng_states(self._track.loader)
         if self.taken == 0 and self._track.latest() is self:
-            self._track.first_rng = _rng_states(self._track.loader)
+            self._track.first_rng = states
+        self.since_mark.append(states)
+        live = None
+        if self.refetch:
+            # Taken again after resuming: draw as the first time; the worker's stream already holds the draws.
+            live = torch.get_rng_state()
+            _set_rng_states(self._track.loader, self.refetch.pop(0))
         try:
             batch = next(self._inner)
         except StopIteration:
             self.exhausted = True
             raise
+        finally:
+            if live is not None:
+                torch.set_rng_state(live)
         self.taken += 1
         return batch
 
@@ -103,15 +116,22 @@ class LoaderTrack:
         self._latest = weakref.ref(it)
         return it
 
-    def state(self) -> dict[str, Any]:
-        """What resuming needs; `live` is False when there is no iterator mid-way to resume."""
+    def state(self, backward_seen: bool) -> dict[str, Any]:
+        """What resuming needs; `live` is False when there is no iterator mid-way to resume.
+
+        `backward_seen`: the step ran a backward pass. Batches taken after the step's last one are the next
+        step's (`for batch in loader:` takes the batch before `ctx.steps` reaches the boundary): the resumed
+        iterator stops short of them, so the re-entered loop takes them again.
+        """
         if hasattr(self.loader, "state_dict") and hasattr(self.loader, "load_state_dict"):
             return {"own": self.loader.state_dict(), "live": False}
         it = self.latest()
         if it is None or it.exhausted or self.made_rng is None:
             return {"live": False, "generators": _rng_states(self.loader)["generators"]}
-        return {"live": True, "epoch": self.epoch, "position": it.taken, "made_rng": self.made_rng,
-                "first_rng": self.first_rng}
+        position = (it.marked or 0) if backward_seen else it.taken
+        refetch = it.since_mark[len(it.since_mark) - (it.taken - position):] if it.taken > position else []
+        return {"live": True, "epoch": self.epoch, "position": position, "made_rng": self.made_rng,
+                "first_rng": self.first_rng, "refetch": refetch}
 
     def resume(self, saved: dict[str, Any], original: Any) -> Iterator[Any]:
         """The first iteration after a resize: the iterator the snapshot left, at its position."""
@@ -137,6 +157,7 @@ class LoaderTrack:
                 next(it._inner)
             it.taken = saved["position"]
         self.made_rng, self.first_rng = saved["made_rng"], saved["first_rng"]
+        it.refetch = list(saved["refetch"])
         torch.set_rng_state(live)
         return it
 
@@ -165,6 +186,22 @@ class LoaderTracks:
         self.tracks: list[LoaderTrack] = []
         self.skip: set[int] = set()  # loaders walked by ctx.batches, which keeps its own position
         self.saved: list[dict[str, Any]] = []
+        self.backward_seen = False   # in the current step
+
+    def after_backward(self) -> None:
+        """The step's batches so far are consumed by it."""
+        self.backward_seen = True
+        for t in self.tracks:
+            it = t.latest()
+            if it is not None:
+                it.marked, it.since_mark = it.taken, []
+
+    def new_step(self) -> None:
+        self.backward_seen = False
+        for t in self.tracks:
+            it = t.latest()
+            if it is not None:
+                it.marked, it.since_mark = None, []
 
     def iterate(self, loader: Any, original: Any) -> Iterator[Any]:
         for t in self.tracks:
@@ -177,21 +214,32 @@ class LoaderTracks:
         return track.iterate(original)
 
     def save(self) -> list[dict[str, Any]]:
-        return [t.state() for t in self.tracks]
+        return [t.state(self.backward_seen) for t in self.tracks]
 
 
-def install() -> None:
-    """Hook DataLoader.__iter__ (idempotent); iterators made outside worker threads are untouched."""
-    original = DataLoader.__iter__
+def _hook(cls: type) -> None:
+    original = cls.__dict__["__iter__"]
     if getattr(original, "_elasticd_tracked", False):
         return
 
     @functools.wraps(original)
     def __iter__(self: Any) -> Any:
         w: Worker | None = current_worker()
-        if w is None or w.loader_tracks is None or id(self) in w.loader_tracks.skip:
-            return original(self)
+        if w is None or w.loader_tracks is None or id(self) in w.loader_tracks.skip or type(self).__iter__ is not __iter__:
+            return original(self)  # not a worker, ctx.batches' own loader, or a subclass's __iter__ calling up
         return w.loader_tracks.iterate(self, original)
 
     __iter__._elasticd_tracked = True  # type: ignore[attr-defined]
-    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    cls.__iter__ = __iter__  # type: ignore[attr-defined]
+
+
+def install() -> None:
+    """Hook DataLoader.__iter__, and that of every subclass defining its own (e.g. torchdata's
+    StatefulDataLoader, imported by the script before the runtime starts); idempotent. Iterators made
+    outside worker threads are untouched."""
+    todo: list[type] = [DataLoader]
+    while todo:
+        cls = todo.pop()
+        if "__iter__" in cls.__dict__:
+            _hook(cls)
+        todo.extend(cls.__subclasses__())

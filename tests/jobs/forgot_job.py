@@ -7,10 +7,13 @@ DataLoader iterator taken before the loop (`it = iter(loader)`, `next(it)`), re-
 
 Rank 0 writes the model's state plus the final LR and loss scale to $ELASTICD_TEST_OUT; with
 $ELASTICD_TEST_LOG set, every rank appends "step hosted-ranks idx idx ..." per step to rank<r>.log there.
+With ELASTICD_TEST_LOOP=for, `ctx.steps` drives from inside the trainer's own `for batch in loader` loop,
+whose epoch counter is a plain variable (same data and random draws as the default loop under DDP).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -23,6 +26,7 @@ import elasticd
 
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = int(os.environ.get("ELASTICD_TEST_STEPS", "20"))
+LOOP = os.environ.get("ELASTICD_TEST_LOOP", "next")
 
 
 @elasticd.elastic(workers=WORKERS)
@@ -53,15 +57,27 @@ def train(ctx) -> None:
         scaler.update()
         sched.step()
 
-    it = iter(loader)
-    for step in ctx.steps(STEPS):
-        try:
-            batch = next(it)
-        except StopIteration:
-            sampler.set_epoch(step // len(loader))
-            it = iter(loader)
-            batch = next(it)
-        one_step(step, batch)
+    if LOOP == "next":
+        it = iter(loader)
+        for step in ctx.steps(STEPS):
+            try:
+                batch = next(it)
+            except StopIteration:
+                sampler.set_epoch(step // len(loader))
+                it = iter(loader)
+                batch = next(it)
+            one_step(step, batch)
+    else:
+        steps = ctx.steps(STEPS)
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                step = next(steps, None)
+                if step is None:
+                    break
+                one_step(step, batch)
+            if step is None:
+                break
 
     if ctx.rank == 0 and os.environ.get("ELASTICD_TEST_OUT"):
         state = {k.removeprefix("module."): v.detach().clone() for k, v in model.state_dict().items()}
