@@ -291,8 +291,11 @@ class LocalJob:
         """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
         for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
         ended before."""
-        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{self._resizing.step}:{self._resizing.dst}"]
-                                                          if self._resizing is not None else [])
+        r = self._resizing
+        if r is not None and r.commanded is not None and self._resized_acks >= set(range(r.dst)):
+            r.outcome, self._resizing = "done", None   # handed over after the last step: nothing ran after it
+        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
+                                                          r is not None else [])
         if not left:
             return 0
         if self.last_step < 0:
