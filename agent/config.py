@@ -55,7 +55,15 @@ def cuda_capacity_problem(devices: int, device_count: int, shared: bool = False)
     return None
 
 
-_TYPES = {"str": str, "int": int, "str | None": str, "bool": bool}
+def _steps(text: str) -> tuple[int, ...]:
+    return tuple(int(s) for s in text.split(",") if s)
+
+
+# How each annotation is parsed from, and written to, the command line.
+_TYPES: dict[str, tuple[Any, Any]] = {
+    "str": (str, str), "str | None": (str, str), "int": (int, str), "bool": (bool, None),
+    "tuple[int, ...]": (_steps, lambda v: ",".join(map(str, v))),
+}
 
 
 def _opt(default: Any = MISSING, help: str = "", choices: tuple[str, ...] | None = None) -> Any:
@@ -87,6 +95,10 @@ class AgentConfig:
                                  "after it; '' = not kept")
     restore_epoch: int = _opt(0, "start from the snapshot of this resize in --snapshot-dir (falling back after "
                                  "a resize that failed half-way)")
+    # The agents stop there and wait for the command, so the resize happens at that step and not at
+    # whichever boundary the command reaches.
+    hold_at: tuple[int, ...] = _opt((), "stop after these steps for a resize the launcher scheduled "
+                                        "(`elasticd run --scale-at`), and wait for its command")
 
     @property
     def hosted(self) -> list[int]:
@@ -100,7 +112,8 @@ class AgentConfig:
             if f.default is not MISSING and value == f.default:
                 continue
             flag = "--" + f.name.replace("_", "-")
-            argv += [flag] if _TYPES[f.type] is bool else [flag, str(value)]
+            parse, write = _TYPES[f.type]
+            argv += [flag] if parse is bool else [flag, write(value)]
         return argv
 
 
@@ -108,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m elasticd.agent",
                                 description="elasticd agent: one process per (job, device)")
     for f in dataclasses.fields(AgentConfig):
-        flag, kind = "--" + f.name.replace("_", "-"), _TYPES[f.type]
+        flag, kind = "--" + f.name.replace("_", "-"), _TYPES[f.type][0]
         if kind is bool:
             p.add_argument(flag, action="store_true", help=f.metadata["help"])
         elif f.default is MISSING:

@@ -91,12 +91,18 @@ class NativeContext:
             yield i
 
     def batches(self, loader: Any) -> Iterator[Any]:
-        """Endless batches; a new epoch starts with `sampler.set_epoch(epoch)` like a hand-written loop."""
+        """Endless batches; a new epoch starts with `sampler.set_epoch(epoch)` like a hand-written loop, from
+        the epoch the sampler holds (the user's own `set_epoch` is kept, as `ctx.batches` keeps it)."""
         sampler = getattr(loader, "sampler", None)
-        epoch = 0
+        seen = getattr(sampler, "epoch", None)
+        epoch = seen if isinstance(seen, int) else 0
         while True:
             if hasattr(sampler, "set_epoch"):
+                current = getattr(sampler, "epoch", None)
+                if isinstance(current, int) and current != seen:
+                    epoch = current  # the user set it since
                 sampler.set_epoch(epoch)
+                seen = getattr(sampler, "epoch", None)
             empty = True
             for batch in loader:
                 empty = False

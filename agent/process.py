@@ -118,6 +118,7 @@ class AgentProcess:
         self.control = _control(cfg)
         self.phys: PhysicalGroup | None = None
         self.ef: Any = None
+        self._stopped_at: int | None = None  # the step boundary of the latest resize
 
     def main(self) -> int:
         try:
@@ -199,6 +200,7 @@ class AgentProcess:
         cfg, ef, control = self.cfg, self.ef, self.control
         assert self.phys is not None
         runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, self.phys, self.device, ef.deterministic, control, snap)
+        runtime.boundary.hold_at = frozenset(cfg.hold_at)
         attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
         try:
             runtime.run()
@@ -215,6 +217,7 @@ class AgentProcess:
             control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
             return 0, None
         snap = runtime.snapshot()
+        self._stopped_at = runtime.boundary.stopped_at
         del runtime  # the old workers' objects: their state now lives in `snap`, in host memory
         # Workers, contexts and the runtime reference each other: without a collection their model,
         # optimizer and private tensors would hold device memory while the next segment allocates its own.
@@ -245,8 +248,9 @@ class AgentProcess:
             self.phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, self.device,
                                    addr, port)
         left = self.phys is None
+        # The step the agents actually stopped after: what the resize history records.
         self.control.resized({"epoch": command.epoch, "world": new_world, "rank": cfg.rank,
-                              "left": left, "seconds": time.monotonic() - started})
+                              "left": left, "seconds": time.monotonic() - started, "step": self._stopped_at})
         if left:
             if command.standby:
                 self.cfg = dataclasses.replace(cfg, standby=True)

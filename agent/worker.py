@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from elasticd.agent.comm.collectives import Collective
     from elasticd.agent.resize.snapshot import WorkerSnapshot
+    from elasticd.agent.slicer.carried import CarriedRestore
     from elasticd.agent.slicer.context import Work, WorkerContext
     from elasticd.agent.slicer.loader import ResumableBatches
+    from elasticd.agent.slicer.loader_tracking import LoaderTracks
     from elasticd.agent.slicer.rng import RngState
 
 
@@ -43,6 +45,13 @@ class Worker:
     metrics: dict[str, Any] = field(default_factory=dict)
     loaders: list[ResumableBatches] = field(default_factory=list)
     private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
+    # Optimizers, LR schedulers and GradScalers this worker's thread built, in creation order, and the ids
+    # of those ctx.replicate / ctx.private carry themselves (agent/slicer/carried.py).
+    created: list[Any] = field(default_factory=list)
+    registered: set[int] = field(default_factory=set)
+    carried_restore: CarriedRestore | None = None  # resuming: their saved states, until the first boundary
+    loader_tracks: LoaderTracks | None = None      # plain DataLoader iterators (agent/slicer/loader_tracking.py)
+    entered_steps: bool = False                    # ctx.steps has started in this run of the function
     # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
     # private model's gradient average), which the runtime then flushes with the replicated ones.
     backward_hooks: list[Callable[[], None]] = field(default_factory=list)

@@ -55,7 +55,7 @@ class _Agent:
 class Resize:
     """One live resize, as the launcher saw it."""
 
-    step: int               # the last step before the resize
+    step: int               # the last step before the resize (the agents' report once they stopped there)
     src: int
     dst: int
     requested: float
@@ -95,6 +95,7 @@ class LocalJob:
         self._plan: ResizePlan | None = None         # the decisions about the resize in flight
         self._resizing: Resize | None = None         # its record, for the summary
         self._command: p.AgentResize | None = None   # what the running agents are told at its go
+        self._hold_at = _hold_steps(self.devices, self._pending)
         self._sel = selectors.DefaultSelector()
         self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
         self._own_snapshots = not self.snapshot_dir
@@ -116,6 +117,7 @@ class LocalJob:
             error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}-{len(self.spares)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
             snapshot_dir=self.snapshot_dir, restore_epoch=0 if (standby or join_from) else self._restore_epoch,
+            hold_at=self._hold_at,
         )
         proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env={**os.environ, **(self.env or {})},
                                 pass_fds=(cmd_r, ev_w))
@@ -164,27 +166,38 @@ class LocalJob:
                 self._execute(plan.joiner_ready(agent.rank, time.monotonic()))
         elif isinstance(ev, p.AgentResized) and plan is not None:
             plan.reformed(agent.rank)
+            step = ev.info.get("step")
+            if self._resizing is not None and isinstance(step, int):
+                self._resizing.step = step   # the step the agents stopped after: what the summary records
+            self._advance(time.monotonic())
 
     def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step = step
         now = time.monotonic()
         plan, r = self._plan, self._resizing
-        # Steps after the go can still be at the old size; once every rank re-formed, the next is at the new.
-        done = plan.stepped(now) if plan is not None and step > plan.step else []
-        if done:
-            self._execute(done)
-        elif self._restore_epoch:
+        if plan is not None and r is not None and not plan.acked:
+            r.last_old_step = now
+        elif plan is None and self._restore_epoch:
             self._restore_epoch = 0
             self._drop_snapshots()
-        elif plan is not None and r is not None and not plan.acked:
-            r.last_old_step = now
-        if self._plan is None and self._pending and step >= self._pending[0][0]:
-            _, target = self._pending.pop(0)
-            self._resize(step, target)
+        self._advance(now)
         if now - self._last_print >= 2.0:
             self._last_print = now
             shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
             self._say(f"step {step} on {self.world} device(s) {shown}".rstrip())
+
+    def _advance(self, now: float) -> None:
+        """Close the resize in flight once every new agent re-formed and a step ran after it, then start the
+        next scheduled one whose step has passed. Called on steps and on re-formation reports: rank 0's next
+        step may be read before another agent's report, and the agents are held at the next scheduled step
+        until its command comes, so neither order may stall the schedule."""
+        step = self.last_step
+        plan, r = self._plan, self._resizing
+        if plan is not None and r is not None and step > r.step:
+            self._execute(plan.stepped(now))
+        if self._plan is None and self._pending and step >= self._pending[0][0]:
+            _, target = self._pending.pop(0)
+            self._resize(step, target)
 
     def _resize(self, step: int, target: int) -> None:
         if target == self.world:
@@ -252,7 +265,8 @@ class LocalJob:
         r.outcome = "done"
         self._plan, self._resizing, self._command = None, None, None
         self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
-        self._say(f"resized {r.src} -> {r.dst} devices in {r.seconds:.2f}s (training paused {r.stall:.2f}s)")
+        self._say(f"resized {r.src} -> {r.dst} devices after step {r.step} in {r.seconds:.2f}s "
+                  f"(training paused {r.stall:.2f}s)")
 
     def _drop_snapshots(self) -> None:
         for epoch in parts.epochs(self.snapshot_dir):   # only what the agents wrote: --snapshot-dir is the user's
@@ -301,6 +315,48 @@ class LocalJob:
         for rank in range(self.world):
             self._spawn(rank, self.world, port)
         self._top_up_spares()
+
+    def _unhonoured(self) -> int:
+        """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
+        for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
+        ended before."""
+        r = self._resizing
+        if r is not None and r.commanded is not None and self._resized_acks >= set(range(r.dst)):
+            r.outcome, self._resizing = "done", None   # handed over after the last step: nothing ran after it
+        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
+                                                          r is not None else [])
+        if not left:
+            return 0
+        if self.last_step < 0:
+            print(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
+                  f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
+                  f"on {self.world} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`",
+                  file=sys.stderr, flush=True)
+            return 1
+        self._say(f"--scale-at {','.join(left)} not applied: the job ended after step {self.last_step}, "
+                  f"before reaching {'them' if len(left) > 1 else 'it'}")
+        return 0
+
+    def _unhonoured(self) -> int:
+        """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
+        for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
+        ended before."""
+        plan, r = self._plan, self._resizing
+        if plan is not None and r is not None and r.commanded is not None and len(plan.acked) == r.dst:
+            r.outcome, self._plan, self._resizing = "done", None, None   # handed over after the last step
+        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
+                                                          r is not None else [])
+        if not left:
+            return 0
+        if self.last_step < 0:
+            print(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
+                  f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
+                  f"on {self.world} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`",
+                  file=sys.stderr, flush=True)
+            return 1
+        self._say(f"--scale-at {','.join(left)} not applied: the job ended after step {self.last_step}, "
+                  f"before reaching {'them' if len(left) > 1 else 'it'}")
+        return 0
 
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -352,7 +408,7 @@ class LocalJob:
                     if waiting:
                         self._say("job finished before the grow took effect")
                     self.stop_all()
-                    return 0
+                    return self._unhonoured()
         except p.ProtocolError as e:
             # Launcher and agents are one install: a line either side cannot read is a bug, and guessing
             # what it meant could resize or stop the wrong way. End the run instead.
@@ -372,6 +428,17 @@ class LocalJob:
             self._tmp.cleanup()
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+
+
+def _hold_steps(devices: int, schedule: list[tuple[int, int]]) -> tuple[int, ...]:
+    """The steps of a sorted --scale-at schedule that change the size (a scale to the size the job will have
+    then is a no-op): the agents stop after each and wait for the resize command."""
+    held, world = [], devices
+    for step, target in schedule:
+        if target != world:
+            held.append(step)
+            world = target
+    return tuple(held)
 
 
 def _private_snapshot_dir() -> str:

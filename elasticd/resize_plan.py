@@ -93,7 +93,7 @@ class ResizePlan:
     placement: list[list[str]]     # the whole new layout, rank -> [place (node), device]
     deadline: float                # for the current phase
     phase: str = "prepare"         # "prepare" | "go" | "rollback"
-    step: int = 0                  # job step when requested
+    step: int = 0                  # job step when requested; then the step the agents stopped after
     port: int = 0
     ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
     acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation

@@ -269,12 +269,13 @@ def _profile(bench: Bench) -> str:
     Wrapped (the runtime itself is untouched): `rng.capture`/`rng.restore` (RNG swap), `Runtime._hand_over`
     minus the RNG swap (switch listeners, semaphore release), the wake-up latency from a worker's semaphore
     release to that worker running again (`_wait_turn` returning; OS thread switch + GIL hand-off),
-    `Runtime._flush` (the gradient flush: flatten, all-reduce, unflatten), `Runtime.step_boundary` (report
+    `Runtime._flush` (the gradient flush: flatten, all-reduce, unflatten), `StepBoundary.step_boundary` (report
     + resize vote) and `Runtime.after_backward` minus its drain (enqueueing the GradSync).
     """
     from elasticd.agent.replicated.grad_sync import GradSync
     from elasticd.agent.replicated.group import ReplicatedGroup
     from elasticd.agent.slicer import rng
+    from elasticd.agent.slicer.boundary import StepBoundary
     from elasticd.agent.slicer.runtime import Runtime
 
     clock = _Clock()
@@ -325,7 +326,7 @@ def _profile(bench: Bench) -> str:
                 _patched(rng, "restore", _timed(clock, "RNG capture + restore")),
                 _patched(Runtime, "_hand_over", hand_over), _patched(Runtime, "_wait_turn", wait_turn),
                 _patched(Runtime, "_flush", _timed(clock, "flush (grad average, world 1)")),
-                _patched(Runtime, "step_boundary", _timed(clock, "step boundary (report + vote)")),
+                _patched(StepBoundary, "step_boundary", _timed(clock, "step boundary (report + vote)")),
                 _patched(Runtime, "drain", drain), _patched(Runtime, "after_backward", after_backward),
                 _patched(ReplicatedGroup, "_on_grad", _timed(clock, "grad-accumulated hooks (per param)"))]
 

@@ -75,10 +75,12 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
     out, snaps = tmp_path / "fell-back", tmp_path / "snapshots"
     out.mkdir()
     hold = out / "hold"
-    hold.touch()   # the job waits at the start of step 8: the grow at step 5 lands on the 8 -> 9 boundary
+    # The grow happens after step 5 (the agents wait there for it); the job then waits at the start of step 6,
+    # its first at the new size, so the hand-over cannot be complete before the joiner is frozen.
+    hold.touch()
     env = {**os.environ, "ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt"),
            "ELASTICD_TEST_STEPS": str(STEPS), "ELASTICD_TEST_DETERMINISTIC": "1",
-           "ELASTICD_TEST_HOLD": str(hold), "ELASTICD_TEST_HOLD_AT": "8"}
+           "ELASTICD_TEST_HOLD": str(hold), "ELASTICD_TEST_HOLD_AT": "6"}
     cmd = [sys.executable, "-m", "elasticd", "run", JOB, "--devices", "2", "--scale-at", "5:4",
            "--snapshot-dir", str(snaps), "--summary", str(out / "summary.json")]
     with open(out / "stderr", "wb") as err:

@@ -374,3 +374,40 @@ def test_a_scheduler_restarted_mid_rollback_finishes_the_fall_back_from_its_stor
     j = again.s.jobs[job]
     assert node == "a" and launch.restore_epoch == 1 and j.state is JobState.STARTING
     assert j.resizes[-1]["outcome"] == "rolled back" and "did not re-form" in j.resizes[-1]["note"]
+
+
+def _shrink_to_go(isl: Island, job: str, **kw) -> tuple[str, list[p.AgentReport]]:
+    """Scale a running 4-device job to 2 and send the go; returns the scale reply and the old agents."""
+    msg, _ = isl.s.scale(job, 2, isl.now)
+    agents = [agent(r, r) for r in range(4)]
+    out = isl.report("a", report(job, agents, resize_epoch=1, resize_port=777, **kw))
+    assert of(out, p.ResizeJob)
+    return msg, agents
+
+
+def test_a_scale_of_a_job_that_never_enters_ctx_steps_says_so_and_is_recorded_as_refused():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl)
+    msg, agents = _shrink_to_go(isl, job)   # no report so far carried total_steps: no ctx.steps boundary yet
+    assert "has not reached a `ctx.steps` step boundary yet" in msg
+    isl.report("a", report(job, [agent(r, r, alive=False) for r in range(4)], state="ended"))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.FINISHED
+    assert j.resizes[-1]["outcome"] == "refused" and "never reached a step boundary of `ctx.steps`" in \
+        j.resizes[-1]["note"], j.resizes
+
+
+def test_the_resize_history_records_the_step_the_agents_stopped_after():
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl)
+    isl.report("a", report(job, [agent(r, r) for r in range(4)], step=7, metrics={"total_steps": 50}))
+    msg, _ = _shrink_to_go(isl, job, step=7, metrics={"total_steps": 50})
+    assert "ctx.steps" not in msg
+    acked = [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1), agent(2, 2, epoch=1, left=True),
+             agent(3, 3, epoch=1, left=True)]
+    isl.report("a", report(job, acked, resize_epoch=1, step=9, metrics={"total_steps": 50},
+                           resizes=[{"epoch": 1, "seconds": 0.2, "step": 8}]))
+    (entry,) = isl.s.jobs[job].resizes
+    assert entry["outcome"] == "done" and entry["step"] == 8 and entry["done_step"] == 9, entry

@@ -42,7 +42,7 @@ def save(obj: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
         return {k: host_copy(v) for k, v in obj.state_dict().items()}
     if isinstance(obj, torch.optim.Optimizer):
-        return _clone(obj.state_dict())
+        return clone_state(obj.state_dict())
     if isinstance(obj, dict):
         return {k: save(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -68,11 +68,12 @@ def load(obj: Any, state: Any) -> None:
         raise TypeError(f"ctx.private cannot restore a {type(obj).__name__}")
 
 
-def _clone(x: Any) -> Any:
+def clone_state(x: Any) -> Any:
+    """A deep copy of a state_dict's tensors (containers rebuilt, other values shared)."""
     if isinstance(x, torch.Tensor):
         return host_copy(x)
     if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
+        return {k: clone_state(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_clone(v) for v in x]
+        return [clone_state(v) for v in x]
     return x

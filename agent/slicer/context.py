@@ -21,6 +21,7 @@ from elasticd.agent.comm.collectives import (
     validate_reduce_op,
 )
 from elasticd.agent.private.registry import attach
+from elasticd.agent.slicer.carried import mark_registered
 from elasticd.agent.slicer.loader import ResumableBatches
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class WorkerContext:
         optimizer, just the model. Gradients are averaged over all N logical ranks at the end of each
         backward; `optimizer.step()`, `zero_grad()` and `lr_scheduler.step()` run once per physical step.
         """
+        mark_registered(self._w, optimizer, lr_scheduler)  # carried by the replicated group, not per worker
         return self._rt.replicate(self._w, model, optimizer, lr_scheduler)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -108,7 +110,7 @@ class WorkerContext:
         swapped to host while other workers run and restored before this one runs again. Never touch
         another worker's private tensors: while swapped out they have no memory.
         """
-        self._rt.restore_private(self._w, obj)  # after a resize: this registration's saved values
+        self._rt.boundary.restore_private(self._w, obj)  # after a resize: this registration's saved values
         return attach(self._rt).register(self.rank, obj, self._w)
 
     @contextlib.contextmanager
@@ -123,17 +125,21 @@ class WorkerContext:
     # -- progress -----------------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
         """Step indices `ctx.step .. total-1`; each boundary between two steps is a physical-step boundary."""
-        self._rt.begin_steps(self._w)
+        self._rt.boundary.begin_steps(self._w)
         self._w.total_steps = total
         for s in range(self._w.start_step, total):
             self.step = s
             yield s
-            self._rt.step_boundary(self._w, s)
+            self._rt.boundary.step_boundary(self._w, s)
 
     def batches(self, loader: Any) -> ResumableBatches:
-        """An endless iterator over `loader`, epoch after epoch (`sampler.set_epoch(e)` at each start)."""
+        """An endless iterator over `loader`, epoch after epoch (`sampler.set_epoch(e)` at each start).
+
+        The first epoch is the sampler's own (0, or what you set with `set_epoch` before); an epoch you set
+        while walking it is kept too, and the walk goes on from there.
+        """
         it = ResumableBatches(loader)
-        self._rt.attach_loader(self._w, it)
+        self._rt.boundary.attach_loader(self._w, it)
         return it
 
     def log(self, **metrics: Any) -> None:

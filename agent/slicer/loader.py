@@ -2,6 +2,10 @@
 
 The position (epoch, batches taken in it) is part of a worker's private state, so after a resize the
 walk continues at the next unseen batch: no sample skipped or repeated.
+
+The epochs are the user's: the walk starts in the epoch the sampler holds (0, or what the user set with
+`sampler.set_epoch` before), and an epoch the user sets while walking is kept, the walk counting on from
+it. Setting epoch 0 over the user's own would silently change the data order a DDP run would see.
 """
 
 from __future__ import annotations
@@ -15,9 +19,15 @@ import torch
 class ResumableBatches:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
-        self.epoch = 0
+        self._seen = self._sampler_epoch()  # what the sampler held when we last looked: a change is the user's
+        self.epoch = self._seen if self._seen is not None else 0
         self.position = 0  # batches already taken in this epoch
+        self._restored = False
         self._it: Iterator[Any] | None = None
+
+    def _sampler_epoch(self) -> int | None:
+        epoch = getattr(getattr(self.loader, "sampler", None), "epoch", None)
+        return epoch if isinstance(epoch, int) else None
 
     def __iter__(self) -> ResumableBatches:
         return self
@@ -39,7 +49,12 @@ class ResumableBatches:
     def _start_epoch(self) -> Iterator[Any]:
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
+            current = self._sampler_epoch()
+            if not self._restored and current is not None and current != self._seen:
+                self.epoch = current  # the user set it since: theirs wins
+            self._restored = False
             sampler.set_epoch(self.epoch)
+            self._seen = self._sampler_epoch()
         if self.position == 0:
             return iter(self.loader)
         # Resuming mid-epoch. The original run created this epoch's iterator (which draws a seed from
@@ -58,4 +73,5 @@ class ResumableBatches:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        self._restored = True  # the saved epoch wins over what the re-entered function set before the loop
         self._it = None

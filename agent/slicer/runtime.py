@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -24,17 +23,16 @@ from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, Flus
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
-from elasticd.agent.private import saving
 from elasticd.agent.replicated.grad_sync import GradSync
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.once import OncePerStep
-from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded
+from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
-from elasticd.agent.slicer.loader import ResumableBatches
 from elasticd.agent.slicer.malloc import tune_malloc
 from elasticd.agent.worker import Worker, current_worker, set_current_worker
 from elasticd.protocol.agents import AgentResize, AgentStop
@@ -52,16 +50,12 @@ class WorkerFailed(RuntimeError):
         self.traceback = tb
 
 
-class _Preempted(BaseException):
-    """Unwinds a worker at the step boundary where the agents agreed to resize or stop."""
-
-
 class _Aborted(BaseException):
     """Unwinds a worker thread after another worker failed (BaseException: user `except Exception` can't eat it)."""
 
 
-# What the agents vote at each step boundary; the maximum wins, so a stop beats a resize.
-VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
+__all__ = ["VOTE_NONE", "VOTE_RESIZE", "VOTE_STOP", "Runtime", "WorkerFailed"]
+
 
 class Runtime:
     def __init__(self, fn: Callable[[Any], Any], workers: int, hosted: list[int], phys: PhysicalGroup,
@@ -87,13 +81,12 @@ class Runtime:
                 w.start_step = w.restore.step
         self.outcome = "running"            # then "done", "resize" or "stop"
         self.command: AgentResize | None = None  # the resize command this agent received, if any
-        self._vote = torch.zeros(1, dtype=torch.int64)
-        self._stop_at: int | None = None
         self._done = threading.Event()
         self._failure: WorkerFailed | None = None
         self._aborted = False
         self._cuda = device if device.type == "cuda" else None
-        self._step_times: list[float] = []
+        # Reports, the resize vote, snapshots and what resumed workers load (agent/slicer/boundary.py).
+        self.boundary = StepBoundary(self)
         # Called as (outgoing, incoming) at every hand-over, before the incoming worker runs: where
         # private device state is swapped out and in. Outgoing is None at start.
         self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
@@ -116,6 +109,7 @@ class Runtime:
         for r, w in self._workers.items():
             w.rng = rng.RngState.from_dict(initial.to_dict())
             w.ctx = WorkerContext(self, w)
+            self.boundary.prepare(w)
             t = threading.Thread(target=self._body, args=(w,), name=f"elasticd-rank{r}", daemon=True)
             threads.append(t)
             t.start()
@@ -147,7 +141,7 @@ class Runtime:
                 self.drain(w)
         except _Aborted:
             return
-        except _Preempted:
+        except Preempted:
             pass  # the snapshot is taken; this worker leaves the baton like a returning one
         except BaseException as e:  # noqa: BLE001 - the user's error, reported with its rank
             self._fail(w.rank, e)
@@ -303,57 +297,6 @@ class Runtime:
             w.rank, lambda: torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
         )
 
-    # -- steps, resumption and the resize vote -------------------------------------------------
-    def begin_steps(self, w: Worker) -> None:
-        """First step of `ctx.steps` after a resize: the worker's streams continue where they were."""
-        if w.restore is not None:
-            rng.restore(rng.RngState.from_dict(w.restore.rng), self._cuda)
-            w.metrics.update(w.restore.metrics)
-
-    def restore_private(self, w: Worker, obj: Any) -> None:
-        k = len(w.private)
-        w.private.append(obj)
-        saved = w.restore.extras.get("private", []) if w.restore is not None else []
-        if k < len(saved):
-            saving.load(obj, saved[k])
-
-    def attach_loader(self, w: Worker, it: ResumableBatches) -> None:
-        k = len(w.loaders)
-        w.loaders.append(it)
-        if w.restore is not None and k < len(w.restore.loaders):
-            it.load_state_dict(w.restore.loaders[k])
-
-    def step_boundary(self, w: Worker, step: int) -> None:
-        if w.rank == self.hosted[0]:
-            # The first hosted worker speaks for the agent: report, then vote. Its boundary is at the
-            # same point of the collective sequence on every agent, so the vote cannot cross another
-            # physical collective.
-            self._report(w, step)
-            self._vote.fill_(self._poll_control())
-            self.phys.all_reduce_(self._vote, "max")
-            vote = int(self._vote.item())
-            if vote != VOTE_NONE:
-                self._stop_at = step
-                self.outcome = "stop" if vote == VOTE_STOP else "resize"
-        if self._stop_at == step:
-            w.snapshot = WorkerSnapshot(
-                rank=w.rank, step=step + 1, rng=rng.capture(self._cuda).to_dict(),
-                loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
-                extras={"private": [saving.save(obj) for obj in w.private]},
-            )
-            raise _Preempted()
-
-    def _report(self, w: Worker, step: int) -> None:
-        now = time.monotonic()
-        self._step_times.append(now)
-        del self._step_times[:-20]
-        metrics = dict(w.metrics)
-        if w.total_steps is not None:
-            metrics["total_steps"] = w.total_steps
-        if len(self._step_times) > 1:
-            metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
-        self.control.step(step, metrics)
-
     def _poll_control(self) -> int:
         vote = VOTE_NONE
         for cmd in self.control.poll():
@@ -368,13 +311,4 @@ class Runtime:
 
     def snapshot(self) -> AgentSnapshot:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""
-        # In host memory: the next segment's model is built on the device while this is still referenced.
-        host = saving.host_view
-        groups = [GroupSnapshot(model=host(s.model), optimizer=host(s.optimizer), scheduler=host(s.scheduler),
-                                grads=host(s.grads))
-                  for s in (g.snapshot() for g in self.groups)]
-        missing = [r for r, w in self._workers.items() if w.snapshot is None]
-        if missing:
-            raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "
-                               f"where the job stopped; every rank must run the same ctx.steps loop")
-        return AgentSnapshot(groups=groups, workers={r: w.snapshot for r, w in self._workers.items()})
+        return self.boundary.snapshot(self._workers)

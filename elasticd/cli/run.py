@@ -47,7 +47,8 @@ def split_target(target: str) -> tuple[str, str | None]:
 @click.option("--threads", type=click.IntRange(min=0), default=0,
               help="torch threads per agent (default: the machine's cores split between agents).")
 @click.option("--scale-at", "scale_at", metavar="STEP:M[,STEP:M...]", default="",
-              help="Resize live to M devices once step STEP has completed (e.g. 10:2,20:1,30:4).")
+              help="Resize live to M devices right after step STEP of ctx.steps (e.g. 10:2,20:1,30:4): STEP is the "
+                   "last step at the old size. A function that never enters ctx.steps cannot be resized (exit 1).")
 @click.option("--summary", type=click.Path(dir_okay=False), default=None,
               help="Write a JSON summary (exit code, last step, resizes with their durations) here.")
 @click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",

@@ -98,7 +98,7 @@ class Job:
     error: dict[str, Any] | None = None
     requested_devices: int | None = None   # M pinned by `elasticd scale` (the policy leaves the job alone)
     # Resize history, one entry per resize asked for: at, from, to, why, seconds (request -> first step
-    # at the new size), outcome ("done", "aborted", "failed", "not applied") and a note.
+    # at the new size), outcome ("done", "aborted", "failed", "not applied", "refused") and a note.
     resizes: list[dict[str, Any]] = field(default_factory=list)
     epoch: int = 0                          # layout epoch: +1 per resize started
     resize: ResizePlan | None = None        # the resize in flight
@@ -142,6 +142,12 @@ class Job:
             entry["note"] = note
         self.resizes.append(entry)
         del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
+
+    @property
+    def entered_steps(self) -> bool:
+        """Rank 0 reported a `ctx.steps` step boundary (only those reports carry `total_steps`): the only
+        place the job can be resized. A job that never does cannot honour a scale."""
+        return "total_steps" in self.metrics
 
     @property
     def nodes(self) -> list[str]:

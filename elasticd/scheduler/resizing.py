@@ -124,6 +124,10 @@ class Resizes:
             rank0 = next((a for a in r.agents if a.rank == 0 and not a.left), None)
             if rank0 is not None and rank0.stepped == plan.epoch:
                 job.step = max(job.step, r.step)
+                # The history records the step the agents actually stopped after, not the one current when asked.
+                plan.step = next((x["step"] for x in r.resizes if x.get("epoch") == plan.epoch
+                                  and isinstance(x.get("step"), int) and not isinstance(x.get("step"), bool)),
+                                 plan.step)
                 handover = next((x.get("seconds") for x in r.resizes if x.get("epoch") == plan.epoch
                                  and isinstance(x.get("seconds"), float)), None)
                 return self._act(job, now, plan.stepped(now, handover))
@@ -227,6 +231,9 @@ class Resizes:
             outcome, note = "not applied", f"the job {ending} before the hand-over"
         elif ending == "finished" and len(plan.acked) == plan.dst:
             outcome, note = "done", "the job finished right after the hand-over"
+        elif ending == "finished" and not job.entered_steps:
+            outcome, note = "refused", ("the job never reached a step boundary of `ctx.steps`, the only place a job "
+                                        "can be resized; drive its loop with `for step in ctx.steps(n)` to resize it")
         elif ending == "finished":
             outcome, note = "not applied", "the job finished before its agents reached a step boundary"
         elif ending == "failed":

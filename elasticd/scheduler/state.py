@@ -157,8 +157,11 @@ class SchedulerState:
                                  f"{free} free (at most {current + free} now){hint}")
         job.requested_devices = devices
         out = self.resizes.begin(job, devices, "scale command", now)
+        caveat = "" if job.entered_steps else (
+            "; it has not reached a `ctx.steps` step boundary yet: a job that never does cannot be resized, and "
+            "then this resize is recorded as refused when it ends")
         return (f"job {job_id} resizing {current} -> {devices} devices at its next step boundary "
-                f"(epoch {job.epoch})"), out
+                f"(epoch {job.epoch}){caveat}"), out
 
     def status(self, job_id: str | None, now: float) -> p.StatusReply:
         if job_id is not None:

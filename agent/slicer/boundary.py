@@ -1,0 +1,142 @@
+"""The step boundary: progress reports, the resize/stop vote, and a worker's snapshot and restore.
+
+At every boundary of `ctx.steps` the agent's first hosted worker reports the step and joins one 1-element
+all-reduce (max of the agents' requests), so every agent stops at the same step without a coordinator
+choosing it. Steps the launcher scheduled a resize after (`--scale-at`, passed down as `hold_at`) are
+voted for by every agent, so the resize happens exactly there and not one step later when the command
+arrives late. Where the agents stop, each worker saves what it needs to continue (next step, RNG streams,
+loader positions, metrics, `ctx.private` objects, and what it never registered: optimizers, schedulers,
+GradScalers and plain DataLoader iterators), and a resumed worker gets all of it back at the start of
+`ctx.steps`. The runtime composes one `StepBoundary`; the decisions of the baton stay in the runtime.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from elasticd.agent.private import saving
+from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.agent.slicer import carried, loader_tracking, rng
+from elasticd.agent.slicer.loader import ResumableBatches
+from elasticd.agent.worker import Worker
+
+if TYPE_CHECKING:
+    from elasticd.agent.slicer.runtime import Runtime
+
+# What the agents vote at each step boundary; the maximum wins, so a stop beats a resize.
+VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
+
+
+class Preempted(BaseException):
+    """Unwinds a worker at the step boundary where the agents agreed to resize or stop."""
+
+
+class StepBoundary:
+    def __init__(self, runtime: Runtime, hold_at: frozenset[int] = frozenset()) -> None:
+        self.rt = runtime
+        self.hold_at = hold_at          # steps after which a scheduled resize happens (`--scale-at`)
+        self._vote = torch.zeros(1, dtype=torch.int64)
+        self._stop_at: int | None = None
+        self._step_times: list[float] = []
+        carried.install()
+        loader_tracking.install()
+
+    def prepare(self, w: Worker) -> None:
+        """Before the worker's thread runs the function: what a resumed worker's objects load from."""
+        w.loader_tracks = tracks = loader_tracking.LoaderTracks()
+        w.backward_hooks.append(tracks.after_backward)
+        if w.restore is not None:
+            w.loader_tracks.saved = w.restore.extras.get("raw_loaders", [])
+            w.carried_restore = carried.CarriedRestore(w.rank, w.restore.extras.get("carried", []))
+
+    # -- registration (called from worker threads) --------------------------------------------
+    def begin_steps(self, w: Worker) -> None:
+        """First step of `ctx.steps` after a resize: the worker's streams and objects continue where they were."""
+        w.entered_steps = True
+        if w.loader_tracks is not None:
+            w.loader_tracks.new_step()
+        if w.restore is not None:
+            rng.restore(rng.RngState.from_dict(w.restore.rng), self.rt._cuda)
+            w.metrics.update(w.restore.metrics)
+        if w.carried_restore is not None:
+            w.carried_restore.begin_steps(w)
+
+    def restore_private(self, w: Worker, obj: Any) -> None:
+        carried.mark_registered(w, obj)
+        k = len(w.private)
+        w.private.append(obj)
+        saved = w.restore.extras.get("private", []) if w.restore is not None else []
+        if k < len(saved):
+            saving.load(obj, saved[k])
+
+    def attach_loader(self, w: Worker, it: ResumableBatches) -> None:
+        k = len(w.loaders)
+        w.loaders.append(it)
+        if w.loader_tracks is not None:
+            w.loader_tracks.skip.add(id(it.loader))
+        if w.restore is not None and k < len(w.restore.loaders):
+            it.load_state_dict(w.restore.loaders[k])
+
+    # -- the boundary ---------------------------------------------------------------------------
+    def step_boundary(self, w: Worker, step: int) -> None:
+        if w.carried_restore is not None:
+            # One step ran after resuming: every saved object must have found its new self by now.
+            w.carried_restore.check_complete()
+            w.carried_restore = None
+        if w.rank == self.rt.hosted[0]:
+            # The first hosted worker speaks for the agent: report, then vote. Its boundary is at the
+            # same point of the collective sequence on every agent, so the vote cannot cross another
+            # physical collective.
+            self._report(w, step)
+            vote = self.rt._poll_control()
+            if step in self.hold_at:
+                vote = max(vote, VOTE_RESIZE)
+            self._vote.fill_(vote)
+            self.rt.phys.all_reduce_(self._vote, "max")
+            vote = int(self._vote.item())
+            if vote != VOTE_NONE:
+                self._stop_at = step
+                self.rt.outcome = "stop" if vote == VOTE_STOP else "resize"
+        if self._stop_at == step:
+            w.snapshot = WorkerSnapshot(
+                rank=w.rank, step=step + 1, rng=rng.capture(self.rt._cuda).to_dict(),
+                loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
+                extras={"private": [saving.save(obj) for obj in w.private],
+                        "carried": carried.save(w),
+                        "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else []},
+            )
+            raise Preempted()
+        if w.loader_tracks is not None:
+            w.loader_tracks.new_step()
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The step after which the agents stopped (resize or stop), None while running."""
+        return self._stop_at
+
+    def _report(self, w: Worker, step: int) -> None:
+        now = time.monotonic()
+        self._step_times.append(now)
+        del self._step_times[:-20]
+        metrics = dict(w.metrics)
+        if w.total_steps is not None:
+            metrics["total_steps"] = w.total_steps
+        if len(self._step_times) > 1:
+            metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
+        self.rt.control.step(step, metrics)
+
+    def snapshot(self, workers: dict[int, Worker]) -> AgentSnapshot:
+        """After a preempted run: the replicated state once, and every hosted worker's own state."""
+        # In host memory: the next segment's model is built on the device while this is still referenced.
+        host = saving.host_view
+        groups = [GroupSnapshot(model=host(s.model), optimizer=host(s.optimizer), scheduler=host(s.scheduler),
+                                grads=host(s.grads))
+                  for s in (g.snapshot() for g in self.rt.groups)]
+        missing = [r for r, w in workers.items() if w.snapshot is None]
+        if missing:
+            raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "
+                               f"where the job stopped; every rank must run the same ctx.steps loop")
+        return AgentSnapshot(groups=groups, workers={r: w.snapshot for r, w in workers.items()})

@@ -1,0 +1,174 @@
+"""Optimizers, LR schedulers and GradScalers a worker made but never registered, carried across resizes.
+
+Users write `opt = AdamW(...)`, `sched = StepLR(opt, ...)`, `scaler = GradScaler(...)` and never pass them
+to `ctx.replicate` / `ctx.private`. Under DDP nothing is lost; here the function is re-entered after a
+resize and would build them again from scratch (Adam's moments gone, the LR back to its start). So their
+construction is hooked: made inside a worker thread, each is remembered in that worker's creation order,
+its `state_dict()` goes into the worker's snapshot, and on re-entry the k-th saved state is loaded into the
+k-th object the rank creates, which must be of the same type. Loading waits for the start of `ctx.steps`:
+by then the function has built them all, and a scheduler's constructor (which sets the LR) cannot undo it.
+An object whose state a snapshot cannot hold fails the resize with an error naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from elasticd.agent.private.saving import clone_state
+from elasticd.agent.worker import current_worker
+
+if TYPE_CHECKING:
+    from elasticd.agent.worker import Worker
+
+_PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+class NotCarried(RuntimeError):
+    """State elasticd can neither carry across a resize nor leave behind without changing the result."""
+
+
+def _kinds() -> list[tuple[str, type]]:
+    return [("optimizer", torch.optim.Optimizer), ("LR scheduler", torch.optim.lr_scheduler.LRScheduler),
+            ("LR scheduler", torch.optim.lr_scheduler.ReduceLROnPlateau), ("GradScaler", torch.amp.GradScaler)]
+
+
+def kind_of(obj: Any) -> str:
+    for name, cls in _kinds():
+        if isinstance(obj, cls):
+            return name
+    raise TypeError(f"{type(obj).__name__} is not an object elasticd carries")
+
+
+def describe(obj_type: str, rank: int, index: int) -> str:
+    """How errors name an object: its type, and which object the rank created it as (1-based)."""
+    return f"{obj_type} (object #{index + 1} of the optimizers/schedulers/scalers logical rank {rank} created)"
+
+
+def _hook(cls: type) -> None:
+    if getattr(cls.__init__, "_elasticd_carried", False):
+        return
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        w = current_worker()
+        # A subclass's __init__ calling its base's (StepLR -> LRScheduler) reaches here once per level:
+        # only the outermost call records the object.
+        outermost = w is not None and not any(o is self for o in w.created[-1:])
+        if outermost and w is not None:
+            w.created.append(self)
+        original(self, *args, **kwargs)
+        if outermost and w is not None and w.entered_steps and w.carried_restore is not None:
+            # Made after the start of ctx.steps on a resumed worker: load its saved state now.
+            w.carried_restore.created(w, self)
+
+    __init__._elasticd_carried = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
+def install() -> None:
+    """Hook the constructors (idempotent). Objects made outside worker threads are not tracked.
+
+    torch's SequentialLR, ChainedScheduler and ReduceLROnPlateau do not call LRScheduler.__init__, so every
+    scheduler class torch defines is hooked, not only the base.
+    """
+    todo = [cls for _, cls in _kinds()]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("torch.") or cls in (c for _, c in _kinds()):
+            _hook(cls)
+            todo.extend(cls.__subclasses__())
+
+
+def mark_registered(w: Worker, *objs: Any) -> None:
+    """`ctx.replicate` / `ctx.private` carry these themselves: keep their slot in the order, save nothing."""
+    for obj in objs:
+        if obj is not None:
+            w.registered.add(id(obj))
+
+
+def save(w: Worker) -> list[dict[str, Any]]:
+    """Every tracked object's type and state (None for registered ones), in creation order.
+
+    Raises:
+        NotCarried: an object's state_dict() fails or holds something a snapshot cannot (e.g. a function).
+    """
+    out = []
+    for k, obj in enumerate(w.created):
+        entry: dict[str, Any] = {"type": type(obj).__qualname__, "state": None}
+        if id(obj) not in w.registered:
+            name = describe(type(obj).__qualname__, w.rank, k)
+            try:
+                state = obj.state_dict()
+            except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the resize fails
+                raise NotCarried(f"cannot carry the {name} across the resize: its state_dict() raised "
+                                 f"{type(e).__name__}: {e}") from e
+            bad = _first_unplain(state, "state_dict()")
+            if bad is not None:
+                raise NotCarried(
+                    f"cannot carry the {name} across the resize: {bad[0]} is a {type(bad[1]).__name__}, which a "
+                    f"snapshot cannot hold (tensors, numbers, strings, lists and dicts only). Keep that out of "
+                    f"its state, or run this job without resizing it")
+            entry["state"] = clone_state(state)
+        out.append(entry)
+    return out
+
+
+def _first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
+    if isinstance(x, _PLAIN):
+        return None
+    if isinstance(x, dict):
+        for k, v in x.items():
+            bad = _first_unplain(k, f"{path} key") or _first_unplain(v, f"{path}[{k!r}]")
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            bad = _first_unplain(v, f"{path}[{i}]")
+            if bad is not None:
+                return bad
+        return None
+    return path, x
+
+
+class CarriedRestore:
+    """A resumed worker's saved objects, loaded into the ones its re-entered function creates."""
+
+    def __init__(self, rank: int, saved: list[dict[str, Any]]) -> None:
+        self.rank = rank
+        self.saved = saved
+        self.loaded = 0  # saved entries matched so far (a prefix, in creation order)
+
+    def begin_steps(self, w: Worker) -> None:
+        """The start of ctx.steps: everything built before the loop gets its saved state."""
+        for obj in w.created[self.loaded:]:
+            self.created(w, obj)
+
+    def created(self, w: Worker, obj: Any) -> None:
+        k = self.loaded
+        if k >= len(self.saved):
+            return  # new since the snapshot was taken: nothing to load
+        entry = self.saved[k]
+        if entry["type"] != type(obj).__qualname__:
+            raise NotCarried(
+                f"after the resize logical rank {self.rank} created a {type(obj).__qualname__} where it had "
+                f"created the {describe(entry['type'], self.rank, k)} before; elasticd matches them by creation "
+                f"order, so the function must create the same optimizers, schedulers and scalers in the same order "
+                f"every time it runs")
+        self.loaded += 1
+        if entry["state"] and id(obj) not in w.registered:  # {}: a disabled GradScaler, nothing to load
+            obj.load_state_dict(entry["state"])
+
+    def check_complete(self) -> None:
+        """At the first step boundary after resuming: a saved state no object took would be lost silently."""
+        left = [describe(e["type"], self.rank, k) for k, e in enumerate(self.saved)
+                if k >= self.loaded and e["state"] is not None]
+        if left:
+            raise NotCarried(
+                f"the {left[0]} had state before the resize, but the re-entered function did not create it again "
+                f"by the first step after it ({len(left)} such object(s)). Create optimizers, schedulers and "
+                f"scalers before `ctx.steps`, or pass them to ctx.private")
