@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from cp_util import Cluster
+from cluster import Cluster
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state
 
 from elasticd.agent.ddp_reference import run_native_ddp
@@ -32,7 +32,7 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], R
 
 @pytest.fixture
 def cluster(tmp_path):
-    """Daemons and schedulers a test starts (tests/cp_util.py), stopped when it ends."""
+    """Daemons and schedulers a test starts (tests/cluster.py), stopped when it ends."""
     c = Cluster(tmp_path)
     yield c
     c.cleanup()

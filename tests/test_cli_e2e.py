@@ -4,8 +4,8 @@ exactly what `elasticd run` computes, on one node and spread over two."""
 from __future__ import annotations
 
 import pytest
-from cp_util import REPO, cli, status, wait_state, wait_until
-from util import JOBS, load_state, max_rel_diff
+from cluster import status, wait_state
+from util import JOBS, REPO, cli, load_state, max_rel_diff, wait_until
 
 SCRIPT = str(JOBS / "mlp_sgd.py")
 WORKERS, DEVICES = 4, 2
@@ -88,7 +88,7 @@ def test_worker_traceback_reaches_the_cli(cluster):
 @pytest.mark.slow
 def test_stop_reaches_the_real_runtime_which_stops_at_a_step_boundary(cluster):
     d = cluster.daemon(cpu=2, fake=False)
-    r = cli("submit", str(REPO / "tests" / "cp_long_job.py"), "--min-devices", "2", "--state-dir", str(d.state_dir))
+    r = cli("submit", str(REPO / "tests" / "jobs" / "long_job.py"), "--min-devices", "2", "--state-dir", str(d.state_dir))
     assert r.code == 0, r.err
     job = r.out.strip()
     wait_state(d.state_dir, job, "running", timeout=120)

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from cp_util import Cluster, cli
+from cluster import Cluster
+from util import cli
 
-FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
+FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ logical workers on cuda:0. Several agents on the one GPU use the test switch ELA
 device memory (`torch.cuda.max_memory_allocated` of each agent) is printed for every run (`pytest -s`).
 
 Skipped, with the reason, where torch sees no GPU: the logic these runs rely on that can run without
-one is tested in tests/test_gpu_path.py, tests/test_fallback.py and tests/test_torch_dist.py.
+one is tested in tests/test_gpu_path.py, tests/test_resize_fallback.py and tests/test_torch_dist.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import psutil
 import pytest
 import torch
 import torch.nn.functional as F
-from util import JOBS, assert_same_run, max_rel_diff, run_cli, wait_until
+from util import JOBS, assert_same_run, max_rel_diff, wait_until
 
 pytestmark = [
     pytest.mark.cuda,
@@ -47,8 +47,8 @@ def run_job(tmp: Path, name: str, devices: int = 1, device_type: str = "cuda", e
                 "ELASTICD_TEST_PRIVATE_MB": str(PRIVATE_MB), **(env or {})}
     cli = ["run", str(job), "--workers", str(WORKERS), "--devices", str(devices), "--device-type", device_type,
            "--summary", str(out / "summary.json"), *args]
-    run = run_cli(cli, env=full_env, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"`elasticd {' '.join(cli)}` exited {run.returncode}:\n{run.output[-5000:]}"
+    run = cli(*cli, env=full_env, timeout=RUN_TIMEOUT)
+    assert run.code == 0, f"`elasticd {' '.join(cli)}` exited {run.code}:\n{run.output[-5000:]}"
     if job == JOB:
         peaks = {r: peak(out, r) for r in range(WORKERS)}
         print(f"{name}: {run.seconds:.1f}s, peak device memory by rank's agent (MiB): "
@@ -140,7 +140,7 @@ def test_resize_2_1_2_with_two_agents_on_one_gpu(det_m1: Path, tmp_path: Path) -
 
 
 def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> None:
-    """tests/test_resize.py's roll-back, on the GPU: a joiner freezes during the hand-over of a 2 -> 4 grow,
+    """tests/test_resize_launcher.py's roll-back, on the GPU: a joiner freezes during the hand-over of a 2 -> 4 grow,
     every agent is stopped and the job restarts on 2 agents with --restore-epoch from the snapshot on
     tmpfs, loaded on the CPU and moved to the GPU; it ends bitwise as a run that never scaled."""
     job = JOBS / "resize_job.py"

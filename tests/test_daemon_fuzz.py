@@ -12,7 +12,8 @@ from pathlib import Path
 import msgpack
 import pytest
 import zmq
-from cp_util import Cluster, cli, status, wait_until
+from cluster import Cluster, status
+from util import cli, wait_until
 
 from elasticd import keys, transport
 from elasticd import protocol as p

@@ -1,5 +1,5 @@
 """A real node daemon (embedded scheduler) on loopback, driven through the CLI; agents are
-tests/cp_fake_agent.py (same command line and control channel as `python -m agent`, no torch)."""
+tests/jobs/fake_agent.py (same command line and control channel as `python -m agent`, no torch)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cp_util import cli, status, wait_state, wait_until
+from cluster import status, wait_state
+from util import cli, wait_until
 
-FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")  # any readable file will do
+FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")  # any readable file will do
 
 
 def submit(sd: Path, *args: str, **env: str) -> str:

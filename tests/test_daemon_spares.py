@@ -18,15 +18,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cp_util import Proc, cli, status, wait_state, wait_until
-from test_daemon_resize import JOB, job_env, submit, wait_resized
-from util import assert_same_run
+from cluster import Proc, status, wait_state
+from test_resize_daemon import JOB, job_env, submit, wait_resized
+from util import assert_same_run, cli, wait_until
 
 from elasticd.daemon.spares import SparePool, startup_differences
 from elasticd.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE_SCRIPT = str(REPO / "tests" / "cp_fake_agent.py")
+FAKE_SCRIPT = str(REPO / "tests" / "jobs" / "fake_agent.py")
 STEPS, WORKERS = 300, 2
 
 # Records, at import, what the process looks like to a user's script; trains nothing.

@@ -8,7 +8,8 @@ import time
 
 import psutil
 import pytest
-from cp_util import FAKE_AGENT, wait_until
+from cluster import FAKE_AGENT
+from util import wait_until
 
 from elasticd import protocol as p
 from elasticd.daemon import supervision

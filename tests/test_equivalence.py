@@ -15,12 +15,12 @@ import pytest
 from util import (
     JOBS,
     REFERENCE_WORKERS,
-    Finished,
+    CliResult,
     Reference,
+    cli,
     load_state,
     rel_diff,
     rel_diffs,
-    run_cli,
     session_pids,
     wait_until,
 )
@@ -34,9 +34,9 @@ RUN_TIMEOUT = 300.0
 FAILURE_DEADLINE = 120.0  # a raising worker must end the run well before this
 
 
-def elasticd_run(script: Path, devices: int, env: dict[str, str] | None = None) -> Finished:
+def elasticd_run(script: Path, devices: int, env: dict[str, str] | None = None) -> CliResult:
     args = ["run", str(script), "--workers", str(REFERENCE_WORKERS), "--devices", str(devices)]
-    return run_cli(args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **(env or {})}, timeout=RUN_TIMEOUT)
+    return cli(*args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **(env or {})}, timeout=RUN_TIMEOUT)
 
 
 @pytest.mark.timeout(600)
@@ -58,7 +58,7 @@ def test_ddp_equivalence(job: str, devices: int, ddp_reference: Callable[[str], 
     ref = ddp_reference(job)
     out = tmp_path / "final.pt"
     run = elasticd_run(JOBS / f"{job}.py", devices, env={"ELASTICD_TEST_OUT": str(out)})
-    assert run.returncode == 0, f"elasticd run exited {run.returncode}:\n{run.output}"
+    assert run.code == 0, f"elasticd run exited {run.code}:\n{run.output}"
     assert out.exists(), f"logical rank 0 wrote no result:\n{run.output}"
     diffs = rel_diffs(ref.final, load_state(out))
     print(f"{job} N={REFERENCE_WORKERS} M={devices}: max rel diff {max(diffs.values()):.3g} "
@@ -79,7 +79,7 @@ def _names_rank(output: str, rank: int) -> bool:
 @pytest.mark.parametrize("devices", [1, 2])
 def test_raising_worker_stops_the_run(devices: int) -> None:
     run = elasticd_run(JOBS / "raises.py", devices)
-    assert run.returncode != 0, f"a raising worker must fail the run:\n{run.output}"
+    assert run.code != 0, f"a raising worker must fail the run:\n{run.output}"
     assert run.seconds < FAILURE_DEADLINE, f"took {run.seconds:.0f}s to notice the failure"
     assert "Traceback" in run.output and "raise DeliberateFailure" in run.output, run.output
     assert FAILURE_MESSAGE in run.output, run.output

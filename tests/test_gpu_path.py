@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from util import JOBS, run_cli
+from util import JOBS, cli
 
 from elasticd.agent.comm.physical import DEVICE_BACKEND_ENV, GroupSpec, group_spec, shares_devices
 from elasticd.agent.config import DEVICE_AT_JOIN, cuda_capacity_problem, cuda_ordinal, launch_device_index
@@ -77,9 +77,9 @@ def test_run_on_cuda_without_enough_gpus_is_a_usage_error_before_any_agent_start
     that each crash in torch.cuda."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    run = run_cli(["run", str(JOBS / "mlp_sgd.py"), "--workers", "4", "--devices", "2", "--device-type", "cuda"],
+    run = cli(*["run", str(JOBS / "mlp_sgd.py"), "--workers", "4", "--devices", "2", "--device-type", "cuda"],
                   timeout=120)
-    assert run.returncode == 2, run.output
+    assert run.code == 2, run.output
     assert "torch sees no CUDA device" in run.output
 
 

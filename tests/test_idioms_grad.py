@@ -15,24 +15,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from util import JOBS, REFERENCE_WORKERS, Finished, Reference, load_state, rel_diffs, run_cli
+from util import JOBS, REFERENCE_WORKERS, CliResult, Reference, cli, load_state, rel_diffs
 
 TOLERANCE = 1e-5  # DDP tolerance: local pre-summation reorders fp32 additions, nothing more
 RUN_TIMEOUT = 300.0
 
 
 def elasticd_run(job: str, devices: int, out: Path | None = None, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> Finished:
+                 env: dict[str, str] | None = None) -> CliResult:
     args = ["run", str(JOBS / f"{job}.py"), "--workers", str(REFERENCE_WORKERS), "--devices", str(devices),
             *(extra or [])]
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **(env or {})}
     if out is not None:
         env["ELASTICD_TEST_OUT"] = str(out)
-    return run_cli(args, env=env, timeout=RUN_TIMEOUT)
+    return cli(*args, env=env, timeout=RUN_TIMEOUT)
 
 
-def assert_like_ddp(job: str, ref: Reference, run: Finished, out: Path, what: str) -> None:
-    assert run.returncode == 0, f"{what}: elasticd run exited {run.returncode}:\n{run.output}"
+def assert_like_ddp(job: str, ref: Reference, run: CliResult, out: Path, what: str) -> None:
+    assert run.code == 0, f"{what}: elasticd run exited {run.code}:\n{run.output}"
     diffs = rel_diffs(ref.final, load_state(out))
     moved = min(rel_diffs(ref.initial, ref.final).values())
     print(f"{job} {what}: max rel diff vs DDP {max(diffs.values()):.3g} (DDP moved >= {moved:.3g})")
@@ -70,7 +70,7 @@ def test_accumulation_without_no_sync_is_bitwise_equal_for_every_m_in_determinis
     for m in (1, 2, 4):
         out = tmp_path / f"m{m}.pt"
         run = elasticd_run("accum_sync", m, out, env={"ELASTICD_TEST_DETERMINISTIC": "1"})
-        assert run.returncode == 0, f"M={m}: exit {run.returncode}:\n{run.output}"
+        assert run.code == 0, f"M={m}: exit {run.code}:\n{run.output}"
         results[m] = load_state(out)
     for m in (2, 4):
         for name, want in results[1].items():
@@ -90,5 +90,5 @@ def test_other_changes_of_replicated_state_are_refused(idiom: str) -> None:
     """On every M, also M=N: a job must not pass at one size and fail after a resize to another."""
     for devices in (1, 4):
         run = elasticd_run("grad_refused", devices, env={"ELASTICD_TEST_IDIOM": idiom})
-        assert run.returncode != 0, f"{idiom} on {devices} devices exited 0:\n{run.output}"
+        assert run.code != 0, f"{idiom} on {devices} devices exited 0:\n{run.output}"
         assert "ReplicatedStateError" in run.output and REFUSED[idiom] in run.output, run.output

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cp_util import cli, status, wait_state, wait_until
+from cluster import status, wait_state
+from util import cli, wait_until
 
-FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
+FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")
 
 
 def test_scheduler_killed_and_restarted_keeps_the_job_table(cluster, tmp_path):

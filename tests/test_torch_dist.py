@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel  # bound before any patch: the Runtime rebinds it
-from util import JOBS, REFERENCE_WORKERS, Reference, load_state, max_rel_diff, rel_diff, rel_diffs, run_cli
+from util import JOBS, REFERENCE_WORKERS, Reference, cli, load_state, max_rel_diff, rel_diff, rel_diffs
 
 import elasticd
 from elasticd.agent.comm.layout import hosted_ranks
@@ -34,8 +34,8 @@ CPU = torch.device("cpu")
 
 def elasticd_run(job: str, devices: int, env: dict[str, str]) -> None:
     args = ["run", str(JOBS / f"{job}.py"), "--workers", str(REFERENCE_WORKERS), "--devices", str(devices)]
-    run = run_cli(args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **env}, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"`elasticd {' '.join(args)}` exited {run.returncode}:\n{run.output}"
+    run = cli(*args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **env}, timeout=RUN_TIMEOUT)
+    assert run.code == 0, f"`elasticd {' '.join(args)}` exited {run.code}:\n{run.output}"
     print(f"{job} N={REFERENCE_WORKERS} M={devices}: {run.seconds:.1f}s")
 
 
@@ -288,7 +288,7 @@ def test_collectives_without_a_logical_form_raise_naming_themselves_inside_worke
 def test_an_object_collective_fails_a_real_run_with_its_name() -> None:
     """Through `elasticd run` on 2 agents (a real physical group, where the call would otherwise reach it)."""
     args = ["run", str(JOBS / "object_collective.py"), "--workers", "4", "--devices", "2"]
-    run = run_cli(args, env={"ELASTICD_TEST_WORKERS": "4"}, timeout=RUN_TIMEOUT)
-    assert run.returncode == 1, run.output
+    run = cli(*args, env={"ELASTICD_TEST_WORKERS": "4"}, timeout=RUN_TIMEOUT)
+    assert run.code == 1, run.output
     assert "NotImplementedError: elasticd: torch.distributed.all_gather_object is not supported" in run.output
     assert "logical rank 0" in run.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -66,14 +67,24 @@ def wait_until(pred: Callable[[], T], timeout: float = 20.0, interval: float = 0
 
 
 @dataclass(slots=True)
-class Finished:
-    returncode: int
-    output: str      # stdout and stderr interleaved, as a user would see them
+class CliResult:
+    code: int
+    out: str
+    err: str
     seconds: float
     session: int     # session id of the process tree (the launched process's pid)
 
+    @property
+    def output(self) -> str:
+        """What a user would have seen on the terminal (stdout, then stderr)."""
+        return self.out + self.err
 
-def run_cli(args: list[str], env: Mapping[str, str] | None = None, timeout: float = 300) -> Finished:
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0, cwd: str | Path | None = None
+        ) -> CliResult:
     """Run `python -m elasticd ARGS` in its own session; on timeout kill the whole session and fail.
 
     Its own session lets a hang be cleaned up completely (agents included) and lets tests check that
@@ -81,17 +92,17 @@ def run_cli(args: list[str], env: Mapping[str, str] | None = None, timeout: floa
     """
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "elasticd", *args], cwd=REPO, env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "elasticd", *args], cwd=cwd or REPO, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_session(proc.pid)
-        out, _ = proc.communicate()
+        out, err = proc.communicate()
         raise AssertionError(
-            f"`elasticd {' '.join(args)}` still running after {timeout:.0f}s; output:\n{out}") from None
-    return Finished(proc.returncode, out, time.monotonic() - start, proc.pid)
+            f"`elasticd {' '.join(args)}` still running after {timeout:.0f}s; output:\n{out}{err}") from None
+    return CliResult(proc.returncode, out, err, time.monotonic() - start, proc.pid)
 
 
 def session_pids(session: int) -> list[int]:

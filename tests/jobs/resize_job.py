@@ -4,7 +4,7 @@ Each rank appends "step idx idx ..." to $ELASTICD_TEST_LOG/rank<r>.log as it con
 test can check that no step ran twice or not at all and no sample was skipped or repeated. A private
 counter (samples seen) must survive every resize. Deterministic mode is switched by env.
 
-Driven from outside (tests/test_daemon_resize.py), the job can be paced: while $ELASTICD_TEST_RELEASE
+Driven from outside (tests/test_resize_daemon.py), the job can be paced: while $ELASTICD_TEST_RELEASE
 names a file that does not exist yet, every step also sleeps $ELASTICD_TEST_PACE_S, so a test can scale
 it several times while it is surely still training. The sleep changes when steps happen, never what
 they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step (only step

@@ -4,7 +4,7 @@ Real agents (`python -m agent`) run tests/jobs/resize_job.py, paced: the job tra
 releases it, so every resize surely lands mid-training, then finishes at full speed. The result must be
 bitwise the result of `elasticd run` of the same job never resized, with every step and sample consumed
 exactly once per logical rank. Failure paths (an agent dying mid-resize, a joiner that cannot start, a
-job finishing before its joiners are warm) use tests/cp_fake_agent.py, which speaks the same resize
+job finishing before its joiners are warm) use tests/jobs/fake_agent.py, which speaks the same resize
 protocol without torch.
 """
 
@@ -16,13 +16,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from cp_util import cli, status, wait_state, wait_until
-from util import JOBS, assert_same_run
+from cluster import status, wait_state
+from util import JOBS, assert_same_run, cli, wait_until
 
 from elasticd.daemon.statedir import StateDir
 
 JOB = str(JOBS / "resize_job.py")
-FAKE_SCRIPT = str(Path(__file__).resolve().parent / "cp_fake_agent.py")
+FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")
 STEPS = 300
 PACE_S = "0.1"   # per logical step until released: 300 steps take >= 30 s on 4 devices, 120 s on 1
 

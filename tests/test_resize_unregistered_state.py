@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 from torch.utils.data import DistributedSampler
-from util import JOBS, REFERENCE_WORKERS, Finished, load_state, rel_diffs, run_cli
+from util import JOBS, REFERENCE_WORKERS, CliResult, cli, load_state, rel_diffs
 
 TOLERANCE = 1e-5  # as tests/test_equivalence.py: fp32 reordering of the gradient sum, nothing more
 SCALE_AT = "5:1,10:2"  # 2 devices -> 1 after step 5 -> 2 after step 10, on a 20-step job
@@ -29,10 +29,10 @@ def _job_module(name: str) -> ModuleType:
     return module
 
 
-def _run(job: str, out: Path, *args: str, env: dict[str, str] | None = None) -> Finished:
+def _run(job: str, out: Path, *args: str, env: dict[str, str] | None = None) -> CliResult:
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_TEST_OUT": str(out / "final.pt"),
            "ELASTICD_TEST_LOG": str(out), **(env or {})}
-    return run_cli(["run", str(JOBS / f"{job}.py"), "--workers", str(REFERENCE_WORKERS), *args], env=env, timeout=400)
+    return cli(*["run", str(JOBS / f"{job}.py"), "--workers", str(REFERENCE_WORKERS), *args], env=env, timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def forgot_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """tests/jobs/forgot_job.py under real DDP, and resized 2 -> 1 -> 2 devices under elasticd."""
     ref, out = tmp_path_factory.mktemp("ddp"), tmp_path_factory.mktemp("scaled")
     run = _run("forgot_job", ref, "--ddp")
-    assert run.returncode == 0, run.output
+    assert run.code == 0, run.output
     run = _run("forgot_job", out, "--devices", "2", "--scale-at", SCALE_AT, "--summary", str(out / "summary.json"))
-    assert run.returncode == 0, run.output
+    assert run.code == 0, run.output
     return ref, out
 
 
@@ -75,7 +75,7 @@ def test_scale_at_resizes_after_the_step_asked_for_and_the_summary_says_so(forgo
 @pytest.mark.timeout(600)
 def test_a_state_no_snapshot_can_hold_fails_the_resize_naming_the_object(tmp_path: Path) -> None:
     run = _run("forgot_unsavable", tmp_path, "--devices", "2", "--scale-at", "3:1")
-    assert run.returncode == 1, run.output
+    assert run.code == 1, run.output
     assert "RuleLR (object #3 of the optimizers/schedulers/scalers logical rank" in run.output, run.output
     assert "'rule'" in run.output and "function" in run.output, run.output
 
@@ -83,7 +83,7 @@ def test_a_state_no_snapshot_can_hold_fails_the_resize_naming_the_object(tmp_pat
 @pytest.mark.timeout(600)
 def test_scale_at_on_a_job_that_never_enters_ctx_steps_is_refused(tmp_path: Path) -> None:
     run = _run("no_steps", tmp_path, "--devices", "2", "--scale-at", "2:1", "--summary", str(tmp_path / "s.json"))
-    assert run.returncode == 1, run.output
+    assert run.code == 1, run.output
     assert "--scale-at 2:1 refused: the function never reached a step boundary of `ctx.steps`" in run.output
     assert json.loads((tmp_path / "s.json").read_text())["resizes"] == []
 
@@ -91,7 +91,7 @@ def test_scale_at_on_a_job_that_never_enters_ctx_steps_is_refused(tmp_path: Path
 @pytest.mark.timeout(600)
 def test_ctx_batches_keeps_the_epoch_the_user_set(tmp_path: Path) -> None:
     run = _run("user_epoch", tmp_path, "--devices", "2")
-    assert run.returncode == 0, run.output
+    assert run.code == 0, run.output
     user_epoch = _job_module("user_epoch")
     ds = user_epoch.dataset()
     per_epoch = user_epoch.SAMPLES // REFERENCE_WORKERS // user_epoch.BATCH
@@ -111,7 +111,7 @@ def test_a_for_loop_over_the_loader_with_ctx_steps_driving_resumes_where_it_was(
         forgot_runs: tuple[Path, Path], tmp_path: Path) -> None:
     ref, _ = forgot_runs
     run = _run("forgot_job", tmp_path, "--devices", "2", "--scale-at", "5:1", env={"ELASTICD_TEST_LOOP": "for"})
-    assert run.returncode == 0, run.output
+    assert run.code == 0, run.output
     want, got = load_state(ref / "final.pt"), load_state(tmp_path / "final.pt")
     too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
     assert not too_far, f"the loader restarted at the resize: {too_far}"
@@ -122,6 +122,6 @@ def test_an_epoch_counter_that_restarted_with_the_function_fails_instead_of_repe
     # Resized after step 10, in epoch 1 (8 steps an epoch): the re-entered loop's `epoch` starts at 0 again
     # and would set epoch 1 a second time at the end of this one.
     run = _run("forgot_job", tmp_path, "--devices", "2", "--scale-at", "10:1", env={"ELASTICD_TEST_LOOP": "for"})
-    assert run.returncode == 1, run.output
+    assert run.code == 1, run.output
     assert "resumed DataLoader #1 of this rank in epoch 1 after a resize, and now its sampler is set to epoch 1" \
         in run.output, run.output

@@ -16,28 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from util import wait_until
+from util import cli, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
-FAKE_AGENT = REPO / "tests" / "cp_fake_agent.py"
+FAKE_AGENT = REPO / "tests" / "jobs" / "fake_agent.py"
 
-
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0, cwd: str | None = None) -> CliResult:
-    """Run `python -m elasticd ARGS` and capture its result."""
-    r = subprocess.run([sys.executable, "-m", "elasticd", *args], capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, **(env or {})}, cwd=cwd or str(REPO))
-    return CliResult(r.returncode, r.stdout, r.stderr)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
