@@ -37,7 +37,7 @@ def _elasticd(job: str, devices: int, out: Path, scale_at: str = "") -> None:
 
 
 def _assert_like_ddp(job: str, ref: Reference, out: Path, what: str) -> None:
-    moved = {n: rel_diff(ref.final[n], ref.initial[n]) for n in ref.final if ref.final[n].is_floating_point()}
+    moved = {n: rel_diff(ref.final[n], ref.initial[n]) for n in ref.initial if ref.initial[n].is_floating_point()}
     assert min(moved.values()) > MOVED, f"{job}: the DDP reference barely trained: {moved}"
     diffs = rel_diffs(ref.final, load_state(out))
     print(f"{job} {what}: max rel diff vs DDP {max(diffs.values()):.3g}")

@@ -12,12 +12,12 @@ import torch
 import torch.nn as nn
 
 
-def save_state(model: nn.Module, env: str) -> None:
-    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix)."""
+def save_state(model: nn.Module, env: str, extra: dict[str, torch.Tensor] | None = None) -> None:
+    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix, then `extra`)."""
     path = os.environ.get(env)
     if path:
-        torch.save({k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                   path)
+        state = {k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        torch.save({**state, **(extra or {})}, path)
 
 
 def assert_same_on_every_rank(ctx, values: list[float], what: str) -> None:

@@ -21,7 +21,7 @@ import elasticd
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = 24
 BATCH = 16
-INF_STEP = 9  # the step at which rank 1's loss is infinite
+INF_STEP = 9  # the step at which rank 1's loss is infinite (after the resize in the resize test)
 
 
 def make_data() -> TensorDataset:
@@ -61,7 +61,11 @@ def train(ctx) -> None:
         ctx.log(loss=loss.item(), scale=scaler.get_scale())
     assert_same_on_every_rank(ctx, scales, "the GradScaler's scale and growth tracker")
     if ctx.rank == 0:
-        save_state(model, "ELASTICD_TEST_OUT")
+        # The scaler's state is part of the result: a resize must carry it (the model alone would not
+        # show a scaler that restarted from init_scale, as long as no step overflows).
+        save_state(model, "ELASTICD_TEST_OUT", extra={
+            "scaler.scale": torch.tensor(scaler.get_scale()),
+            "scaler.growth_tracker": torch.tensor(float(scaler._get_growth_tracker()))})
 
 
 if __name__ == "__main__":
