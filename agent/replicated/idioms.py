@@ -10,6 +10,8 @@ on replicated state (everything else gets torch's own behaviour):
 - `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` (and `clip_grad_norm`), as module attributes
   (`torch.nn.utils.X`, `torch.nn.utils.clip_grad.X`) and as names the elastic function's module imported
   (`from torch.nn.utils import clip_grad_norm_`, rebound by `install(fn)` like compat/torch_dist.py does);
+  likewise the two halves `torch.nn.utils.get_total_norm` (over replicated `.grad`s) and
+  `clip_grads_with_norm_`;
 - `torch.amp.GradScaler.unscale_` (also reached from `scaler.step`): the first worker unscales the shared
   gradient, the others' scalers record its inf/nan findings, so every scaler's `update` agrees; and
   `GradScaler.__init__`, so a scaler's scale and growth tracker survive a resize;
@@ -37,7 +39,11 @@ if TYPE_CHECKING:
     from elasticd.agent.replicated.state import ReplicatedState
 
 ORIGINAL_CLIPS = {name: getattr(clip_grad, name) for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm")}
-_PATCHES: dict[str, Callable[..., Any]] = {}
+# Public only in torch.nn.utils: torch's own clip_grad_norm_ calls clip_grad's private names, which stay.
+UTILS_ORIGINALS = {"get_total_norm": torch.nn.utils.get_total_norm,
+                   "clip_grads_with_norm_": torch.nn.utils.clip_grads_with_norm_}
+_PATCHES: dict[str, Callable[..., Any]] = {}       # clip_grad.<name> and torch.nn.utils.<name>
+_UTILS_PATCHES: dict[str, Callable[..., Any]] = {}  # torch.nn.utils.<name> only
 
 
 def _state(w: Worker | None) -> ReplicatedState | None:
@@ -84,13 +90,45 @@ def _clip_value(parameters: Any, *args: Any, **kwargs: Any) -> None:
     params = _params(parameters)
     if st is None or w is None or not _replicated_params(st, params, "torch.nn.utils.clip_grad_value_"):
         return original(params, *args, **kwargs)
-    st.clip_value_once.call(w.rank, lambda: original(params, *args, **kwargs))
+    st.clip_in_place_once.call(w.rank, lambda: original(params, *args, **kwargs))
     return None
+
+
+def _clip_with_norm(parameters: Any, *args: Any, **kwargs: Any) -> None:
+    original = UTILS_ORIGINALS["clip_grads_with_norm_"]
+    w = current_worker()
+    st = _state(w)
+    params = _params(parameters)
+    if st is None or w is None or not _replicated_params(st, params, "torch.nn.utils.clip_grads_with_norm_"):
+        return original(params, *args, **kwargs)
+    st.clip_in_place_once.call(w.rank, lambda: original(params, *args, **kwargs))
+    return None
+
+
+def _total_norm(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`get_total_norm([p.grad ...])` over replicated gradients: computed once, on the averaged gradient."""
+    original = UTILS_ORIGINALS["get_total_norm"]
+    w = current_worker()
+    st = _state(w)
+    given = _params(tensors)
+    if st is None or w is None:
+        return original(given, *args, **kwargs)
+    n = st.replicated_grad_share(given)
+    if n == 0:
+        return original(given, *args, **kwargs)
+    if n < len(given):
+        raise NotImplementedError(
+            "elasticd: torch.nn.utils.get_total_norm over a mix of replicated gradients and other tensors "
+            "is not supported: the replicated gradients are shared by every hosted worker; compute them "
+            "in separate calls")
+    return st.clip_norm_once.call(w.rank, lambda: original(given, *args, **kwargs)).clone()
 
 
 _PATCHES["clip_grad_norm_"] = _clip_norm("clip_grad_norm_")
 _PATCHES["clip_grad_norm"] = _clip_norm("clip_grad_norm")
 _PATCHES["clip_grad_value_"] = functools.wraps(ORIGINAL_CLIPS["clip_grad_value_"])(_clip_value)
+_UTILS_PATCHES["get_total_norm"] = functools.wraps(UTILS_ORIGINALS["get_total_norm"])(_total_norm)
+_UTILS_PATCHES["clip_grads_with_norm_"] = functools.wraps(UTILS_ORIGINALS["clip_grads_with_norm_"])(_clip_with_norm)
 
 
 # -- GradScaler -----------------------------------------------------------------------------------
@@ -192,6 +230,8 @@ def install(fn: Callable[..., Any] | None = None) -> None:
         for name, patched in _PATCHES.items():
             setattr(clip_grad, name, patched)
             setattr(torch.nn.utils, name, patched)
+        for name, patched in _UTILS_PATCHES.items():
+            setattr(torch.nn.utils, name, patched)
         GradScaler.__init__ = _scaler_init  # type: ignore[method-assign]
         GradScaler.unscale_ = _unscale_  # type: ignore[method-assign]
         for cls, find in _SCHEDULER_CONSTRUCTORS:
@@ -200,6 +240,7 @@ def install(fn: Callable[..., Any] | None = None) -> None:
     namespace = getattr(fn, "__globals__", None)
     if namespace is not None:
         replacements = {id(ORIGINAL_CLIPS[name]): patched for name, patched in _PATCHES.items()}
+        replacements.update({id(UTILS_ORIGINALS[name]): patched for name, patched in _UTILS_PATCHES.items()})
         for key, value in list(namespace.items()):
             new = replacements.get(id(value))
             if new is not None:

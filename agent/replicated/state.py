@@ -58,7 +58,7 @@ class ReplicatedState:
         self._restore = restore
         ranks = runtime.hosted
         self.clip_norm_once = OncePerStep(ranks)
-        self.clip_value_once = OncePerStep(ranks)
+        self.clip_in_place_once = OncePerStep(ranks)  # clip_grad_value_, clip_grads_with_norm_: return None
         self.unscale_once = OncePerStep(ranks)
         self._sched_build_once = OncePerStep(ranks)
         self._built: list[_Built] = []
@@ -93,6 +93,11 @@ class ReplicatedState:
     def replicated_share(self, params: list[torch.Tensor]) -> int:
         """How many of `params` are replicated parameters (callers reject a mix with private ones)."""
         return sum(id(p) in self._params for p in params)
+
+    def replicated_grad_share(self, tensors: list[torch.Tensor]) -> int:
+        """How many of `tensors` are the current `.grad` of a replicated parameter."""
+        grads = {id(p.grad) for g in self.groups for p in g.params if p.grad is not None}
+        return sum(id(t) in grads for t in tensors)
 
     # -- clipping -----------------------------------------------------------------------------
     def clip_grad_norm_(self, w: Worker, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Idiom job: torch's own gradient clipping on a replicated model, called by two different names.
 
-`torch.nn.utils.clip_grad_norm_` (module attribute) and `clip_grad_value_` (a name imported into this
-module) must clip the averaged gradient once per step, as under DDP, and every rank must get the same
-total norm back.
+`torch.nn.utils.clip_grad_norm_` (module attribute), `clip_grad_value_`, `get_total_norm` and
+`clip_grads_with_norm_` (names imported into this module) must clip the averaged gradient once per step,
+as under DDP, and every rank must get the same total norms back.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from _jobstate import assert_same_on_every_rank, save_state
-from torch.nn.utils import clip_grad_value_
+from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_, get_total_norm
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
@@ -52,12 +52,15 @@ def train(ctx) -> None:
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         clip_grad_value_(model.parameters(), CLIP_VALUE)
+        # torch's two halves of clip_grad_norm_, over the .grad tensors themselves
+        total = get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        clip_grads_with_norm_(model.parameters(), MAX_NORM / 2, total)
         opt.step()
-        norms.append(norm.item())
+        norms += [norm.item(), total.item()]
         ctx.log(loss=loss.item(), grad_norm=norm.item())
     if not any(n > MAX_NORM for n in norms):
         raise AssertionError(f"the gradient norm never exceeded {MAX_NORM}: clipping was not exercised")
-    assert_same_on_every_rank(ctx, norms, "the total norm clip_grad_norm_ returned")
+    assert_same_on_every_rank(ctx, norms, "the total norms clip_grad_norm_ and get_total_norm returned")
     if ctx.rank == 0:
         save_state(model, "ELASTICD_TEST_OUT")
 
