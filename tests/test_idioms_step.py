@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state, rel_diff, rel_diffs, run_cli
 
-IDIOM_JOBS = ["clip_torch", "grad_scaler", "sched_after"]
+IDIOM_JOBS = ["clip_torch", "grad_scaler", "sched_after", "sched_plateau"]
 TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor, as in tests/test_equivalence.py
 MOVED = 1e-3      # the reference must have trained, or an equal result proves nothing
 RUN_TIMEOUT = 300.0
@@ -64,3 +64,15 @@ def test_idiom_survives_a_resize(job: str, ddp_reference: Callable[[str], Refere
     out = tmp_path / "final.pt"
     _elasticd(job, 2, out, scale_at="6:1")
     _assert_like_ddp(job, ref, out, "resized 2 -> 1 at step 6")
+
+
+@pytest.mark.timeout(300)
+def test_scheduler_step_with_a_per_rank_metric_fails_loudly(tmp_path: Path) -> None:
+    """`plateau.step(local_loss)`: DDP ranks would drift apart; one shared lr cannot, so it must raise."""
+    args = ["run", str(JOBS / "sched_plateau.py"), "--workers", str(REFERENCE_WORKERS), "--devices", "1"]
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_TEST_OUT": str(tmp_path / "final.pt"),
+           "ELASTICD_TEST_PER_RANK_METRIC": "1"}
+    run = run_cli(args, env=env, timeout=RUN_TIMEOUT)
+    assert run.returncode != 0, f"a per-rank metric must fail the run:\n{run.output}"
+    assert "ReduceLROnPlateau.step() got different arguments on logical rank" in run.output, run.output
+    assert not (tmp_path / "final.pt").exists()
