@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 class ReplicatedOptimizer(torch.optim.Optimizer):
     """The shared optimizer as a worker sees it: `step` and `zero_grad` run once per physical step."""
 
+    # GradScaler's fused path (fused optimizers) checks the shared gradient for infs in every worker's
+    # `scaler.step`, when later workers' view of it is the next step's partial sum. Declining it makes
+    # the scaler unscale through `unscale_`, which runs once per step (idioms.py); fused steps still run.
+    _step_supports_amp_scaling = False
+
     def __init__(self, group: ReplicatedGroup, runtime: Runtime) -> None:  # noqa: D107 - no Optimizer.__init__
         # Deliberately not Optimizer.__init__: every piece of optimizer state lives in the inner one.
         self._group = group
