@@ -106,7 +106,8 @@ class StepBoundary:
                 loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
                 extras={"private": [saving.save(obj) for obj in w.private],
                         "carried": carried.save(w),
-                        "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else []},
+                        "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else [],
+                        **self.rt.replicated.worker_extras(w)},
             )
             raise Preempted()
         if w.loader_tracks is not None:

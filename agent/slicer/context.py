@@ -96,11 +96,11 @@ class WorkerContext:
         backward; `optimizer.step()`, `zero_grad()` and `lr_scheduler.step()` run once per physical step.
         """
         mark_registered(self._w, optimizer, lr_scheduler)  # carried by the replicated group, not per worker
-        return self._rt.replicate(self._w, model, optimizer, lr_scheduler)
+        return self._rt.replicated.replicate(self._w, model, optimizer, lr_scheduler)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the averaged gradient of every replicated parameter, once per physical step."""
-        return self._rt.clip_grad_norm_(self._w, max_norm, norm_type)
+        return self._rt.replicated.clip_grad_norm_(self._w, max_norm, norm_type)
 
     def private(self, obj: Any) -> Any:
         """Register this worker's own device state and return `obj`: a tensor, a list/dict of tensors, an

@@ -24,8 +24,8 @@ from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.replicated.grad_sync import GradSync
-from elasticd.agent.replicated.group import ReplicatedGroup
-from elasticd.agent.replicated.once import OncePerStep
+from elasticd.agent.replicated.idioms import install as install_idioms
+from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
@@ -71,10 +71,10 @@ class Runtime:
         self.env = FlushEnv(phys=phys, workers=workers, deterministic=deterministic)
         self.baton = Baton(self.hosted)
         self.current: Worker | None = None
-        self.groups: list[ReplicatedGroup] = []
-        self.clip_once: Any = None
+        # ctx.replicate's groups and the once-per-step idioms over them (agent/replicated/state.py)
+        self.replicated = ReplicatedState(self, restore.groups if restore is not None else [])
+        self.groups = self.replicated.groups
         self._workers = {r: Worker(r) for r in self.hosted}
-        self._restore_groups = restore.groups if restore is not None else []
         if restore is not None:
             for r, w in self._workers.items():
                 w.restore = restore.workers[r]
@@ -96,6 +96,7 @@ class Runtime:
         install_backward_hook()
         tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
+        install_idioms(fn)  # clip_grad_norm_, GradScaler, schedulers on replicated state: once per step
 
     # -- lifecycle ----------------------------------------------------------------------------
     def run(self) -> dict[int, Any]:
@@ -267,35 +268,6 @@ class Runtime:
         if len(w.queued) > queued:
             self.drain(w)
 
-    def replicate(self, w: Worker, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> Any:
-        index = w.replicate_calls
-        w.replicate_calls += 1
-        if index == len(self.groups):
-            # The first hosted worker to get here builds the shared copy (on agent 0 that is rank 0),
-            # and every agent adopts agent 0's state, as DDP's constructor does.
-            group = ReplicatedGroup(index, self, model, optimizer, scheduler)
-            if index < len(self._restore_groups):
-                # Every agent holds the same snapshot of replicated state: load it, no broadcast needed.
-                group.load(self._restore_groups[index])
-            else:
-                group.broadcast_state()
-            self.groups.append(group)
-        group = self.groups[index]
-        if optimizer is None:
-            return group.model
-        if scheduler is None:
-            return group.model, group.opt_view
-        return group.model, group.opt_view, group.sched_view
-
-    def clip_grad_norm_(self, w: Worker, max_norm: float, norm_type: float) -> torch.Tensor:
-        if not self.groups:
-            raise RuntimeError("ctx.clip_grad_norm_ needs a model passed to ctx.replicate first")
-        if self.clip_once is None:
-            self.clip_once = OncePerStep(self.hosted)
-        params = [p for g in self.groups for p in g.params]
-        return self.clip_once.call(
-            w.rank, lambda: torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
-        )
 
     def _poll_control(self) -> int:
         vote = VOTE_NONE

@@ -12,9 +12,23 @@ import torch
 import torch.nn as nn
 
 
-def save_state(model: nn.Module, env: str) -> None:
-    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix)."""
+def save_state(model: nn.Module, env: str, extra: dict[str, torch.Tensor] | None = None) -> None:
+    """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix, then `extra`)."""
     path = os.environ.get(env)
     if path:
-        torch.save({k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                   path)
+        state = {k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        torch.save({**state, **(extra or {})}, path)
+
+
+def assert_same_on_every_rank(ctx, values: list[float], what: str) -> None:
+    """Raise unless every rank recorded exactly the same values (as every DDP rank does).
+
+    One max and one min all-reduce at the end of the run, so the check adds no collective inside the
+    training loop (which would change where workers hand over, and could hide a bug the job looks for).
+    """
+    mine = torch.tensor(values, dtype=torch.float64)
+    hi, lo = mine.clone(), mine.clone()
+    ctx.all_reduce(hi, op="max")
+    ctx.all_reduce(lo, op="min")
+    if not torch.equal(hi, lo):
+        raise AssertionError(f"rank {ctx.rank}: {what} differs between ranks: max {hi.tolist()} min {lo.tolist()}")
