@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from util import JOBS, REFERENCE_WORKERS, Reference, load_state, rel_diff, rel_diffs, run_cli
+from util import JOBS, REFERENCE_WORKERS, Reference, cli, load_state, rel_diff, rel_diffs
 
 IDIOM_JOBS = ["clip_torch", "grad_scaler", "sched_after", "sched_plateau"]
 TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor, as in tests/test_equivalence.py
@@ -29,8 +29,8 @@ def _elasticd(job: str, devices: int, out: Path, scale_at: str = "") -> None:
     if scale_at:
         args += ["--scale-at", scale_at]
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_TEST_OUT": str(out)}
-    run = run_cli(args, env=env, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"elasticd {' '.join(args)} exited {run.returncode}:\n{run.output}"
+    run = cli(*args, env=env, timeout=RUN_TIMEOUT)
+    assert run.code == 0, f"elasticd {' '.join(args)} exited {run.code}:\n{run.output}"
     assert out.exists(), f"logical rank 0 wrote no result:\n{run.output}"
     if scale_at:
         assert "resized 2 -> 1 devices" in run.output, f"the job did not resize:\n{run.output}"
@@ -72,7 +72,7 @@ def test_scheduler_step_with_a_per_rank_metric_fails_loudly(tmp_path: Path) -> N
     args = ["run", str(JOBS / "sched_plateau.py"), "--workers", str(REFERENCE_WORKERS), "--devices", "1"]
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_TEST_OUT": str(tmp_path / "final.pt"),
            "ELASTICD_TEST_PER_RANK_METRIC": "1"}
-    run = run_cli(args, env=env, timeout=RUN_TIMEOUT)
-    assert run.returncode != 0, f"a per-rank metric must fail the run:\n{run.output}"
+    run = cli(*args, env=env, timeout=RUN_TIMEOUT)
+    assert run.code != 0, f"a per-rank metric must fail the run:\n{run.output}"
     assert "ReduceLROnPlateau.step() got different arguments on logical rank" in run.output, run.output
     assert not (tmp_path / "final.pt").exists()
