@@ -15,7 +15,7 @@ rendezvous never count; the first --warmup steps are dropped and a run's figure 
 The machine is shared and noisy, so runs are paired and the "vs ideal" column is the median of per-pair
 ratios (a noisy moment slows both sides of a ratio): (a) and (b) alternate in --pairs short pairs
 (a b, b a, ...); each run of (c) and (d) is bracketed by two runs of (a). The parameter checksums of all
-variants must agree (same math), and (c) / (d) is printed (DESIGN.md: elasticd on 2 devices must be
+variants must agree (same math), and (c) / (d) is printed (the README's Figures: elasticd on 2 devices must be
 faster than DDP with N processes on the same cores).
 
 (a) and (b) default to 1 torch thread, and this process to one core (--cpu): one device is one core
@@ -28,7 +28,7 @@ thread wake-up, flush, step-boundary vote), measured by wrapping the runtime's m
 runtime is not modified), plus two what-ifs paired with (a): (b) without the numpy RNG swap, and also
 with the one-agent gradient flush done in place (both leave this job's result unchanged).
 
-The last line is `overhead_vs_ideal=X.XX`: (b) / (a) seconds per step (goal <= 1.05, DESIGN.md).
+The last line is `overhead_vs_ideal=X.XX`: (b) / (a) seconds per step (goal <= 1.05, README Figures).
 """
 
 from __future__ import annotations

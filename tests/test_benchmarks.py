@@ -1,7 +1,7 @@
 """Smoke runs of the benchmark scripts (`--quick`): they run end to end and end with `name=<float>`.
 
 The figures themselves are not checked: they are measured on a shared machine and reported in the
-README (DESIGN.md: "benchmarks in scripts/, not timed tests"). What is pinned is the contract other
+README (benchmarks live in scripts/, not in timed tests). What is pinned is the contract other
 tooling reads: the last line of stdout is exactly `name=value` with a float value.
 """
 
