@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from util import JOBS, REFERENCE_WORKERS, Reference, cli, load_state, rel_diff, rel_diffs
 
-IDIOM_JOBS = ["clip_torch", "grad_scaler", "sched_after", "sched_plateau"]
+IDIOM_JOBS = ["clip_torch", "grad_scaler", "sched_after", "sched_before", "sched_plateau"]
 TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor, as in tests/test_equivalence.py
 MOVED = 1e-3      # the reference must have trained, or an equal result proves nothing
 RUN_TIMEOUT = 300.0

@@ -84,6 +84,12 @@ class ReplicatedState:
             self.groups.append(group)
             self._params.update({id(p): group for p in group.params})
         group = self.groups[index]
+        if optimizer is not None and group.optimizer is not None and optimizer is not group.optimizer:
+            # This worker's own optimizer is set aside, but schedulers it built over it before this call
+            # keep stepping it and report its learning rate: after a resize it is new and at its initial
+            # rates, so give it the shared (restored) ones, as a DDP rank's own optimizer would have.
+            for mine, shared in zip(optimizer.param_groups, group.optimizer.param_groups, strict=False):
+                mine.update({k: v for k, v in shared.items() if k != "params"})
         if optimizer is None:
             return group.model
         if scheduler is None:
