@@ -133,16 +133,18 @@ def ideal_run(steps: int, workers: int) -> tuple[list[float], float]:
 def _body(ctx: Any) -> None:
     model = make_model().to(ctx.device)
     opt = make_optimizer(model)
-    model, opt = ctx.replicate(model, opt)
     save_at = int(os.environ.get("ELASTICD_BENCH_SAVE_AT", "-1"))
     ckpt = os.environ.get("ELASTICD_BENCH_CKPT", "")
     resume = os.environ.get("ELASTICD_BENCH_RESUME") == "1"
     first = 0
     if resume:
+        # Before ctx.replicate, as a torchrun script loads its checkpoint before wrapping in DDP: after it,
+        # every hosted worker would write the one shared copy (refused: agent/replicated/ledger.py).
         state = torch.load(ckpt)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         first = state["step"] + 1
+    model, opt = ctx.replicate(model, opt)
     stamps: list[float] = []
     out: dict[str, Any] = {"threads": torch.get_num_threads()}
     for step in ctx.steps(STEPS):
