@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from util import cli
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"elasticd": REPO / "elasticd", "elasticd.agent": REPO / "agent"}  # pyproject's package-dir
@@ -157,9 +158,7 @@ def test_torch_free_parts_stay_torch_free():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("how", ["standalone", "run"])
-def test_a_users_own_agent_module_does_not_shadow_the_runtime(tmp_path, how):
-    """RL code often has an `agent.py` next to its training script; it must be the user's `agent`."""
+def _script_beside_its_own_agent_module(tmp_path: Path) -> None:
     (tmp_path / "agent.py").write_text("NAME = 'the user agent'\n")
     (tmp_path / "train.py").write_text(textwrap.dedent("""
         import sys
@@ -181,8 +180,27 @@ def test_a_users_own_agent_module_does_not_shadow_the_runtime(tmp_path, how):
         if __name__ == "__main__":
             train()
     """))
+
+
+@pytest.mark.parametrize("how", ["standalone", "run"])
+def test_a_users_own_agent_module_does_not_shadow_the_runtime(tmp_path, how):
+    """RL code often has an `agent.py` next to its training script; it must be the user's `agent`."""
+    _script_beside_its_own_agent_module(tmp_path)
     cmd = ([sys.executable, "train.py"] if how == "standalone"
            else [sys.executable, "-m", "elasticd", "run", "train.py", "--devices", "2"])
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "rank 0: the user agent" in out.stdout and "rank 1: the user agent" in out.stdout
+
+
+def test_a_users_own_agent_module_does_not_shadow_the_runtime_under_the_daemon(cluster, tmp_path):
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    _script_beside_its_own_agent_module(job_dir)
+    d = cluster.daemon(cpu=2, fake=False)
+    r = cli("submit", str(job_dir / "train.py"), "--min-devices", "2", "--wait", "--state-dir", str(d.state_dir),
+            cwd=job_dir, timeout=300)
+    assert r.code == 0, (r.out, r.err, d.output()[-3000:])
+    job = r.out.split()[0]
+    logs = cli("logs", job, "--state-dir", str(d.state_dir))
+    assert "rank 0: the user agent" in logs.out and "rank 1: the user agent" in logs.out, logs.out
