@@ -320,27 +320,6 @@ class LocalJob:
         """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
         for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
         ended before."""
-        r = self._resizing
-        if r is not None and r.commanded is not None and self._resized_acks >= set(range(r.dst)):
-            r.outcome, self._resizing = "done", None   # handed over after the last step: nothing ran after it
-        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
-                                                          r is not None else [])
-        if not left:
-            return 0
-        if self.last_step < 0:
-            print(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
-                  f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
-                  f"on {self.world} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`",
-                  file=sys.stderr, flush=True)
-            return 1
-        self._say(f"--scale-at {','.join(left)} not applied: the job ended after step {self.last_step}, "
-                  f"before reaching {'them' if len(left) > 1 else 'it'}")
-        return 0
-
-    def _unhonoured(self) -> int:
-        """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
-        for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
-        ended before."""
         plan, r = self._plan, self._resizing
         if plan is not None and r is not None and r.commanded is not None and len(plan.acked) == r.dst:
             r.outcome, self._plan, self._resizing = "done", None, None   # handed over after the last step
