@@ -83,26 +83,19 @@ def _clip_norm(name: str) -> Callable[..., Any]:
     return patched
 
 
-def _clip_value(parameters: Any, *args: Any, **kwargs: Any) -> None:
-    original = ORIGINAL_CLIPS["clip_grad_value_"]
-    w = current_worker()
-    st = _state(w)
-    params = _params(parameters)
-    if st is None or w is None or not _replicated_params(st, params, "torch.nn.utils.clip_grad_value_"):
-        return original(params, *args, **kwargs)
-    st.clip_in_place_once.call(w.rank, lambda: original(params, *args, **kwargs))
-    return None
+def _in_place_once(original: Callable[..., Any], name: str) -> Callable[..., None]:
+    """A clipping function that writes the gradients and returns nothing: run once per step."""
 
+    def patched(parameters: Any, *args: Any, **kwargs: Any) -> None:
+        w = current_worker()
+        st = _state(w)
+        params = _params(parameters)
+        if st is None or w is None or not _replicated_params(st, params, f"torch.nn.utils.{name}"):
+            return original(params, *args, **kwargs)
+        st.clip_in_place_once.call(w.rank, lambda: original(params, *args, **kwargs))
+        return None
 
-def _clip_with_norm(parameters: Any, *args: Any, **kwargs: Any) -> None:
-    original = UTILS_ORIGINALS["clip_grads_with_norm_"]
-    w = current_worker()
-    st = _state(w)
-    params = _params(parameters)
-    if st is None or w is None or not _replicated_params(st, params, "torch.nn.utils.clip_grads_with_norm_"):
-        return original(params, *args, **kwargs)
-    st.clip_in_place_once.call(w.rank, lambda: original(params, *args, **kwargs))
-    return None
+    return patched
 
 
 def _total_norm(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -126,9 +119,11 @@ def _total_norm(tensors: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 _PATCHES["clip_grad_norm_"] = _clip_norm("clip_grad_norm_")
 _PATCHES["clip_grad_norm"] = _clip_norm("clip_grad_norm")
-_PATCHES["clip_grad_value_"] = functools.wraps(ORIGINAL_CLIPS["clip_grad_value_"])(_clip_value)
+_PATCHES["clip_grad_value_"] = functools.wraps(ORIGINAL_CLIPS["clip_grad_value_"])(
+    _in_place_once(ORIGINAL_CLIPS["clip_grad_value_"], "clip_grad_value_"))
 _UTILS_PATCHES["get_total_norm"] = functools.wraps(UTILS_ORIGINALS["get_total_norm"])(_total_norm)
-_UTILS_PATCHES["clip_grads_with_norm_"] = functools.wraps(UTILS_ORIGINALS["clip_grads_with_norm_"])(_clip_with_norm)
+_UTILS_PATCHES["clip_grads_with_norm_"] = functools.wraps(UTILS_ORIGINALS["clip_grads_with_norm_"])(
+    _in_place_once(UTILS_ORIGINALS["clip_grads_with_norm_"], "clip_grads_with_norm_"))
 
 
 # -- GradScaler -----------------------------------------------------------------------------------
