@@ -88,8 +88,12 @@ class ReplicatedState:
             # This worker's own optimizer is set aside, but schedulers it built over it before this call
             # keep stepping it and report its learning rate: after a resize it is new and at its initial
             # rates, so give it the shared (restored) ones, as a DDP rank's own optimizer would have.
+            # Its parameter lists point at the shared parameters too, so that a scheduler holding it does not
+            # keep this worker's own copy of the model alive (one copy per device, however many workers).
             for mine, shared in zip(optimizer.param_groups, group.optimizer.param_groups, strict=False):
                 mine.update({k: v for k, v in shared.items() if k != "params"})
+                mine["params"] = list(shared["params"])
+            optimizer.state.clear()
         if optimizer is None:
             return group.model
         if scheduler is None:

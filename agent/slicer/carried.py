@@ -13,6 +13,7 @@ An object whose state a snapshot cannot hold fails the resize with an error nami
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,11 +84,32 @@ def install() -> None:
             todo.extend(cls.__subclasses__())
 
 
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    """The slot of an object `ctx.replicate` / `ctx.private` carry themselves: its type, not the object.
+
+    Holding the object would keep every hosted worker's set-aside optimizer alive, and with it that
+    worker's own copy of the model's parameters: 8 hosted workers then took 1.44x the memory of one.
+    """
+
+    type_name: str
+
+
+def _type_name(obj: Any) -> str:
+    return obj.type_name if isinstance(obj, _Registered) else type(obj).__qualname__
+
+
+def _carried_elsewhere(w: Worker, obj: Any) -> bool:
+    # w.registered: objects the replicated state keeps (and so keeps alive) and carries itself.
+    return isinstance(obj, _Registered) or id(obj) in w.registered
+
+
 def mark_registered(w: Worker, *objs: Any) -> None:
     """`ctx.replicate` / `ctx.private` carry these themselves: keep their slot in the order, save nothing."""
     for obj in objs:
-        if obj is not None:
-            w.registered.add(id(obj))
+        for k, made in enumerate(w.created):
+            if obj is not None and made is obj:
+                w.created[k] = _Registered(type(obj).__qualname__)
 
 
 def save(w: Worker) -> list[dict[str, Any]]:
@@ -98,8 +120,8 @@ def save(w: Worker) -> list[dict[str, Any]]:
     """
     out = []
     for k, obj in enumerate(w.created):
-        entry: dict[str, Any] = {"type": type(obj).__qualname__, "state": None}
-        if id(obj) not in w.registered:
+        entry: dict[str, Any] = {"type": _type_name(obj), "state": None}
+        if not _carried_elsewhere(w, obj):
             name = describe(type(obj).__qualname__, w.rank, k)
             try:
                 state = obj.state_dict()
@@ -153,14 +175,14 @@ class CarriedRestore:
         if k >= len(self.saved):
             return  # new since the snapshot was taken: nothing to load
         entry = self.saved[k]
-        if entry["type"] != type(obj).__qualname__:
+        if entry["type"] != _type_name(obj):
             raise NotCarried(
-                f"after the resize logical rank {self.rank} created a {type(obj).__qualname__} where it had "
+                f"after the resize logical rank {self.rank} created a {_type_name(obj)} where it had "
                 f"created the {describe(entry['type'], self.rank, k)} before; elasticd matches them by creation "
                 f"order, so the function must create the same optimizers, schedulers and scalers in the same order "
                 f"every time it runs")
         self.loaded += 1
-        if entry["state"] and id(obj) not in w.registered:  # {}: a disabled GradScaler, nothing to load
+        if entry["state"] and not _carried_elsewhere(w, obj):  # {}: a disabled GradScaler, nothing to load
             obj.load_state_dict(entry["state"])
 
     def check_complete(self) -> None:
