@@ -1,4 +1,5 @@
-"""What the equivalence jobs share: how logical rank 0 writes a model's state for a test to compare.
+"""What the equivalence jobs share: their classification data, and how logical rank 0 writes a model's state
+for a test to compare.
 
 Jobs import it by name: both runners (agent/script.py, agent/ddp_reference.py) put the script's folder first
 on sys.path, as `python script.py` does.
@@ -10,6 +11,15 @@ import os
 
 import torch
 import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+
+def classification_data(seed: int) -> TensorDataset:
+    """512 samples of 16 features in 4 linearly separable classes; the seed tells the jobs' data apart."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(512, 16, generator=g)
+    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
+    return TensorDataset(x, y)
 
 
 def save_state(model: nn.Module, env: str, extra: dict[str, torch.Tensor] | None = None) -> None:

@@ -12,9 +12,9 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _jobstate import assert_same_on_every_rank, save_state
+from _jobstate import assert_same_on_every_rank, classification_data, save_state
 from torch.nn.utils import clip_grad_value_, clip_grads_with_norm_, get_total_norm
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 import elasticd
 
@@ -23,13 +23,6 @@ STEPS = 24
 BATCH = 16
 MAX_NORM = 0.5
 CLIP_VALUE = 0.05
-
-
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(1234)
-    x = torch.randn(512, 16, generator=g)
-    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
-    return TensorDataset(x, y)
 
 
 @elasticd.elastic(workers=WORKERS)
@@ -41,7 +34,7 @@ def train(ctx) -> None:
         save_state(model, "ELASTICD_TEST_INIT")
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     model, opt = ctx.replicate(model, opt)
-    ds = make_data()
+    ds = classification_data(1234)
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
     norms: list[float] = []

@@ -13,8 +13,8 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _jobstate import assert_same_on_every_rank, save_state
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from _jobstate import assert_same_on_every_rank, classification_data, save_state
+from torch.utils.data import DataLoader, DistributedSampler
 
 import elasticd
 
@@ -22,13 +22,6 @@ WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = 24
 BATCH = 16
 INF_STEP = 9  # the step at which rank 1's loss is infinite (after the resize in the resize test)
-
-
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(4321)
-    x = torch.randn(512, 16, generator=g)
-    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
-    return TensorDataset(x, y)
 
 
 @elasticd.elastic(workers=WORKERS)
@@ -40,7 +33,7 @@ def train(ctx) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, opt = ctx.replicate(model, opt)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
-    ds = make_data()
+    ds = classification_data(4321)
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
     scales: list[float] = []

@@ -13,22 +13,15 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _jobstate import assert_same_on_every_rank, save_state
+from _jobstate import assert_same_on_every_rank, classification_data, save_state
 from torch.optim.lr_scheduler import ExponentialLR, LinearLR, SequentialLR, StepLR
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 import elasticd
 
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = 24
 BATCH = 16
-
-
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(777)
-    x = torch.randn(512, 16, generator=g)
-    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
-    return TensorDataset(x, y)
 
 
 @elasticd.elastic(workers=WORKERS)
@@ -42,7 +35,7 @@ def train(ctx) -> None:
     warm = SequentialLR(opt, [LinearLR(opt, start_factor=0.25, total_iters=4), ExponentialLR(opt, gamma=0.9)],
                         milestones=[4])
     model, opt = ctx.replicate(model, opt)
-    ds = make_data()
+    ds = classification_data(777)
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
     lrs: list[float] = []

@@ -13,22 +13,15 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _jobstate import assert_same_on_every_rank, save_state
+from _jobstate import assert_same_on_every_rank, classification_data, save_state
 from torch.optim.lr_scheduler import ChainedScheduler, ExponentialLR, ReduceLROnPlateau, StepLR
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 import elasticd
 
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = 24
 BATCH = 16
-
-
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(555)
-    x = torch.randn(512, 16, generator=g)
-    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
-    return TensorDataset(x, y)
 
 
 @elasticd.elastic(workers=WORKERS)
@@ -42,7 +35,7 @@ def train(ctx) -> None:
     plateau = ReduceLROnPlateau(opt, factor=0.5, patience=1, threshold=0.05)
     chained = ChainedScheduler([StepLR(opt, step_size=4, gamma=0.8), ExponentialLR(opt, gamma=0.97)])
     per_rank = os.environ.get("ELASTICD_TEST_PER_RANK_METRIC") == "1"
-    ds = make_data()
+    ds = classification_data(555)
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
     lrs: list[float] = []

@@ -12,21 +12,14 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _jobstate import save_state
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from _jobstate import classification_data, save_state
+from torch.utils.data import DataLoader, DistributedSampler
 
 import elasticd
 
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = 16
 BATCH = 16
-
-
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(4321)
-    x = torch.randn(512, 16, generator=g)
-    y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
-    return TensorDataset(x, y)
 
 
 @elasticd.elastic(workers=WORKERS)
@@ -38,7 +31,7 @@ def train(ctx) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, opt = ctx.replicate(model, opt)
     core = getattr(model, "module", model)  # DDP (the reference) wraps the model
-    ds = make_data()
+    ds = classification_data(4321)
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     batches = ctx.batches(DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0))
     for _ in ctx.steps(STEPS):
