@@ -12,6 +12,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from elasticd.agent.comm.layout import hosted_ranks
+from elasticd.agent.resize.every import Every
 
 # device_index of a CUDA agent started as a standby: its rank, hence its GPU, is known only at its join.
 DEVICE_AT_JOIN = -1
@@ -95,6 +96,10 @@ class AgentConfig:
                                  "after it; '' = not kept")
     restore_epoch: int = _opt(0, "start from the snapshot of this resize in --snapshot-dir (falling back after "
                                  "a resize that failed half-way)")
+    snapshot_every: str = _opt("0", "take a periodic snapshot into --snapshot-dir every this many steps (20) or "
+                                    "seconds (30s), written in the background; 0 = none")
+    restore_latest: bool = _opt(False, "start from the newest complete periodic snapshot in --snapshot-dir "
+                                       "(from the beginning when there is none): recovering after a failure")
     # The agents stop there and wait for the command, so the resize happens at that step and not at
     # whichever boundary the command reaches.
     hold_at: tuple[int, ...] = _opt((), "stop after these steps for a resize the launcher scheduled "
@@ -137,6 +142,12 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     cfg = AgentConfig(**vars(p.parse_args(argv)))
     if cfg.restore_epoch and not cfg.snapshot_dir:
         p.error("--restore-epoch needs --snapshot-dir")
+    if cfg.restore_latest and not cfg.snapshot_dir:
+        p.error("--restore-latest needs --snapshot-dir")
+    try:
+        Every.parse(cfg.snapshot_every)
+    except ValueError as e:
+        p.error(str(e))
     try:
         cfg.hosted  # noqa: B018 - computing the layout validates it
     except ValueError as e:

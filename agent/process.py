@@ -15,13 +15,17 @@ from typing import Any, TypeVar
 
 import torch
 
-from elasticd.agent.comm.physical import PhysicalGroup, shares_devices
+from elasticd.agent.comm.physical import PeerLost, PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
 from elasticd.agent.control.channel import ControlChannel, NullControl
+from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.private.registry import attach as attach_private
 from elasticd.agent.resize import fallback
+from elasticd.agent.resize.every import Every
 from elasticd.agent.resize.moves import grow, shrink
+from elasticd.agent.resize.parts import periodic_dir
+from elasticd.agent.resize.periodic import PeriodicSnapshots, latest_complete
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.script import load_function
 from elasticd.agent.slicer.device import set_deterministic
@@ -56,9 +60,12 @@ def _device(cfg: AgentConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None, message: str, tb: str) -> None:
+def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None, message: str, tb: str,
+            cause: str = "user") -> None:
+    """`cause`: "user" (the script raised, or cannot load: retrying cannot help) or "peer_lost" (another
+    agent died: the job can be recovered from its snapshot)."""
     error: dict[str, Any] = {"rank": cfg.rank, "logical_rank": logical_rank, "host": socket.gethostname(),
-                             "job": cfg.job_id, "message": message, "traceback": tb}
+                             "job": cfg.job_id, "message": message, "traceback": tb, "cause": cause}
     who = f"logical rank {logical_rank}" if logical_rank is not None else "agent"
     print(f"[elasticd] {who} (agent {cfg.rank} of {cfg.world} on {error['host']}) failed: {message}\n{tb}",
           file=sys.stderr, flush=True)
@@ -119,6 +126,8 @@ class AgentProcess:
         self.phys: PhysicalGroup | None = None
         self.ef: Any = None
         self._stopped_at: int | None = None  # the step boundary of the latest resize
+        self.periodic: PeriodicSnapshots | None = None
+        self._resumed: int | None = None     # the periodic snapshot's step this agent restored
 
     def main(self) -> int:
         try:
@@ -148,6 +157,13 @@ class AgentProcess:
                         _report(cfg, self.control, None, f"cannot restore the snapshot of resize "
                                 f"{cfg.restore_epoch}: {e}", traceback.format_exc())
                         return 1
+                elif cfg.restore_latest:
+                    try:
+                        snap = self._restore_latest()
+                    except (fallback.SnapshotMissing, OSError) as e:
+                        _report(cfg, self.control, None, f"cannot restore the periodic snapshot: {e}",
+                                traceback.format_exc())
+                        return 1
             while True:
                 if self.cfg.standby:
                     if not self._await_join():
@@ -157,6 +173,9 @@ class AgentProcess:
                 code, snap = self._run(snap)
                 if code is not None:
                     return code
+        except PeerLost as e:   # outside the workers: restoring, or re-forming the group in a resize
+            _report(self.cfg, self.control, None, str(e), traceback.format_exc(), "peer_lost")
+            return EXIT_PEER_LOST
         finally:
             if self.phys is not None:
                 self.phys.close()
@@ -173,6 +192,36 @@ class AgentProcess:
         snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers)
         log.info("restored the snapshot of resize %d in %.2fs", cfg.restore_epoch, time.monotonic() - started)
         return snap
+
+    def _restore_latest(self) -> AgentSnapshot | None:
+        """After a failure: the newest periodic snapshot every part of which is on some node of the group."""
+        cfg = self.cfg
+        assert self.phys is not None
+        started = time.monotonic()
+        step, skipped = latest_complete(self.phys, cfg.snapshot_dir, cfg.workers)
+        if skipped:
+            print(f"[elasticd] agent {cfg.rank}: {skipped}; resuming from "
+                  f"{'step ' + str(step) if step is not None else 'the beginning'}", file=sys.stderr, flush=True)
+        if step is None:
+            self._resumed = 0
+            return None
+        snap = fallback.restore_dir(self.phys, periodic_dir(cfg.snapshot_dir, step), cfg.workers, f"step {step}")
+        self._resumed = step
+        log.info("restored the periodic snapshot of step %d in %.2fs", step, time.monotonic() - started)
+        return snap
+
+    def _periodic(self) -> PeriodicSnapshots | None:
+        """This agent's periodic snapshots (kept across resizes: the writer outlives each runtime)."""
+        cfg = self.cfg
+        assert self.phys is not None
+        if self.periodic is None:
+            every = Every.parse(cfg.snapshot_every)
+            if every.off or not cfg.snapshot_dir:
+                return None
+            self.periodic = PeriodicSnapshots(cfg.snapshot_dir, every, writes_groups=False,
+                                              complete=self._resumed or None, resumed=self._resumed)
+        self.periodic.writes_groups = self.phys.rank == 0
+        return self.periodic
 
     def _await_join(self) -> bool:
         join = _wait_for(self.control, AgentJoin, None)
@@ -201,12 +250,13 @@ class AgentProcess:
         assert self.phys is not None
         runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, self.phys, self.device, ef.deterministic, control, snap)
         runtime.boundary.hold_at = frozenset(cfg.hold_at)
+        runtime.boundary.periodic = self._periodic()
         attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
         try:
             runtime.run()
         except WorkerFailed as f:
-            _report(cfg, control, f.rank, f.message, f.traceback)
-            return 1, None
+            _report(cfg, control, f.rank, f.message, f.traceback, "peer_lost" if f.peer_lost else "user")
+            return EXIT_PEER_LOST if f.peer_lost else 1, None
         if runtime.outcome != "resize":
             control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome == "stop"})
             return 0, None

@@ -32,7 +32,9 @@ from elasticd import protocol as p
 from elasticd.agent import module_command
 from elasticd.agent.config import AgentConfig, launch_device_index
 from elasticd.agent.control.pipe_channel import LineReader, encode_line
+from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.resize import parts
+from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.ports import free_port
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, ResizePlan, RollBack
 
@@ -83,6 +85,8 @@ class LocalJob:
     quiet: bool = False
     device_memory: int = 0  # --device-memory for every agent; 0 = default policy
     snapshot_dir: str = ""  # where resize snapshots are kept for falling back; "" = a private tmpfs directory
+    snapshot_every: str = DEFAULT_SNAPSHOT_EVERY   # periodic snapshots to recover from (agent/resize/periodic.py)
+    max_restarts: int = DEFAULT_MAX_RESTARTS       # recoveries after an agent died, before the run fails
 
     def __post_init__(self) -> None:
         self.world = self.devices
@@ -102,6 +106,8 @@ class LocalJob:
         if not self.snapshot_dir:
             self.snapshot_dir = _private_snapshot_dir()
         self._restore_epoch = 0   # > 0 while the agents restarted from that resize's snapshot have not stepped
+        self.recoveries: list[dict[str, Any]] = []   # one per restart after an agent died
+        self._recovering: dict[str, Any] | None = None   # the recovery whose first step has not come yet
         self._last_print = 0.0
         self.last_step = -1
 
@@ -114,10 +120,12 @@ class LocalJob:
             script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=max(rank, 0), world=world,
             device_type=self.device_type, device_index=launch_device_index(rank, self.device_type), master_port=port, threads=self.threads,
             device_memory=self.device_memory,
-            error_file=os.path.join(self._tmp.name, f"agent{rank}-{self.epoch}-{len(self.spares)}.json"),
+            error_file=os.path.join(self._tmp.name,
+                                    f"agent{rank}-{self.epoch}-{len(self.spares)}-{len(self.recoveries)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
             snapshot_dir=self.snapshot_dir, restore_epoch=0 if (standby or join_from) else self._restore_epoch,
-            hold_at=self._hold_at,
+            hold_at=self._hold_at, snapshot_every=self.snapshot_every,
+            restore_latest=bool(self.recoveries) and not (standby or join_from or self._restore_epoch),
         )
         proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env={**os.environ, **(self.env or {})},
                                 pass_fds=(cmd_r, ev_w))
@@ -180,6 +188,8 @@ class LocalJob:
         elif plan is None and self._restore_epoch:
             self._restore_epoch = 0
             self._drop_snapshots()
+        if self._recovering is not None:
+            self._recovered(step, metrics, now)
         self._advance(now)
         if now - self._last_print >= 2.0:
             self._last_print = now
@@ -301,20 +311,77 @@ class LocalJob:
         assert r is not None
         self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} during the resize {r.src} -> {r.dst}; "
                   f"restarting on {r.src} devices from the snapshot saved at its step boundary")
-        for a in [*self.agents.values(), *self.retired, *self.spares]:
-            if a.events in self._sel.get_map():   # else already closed by _read at end of file
-                self._sel.unregister(a.events)
-                os.close(a.events)
-            os.close(a.commands)
+        self._forget_agents()
         r.outcome = "rolled back"
         self._plan, self._resizing, self._command = None, None, None
-        self.agents, self.retired, self.spares = {}, [], []
         self.world = r.src
         self._restore_epoch = self.epoch
         port = free_port()
         for rank in range(self.world):
             self._spawn(rank, self.world, port)
         self._top_up_spares()
+
+    def _recover(self, bad: _Agent) -> bool:
+        """An agent died outside a resize. True: every agent was stopped and the job restarted from its newest
+        complete periodic snapshot; False: the run fails (a worker raised, or no restarts are left)."""
+        self._read(0)
+        cause = self._infrastructure_cause(bad)
+        if cause is None or self._plan is not None:
+            return False   # the user's error (never retried), or a resize the plan did not roll back
+        if len(self.recoveries) >= self.max_restarts:
+            self._say(f"{cause}; not restarting: {len(self.recoveries)} restart(s) of --max-restarts "
+                      f"{self.max_restarts} used")
+            return False
+        failed_at = time.monotonic()
+        self.stop_all()   # synchronous: once it returns no agent of the job runs on this machine
+        self._forget_agents()
+        self._recovering = {"cause": cause, "failed_after_step": self.last_step, "failed_at": failed_at,
+                            "devices": self.world}
+        self.recoveries.append(self._recovering)
+        self._say(f"{cause}; restarting on {self.world} device(s) from the newest complete snapshot "
+                  f"(restart {len(self.recoveries)} of at most {self.max_restarts})")
+        port = free_port()
+        for rank in range(self.world):
+            self._spawn(rank, self.world, port)
+        self._top_up_spares()
+        return True
+
+    def _infrastructure_cause(self, bad: _Agent) -> str | None:
+        """Why `bad` died when that is not the user's doing; None when a worker raised (its error report
+        says so; the agents that lost their group after it say `peer_lost`, which does not count)."""
+        for a in [*self.agents.values(), *self.retired]:
+            try:
+                with open(a.error_file) as f:
+                    if json.load(f).get("cause", "user") == "user":
+                        return None
+            except (OSError, ValueError):
+                continue
+        code = bad.proc.returncode
+        if code is not None and code < 0:
+            return f"agent {bad.rank} was killed by {signal.Signals(-code).name}"
+        if code == EXIT_PEER_LOST:
+            return f"agent {bad.rank} lost its group (another agent died)"
+        return f"agent {bad.rank} exited with code {code} without an error report"
+
+    def _recovered(self, step: int, metrics: dict[str, Any], now: float) -> None:
+        rec = self._recovering
+        assert rec is not None
+        resumed = int(metrics.get("resumed_from", 0))
+        rec["resumed_from"] = resumed
+        rec["steps_redone"] = max(0, rec["failed_after_step"] + 1 - resumed)
+        rec["seconds"] = round(now - rec.pop("failed_at"), 3)
+        self._recovering = None
+        self._say(f"recovered: resumed at step {resumed} ({rec['steps_redone']} step(s) redone), first step "
+                  f"{rec['seconds']:.2f}s after the failure")
+
+    def _forget_agents(self) -> None:
+        """Every agent has exited: close their pipes and start from an empty table."""
+        for a in [*self.agents.values(), *self.retired, *self.spares]:
+            if a.events in self._sel.get_map():   # else already closed by _read at end of file
+                self._sel.unregister(a.events)
+                os.close(a.events)
+            os.close(a.commands)
+        self.agents, self.retired, self.spares = {}, [], []
 
     def _unhonoured(self) -> int:
         """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
@@ -368,7 +435,7 @@ class LocalJob:
                 self._read(0.1)
                 everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
-                if bad is not None and self._agent_died(bad):
+                if bad is not None and (self._agent_died(bad) or self._recover(bad)):
                     continue
                 if bad is not None:
                     self._read(0)  # pick up its last words
@@ -407,6 +474,9 @@ class LocalJob:
             self._tmp.cleanup()
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+            else:   # the run is over: nothing will resume from them (only what the agents wrote goes)
+                for step in parts.periodic_steps(self.snapshot_dir):
+                    shutil.rmtree(parts.periodic_dir(self.snapshot_dir, step), ignore_errors=True)
 
 
 def _hold_steps(devices: int, schedule: list[tuple[int, int]]) -> tuple[int, ...]:
@@ -436,13 +506,14 @@ def _private_snapshot_dir() -> str:
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",
               threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0,
               scale_at: list[tuple[int, int]] | None = None, summary: str | None = None,
-              snapshot_dir: str = "") -> int:
+              snapshot_dir: str = "", snapshot_every: str = DEFAULT_SNAPSHOT_EVERY,
+              max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed)."""
     job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
-                   snapshot_dir=snapshot_dir)
+                   snapshot_dir=snapshot_dir, snapshot_every=snapshot_every, max_restarts=max_restarts)
     code = job.run()
     if summary:
         with open(summary, "w") as f:
             json.dump({"exit": code, "last_step": job.last_step, "devices": job.world,
-                       "resizes": [r.to_dict() for r in job.resizes]}, f, indent=1)
+                       "resizes": [r.to_dict() for r in job.resizes], "recoveries": job.recoveries}, f, indent=1)
     return code

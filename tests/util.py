@@ -132,21 +132,34 @@ def load_state(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def consumed(out: Path, rank: int) -> list[tuple[int, list[int]]]:
-    """What logical rank `rank` of tests/jobs/resize_job.py consumed, batch by batch: (step, sample indices)."""
+def consumed(out: Path, rank: int, kept: bool = False) -> list[tuple[int, list[int]]]:
+    """What logical rank `rank` of tests/jobs/resize_job.py consumed, batch by batch: (step, sample indices).
+
+    `kept`: only what the run kept. After a recovery the job goes back to its snapshot's step and redoes the
+    steps since: the log shows the step number falling, and the later attempt replaces the earlier one.
+    """
     rows = [line.split() for line in (out / f"rank{rank}.log").read_text().splitlines()]
-    return [(int(r[0]), [int(i) for i in r[1:]]) for r in rows]
+    seen = [(int(r[0]), [int(i) for i in r[1:]]) for r in rows]
+    if not kept:
+        return seen
+    out_rows: list[tuple[int, list[int]]] = []
+    for step, idx in seen:
+        while out_rows and out_rows[-1][0] >= step:
+            out_rows.pop()
+        out_rows.append((step, idx))
+    return out_rows
 
 
-def assert_same_run(out: Path, ref: Path, steps: int, ranks: int) -> None:
+def assert_same_run(out: Path, ref: Path, steps: int, ranks: int, recovered: bool = False) -> None:
     """A run of tests/jobs/resize_job.py (in `out`) ended exactly as `ref` did: bitwise-equal parameters,
-    every step run once by every logical rank, on the same samples, with the same private counters."""
+    every step run once by every logical rank, on the same samples, with the same private counters.
+    `recovered`: the run restarted from a snapshot; what it kept (see `consumed`) must be all that."""
     want, got = torch.load(ref / "final.pt"), torch.load(out / "final.pt")
     assert set(want) == set(got)
     for name in want:
         assert torch.equal(want[name], got[name]), f"{name} differs from the reference run"
     for rank in range(ranks):
-        seen = consumed(out, rank)
+        seen = consumed(out, rank, kept=recovered)
         assert [s for s, _ in seen] == list(range(steps)), f"rank {rank} skipped or repeated a step"
         assert seen == consumed(ref, rank), f"rank {rank} saw different samples"
         assert torch.equal(torch.load(out / f"seen{rank}.pt"), torch.load(ref / f"seen{rank}.pt"))

@@ -15,11 +15,12 @@ The group is bound to the agent's GPU (`device_id`), so NCCL connects eagerly on
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,24 @@ def shares_devices(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(DEVICE_BACKEND_ENV, "") == "gloo"
 
 
+class PeerLost(BaseException):
+    """A physical collective failed: another agent of the job died or became unreachable.
+
+    Not the user's error, and it must not look like one: the job is recovered from its last snapshot
+    instead of failing (or, without recovery, the first cause is the dead agent, not this survivor).
+    A BaseException, so that a user's `except Exception` around a collective cannot swallow it and train
+    on with a group that no longer works.
+    """
+
+
+@contextlib.contextmanager
+def _peers() -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as e:   # gloo/NCCL: "Connection closed by peer", "Connection reset", timeouts
+        raise PeerLost(f"a collective of the agents' group failed: {e}") from e
+
+
 class PhysicalGroup:
     def __init__(self, rank: int, world: int, device: torch.device, spec: GroupSpec | None = None) -> None:
         self.rank = rank
@@ -106,7 +125,8 @@ class PhysicalGroup:
     def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.world > 1:
             self.bytes_reduced += t.numel() * t.element_size()
-            dist.all_reduce(t, op=_OPS[op])
+            with _peers():
+                dist.all_reduce(t, op=_OPS[op])
         return t
 
     def all_to_all_(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
@@ -116,12 +136,14 @@ class PhysicalGroup:
         if self.world == 1:
             return out.copy_(t)
         self.bytes_reduced += t.numel() * t.element_size()
-        dist.all_to_all_single(out, t, out_splits, in_splits)
+        with _peers():
+            dist.all_to_all_single(out, t, out_splits, in_splits)
         return out
 
     def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
         if self.world > 1:
-            dist.broadcast(t, src=src)
+            with _peers():
+                dist.broadcast(t, src=src)
         return t
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
@@ -129,25 +151,29 @@ class PhysicalGroup:
         if self.world == 1:
             return [t]
         out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t.contiguous())
+        with _peers():
+            dist.all_gather(out, t.contiguous())
         return out
 
     def barrier(self) -> None:
         if self.world > 1:
-            dist.barrier(**self.spec.barrier_kwargs())
+            with _peers():
+                dist.barrier(**self.spec.barrier_kwargs())
 
     # Byte transfer for resize hand-overs: CPU tensors, which the group's gloo backend carries (also on
     # CUDA, where the group is "cpu:gloo,cuda:nccl").
     def send_bytes(self, data: bytes, dst: int) -> None:
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst)
-        dist.send(payload, dst)
+        with _peers():
+            dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst)
+            dist.send(payload, dst)
 
     def recv_bytes(self, src: int) -> bytes:
         size = torch.zeros(1, dtype=torch.int64)
-        dist.recv(size, src)
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        dist.recv(payload, src)
+        with _peers():
+            dist.recv(size, src)
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.recv(payload, src)
         # Straight from the tensor's memory: numpy is not a dependency of the runtime.
         return ctypes.string_at(payload.data_ptr(), payload.numel())
 

@@ -22,7 +22,7 @@ import torch
 
 from elasticd.agent.comm.layout import hosted_ranks, owner_of
 from elasticd.agent.comm.physical import PhysicalGroup
-from elasticd.agent.resize.parts import GROUPS, describe, epoch_dir, part_name, parts
+from elasticd.agent.resize.parts import GROUPS, describe, epoch_dir, part_name, parts_in
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, load_file
 
 
@@ -52,17 +52,31 @@ def save(root: str | os.PathLike[str], epoch: int, snap: AgentSnapshot, with_gro
     Raises:
         OSError: the snapshot directory is full or not writable (nothing half-written is left).
     """
-    d = epoch_dir(root, epoch)
+    return save_parts(epoch_dir(root, epoch), {r: w.to_dict() for r, w in snap.workers.items()},
+                      {"groups": [g.to_dict() for g in snap.groups]} if with_groups else None)
+
+
+def save_parts(d: Path, workers: dict[int, dict], groups: dict | None) -> int:
+    """Write logical ranks' parts (and the replicated state, when given) into snapshot directory `d`.
+
+    Raises:
+        OSError: the directory is full or not writable (nothing half-written is left).
+    """
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     total = 0
-    for rank, w in sorted(snap.workers.items()):
-        total += _write(d / part_name(rank), w.to_dict())
-    if with_groups:
-        total += _write(d / part_name(GROUPS), {"groups": [g.to_dict() for g in snap.groups]})
+    for rank, w in sorted(workers.items()):
+        total += _write(d / part_name(rank), w)
+    if groups is not None:
+        total += _write(d / part_name(GROUPS), groups)
     return total
 
 
 def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, workers: int) -> AgentSnapshot:
+    """The snapshot of resize `epoch` (see `restore_dir`)."""
+    return restore_dir(phys, epoch_dir(root, epoch), workers, f"resize {epoch}")
+
+
+def restore_dir(phys: PhysicalGroup, d: Path, workers: int, label: str) -> AgentSnapshot:
     """Every agent of the (re-started) job calls this: load its ranks' parts and the replicated state,
     from its own node's files when they are there, else from the first agent that has them. Parts load
     onto the CPU whatever the agent's device (see `snapshot.from_bytes`).
@@ -71,8 +85,7 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
         SnapshotMissing: a part is on no agent's node (on every agent alike: they all see the same table).
     """
     me, world = phys.rank, phys.world
-    d = epoch_dir(root, epoch)
-    local = set(parts(root, epoch))
+    local = set(parts_in(d))
     order = [GROUPS, *range(workers)]
     # Who has what, everywhere: a row per agent, all-reduced into the same table on every agent.
     table = torch.zeros(world, len(order), dtype=torch.int64)
@@ -81,7 +94,7 @@ def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, worke
     table = phys.all_reduce_(table)   # a CPU tensor: the group carries those on every device (physical.py)
     lost = [part for i, part in enumerate(order) if not bool(table[:, i].any())]
     if lost:
-        raise SnapshotMissing(f"snapshot of resize {epoch} lacks {describe(lost)}: saved on no node of the job")
+        raise SnapshotMissing(f"snapshot of {label} lacks {describe(lost)}: saved on no node of the job")
     mine = set(hosted_ranks(workers, world, me))
     got: dict[int, bytes] = {}
     # One global order of transfers (by part, then receiving agent): the smallest pending transfer always

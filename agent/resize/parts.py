@@ -1,5 +1,10 @@
-"""The parts of a resize snapshot (agent/resize/fallback.py): names and listings without torch, for the daemon,
-the scheduler and `elasticd run`, which do not import it."""
+"""The parts of a snapshot: names and listings without torch, for the daemon, the scheduler and `elasticd run`,
+which do not import it.
+
+Two kinds live side by side under a job's snapshot root: `e<E>/`, the snapshot of resize E
+(agent/resize/fallback.py), and `s<S>/`, a periodic snapshot from which the job resumes at step S after a
+failure (agent/resize/periodic.py). Both hold the same parts: `w<rank>.pt` per logical rank, `groups.pt`.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +20,24 @@ def epoch_dir(root: str | os.PathLike[str], epoch: int) -> Path:
     return Path(root) / f"e{epoch}"
 
 
+def periodic_dir(root: str | os.PathLike[str], step: int) -> Path:
+    """The periodic snapshot from which the job resumes at step `step` (the next step to run)."""
+    return Path(root) / f"s{step}"
+
+
 def part_name(part: int) -> str:
     return "groups.pt" if part == GROUPS else f"w{part}.pt"
 
 
 def parts(root: str | os.PathLike[str], epoch: int) -> list[int]:
     """The parts of epoch `epoch` saved under `root` (logical ranks, and GROUPS), sorted."""
+    return parts_in(epoch_dir(root, epoch))
+
+
+def parts_in(d: str | os.PathLike[str]) -> list[int]:
+    """The parts saved in snapshot directory `d` (logical ranks, and GROUPS), sorted."""
     try:
-        names = os.listdir(epoch_dir(root, epoch))
+        names = os.listdir(d)
     except OSError:
         return []
     found = []
@@ -40,6 +55,15 @@ def epochs(root: str | os.PathLike[str]) -> list[int]:
     except OSError:
         return []
     return sorted(int(n[1:]) for n in names if n.startswith("e") and n[1:].isdigit())
+
+
+def periodic_steps(root: str | os.PathLike[str]) -> list[int]:
+    """The steps with a periodic snapshot directory under `root` (complete or not), sorted."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(int(n[1:]) for n in names if n.startswith("s") and n[1:].isdigit())
 
 
 def missing(workers: int, have: list[int] | set[int]) -> list[int]:

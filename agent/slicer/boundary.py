@@ -13,11 +13,14 @@ GradScalers and plain DataLoader iterators), and a resumed worker gets all of it
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.private import saving
+from elasticd.agent.resize.periodic import FLAG_DUE, FLAG_NONE, PeriodicSnapshots
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import carried, loader_tracking, rng
 from elasticd.agent.slicer.loader import ResumableBatches
@@ -34,12 +37,35 @@ class Preempted(BaseException):
     """Unwinds a worker at the step boundary where the agents agreed to resize or stop."""
 
 
+@dataclass(slots=True)
+class SnapshotPoint(Collective):
+    """Every hosted worker waits here once it has copied its state for a periodic snapshot; the last one to
+    arrive adds the replicated state. Nothing of the next step has run on any worker by then (a forward pass
+    may update replicated buffers), so the snapshot is the state between two steps, as a resize's is."""
+
+    op: ClassVar[str] = "periodic_snapshot"
+    boundary: StepBoundary | None = None
+    step: int = 0
+
+    def signature(self) -> tuple:
+        return (self.op, self.step)
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        first = ops[0]
+        assert isinstance(first, SnapshotPoint) and first.boundary is not None
+        first.boundary.submit_periodic(first.step)
+
+
 class StepBoundary:
     def __init__(self, runtime: Runtime, hold_at: frozenset[int] = frozenset()) -> None:
         self.rt = runtime
         self.hold_at = hold_at          # steps after which a scheduled resize happens (`--scale-at`)
-        self._vote = torch.zeros(1, dtype=torch.int64)
+        # [resize/stop vote, periodic snapshot flag]: one all-reduce (max) per step carries both.
+        self._vote = torch.zeros(2, dtype=torch.int64)
         self._stop_at: int | None = None
+        self.periodic: PeriodicSnapshots | None = None   # set by the agent process (it outlives runtimes)
+        self._snap_at: int | None = None
         self._step_times: list[float] = []
         carried.install()
         loader_tracking.install()
@@ -94,24 +120,61 @@ class StepBoundary:
             vote = self.rt._poll_control()
             if step in self.hold_at:
                 vote = max(vote, VOTE_RESIZE)
-            self._vote.fill_(vote)
+            periodic = self.periodic
+            self._vote[0] = vote
+            self._vote[1] = periodic.flag(step, w.total_steps) if periodic is not None else FLAG_NONE
             self.rt.phys.all_reduce_(self._vote, "max")
-            vote = int(self._vote.item())
+            vote, flag = (int(v) for v in self._vote.tolist())
+            if periodic is not None:
+                periodic.voted(flag)
             if vote != VOTE_NONE:
                 self._stop_at = step
                 self.rt.outcome = "stop" if vote == VOTE_STOP else "resize"
+            elif flag == FLAG_DUE:
+                self._snap_at = step
         if self._stop_at == step:
-            w.snapshot = WorkerSnapshot(
-                rank=w.rank, step=step + 1, rng=rng.capture(self.rt._cuda).to_dict(),
-                loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
-                extras={"private": [saving.save(obj) for obj in w.private],
-                        "carried": carried.save(w),
-                        "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else [],
-                        **self.rt.replicated.worker_extras(w)},
-            )
+            w.snapshot = self._capture(w, step)
             raise Preempted()
+        if self._snap_at == step:
+            self._capture_periodic(w, step)
         if w.loader_tracks is not None:
             w.loader_tracks.new_step()
+
+    def _capture(self, w: Worker, step: int) -> WorkerSnapshot:
+        """Everything of `w` a resumed worker needs, in host memory (private and carried state copied)."""
+        return WorkerSnapshot(
+            rank=w.rank, step=step + 1, rng=rng.capture(self.rt._cuda).to_dict(),
+            loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
+            extras={"private": [saving.save(obj) for obj in w.private],
+                    "carried": carried.save(w),
+                    "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else [],
+                    **self.rt.replicated.worker_extras(w)},
+        )
+
+    def _capture_periodic(self, w: Worker, step: int) -> None:
+        periodic = self.periodic
+        assert periodic is not None
+        try:
+            part = self._capture(w, step).to_dict()
+            part["metrics"] = saving.clone_state(part["metrics"])
+            periodic.add_worker(w.rank, part)
+        except Exception as e:  # noqa: BLE001 - training goes on without snapshots; the reports say why
+            periodic.fail(f"logical rank {w.rank}'s state at step {step} cannot be snapshotted: "
+                          f"{type(e).__name__}: {e}")
+        # Every hosted worker waits here, whatever happened: the others' queues must match.
+        self.rt.enqueue(w, SnapshotPoint(w.rank, boundary=self, step=step + 1), None)
+        self.rt.drain(w)
+
+    def submit_periodic(self, step: int) -> None:
+        """The last hosted worker arrived: add the replicated state and hand the snapshot to the writer."""
+        periodic = self.periodic
+        assert periodic is not None
+        self._snap_at = None
+        clone = saving.clone_state
+        groups = [GroupSnapshot(model=clone(s.model), optimizer=clone(s.optimizer), scheduler=clone(s.scheduler),
+                                grads=clone(s.grads)).to_dict()
+                  for s in (g.snapshot() for g in self.rt.groups)]
+        periodic.submit(step, {"groups": groups})
 
     @property
     def stopped_at(self) -> int | None:
@@ -123,6 +186,8 @@ class StepBoundary:
         self._step_times.append(now)
         del self._step_times[:-20]
         metrics = dict(w.metrics)
+        if self.periodic is not None:
+            metrics.update(self.periodic.info())
         if w.total_steps is not None:
             metrics["total_steps"] = w.total_steps
         if len(self._step_times) > 1:

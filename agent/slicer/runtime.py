@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
-from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.replicated.grad_sync import GradSync
@@ -43,11 +43,12 @@ log = logging.getLogger(__name__)
 class WorkerFailed(RuntimeError):
     """A logical worker raised; carries its rank and formatted traceback to the launcher."""
 
-    def __init__(self, rank: int, message: str, tb: str) -> None:
+    def __init__(self, rank: int, message: str, tb: str, peer_lost: bool = False) -> None:
         super().__init__(f"logical rank {rank} failed: {message}")
         self.rank = rank
         self.message = message
         self.traceback = tb
+        self.peer_lost = peer_lost   # another agent died: not the user's error (comm/physical.py PeerLost)
 
 
 class _Aborted(BaseException):
@@ -157,7 +158,7 @@ class Runtime:
     def _fail(self, rank: int, e: BaseException) -> None:
         if self._failure is None:
             tb = "".join(traceback.format_exception(e))
-            self._failure = WorkerFailed(rank, f"{type(e).__name__}: {e}", tb)
+            self._failure = WorkerFailed(rank, f"{type(e).__name__}: {e}", tb, peer_lost=isinstance(e, PeerLost))
             log.error("logical rank %d failed on %s: %s", rank, socket.gethostname(), e)
         self._aborted = True
         for end in self.end_listeners:

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
 from elasticd.cli import EXIT_USAGE
 
 
@@ -37,6 +38,14 @@ def split_target(target: str) -> tuple[str, str | None]:
     return target, None
 
 
+def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """--snapshot-every, checked before anything starts (exit 2 with the reason)."""
+    try:
+        return str(Every.parse(value))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command("run")
 @click.argument("target", metavar="SCRIPT[:FUNC]")
 @click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
@@ -57,14 +66,25 @@ def split_target(target: str) -> tuple[str, str | None]:
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), default="",
               help="Where each resize's snapshot is kept until a step completed after it, so a resize that "
                    "fails half-way restarts from it (default: a private directory in /dev/shm, host memory).")
+@click.option("--snapshot-every", default=DEFAULT_SNAPSHOT_EVERY, show_default=True, metavar="STEPS|SECONDSs",
+              callback=check_every,
+              help="Take a snapshot of the job every this many steps (20) or seconds (30s), written to host memory "
+                   "in the background; if an agent dies, the job restarts from the newest one. 0: none (a failure "
+                   "restarts the job from the beginning).")
+@click.option("--max-restarts", type=click.IntRange(min=0, max=10_000), default=DEFAULT_MAX_RESTARTS,
+              show_default=True,
+              help="Restarts after an agent dies (killed, out of memory, lost its group) before the run fails. "
+                   "A worker that raises fails the run at once, whatever this says.")
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
 def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, device_memory: int | None, scale_at: str,
-        summary: str | None, snapshot_dir: str, ddp: bool) -> None:
+        summary: str | None, snapshot_dir: str, snapshot_every: str, max_restarts: int, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
     The result is what N real data-parallel workers would compute: same global batch, data order and
-    random streams. A worker that raises stops the whole run, with its logical rank and traceback.
+    random streams. A worker that raises stops the whole run, with its logical rank and traceback. An agent
+    that dies (killed, out of memory) is not the job's fault: every agent is stopped and the job restarts
+    from its newest periodic snapshot (see --snapshot-every, --max-restarts).
     """
     script, func, workers = resolve_target(target, workers)
     if devices > workers:
@@ -86,7 +106,9 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
     if snapshot_dir:
         os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
     sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0,
-                       scale_at=schedule, summary=summary, snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else ""))
+                       scale_at=schedule, summary=summary, snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "",
+                       snapshot_every=snapshot_every, max_restarts=max_restarts))
+
 
 
 def _cuda_problem(devices: int) -> str | None:

@@ -1,0 +1,124 @@
+"""Recovery under `elasticd run`: an agent that dies is not the job's failure. Every agent is stopped and the
+job restarts from its newest complete periodic snapshot, ending bitwise equal (deterministic mode) to a run
+nobody disturbed, with every step and sample kept exactly once; a worker that raises is not retried."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from util import JOBS, assert_same_run, consumed, wait_until
+
+JOB = str(JOBS / "resize_job.py")
+STEPS = 40
+
+
+def _env(out: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt"),
+            "ELASTICD_TEST_STEPS": str(STEPS), "ELASTICD_TEST_DETERMINISTIC": "1", **extra}
+
+
+def _cmd(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "elasticd", "run", JOB, "--devices", "2", "--summary", str(out / "summary.json"),
+            *args]
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("undisturbed")
+    proc = subprocess.run(_cmd(out, "--snapshot-every", "0"), env=_env(out), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _agent(launcher: subprocess.Popen, rank: int) -> psutil.Process:
+    return next(c for c in psutil.Process(launcher.pid).children()
+                if "--rank" in c.cmdline() and c.cmdline()[c.cmdline().index("--rank") + 1] == str(rank))
+
+
+def _steps_done(out: Path) -> int:
+    try:
+        return len(consumed(out, 0))
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _kill_during_run(tmp_path: Path, rank: int, after_steps: int, sig: int, args: list[str]
+                     ) -> tuple[Path, dict, str]:
+    """Run the job paced (so it is surely still training), SIGKILL agent `rank` once `after_steps` steps ran."""
+    out = tmp_path / "run"
+    out.mkdir()
+    release = out / "release"   # absent while the job is paced; created once the fault is in
+    with open(out / "stderr", "wb") as err:
+        proc = subprocess.Popen(_cmd(out, *args), env=_env(out, ELASTICD_TEST_RELEASE=str(release),
+                                                           ELASTICD_TEST_PACE_S="0.05"),
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: _steps_done(out) >= after_steps, 300, what=f"{after_steps} steps")
+        _agent(proc, rank).send_signal(sig)
+        wait_until(lambda: "restarting on" in (out / "stderr").read_text(), 120, what="the restart")
+        release.touch()
+        assert proc.wait(timeout=600) == 0, (out / "stderr").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out, json.loads((out / "summary.json").read_text()), (out / "stderr").read_text()
+
+
+def test_a_killed_agent_restarts_the_job_from_its_snapshot_and_the_result_is_undisturbed(
+        undisturbed: Path, tmp_path: Path) -> None:
+    out, summary, log = _kill_during_run(tmp_path, rank=1, after_steps=13, sig=signal.SIGKILL,
+                                         args=["--snapshot-every", "5"])
+    assert "agent 1 was killed by SIGKILL" in log, log[-3000:]
+    [rec] = summary["recoveries"]
+    # Snapshots after steps 5 and 10 (the next steps to run: 5, 10); the kill came at step 13 or later.
+    assert rec["resumed_from"] % 5 == 0 and 10 <= rec["resumed_from"] <= rec["failed_after_step"] + 1, rec
+    assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"] <= 5 + 1, rec
+    assert rec["seconds"] > 0
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
+    for epoch in range(STEPS // 10):
+        idx = sorted(i for r in range(4) for s, b in consumed(out, r, kept=True) if s // 10 == epoch for i in b)
+        assert idx == list(range(400)), f"epoch {epoch} lost or repeated samples"
+
+
+def test_without_snapshots_the_job_restarts_from_the_beginning_with_the_same_result(
+        undisturbed: Path, tmp_path: Path) -> None:
+    out, summary, _ = _kill_during_run(tmp_path, rank=0, after_steps=6, sig=signal.SIGKILL,
+                                   args=["--snapshot-every", "0"])
+    [rec] = summary["recoveries"]
+    assert rec["resumed_from"] == 0 and rec["steps_redone"] == rec["failed_after_step"] + 1
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
+
+
+def test_a_worker_that_raises_is_not_retried(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "elasticd", "run", str(JOBS / "raises.py"), "--devices", "2",
+                           "--snapshot-every", "1", "--summary", str(tmp_path / "summary.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "restarting" not in proc.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["recoveries"] == []
+
+
+def test_restarts_stop_at_max_restarts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / "stderr", "wb") as err:
+        proc = subprocess.Popen(_cmd(out, "--max-restarts", "0"), env=_env(out, ELASTICD_TEST_RELEASE=str(out / "r"),
+                                                                             ELASTICD_TEST_PACE_S="0.05"),
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_until(lambda: _steps_done(out) >= 2, 300, what="2 steps")
+        _agent(proc, 1).kill()
+        assert proc.wait(timeout=300) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (out / "stderr").read_text()
+    assert "agent 1 was killed by SIGKILL; not restarting: 0 restart(s) of --max-restarts 0 used" in log, log[-2000:]
