@@ -219,7 +219,7 @@ class AgentProcess:
             if every.off or not cfg.snapshot_dir:
                 return None
             self.periodic = PeriodicSnapshots(cfg.snapshot_dir, every, writes_groups=False,
-                                              complete=self._resumed or None, resumed=self._resumed)
+                                              complete=self._resumed or None)
         self.periodic.writes_groups = self.phys.rank == 0
         return self.periodic
 
@@ -251,6 +251,7 @@ class AgentProcess:
         runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, self.phys, self.device, ef.deterministic, control, snap)
         runtime.boundary.hold_at = frozenset(cfg.hold_at)
         runtime.boundary.periodic = self._periodic()
+        runtime.boundary.resumed_from = self._resumed
         attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
         try:
             runtime.run()

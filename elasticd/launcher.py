@@ -193,7 +193,8 @@ class LocalJob:
         self._advance(now)
         if now - self._last_print >= 2.0:
             self._last_print = now
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
+                             if not k.startswith("snapshot_") and k != "resumed_from")
             self._say(f"step {step} on {self.world} device(s) {shown}".rstrip())
 
     def _advance(self, now: float) -> None:

@@ -141,7 +141,7 @@ def test_stop_queued_job():
     assert isl.state(job) is JobState.STOPPED and out == []
 
 
-def test_node_timeout_fails_running_job_and_requeues_starting_one():
+def test_node_timeout_recovers_running_job_and_requeues_starting_one():
     isl = Island(node_timeout_s=5.0)
     isl.hello("a", 1)
     isl.hello("b", 1)
@@ -159,7 +159,10 @@ def test_node_timeout_fails_running_job_and_requeues_starting_one():
     assert not isl.s.nodes[node_s].alive
     assert launches(out) == []      # no other free device for the requeued job
     out = isl.tick(10.0)
-    assert isl.state(running) is JobState.FAILED and "lost" in isl.s.jobs[running].error["message"]
+    # The running job's only device was on the lost node: it waits in the queue to restart from its snapshot.
+    job = isl.s.jobs[running]
+    assert isl.state(running) is JobState.QUEUED and job.restore_latest and job.restarts == 1
+    assert "lost" in job.recovery["cause"] and job.recovery["kind"] == "node_lost"
 
 
 def test_unknown_node_must_say_hello_and_rejoining_resumes():
@@ -198,7 +201,7 @@ def test_restart_keeps_table_and_reconciles_with_node_reports():
     assert nxt not in (keep, lost, done, queued)
 
 
-def test_restart_fails_jobs_whose_node_never_returns_or_forgot_them():
+def test_restart_recovers_jobs_whose_node_never_returns_or_forgot_them():
     isl = Island()
     isl.hello("a", 1)
     isl.hello("b", 1)
@@ -209,11 +212,12 @@ def test_restart_fails_jobs_whose_node_never_returns_or_forgot_them():
     isl.report(node_a, rep(on_a, "running"))
     isl.report(node_b, rep(on_b, "running"))
     isl2 = Island([Job.from_doc(j.to_doc()) for j in isl.s.jobs.values()], node_timeout_s=5.0)
-    isl2.hello(node_a, 1, jobs=[])     # daemon restarted too: its agents are gone
-    assert isl2.state(on_a) is JobState.FAILED
+    out = isl2.hello(node_a, 1, jobs=[])     # daemon restarted too: its agents are gone
+    # ... so the job restarts there, from its newest snapshot.
+    assert isl2.state(on_a) is JobState.STARTING and launches(out)[0][1].restore_latest
     assert isl2.state(on_b) is JobState.RUNNING
-    isl2.tick(6.0)                     # node_b never comes back
-    assert isl2.state(on_b) is JobState.FAILED
+    isl2.tick(6.0)                     # node_b never comes back: nowhere to restart, back to the queue
+    assert isl2.state(on_b) is JobState.QUEUED and isl2.s.jobs[on_b].restore_latest
 
 
 def test_stray_job_on_a_node_is_killed():
@@ -287,3 +291,98 @@ def test_transitions_are_explicit():
     for dst in JobState:
         with pytest.raises(InvalidTransition):
             job.transition(dst, 4.0)
+
+
+def _two_node_job(isl: Island, **submit) -> tuple[str, str, str]:
+    isl.hello("a", 1)
+    isl.hello("b", 1)
+    job, out = isl.submit(workers=4, lo=1, hi=2, **submit)
+    first = launches(out)[0][0]
+    other = "b" if first == "a" else "a"
+    isl.report(first, rep(job, "launching", (0,), port=1))
+    isl.report(other, rep(job, "running", (1,)))
+    isl.report(first, rep(job, "running", (0,), port=1, step=12, metrics={"total_steps": 40}))
+    return job, first, other
+
+
+def test_an_agent_killed_restarts_the_job_from_its_snapshot_once_every_agent_is_gone():
+    isl = Island()
+    job, first, other = _two_node_job(isl)
+    died = {"message": "agent 1 was killed by SIGKILL", "cause": "died", "exitcode": -9}
+    out = isl.report(other, rep(job, "ended", (1,), ok=False, error=died))
+    j = isl.s.jobs[job]
+    assert isl.state(job) is JobState.RECOVERING and kills(out) == [(first, job)]
+    assert j.recovery["failed_after_step"] == 12 and "SIGKILL" in j.recovery["cause"]
+    assert launches(out) == []        # not while an agent of the job may still run
+    # The survivor lost its group; its report must not replace the first cause.
+    lost = {"message": "a collective of the agents' group failed", "cause": "peer_lost"}
+    out = isl.report(first, rep(job, "ended", (0,), ok=False, error=lost))
+    assert isl.state(job) is JobState.STARTING and "SIGKILL" in j.recovery["cause"]
+    [(node, launch)] = launches(out)
+    assert node == j.nodes[0] and launch.restore_latest and launch.incarnation == 1 == j.incarnation
+    assert len(j.placement) == 2 and j.restarts == 1
+    # A heartbeat of the old agents, sent before the node got the launch, is not the new agents' failure.
+    isl.report(first, rep(job, "ended", (0,), ok=False, error=lost, incarnation=0))
+    assert isl.state(job) is JobState.STARTING
+    isl.report(node, rep(job, "running", (0,), port=2, incarnation=1))
+    other_node = "b" if node == "a" else "a"
+    isl.report(other_node, rep(job, "running", (1,), incarnation=1))
+    isl.now += 3.0
+    isl.report(node, rep(job, "running", (0,), port=2, step=10, incarnation=1,
+                         metrics={"resumed_from": 10, "snapshot_step": 10, "snapshot_bytes": 2048}))
+    [rec] = j.recoveries
+    assert rec["resumed_from"] == 10 and rec["steps_redone"] == 3 and rec["seconds"] == 3.0
+    assert j.recovery is None and not j.restore_latest and isl.state(job) is JobState.RUNNING
+    info = isl.s.status(job, isl.now).jobs[0]
+    assert info.recoveries == [rec] and info.snapshot == {"step": 10, "bytes": 2048}
+    assert "resumed_from" not in info.metrics and "snapshot_step" not in info.metrics
+
+
+def test_a_worker_exception_is_not_retried_even_when_a_survivor_is_heard_first():
+    isl = Island()
+    job, first, other = _two_node_job(isl)
+    lost = {"message": "a collective of the agents' group failed", "cause": "peer_lost"}
+    isl.report(other, rep(job, "ended", (1,), ok=False, error=lost))
+    assert isl.state(job) is JobState.RECOVERING
+    user = {"message": "ValueError: bad batch", "cause": "user", "logical_rank": 1, "traceback": "tb"}
+    out = isl.report(first, rep(job, "ended", (0,), ok=False, error=user))
+    assert isl.state(job) is JobState.FAILED and launches(out) == []
+    assert isl.s.jobs[job].error["message"] == "ValueError: bad batch"
+
+
+def test_a_user_error_fails_at_once_and_restarts_stop_at_max_restarts():
+    isl = Island()
+    job, first, other = _two_node_job(isl)
+    user = {"message": "ValueError: bad batch", "cause": "user"}
+    isl.report(other, rep(job, "ended", (1,), ok=False, error=user))
+    assert isl.state(job) is JobState.FAILED and isl.s.jobs[job].restarts == 0
+
+    isl = Island()
+    job, _ = isl.submit(workers=2, lo=1, hi=1)
+    isl.s.jobs[job].spec.max_restarts = 0
+    isl.hello("a", 1)
+    isl.report("a", rep(job, "running", (0,), port=1))
+    isl.report("a", rep(job, "ended", (0,), ok=False, error={"message": "agent 0 was killed by SIGKILL",
+                                                             "cause": "died"}))
+    assert isl.state(job) is JobState.FAILED
+    assert "not restarting: 0 restart(s) of --max-restarts 0 used" in isl.s.jobs[job].error["message"]
+
+
+def test_a_lost_node_restarts_the_job_on_the_devices_left():
+    isl = Island(node_timeout_s=5.0)
+    job, first, other = _two_node_job(isl)
+    isl.now += 4.0
+    isl.report(first, rep(job, "running", (0,), port=1, step=12))
+    out = isl.tick(2.0)               # `other` went silent
+    assert isl.state(job) is JobState.RECOVERING and kills(out) == [(first, job)]
+    out = isl.report(first, rep(job, "ended", (0,), ok=False, error={"cause": "peer_lost", "message": "x"}))
+    j = isl.s.jobs[job]
+    assert isl.state(job) is JobState.STARTING and j.placement == [[first, "cpu:0"]]
+    assert launches(out)[0][1].world == 1 and j.recovery["devices"] == 1
+
+
+def test_submit_refuses_a_bad_snapshot_interval():
+    isl = Island()
+    with pytest.raises(SchedulerError) as e:
+        isl.s.submit(p.Submit(script="/s.py", workers=2, snapshot_every="soon"), isl.now)
+    assert e.value.code == p.BAD_REQUEST and "snapshot" in e.value.message

@@ -43,7 +43,7 @@ class PeriodicSnapshots:
     """One agent's periodic snapshots: when one is due, the pending captures, the background writer."""
 
     def __init__(self, root: str | os.PathLike[str], every: Every, writes_groups: bool,
-                 complete: int | None = None, resumed: int | None = None) -> None:
+                 complete: int | None = None) -> None:
         self.root = Path(root)
         self.every = every
         self.writes_groups = writes_groups    # agent 0 writes the replicated state, once per snapshot
@@ -52,7 +52,6 @@ class PeriodicSnapshots:
         self.bytes = 0                        # size of this agent's parts of the newest snapshot
         self.error: str | None = None         # why this agent takes no more snapshots
         self.seconds = 0.0                    # how long the last write took (off the training threads)
-        self.resumed = resumed                # restarted after a failure: from this step (0: the beginning)
         self._last = time.monotonic()
         self._pending: dict[int, dict[str, Any]] = {}
         self._thread: threading.Thread | None = None
@@ -127,8 +126,6 @@ class PeriodicSnapshots:
         """What the agent's step reports carry (and `elasticd status` shows)."""
         out: dict[str, Any] = {"snapshot_step": self.complete if self.complete is not None else -1,
                                "snapshot_bytes": self.bytes}
-        if self.resumed is not None:
-            out["resumed_from"] = self.resumed
         if self.error is not None:
             out["snapshot_error"] = self.error
         return out

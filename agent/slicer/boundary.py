@@ -66,6 +66,7 @@ class StepBoundary:
         self._stop_at: int | None = None
         self.periodic: PeriodicSnapshots | None = None   # set by the agent process (it outlives runtimes)
         self._snap_at: int | None = None
+        self.resumed_from: int | None = None   # restarted after a failure: the step it resumed at (reported)
         self._step_times: list[float] = []
         carried.install()
         loader_tracking.install()
@@ -130,7 +131,9 @@ class StepBoundary:
             if vote != VOTE_NONE:
                 self._stop_at = step
                 self.rt.outcome = "stop" if vote == VOTE_STOP else "resize"
-            elif flag == FLAG_DUE:
+            elif flag == FLAG_DUE and periodic is not None:
+                # (An agent without snapshots -- e.g. a joiner started without the job's interval -- votes
+                # none and writes nothing: that snapshot stays incomplete and is never restored.)
                 self._snap_at = step
         if self._stop_at == step:
             w.snapshot = self._capture(w, step)
@@ -188,6 +191,8 @@ class StepBoundary:
         metrics = dict(w.metrics)
         if self.periodic is not None:
             metrics.update(self.periodic.info())
+        if self.resumed_from is not None:
+            metrics["resumed_from"] = self.resumed_from
         if w.total_steps is not None:
             metrics["total_steps"] = w.total_steps
         if len(self._step_times) > 1:

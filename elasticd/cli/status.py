@@ -85,6 +85,19 @@ def render_job(j: Any) -> str:
                                                   f"{j.resizing.get('saved', 0)}/{j.resizing.get('parts', '?')})"
                                                   if j.resizing else "")]
     lines += [_fmt_resize(r) for r in j.resizes]
+    snap = getattr(j, "snapshot", None) or {}
+    if snap:
+        step = snap.get("step", -1)
+        lines.append(f"snapshot   {'none complete yet' if step is None or step < 0 else f'step {step}'}, "
+                     f"{int(snap.get('bytes') or 0) / 2**20:.1f} MiB per agent in host memory (two at most: the "
+                     f"complete one and the one being written)"
+                     + (f"; OFF: {snap['error']}" if snap.get("error") else ""))
+    recoveries = getattr(j, "recoveries", None) or []
+    lines.append(f"recoveries {len(recoveries)}")
+    for r in recoveries:
+        lines.append(f"  {ts(r.get('at'))}  {r.get('cause')}: resumed at step {r.get('resumed_from')} "
+                     f"({r.get('steps_redone')} redone) on {r.get('devices')} devices, first step "
+                     f"{r.get('seconds')}s after the failure")
     for a in j.agents:
         lines.append(f"agent {a.get('rank')}    {a.get('node')}/{a.get('device')} pid {a.get('pid')} "
                      f"{'alive' if a.get('alive') else 'exit ' + str(a.get('exitcode'))} "

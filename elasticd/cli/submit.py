@@ -10,7 +10,9 @@ import time
 import click
 
 from elasticd import client
+from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK
+from elasticd.cli.run import check_every
 
 TERMINAL = ("finished", "failed", "stopped")
 
@@ -40,12 +42,22 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--name", default="", help="A label shown by `status`.")
 @click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
+@click.option("--snapshot-every", default=DEFAULT_SNAPSHOT_EVERY, show_default=True, metavar="STEPS|SECONDSs",
+              callback=check_every,
+              help="Snapshot the job every this many steps (20) or seconds (30s) into the nodes' host memory, in "
+                   "the background; after an agent dies or a node is lost the job restarts from the newest "
+                   "complete one. 0: none (a failure restarts the job from the beginning).")
+@click.option("--max-restarts", type=click.IntRange(min=0, max=10_000), default=DEFAULT_MAX_RESTARTS,
+              show_default=True,
+              help="Restarts after infrastructure failures (agent killed, node lost) before the job fails. A "
+                   "worker that raises fails the job at once.")
 @click.option("--wait", is_flag=True, help="Follow the job until it ends, with a progress line; exit 1 "
                                            "unless it finished.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
 def submit(target: str, workers: int | None, min_devices: int, max_devices: int | None, priority: int, name: str,
-           env_items: tuple[str, ...], wait: bool, as_json: bool, **opts: object) -> None:
+           env_items: tuple[str, ...], snapshot_every: str, max_restarts: int, wait: bool, as_json: bool,
+           **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
     The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
@@ -61,7 +73,8 @@ def submit(target: str, workers: int | None, min_devices: int, max_devices: int 
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
                                f"<= {workers}")
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
-                 max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=_env(env_items))
+                 max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=_env(env_items),
+                 snapshot_every=snapshot_every, max_restarts=max_restarts)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:

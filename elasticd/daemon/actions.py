@@ -30,6 +30,7 @@ class Spawn:
     master_port: int = 0
     standby: bool = False    # a warm joiner for a live grow
     restore_epoch: int = 0   # start from the node's resize snapshot of this epoch (0: from scratch)
+    restore_latest: bool = False   # recovering: from the newest complete periodic snapshot (agent/resize/periodic.py)
 
     @property
     def job_id(self) -> str:

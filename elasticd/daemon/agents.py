@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 1.0   # psutil sampling period
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+_SIGNAL_NUMBERS = {int(s) for s in signal.Signals}
 
 
 # Agents must not outlive a daemon that is SIGKILLed: nothing would watch or stop them, and they would
@@ -257,7 +258,8 @@ class Supervisor:
                           master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
                           standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
-                          restore_epoch=spawn.restore_epoch)
+                          restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
+                          snapshot_every=msg.snapshot_every)
         log_path = log_dir / f"rank{spawn.rank}.log"
         popen = self._spawn(cfg, msg, log_path)
         ps: psutil.Process | None = None
@@ -292,8 +294,12 @@ def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
             return err
     except (OSError, ValueError):
         pass
-    return {"message": f"agent {rank} exited with code {code} and left no error report "
-                       "(killed? out of memory?)", "log_tail": _tail(proc.log_path)}
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in _SIGNAL_NUMBERS else \
+        f"exited with code {code}"
+    # No report: the agent did not get to say why (a signal, the OOM killer, a crash in native code). Not
+    # the user's error as far as anyone can tell, so the scheduler recovers the job (cause "died").
+    return {"message": f"agent {rank} {how} and left no error report (killed? out of memory?)",
+            "cause": "died", "exitcode": code, "log_tail": _tail(proc.log_path)}
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -67,7 +67,8 @@ class Supervision:
         log.info("job %s: launching ranks %s (world %d, rendezvous %s:%d)", msg.job_id,
                  [pl.rank for pl in msg.placements], msg.world, msg.master_addr, job.master_port)
         return [Spawn(msg, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}.json", master_addr=msg.master_addr,
-                      master_port=job.master_port, restore_epoch=msg.restore_epoch) for pl in msg.placements]
+                      master_port=job.master_port, restore_epoch=msg.restore_epoch,
+                      restore_latest=msg.restore_latest) for pl in msg.placements]
 
     def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[Action]:
         """Start stopping a job's agents: stop commands to those connected, signals later (or now)."""
@@ -106,7 +107,7 @@ class Supervision:
                 self._drop(job)
             launch = p.LaunchJob(job_id=msg.job_id, script=msg.script, func=msg.func, workers=msg.workers,
                                  world=msg.world, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
-                                 env=msg.env)
+                                 env=msg.env, snapshot_every=msg.snapshot_every)
             job = LocalJob(msg.job_id, launch, 0)
             self.jobs[msg.job_id] = job
         return self.resizes.prepare(job, msg, port)
@@ -252,6 +253,7 @@ class Supervision:
                 ok=job.ok, error=job.error, resizes=list(job.resizes), resize_epoch=job.resize_epoch,
                 resize_port=job.resize_port, resize_error=job.resize_error,
                 snapshot_epoch=epoch, snapshot_parts=parts, restore_epoch=job.launch.restore_epoch,
+                incarnation=job.launch.incarnation,
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
                                       exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,

@@ -55,6 +55,7 @@ class JobReport:
     snapshot_epoch: int = 0
     snapshot_parts: list[int] = field(default_factory=list)
     restore_epoch: int = 0        # the snapshot this node's agents of the job started from (0: none)
+    incarnation: int = 0          # the launch's: reports of agents from before a recovery are told apart
 
 
 @message
@@ -123,6 +124,9 @@ class LaunchJob(Message):
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
     restore_epoch: int = 0        # > 0: start from the snapshot this node kept of that resize
+    restore_latest: bool = False  # recovering: start from the newest complete periodic snapshot
+    snapshot_every: str = "0"     # periodic snapshots: steps ("20"), seconds ("30s"), "0" (none)
+    incarnation: int = 0          # +1 per recovery; echoed in this node's reports of the job
 
 
 @message
@@ -155,6 +159,7 @@ class PrepareResize(Message):
     workers: int = 0
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    snapshot_every: str = "0"     # as in LaunchJob: joiners take their part of the periodic snapshots
 
 
 @message

@@ -22,6 +22,8 @@ class Submit(Message):
     name: str = ""
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    snapshot_every: str = "30s"   # periodic snapshots to recover from: steps ("20"), seconds ("30s"), "0"
+    max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
 
 
 @message
@@ -62,6 +64,10 @@ class JobInfo:
     resizing: dict[str, Any] | None = None   # the resize in flight: epoch, from, to, why, phase, at
     history: list[list[Any]] = field(default_factory=list)
     agents: list[dict[str, Any]] = field(default_factory=list)   # rank, node, device, pid, alive, rss, cpu
+    # one per restart after an infrastructure failure: cause, at, failed_after_step, resumed_from,
+    # steps_redone, seconds (failure -> first step after it), devices
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    snapshot: dict[str, Any] | None = None   # newest complete periodic snapshot: step, bytes (per node)
 
 
 @record

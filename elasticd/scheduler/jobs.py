@@ -17,6 +17,9 @@ class JobState(str, Enum):
     agents up; ``resizing`` while live resize moves it to another M (issue 5), then ``running``
     again, or ``starting`` once more when the resize failed half-way and the job restarts on the
     devices it had from the snapshot its agents saved at that resize (elasticd.scheduler.rollback).
+    ``recovering`` after an infrastructure failure (an agent killed, a node lost) while its remaining
+    agents are stopped; then ``starting`` again from its newest periodic snapshot, or ``queued`` when too
+    few of its devices are left (elasticd.scheduler.recovery).
     It ends ``finished`` (every agent exited 0), ``failed`` (an agent raised, a node was
     lost, or the agents did not come up in time) or ``stopped`` (`elasticd stop`). A job whose
     start is interrupted by a node loss goes back to ``queued``: none of its agents keep running.
@@ -26,6 +29,7 @@ class JobState(str, Enum):
     STARTING = "starting"
     RUNNING = "running"
     RESIZING = "resizing"
+    RECOVERING = "recovering"
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -33,7 +37,7 @@ class JobState(str, Enum):
     @property
     def active(self) -> bool:
         """Holds devices (its agents are, or are about to be, running)."""
-        return self in (JobState.STARTING, JobState.RUNNING, JobState.RESIZING)
+        return self in (JobState.STARTING, JobState.RUNNING, JobState.RESIZING, JobState.RECOVERING)
 
     @property
     def terminal(self) -> bool:
@@ -42,10 +46,13 @@ class JobState(str, Enum):
 
 _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.STARTING, JobState.STOPPED, JobState.FAILED}),
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.STOPPED}),
-    JobState.RUNNING: frozenset({JobState.RESIZING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED}),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.STOPPED,
+                                  JobState.RECOVERING}),
+    JobState.RUNNING: frozenset({JobState.RESIZING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED,
+                                 JobState.RECOVERING}),
     JobState.RESIZING: frozenset({JobState.RUNNING, JobState.STARTING, JobState.FINISHED, JobState.FAILED,
-                                  JobState.STOPPED}),
+                                  JobState.STOPPED, JobState.RECOVERING}),
+    JobState.RECOVERING: frozenset({JobState.STARTING, JobState.QUEUED, JobState.FAILED, JobState.STOPPED}),
     JobState.FINISHED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.STOPPED: frozenset(),
@@ -73,6 +80,8 @@ class JobSpec:
     name: str = ""
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    snapshot_every: str = "30s"   # periodic snapshots (agent/resize/every.py); "0": none
+    max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
 
 
 @dataclass(slots=True)
@@ -104,6 +113,16 @@ class Job:
     resize: ResizePlan | None = None        # the resize in flight
     restore_epoch: int = 0                  # > 0: (re)started from the snapshot of that resize
     history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
+    # Recovery after infrastructure failures (elasticd.scheduler.recovery): the one in flight, the record of
+    # those done (cause, at, failed_after_step, resumed_from, steps_redone, seconds, devices), the count,
+    # the launch generation (reports of agents from before a restart are told apart by it), and whether
+    # the next launch restores the newest periodic snapshot.
+    recovery: dict[str, Any] | None = None
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    restarts: int = 0
+    incarnation: int = 0
+    restore_latest: bool = False
+    snapshot: dict[str, Any] = field(default_factory=dict)   # newest complete periodic snapshot: step, bytes
     # live progress, reported by the node hosting rank 0 (not persisted on every heartbeat)
     step: int = 0
     steps_per_s: float = 0.0

@@ -86,7 +86,7 @@ class Resizes:
                 job_id=job.job_id, epoch=plan.epoch, world_from=src, world=dst, pick_port=node == lead,
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
-                env=job.spec.env)))
+                env=job.spec.env, snapshot_every=job.spec.snapshot_every)))
         return out
 
     # --- progress, from node reports --------------------------------------------------------------

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.agent.resize.every import Every
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
+from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class SchedulerState:
         # change nothing stay cheap with hundreds of nodes.
         self._resched = True
         self.resizes = Resizes(self)
+        self.recoveries = Recoveries(self)
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
             self._next_seq = max(self._next_seq, job.seq + 1)
@@ -98,11 +101,17 @@ class SchedulerState:
                                  f"{req.min_devices} <= {hi} <= {n}")
         if not req.script:
             raise SchedulerError(p.BAD_REQUEST, "script path is empty")
+        try:
+            every = str(Every.parse(req.snapshot_every))
+        except ValueError as e:
+            raise SchedulerError(p.BAD_REQUEST, f"--snapshot-every: {e}") from None
+        if not 0 <= req.max_restarts <= 10_000:
+            raise SchedulerError(p.BAD_REQUEST, f"--max-restarts must be between 0 and 10000, got {req.max_restarts}")
         seq = self._next_seq
         self._next_seq += 1
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
-                       env=dict(req.env))
+                       env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -356,7 +365,8 @@ class SchedulerState:
             placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
                         if n == node],
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=job.spec.env,
-            restore_epoch=job.restore_epoch))
+            restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
+            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation))
 
     def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[Send], list[str]]:
         out: list[Send] = []
@@ -367,6 +377,11 @@ class SchedulerState:
                     and job.state.active and node in job.nodes):
                 # The job's agents before it fell back to a snapshot: gone, and their node keeps the
                 # snapshot for the restart (a forget would delete it).
+                continue
+            if (job is not None and r.incarnation != job.incarnation and job.state.active
+                    and node in job.launched):
+                # Agents from before a recovery's restart (a heartbeat sent before the node got the new
+                # launch): gone, and likewise their node keeps the snapshots the restart restores.
                 continue
             if job is not None and node in job.launched:   # also after the job ended: agents still exiting
                 job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
@@ -384,6 +399,11 @@ class SchedulerState:
             self._release(job, node, r)
             if self.resizes.rollbacks.rolling_back(job):
                 out += self.resizes.rollbacks.report(job, node, r, now)
+                continue
+            if self.recoveries.recovering(job):
+                out += self.recoveries.report(job, node, r, now)
+                if job.state.terminal:
+                    forget.append(job.job_id)
                 continue
             out += self.resizes.report(job, node, r, now)
             if not (job.state.active and node in job.launched):   # the report ended the job, or the node's part
@@ -405,14 +425,26 @@ class SchedulerState:
                     job.transition(JobState.RUNNING, now, "all agents up")
                     log.info("job %s running", job.job_id)
             if node == job.nodes[0]:
-                job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, p.flat_scalars(r.metrics)
+                self._progress(job, r)
+                if job.recovery is not None:
+                    self.recoveries.stepped(job, r, now)
         return out, forget
+
+    @staticmethod
+    def _progress(job: Job, r: p.JobReport) -> None:
+        """Rank 0's node reports the job's step, rate and metrics; the periodic snapshot's are set apart."""
+        metrics = p.flat_scalars(r.metrics)
+        snapshot = {k.removeprefix("snapshot_"): metrics.pop(k) for k in list(metrics) if k.startswith("snapshot_")}
+        metrics.pop("resumed_from", None)
+        job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, metrics
+        if snapshot and snapshot != job.snapshot:
+            job.snapshot = snapshot
 
     def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
         if node in job.ended:
             return []
         if node == job.nodes[0]:
-            job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, p.flat_scalars(r.metrics)
+            self._progress(job, r)
         if not r.ok:
             err = dict(p.flat_scalars(r.error or {}))
             err.setdefault("message", "agent failed")
@@ -421,6 +453,11 @@ class SchedulerState:
             log.warning("job %s failed on node %s: %s", job.job_id, node, err.get("message"))
             if job.resize is not None and job.resize.phase == "go":
                 return self.resizes.agent_failed(job, now, err, joiner=False, gone=node)
+            if infrastructure(err):
+                recovered = self._recover(job, now, err, gone=node)
+                if recovered is not None:
+                    return recovered
+                err["message"] = self.recoveries.restart_refusal(job, err)
             return self.end_job(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
         job.ended.append(node)
         self.dirty.add(job.job_id)
@@ -491,11 +528,27 @@ class SchedulerState:
             if self.resizes.rollbacks.rolling_back(job):
                 return self.resizes.rollbacks.settle(job, now)
             return self.resizes.agent_failed(job, now, {"message": reason, "node": node}, joiner=True)
+        if self.recoveries.recovering(job):
+            return self.recoveries.lost(job, node, now)
         if job.state is JobState.STARTING and not job.restore_epoch:
             out = self.end_job(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out
-        return self.end_job(job, JobState.FAILED, now, reason, error={"message": reason, "node": node}, gone=node)
+        err = {"message": reason, "node": node, "cause": "node_lost"}
+        if job.resize is None or job.resize.phase != "rollback":
+            recovered = self._recover(job, now, err, gone=node)
+            if recovered is not None:
+                return recovered
+            err["message"] = self.recoveries.restart_refusal(job, err)
+        return self.end_job(job, JobState.FAILED, now, reason, error=err, gone=node)
+
+    def _recover(self, job: Job, now: float, err: dict[str, Any], gone: str) -> list[Send] | None:
+        """Restart the job from its newest snapshot after an infrastructure failure (None: no restarts left)."""
+        if job.restarts >= job.spec.max_restarts:
+            return None
+        out = self.resizes.close(job, now, "failed")   # a resize in flight is off: the restart decides the size
+        started = self.recoveries.begin(job, now, err, gone=gone)
+        return None if started is None else out + started
 
     def _node_lost(self, nd: Node, now: float, reason: str) -> list[Send]:
         nd.alive = False
@@ -542,4 +595,5 @@ class SchedulerState:
             script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
             ended_at=job.ended_at, error=job.error, requested_devices=job.requested_devices,
             resizes=list(job.resizes), resizing=self._resizing_info(job), history=[list(h) for h in job.history],
+            recoveries=list(job.recoveries), snapshot=dict(job.snapshot) or None,
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]))
