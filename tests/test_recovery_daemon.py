@@ -1,0 +1,64 @@
+"""Recovery through a real node daemon (embedded scheduler): an agent killed with SIGKILL is not the job's
+failure. The job goes `recovering`, restarts from its newest periodic snapshot, and finishes bitwise equal
+(deterministic mode) to a run nobody disturbed, every step and sample kept exactly once; `status` records
+the recovery. Real agents run tests/jobs/resize_job.py, paced until the test releases it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from cluster import wait_state
+from test_resize_daemon import job_env, job_info, submit
+from util import JOBS, assert_same_run, cli, consumed, wait_until
+
+JOB = str(JOBS / "resize_job.py")
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("undisturbed")
+    (out / "release").touch()
+    r = cli("run", JOB, "--devices", "2", "--snapshot-every", "0", env=job_env(out, steps=STEPS), timeout=600)
+    assert r.code == 0, r.err[-3000:]
+    return out
+
+
+def test_an_agent_killed_under_the_daemon_is_recovered_from_the_snapshot(cluster, tmp_path, undisturbed):
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "run"
+    out.mkdir()
+    job = submit(sd, JOB, job_env(out, steps=STEPS), "--workers", "4", "--max-devices", "2",
+                 "--snapshot-every", "5")
+    wait_state(sd, job, "running", timeout=120)
+    info = wait_until(lambda: (i := job_info(sd, job))["step"] >= 12 and (i.get("snapshot") or {}).get("step", -1)
+                      >= 10 and i, 300, interval=0.1, what="step 12 and the snapshot of step 10")
+    victim = next(a for a in info["agents"] if a["rank"] == 1)
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_until(lambda: job_info(sd, job)["recoveries"], 180, interval=0.1, what="the recovery")
+    (out / "release").touch()
+    info = wait_state(sd, job, "finished", timeout=300)
+    [rec] = info["recoveries"]
+    assert "killed by SIGKILL" in rec["cause"], rec
+    assert rec["resumed_from"] >= 10 and rec["resumed_from"] % 5 == 0, rec
+    assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"], rec
+    assert rec["devices"] == 2 and rec["seconds"] > 0
+    assert any(h[1] == "recovering" for h in info["history"])
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
+    for epoch in range(STEPS // 10):
+        idx = sorted(i for r in range(4) for s, b in consumed(out, r, kept=True) if s // 10 == epoch for i in b)
+        assert idx == list(range(400)), f"epoch {epoch} lost or repeated samples"
+    shown = cli("status", job, "--state-dir", str(sd))
+    assert "recoveries 1" in shown.out and "killed by SIGKILL" in shown.out, shown.out
+
+
+def test_a_worker_exception_under_the_daemon_is_not_retried(cluster, tmp_path):
+    d = cluster.daemon(cpu=2, fake=False)
+    job = submit(d.state_dir, str(JOBS / "raises.py"), {}, "--max-devices", "2", "--snapshot-every", "1")
+    info = wait_state(d.state_dir, job, "failed", timeout=180)
+    assert info["recoveries"] == [] and "DeliberateFailure" in info["error"]["message"]
+    assert not any(h[1] == "recovering" for h in info["history"])
