@@ -177,6 +177,8 @@ class AgentProcess:
             _report(self.cfg, self.control, None, str(e), traceback.format_exc(), "peer_lost")
             return EXIT_PEER_LOST
         finally:
+            if self.periodic is not None:
+                self.periodic.close(timeout_s=10.0)
             if self.phys is not None:
                 self.phys.close()
             self.control.close()
@@ -221,6 +223,7 @@ class AgentProcess:
             self.periodic = PeriodicSnapshots(cfg.snapshot_dir, every, writes_groups=False,
                                               complete=self._resumed or None)
         self.periodic.writes_groups = self.phys.rank == 0
+        self.periodic.phys = self.phys
         return self.periodic
 
     def _await_join(self) -> bool:
@@ -269,6 +272,8 @@ class AgentProcess:
             return 0, None
         snap = runtime.snapshot()
         self._stopped_at = runtime.boundary.stopped_at
+        if self.periodic is not None:
+            self.periodic.close()   # its copies to other nodes use the group that is about to re-form
         del runtime  # the old workers' objects: their state now lives in `snap`, in host memory
         # Workers, contexts and the runtime reference each other: without a collection their model,
         # optimizer and private tensors would hold device memory while the next segment allocates its own.

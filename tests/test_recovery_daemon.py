@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from cluster import wait_state
+from cluster import status, wait_state
 from test_resize_daemon import job_env, job_info, submit
 from util import JOBS, assert_same_run, cli, consumed, wait_until
 
@@ -62,3 +62,40 @@ def test_a_worker_exception_under_the_daemon_is_not_retried(cluster, tmp_path):
     info = wait_state(d.state_dir, job, "failed", timeout=180)
     assert info["recoveries"] == [] and "DeliberateFailure" in info["error"]["message"]
     assert not any(h[1] == "recovering" for h in info["history"])
+
+
+@pytest.mark.slow
+def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_the_other_node(
+        cluster, tmp_path, undisturbed):
+    """Two daemons under a standalone scheduler, one agent each; node b is SIGKILLed with its agents. Its parts
+    of the snapshot were copied to node a (the buddy), so the job resumes there, on one device, at the step
+    of its newest snapshot, and ends as if nothing happened."""
+    sched = cluster.scheduler()
+    nodes = []
+    for name in ("a", "b"):
+        pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
+        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name).code == 0
+        nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
+                                    str(sched.state_dir / "keys" / "id.key"), cpu=1, fake=False))
+    sd = sched.state_dir
+    wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="both nodes to join")
+    out = tmp_path / "run"
+    out.mkdir()
+    job = submit(nodes[0].state_dir, JOB, job_env(out, steps=STEPS), "--workers", "4", "--min-devices", "1",
+                 "--max-devices", "2", "--snapshot-every", "5")
+    wait_state(sd, job, "running", timeout=120)
+    wait_until(lambda: (i := job_info(sd, job))["step"] >= 12 and (i.get("snapshot") or {}).get("step", -1) >= 10,
+               300, interval=0.1, what="step 12 and the snapshot of step 10")
+    b_id = nodes[1].info()["node_id"]
+    for agent in nodes[1].agents():
+        agent.kill()
+    nodes[1].kill()
+    info = wait_until(lambda: (i := job_info(sd, job))["recoveries"] and i, 180, interval=0.1,
+                      what="the recovery")
+    (out / "release").touch()
+    info = wait_state(sd, job, "finished", timeout=300)
+    [rec] = info["recoveries"]
+    assert rec["devices"] == 1 and rec["from_devices"] == 2, rec
+    assert rec["resumed_from"] >= 10, f"the lost node's parts were not on the other node: {rec}"
+    assert b_id not in info["nodes"]
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)

@@ -102,6 +102,9 @@ class PhysicalGroup:
         self.device = device
         self.spec = spec if spec is not None else group_spec(device)
         self.bytes_reduced = 0  # accounting for benchmarks and tests
+        # Copies of periodic snapshots to another node run on the snapshot writer's thread while training
+        # goes on: on a group of their own, so they never interleave with the training's collectives.
+        self.side: Any = None
 
     @classmethod
     def connect(cls, rank: int, world: int, device: torch.device, master_addr: str, master_port: int,
@@ -116,7 +119,10 @@ class PhysicalGroup:
                 timeout=datetime.timedelta(seconds=timeout_s), **spec.init_kwargs(),
             )
             log.info("physical group up: rank %d of %d (%s)", rank, world, spec.backend)
-        return cls(rank, world, device, spec)
+        group = cls(rank, world, device, spec)
+        if world > 1:
+            group.side = dist.new_group(backend="gloo")   # entered by every agent of the new group, here
+        return group
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():
@@ -146,13 +152,13 @@ class PhysicalGroup:
                 dist.broadcast(t, src=src)
         return t
 
-    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """Every agent's `t` (same shape everywhere), in agent order."""
+    def all_gather(self, t: torch.Tensor, side: bool = False) -> list[torch.Tensor]:
+        """Every agent's `t` (same shape everywhere), in agent order. `side`: as in `send_bytes`."""
         if self.world == 1:
             return [t]
         out = [torch.empty_like(t) for _ in range(self.world)]
         with _peers():
-            dist.all_gather(out, t.contiguous())
+            dist.all_gather(out, t.contiguous(), group=self.side if side else None)
         return out
 
     def barrier(self) -> None:
@@ -162,18 +168,23 @@ class PhysicalGroup:
 
     # Byte transfer for resize hand-overs: CPU tensors, which the group's gloo backend carries (also on
     # CUDA, where the group is "cpu:gloo,cuda:nccl").
-    def send_bytes(self, data: bytes, dst: int) -> None:
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    def send_bytes(self, data: bytes, dst: int, side: bool = False) -> None:
+        """`side`: over the snapshot writer's own group (see `side`), from its thread."""
+        group = self.side if side else None
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         with _peers():
-            dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst)
-            dist.send(payload, dst)
+            dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group)
+            if payload.numel():
+                dist.send(payload, dst, group=group)
 
-    def recv_bytes(self, src: int) -> bytes:
+    def recv_bytes(self, src: int, side: bool = False) -> bytes:
+        group = self.side if side else None
         size = torch.zeros(1, dtype=torch.int64)
         with _peers():
-            dist.recv(size, src)
+            dist.recv(size, src, group=group)
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.recv(payload, src)
+            if payload.numel():
+                dist.recv(payload, src, group=group)
         # Straight from the tensor's memory: numpy is not a dependency of the runtime.
         return ctypes.string_at(payload.data_ptr(), payload.numel())
 

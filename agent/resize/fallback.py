@@ -30,6 +30,21 @@ class SnapshotMissing(RuntimeError):
     """A part of the snapshot to restore is on no agent's node."""
 
 
+def write_bytes(d: Path, part: int, data: bytes) -> None:
+    """A part received from another node (already `torch.save` bytes), written whole then renamed, like `_write`."""
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = d / part_name(part)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _write(path: Path, obj: dict) -> int:
     # Written whole, then renamed: a reader (the node listing parts, a restoring agent) never sees half a
     # file, and an agent killed mid-write leaves no part that looks saved. torch.save to a path streams

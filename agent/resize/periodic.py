@@ -12,15 +12,21 @@ An agent that cannot snapshot (a full tmpfs, an object whose state cannot be sav
 the job keeps training, says why in its reports, and a failure restarts it from its last complete
 snapshot (or from the beginning).
 
+Where the job spans nodes, each agent also copies the parts it wrote to one agent of the next node (its
+buddy), over a process group of the writer's own (`PhysicalGroup.side`), so that losing any one node leaves
+a complete snapshot on the others.
+
 After a failure the restarted agents pick the newest step whose parts exist on some node of the new
 group (`latest_complete`) and restore it through the resize fall-back path (agent/resize/fallback.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -28,10 +34,18 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.resize.every import Every
-from elasticd.agent.resize.fallback import save_parts
-from elasticd.agent.resize.parts import GROUPS, describe, missing, parts_in, periodic_dir, periodic_steps
+from elasticd.agent.resize.fallback import save_parts, write_bytes
+from elasticd.agent.resize.parts import (
+    GROUPS,
+    describe,
+    missing,
+    part_name,
+    parts_in,
+    periodic_dir,
+    periodic_steps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +69,8 @@ class PeriodicSnapshots:
         self._last = time.monotonic()
         self._pending: dict[int, dict[str, Any]] = {}
         self._thread: threading.Thread | None = None
+        self.phys: PhysicalGroup | None = None   # the agents' group now (the agent sets it at every re-forming)
+        self._nodes: tuple[int, list[int]] | None = None   # (id of the group, node tag of each agent)
 
     # -- the vote ---------------------------------------------------------------------------------
     def flag(self, step: int, total: int | None) -> int:
@@ -89,22 +105,69 @@ class PeriodicSnapshots:
     def submit(self, step: int, groups: dict[str, Any] | None) -> None:
         """Every hosted worker's part is in: write them (and `groups`) in the background as snapshot `step`."""
         workers, self._pending = self._pending, {}
-        if self.error is not None:
-            return
         self._last = time.monotonic()
-        self._drop_others(step)
-        self._thread = threading.Thread(target=self._write, args=(step, workers, groups),
+        if self.error is not None:
+            workers, groups = {}, None   # nothing to write, but the copies to other nodes take every agent
+        else:
+            self._drop_others(step)
+        if not self.writes_groups:
+            groups = None
+        self._thread = threading.Thread(target=self._write, args=(step, workers, groups, self.phys),
                                         name="elasticd-snapshot", daemon=True)
         self._thread.start()
 
-    def _write(self, step: int, workers: dict[int, dict[str, Any]], groups: dict[str, Any] | None) -> None:
+    def _write(self, step: int, workers: dict[int, dict[str, Any]], groups: dict[str, Any] | None,
+               phys: PhysicalGroup | None) -> None:
         started = time.monotonic()
+        mine: list[int] = []
+        size = 0
         try:
-            size = save_parts(periodic_dir(self.root, step), workers, groups if self.writes_groups else None)
+            if workers or groups is not None:
+                size = save_parts(periodic_dir(self.root, step), workers, groups)
+                mine = [*([GROUPS] if groups is not None else []), *sorted(workers)]
         except OSError as e:   # e.g. tmpfs full: training goes on, the reports say snapshots stopped
             self.fail(f"cannot write the snapshot of step {step} under {self.root}: {e}")
+        try:
+            if phys is not None and phys.world > 1:
+                self._copy_to_buddy(phys, step, mine)
+        except (PeerLost, OSError, RuntimeError) as e:   # the group is going away (a failure, a resize)
+            self.fail(f"cannot copy the snapshot of step {step} to another node: {e}")
             return
-        self.bytes, self.written, self.seconds = size, step, time.monotonic() - started
+        if self.error is None:
+            self.bytes, self.written, self.seconds = size, step, time.monotonic() - started
+
+    def _node_tags(self, phys: PhysicalGroup) -> list[int]:
+        """Which node each agent of the group is on (agents of a node share a snapshot root)."""
+        if self._nodes is None or self._nodes[0] != id(phys):
+            where = f"{socket.gethostname()}:{os.path.realpath(self.root)}".encode()
+            tag = int.from_bytes(hashlib.sha1(where).digest()[:8], "little", signed=True)
+            tags = phys.all_gather(torch.tensor([tag], dtype=torch.int64), side=True)
+            self._nodes = (id(phys), [int(t.item()) for t in tags])
+        return self._nodes[1]
+
+    def _copy_to_buddy(self, phys: PhysicalGroup, step: int, mine: list[int]) -> None:
+        """Every agent sends the parts it wrote to the first agent of the next node (in order of first agents),
+        which writes them into its own node's root."""
+        tags = self._node_tags(phys)
+        firsts = list(dict.fromkeys(tags))
+        if len(firsts) < 2:
+            return
+        first_agent = {t: tags.index(t) for t in firsts}
+        buddy = [first_agent[firsts[(firsts.index(t) + 1) % len(firsts)]] for t in tags]
+        d = periodic_dir(self.root, step)
+        me = phys.rank
+        # One global order (by sender): the smallest pending transfer has both its agents waiting on it.
+        for src in range(phys.world):
+            if src == me:
+                phys.send_bytes(len(mine).to_bytes(4, "little"), buddy[src], side=True)
+                for part in mine:
+                    phys.send_bytes(part.to_bytes(4, "little", signed=True), buddy[src], side=True)
+                    phys.send_bytes((d / part_name(part)).read_bytes(), buddy[src], side=True)
+            elif buddy[src] == me:
+                count = int.from_bytes(phys.recv_bytes(src, side=True), "little")
+                for _ in range(count):
+                    part = int.from_bytes(phys.recv_bytes(src, side=True), "little", signed=True)
+                    write_bytes(d, part, phys.recv_bytes(src, side=True))
 
     def _drop_others(self, step: int) -> None:
         # Every agent is idle here (the vote said so), so all but the complete snapshot is superseded. (What a
@@ -117,10 +180,12 @@ class PeriodicSnapshots:
             if s not in (step, self.complete):
                 shutil.rmtree(periodic_dir(self.root, s), ignore_errors=True)
 
-    def close(self) -> None:
-        """Wait for the write in flight (before the agent exits or re-forms its group)."""
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Wait for the write in flight (before the agent exits or re-forms its group: the copies to other
+        nodes use the group). Bounded: a peer that died leaves the copy failing, not hanging, but a stuck
+        writer must not keep a finished agent alive."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
 
     def info(self) -> dict[str, Any]:
         """What the agent's step reports carry (and `elasticd status` shows)."""
