@@ -371,6 +371,7 @@ class LocalJob:
         rec["resumed_from"] = resumed
         rec["steps_redone"] = max(0, rec["failed_after_step"] + 1 - resumed)
         rec["seconds"] = round(now - rec.pop("failed_at"), 3)
+        rec["first_step_wall"] = time.time()   # comparable across processes (benchmarks time from the kill)
         self._recovering = None
         self._say(f"recovered: resumed at step {resumed} ({rec['steps_redone']} step(s) redone), first step "
                   f"{rec['seconds']:.2f}s after the failure")

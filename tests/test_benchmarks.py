@@ -25,6 +25,7 @@ LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
     ("bench_determinism.py", "deterministic_cost"),
     ("bench_resize.py", "resize_seconds"),
     ("bench_daemon_grow.py", "daemon_grow_ratio"),
+    ("bench_recovery.py", "recovery_seconds"),
 ])
 def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--quick"], cwd=REPO,
@@ -45,3 +46,14 @@ def test_help_explains(script: str) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     assert "--quick" in proc.stdout and "=X.XX" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_seeded_chaos_trials_all_recover_bitwise() -> None:
+    """Two seeded random faults (killed or terminated agents, a second kill during a recovery) against a
+    deterministic job: each run must end exactly as an undisturbed one (scripts/chaos.py checks the digest)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "chaos.py"), "--quick", "--seed", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, f"chaos.py failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.strip().splitlines()[-1] == "recovered=2/2", proc.stdout
