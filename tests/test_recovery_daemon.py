@@ -99,3 +99,30 @@ def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_th
     assert rec["resumed_from"] >= 10, f"the lost node's parts were not on the other node: {rec}"
     assert b_id not in info["nodes"]
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
+
+
+@pytest.mark.slow
+def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_snapshot_it_kept(cluster, tmp_path, undisturbed):
+    """The node daemon (with its embedded scheduler) is SIGKILLed: its agents stop with it (they never train
+    on unsupervised). Restarted on the same state dir, the scheduler finds the job running in its table and
+    no agents on the node, and restarts it from the periodic snapshot the node kept in tmpfs."""
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "run"
+    out.mkdir()
+    job = submit(sd, JOB, job_env(out, steps=STEPS), "--workers", "4", "--max-devices", "2",
+                 "--snapshot-every", "5")
+    wait_state(sd, job, "running", timeout=120)
+    wait_until(lambda: (i := job_info(sd, job))["step"] >= 12 and (i.get("snapshot") or {}).get("step", -1) >= 10,
+               300, interval=0.1, what="step 12 and the snapshot of step 10")
+    agents = d.agents()
+    d.kill()
+    wait_until(lambda: not any(a.is_running() and a.status() != "zombie" for a in agents), 30,
+               what="the agents to stop with their daemon")
+    d.start()
+    wait_until(lambda: job_info(sd, job)["recoveries"], 180, interval=0.1, what="the recovery")
+    (out / "release").touch()
+    info = wait_state(sd, job, "finished", timeout=300)
+    [rec] = info["recoveries"]
+    assert rec["resumed_from"] >= 10, f"the snapshot did not survive the daemon's restart: {rec}"
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)

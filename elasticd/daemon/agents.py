@@ -100,9 +100,7 @@ class Supervisor:
                                 wrap=with_death_signal)
         if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
-        # Resize snapshots of a previous life of this daemon: its agents died with it (PR_SET_PDEATHSIG),
-        # so no job here can fall back to them, and tmpfs would hold them until the host reboots.
-        shutil.rmtree(sd.snapshot_root, ignore_errors=True)
+        sweep_snapshots(sd.snapshot_root, time.time())
         sd.snapshot_root.mkdir(mode=0o700, parents=True, exist_ok=True)   # /dev/shm is world-readable
 
     # --- commands from the scheduler: the agent commands to send on the control socket come back ---
@@ -284,6 +282,35 @@ class Supervisor:
             return subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+
+
+# A crashed daemon's periodic snapshots are kept for the scheduler to restart their jobs from; a job that
+# is not restarted here within this long is not coming back, and tmpfs would hold its files until a reboot.
+SNAPSHOT_KEEP_S = 24 * 3600
+
+
+def sweep_snapshots(root: Path, now: float) -> None:
+    """What a previous life of this daemon left in its snapshot root. Its agents died with it
+    (PR_SET_PDEATHSIG), so no resize can fall back to a resize snapshot (`e<E>/`): those go. Periodic
+    snapshots (`s<S>/`) stay: the scheduler restarts the job, here or elsewhere, from the newest complete one
+    (elasticd.scheduler.recovery). Job directories untouched for SNAPSHOT_KEEP_S go whole."""
+    try:
+        jobs = list(root.iterdir())
+    except OSError:
+        return
+    for job in jobs:
+        if job.is_symlink() or not job.is_dir():   # nothing the daemon writes there
+            job.unlink(missing_ok=True)
+            continue
+        try:
+            stale = now - job.stat().st_mtime > SNAPSHOT_KEEP_S
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(job, ignore_errors=True)
+            continue
+        for epoch in saved_parts.epochs(job):
+            shutil.rmtree(saved_parts.epoch_dir(job, epoch), ignore_errors=True)
 
 
 def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
