@@ -10,6 +10,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,17 +120,27 @@ def curve_client(sock: zmq.Socket, identity: tuple[bytes, bytes], server_public:
 
 
 class AllowList:
-    """The ZAP check of a CURVE server: is this client's public key on the state dir's allow-list?
+    """The ZAP check of a CURVE server: is this client's public key on the state dir's allow-list, and
+    with which grant (keys.Grant: role, node id)?
 
     The list is re-read when the directory changes, so `elasticd keygen --allow` takes effect on a
-    running daemon without a restart.
+    running daemon without a restart. Refusals are logged once per key and then as one summary line per
+    `log_every_s`: anyone who can reach the port can cause them, so they must not grow the log at the
+    rate an attacker reconnects.
     """
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, log_every_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 ) -> None:
         self._state_dir = Path(state_dir)
         self._lock = threading.Lock()
-        self._mtime: float | None = None
-        self._keys: set[bytes] = set()
+        self._mtime: int | None = None
+        self._grants: dict[bytes, keys.Grant] = {}
+        self._log_every_s = log_every_s
+        self._clock = clock
+        self._logged: set[bytes] = set()      # keys whose first refusal was logged (bounded below)
+        self._quiet = 0                       # refusals since the last summary line
+        self._quiet_keys: set[bytes] = set()
+        self._next_summary = 0.0
         self.denied = 0
 
     def _reload(self) -> None:
@@ -138,19 +149,42 @@ class AllowList:
         except FileNotFoundError:
             mtime = None
         if mtime != self._mtime:
-            self._keys = keys.allowed_keys(self._state_dir)
+            self._grants = keys.allowed_grants(self._state_dir)
             self._mtime = mtime
 
-    def callback(self, domain: str, client_key: bytes) -> bool:
+    def grant(self, z85_key: bytes | str) -> keys.Grant | None:
+        """The grant of an authenticated peer (its ZMQ User-Id is its Z85 key); None once removed."""
+        k = z85_key.encode() if isinstance(z85_key, str) else z85_key
         with self._lock:
             self._reload()
-            ok = zmq.utils.z85.encode(client_key) in self._keys if len(client_key) == 32 else (
-                client_key in self._keys)
+            return self._grants.get(k)
+
+    def callback(self, domain: str, client_key: bytes) -> bool:
+        key = client_key if len(client_key) == 40 else (
+            zmq.utils.z85.encode(client_key) if len(client_key) == 32 else client_key)
+        with self._lock:
+            self._reload()
+            ok = key in self._grants
             if not ok:
                 self.denied += 1
-                log.warning("refused CURVE client %s: key not on the allow-list of %s",
-                            _printable(client_key), self._state_dir)
+                self._note_refusal(key)
             return ok
+
+    def _note_refusal(self, key: bytes) -> None:
+        now = self._clock()
+        if key not in self._logged and len(self._logged) < 1024:
+            self._logged.add(key)
+            log.warning("refused CURVE client %s: key not on the allow-list of %s (further refusals are "
+                        "summarised every %.0fs)", _printable(key), self._state_dir, self._log_every_s)
+            return
+        self._quiet += 1
+        if len(self._quiet_keys) < 1024:
+            self._quiet_keys.add(key)
+        if now >= self._next_summary:
+            log.warning("refused %d more CURVE connection(s) from %s%d key(s) not on the allow-list",
+                        self._quiet, "at least " if len(self._quiet_keys) >= 1024 else "", len(self._quiet_keys))
+            self._quiet, self._quiet_keys = 0, set()
+            self._next_summary = now + self._log_every_s
 
 
 def _printable(key: bytes) -> str:
@@ -174,6 +208,31 @@ def start_authenticator(ctx: zmq.Context, allow: AllowList) -> ThreadAuthenticat
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=_Callback(allow.callback))
     return auth
+
+
+def recv_request(sock: zmq.Socket) -> tuple[bytes, bytes, int, str | None] | None:
+    """One message from a ROUTER socket without blocking: (peer identity, first payload frame, number of
+    extra frames, the peer's ZAP User-Id), or None when nothing is waiting.
+
+    Extra frames (the protocol has one payload frame) are counted and released one by one, never joined
+    or copied into Python objects. The User-Id is the Z85 key CURVE authenticated (None on IPC/inproc).
+    """
+    try:
+        ident = sock.recv(zmq.NOBLOCK)
+    except zmq.Again:
+        return None
+    if not sock.rcvmore:
+        return ident, b"", -1, None
+    frame = sock.recv(copy=False)
+    try:
+        user_id = frame.get("User-Id") if sock.curve_server else None
+    except zmq.ZMQError:
+        user_id = None
+    extra = 0
+    while frame.more:
+        frame = sock.recv(copy=False)
+        extra += 1
+    return ident, frame.bytes if extra == 0 else b"", extra, user_id
 
 
 def send(sock: zmq.Socket, msg: protocol.Message, identity: bytes | None = None) -> bool:

@@ -36,6 +36,8 @@ UNKNOWN_NODE = "unknown_node"          # a node reported before saying hello (e.
 INVALID_STATE = "invalid_state"        # the job's state does not allow the request
 UNEXPECTED = "unexpected"              # a valid message sent to the wrong socket
 SCHEDULER_UNREACHABLE = "scheduler_unreachable"
+FORBIDDEN = "forbidden"                # the peer's key (role, node id, ownership) does not allow the request
+QUOTA = "quota"                        # a per-owner or island-wide limit on jobs is reached
 INTERNAL = "internal"
 
 _REGISTRY: dict[str, type[Message]] = {}

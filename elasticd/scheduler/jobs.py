@@ -73,6 +73,7 @@ class JobSpec:
     name: str = ""
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    owner: str = ""   # who submitted it (elasticd.scheduler.authz); "" for rows older than owners
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon.statedir import StateDir, write_info
+from elasticd.scheduler import authz
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
 from elasticd.scheduler.store import JobStore
 
@@ -59,6 +60,9 @@ class SchedulerServer:
         self.local_endpoint: str | None = None
         self.served = 0
         self.errors = 0
+        self.allow: transport.AllowList | None = None
+        self._tcp: zmq.Socket | None = None
+        self._refusals_logged: set[tuple[str, str, str]] = set()
         try:
             if bind:
                 self.allow = transport.AllowList(self.sd.root)
@@ -67,6 +71,7 @@ class SchedulerServer:
                 self.sockets.append(sock)   # before binding: close() must close it if the bind fails
                 transport.curve_server(sock, self.identity)
                 self.tcp_endpoint = transport.bind_tcp(sock, bind)
+                self._tcp = sock
             if local:
                 sock = transport.router(self.ctx)
                 self.sockets.append(sock)
@@ -128,26 +133,41 @@ class SchedulerServer:
 
     def _drain(self, sock: zmq.Socket) -> None:
         for _ in range(_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            got = transport.recv_request(sock)
+            if got is None:
                 return
-            self._serve(sock, frames)
+            ident, payload, extra, user_id = got
+            self._serve(sock, ident, payload, extra, user_id)
 
-    def _serve(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+    def _principal(self, sock: zmq.Socket, user_id: str | None) -> authz.Principal | None:
+        if sock is not self._tcp:
+            return authz.LOCAL
+        grant = self.allow.grant(user_id) if (self.allow is not None and user_id) else None
+        return authz.principal_of(user_id, grant) if grant is not None and user_id else None
+
+    def _serve(self, sock: zmq.Socket, ident: bytes, payload: bytes, extra: int = 0,
+               user_id: str | None = None) -> None:
         self.served += 1
-        ident = frames[0]
-        if len(frames) != 2:
-            self._reply(sock, ident, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {len(frames) - 1}"))
+        if extra:
+            self._reply(sock, ident, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {extra + 1}"))
             return
         try:
-            msg = p.decode(frames[1])
+            msg = p.decode(payload)
         except p.ProtocolError as e:
             log.debug("bad frame from %r: %s", ident, e)
-            self._reply(sock, ident, p.error_from(e, p.peek_rid(frames[1])))
+            self._reply(sock, ident, p.error_from(e, p.peek_rid(payload)))
+            return
+        who = self._principal(sock, user_id)
+        if who is None:   # its key left the allow-list after the handshake
+            self._reply(sock, ident, p.Error(code=p.FORBIDDEN, rid=msg.rid,
+                                             message="this key is no longer on the allow-list"))
             return
         try:
-            reply, actions = self._dispatch(sock, ident, msg)
+            why = authz.check(who, msg, self._owner_of(msg))
+            if why is not None:
+                self._refused(who, msg, why)
+                raise SchedulerError(p.FORBIDDEN, why)
+            reply, actions = self._dispatch(sock, ident, msg, who)
         except SchedulerError as e:
             reply, actions = p.Error(code=e.code, message=e.message), []
         except Exception as e:  # the server must outlive any one request
@@ -164,7 +184,23 @@ class SchedulerServer:
             self.errors += 1
         transport.send(sock, msg, ident)
 
-    def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message) -> tuple[p.Message | None, list[Send]]:
+    def _owner_of(self, msg: p.Message) -> str | None:
+        job_id = getattr(msg, "job_id", None)
+        job = self.state.jobs.get(job_id) if isinstance(job_id, str) else None
+        return job.spec.owner if job is not None else None
+
+    def _refused(self, who: authz.Principal, msg: p.Message, why: str) -> None:
+        """Log a refusal once per (key, op, node id): a node retrying its hello every second must not
+        flood the log, and an operator must still see the first one."""
+        key = (who.owner, msg.op, str(getattr(msg, "node_id", "")))
+        if key in self._refusals_logged or len(self._refusals_logged) >= 4096:
+            log.debug("%s from %s refused again: %s", msg.op, who.describe(), why)
+            return
+        self._refusals_logged.add(key)
+        log.warning("refused %s from %s: %s", msg.op, who.describe(), why)
+
+    def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message,
+                  who: authz.Principal = authz.LOCAL) -> tuple[p.Message | None, list[Send]]:
         now = time.time()
         if isinstance(msg, p.NodeStatus):
             actions = self.state.node_status(msg, now)   # raises for a node that has not said hello
@@ -176,7 +212,7 @@ class SchedulerServer:
         if isinstance(msg, p.NodeBye):
             return p.Ok(), self.state.node_bye(msg.node_id, now)
         if isinstance(msg, p.Submit):
-            job, actions = self.state.submit(msg, now)
+            job, actions = self.state.submit(msg, now, owner=who.owner)
             return p.Submitted(job_id=job.job_id), actions
         if isinstance(msg, p.Status):
             return self.state.status(msg.job_id, now), []

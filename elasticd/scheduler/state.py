@@ -83,7 +83,7 @@ class SchedulerState:
 
     # --- client requests -------------------------------------------------------------------------
 
-    def submit(self, req: p.Submit, now: float) -> tuple[Job, list[Send]]:
+    def submit(self, req: p.Submit, now: float, owner: str = "") -> tuple[Job, list[Send]]:
         """Queue a job; it may start right away.
 
         Raises:
@@ -102,7 +102,7 @@ class SchedulerState:
         self._next_seq += 1
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
-                       env=dict(req.env))
+                       env=dict(req.env), owner=owner)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
