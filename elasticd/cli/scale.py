@@ -7,11 +7,12 @@ import json
 import click
 
 from elasticd import client
+from elasticd.protocol import limits as L
 
 
 @click.command("scale")
 @click.argument("job_id", metavar="JOB")
-@click.option("--devices", "-m", type=int, required=True, help="M: the device count to run on (1..N).")
+@click.option("--devices", "-m", type=click.IntRange(1, L.MAX_WORKERS), required=True, help="M: the device count to run on (1..N).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
 def scale(job_id: str, devices: int, as_json: bool, **opts: object) -> None:

@@ -25,6 +25,7 @@ from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.agents import Supervisor
 from elasticd.daemon.statedir import StateDir, pid_alive, read_info, write_info
+from elasticd.scheduler.admission import Limits
 from elasticd.scheduler.server import SchedulerServer
 from elasticd.scheduler.state import Config
 
@@ -52,6 +53,7 @@ class DaemonConfig:
     node_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
     agent_command: list[str] | None = None
+    limits: Limits | None = None           # the embedded scheduler's retention and quotas
     spares: int | None = None              # at most this many warm spare agents, one per idle device and
                                            # at least one (elasticd/daemon/spares.py); None: no cap
 
@@ -113,7 +115,7 @@ class NodeDaemon:
             if cfg.scheduler is None:
                 local = f"inproc://elasticd-scheduler-{id(self)}"
                 self.scheduler = SchedulerServer(
-                    self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False,
+                    self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False, limits=cfg.limits,
                     config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s))
                 self.link_endpoint = local
             else:

@@ -19,7 +19,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon.statedir import StateDir, write_info
-from elasticd.scheduler import authz
+from elasticd.scheduler import admission, authz
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
 from elasticd.scheduler.store import JobStore
 
@@ -41,13 +41,16 @@ class SchedulerServer:
 
     def __init__(self, state_dir: StateDir, *, bind: str | None, local: str | None,
                  ctx: zmq.Context | None = None, config: Config | None = None,
-                 allow_shutdown: bool = True) -> None:
+                 allow_shutdown: bool = True, limits: admission.Limits | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.cfg = config or Config()
+        self.limits = limits or admission.Limits()
         self.allow_shutdown = allow_shutdown
         self.store = JobStore(self.sd.db)
         self.state = SchedulerState(self.store.load(), now=time.time(), config=self.cfg)
+        self.state.bump_seq(self.store.next_seq())
+        self._next_purge = 0.0
         self.identity = keys.ensure_identity(self.sd.root)
         self._stop = threading.Event()
         self._nodes: dict[str, tuple[zmq.Socket, bytes]] = {}
@@ -115,6 +118,7 @@ class SchedulerServer:
                     try:
                         self._execute(self.state.tick(time.time()))
                         self._expire()
+                        self._purge(time.time())
                     except Exception:  # a bug in one tick must not take the island down
                         log.exception("scheduler tick failed")
         finally:
@@ -212,14 +216,21 @@ class SchedulerServer:
         if isinstance(msg, p.NodeBye):
             return p.Ok(), self.state.node_bye(msg.node_id, now)
         if isinstance(msg, p.Submit):
+            admission.check_quota(self.state.jobs.values(), who.owner, self.limits)
+            admission.check_fits(self.state.nodes.values(), msg.min_devices, "--min-devices asks for")
             job, actions = self.state.submit(msg, now, owner=who.owner)
             return p.Submitted(job_id=job.job_id), actions
         if isinstance(msg, p.Status):
-            return self.state.status(msg.job_id, now), []
+            if msg.job_id is not None:
+                return self.state.status(msg.job_id, now), []
+            return self._status_page(msg.after, now), []
         if isinstance(msg, p.Stop):
             text, actions = self.state.stop(msg.job_id, now)
             return p.Ok(message=text), actions
         if isinstance(msg, p.Scale):
+            job = self.state.jobs.get(msg.job_id)
+            if job is not None and msg.devices <= job.spec.workers:   # beyond N gets its own error
+                admission.check_fits(self.state.nodes.values(), msg.devices, f"scale of {msg.job_id} asks for")
             text, actions = self.state.scale(msg.job_id, msg.devices, now)
             return p.Ok(message=text), actions
         if isinstance(msg, p.Logs):
@@ -238,6 +249,12 @@ class SchedulerServer:
             return p.Ok(message="scheduler shutting down"), []
         return p.Error(code=p.UNEXPECTED, message=f"the scheduler does not serve {msg.op!r}"), []
 
+    def _status_page(self, after: int, now: float) -> p.StatusReply:
+        """The job list one page at a time: whatever the table holds, every reply fits in a frame."""
+        nodes = self.state.node_infos(now)
+        jobs, next_after = admission.page(self.state.job_infos(after))
+        return p.StatusReply(jobs=jobs, nodes=nodes, next_after=next_after)
+
     def _forward_logs(self, sock: zmq.Socket, ident: bytes, msg: p.Logs) -> p.Message | None:
         """Ask the node holding the logs; its reply is relayed back under the requester's rid."""
         route = self._nodes.get(msg.node_id)
@@ -252,6 +269,16 @@ class SchedulerServer:
             self._pending.pop(self._rid, None)
             return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not reachable")
         return None
+
+    def _purge(self, now: float, every_s: float = 5.0) -> None:
+        if now < self._next_purge:
+            return
+        self._next_purge = now + every_s
+        gone = self.state.purge(admission.expired(self.state.jobs.values(), now, self.limits))
+        if gone:
+            self.store.delete(gone, self.state.next_seq)
+            log.info("purged %d ended job(s) past retention: %s%s", len(gone), ",".join(gone[:10]),
+                     "..." if len(gone) > 10 else "")
 
     def _expire(self) -> None:
         now = time.monotonic()

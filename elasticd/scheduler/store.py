@@ -56,5 +56,19 @@ class JobStore:
             self._db.execute("BEGIN")
             self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", rows)
 
+    def delete(self, job_ids: Iterable[str], next_seq: int) -> None:
+        """Remove purged jobs; `next_seq` is kept so that their ids are never handed out again."""
+        ids = [(j,) for j in job_ids]
+        if not ids:
+            return
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM jobs WHERE job_id = ?", ids)
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(next_seq),))
+
+    def next_seq(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()
+        return int(row[0]) if row else 0
+
     def close(self) -> None:
         self._db.close()
