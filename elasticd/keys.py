@@ -63,8 +63,34 @@ def allowed_dir(state_dir: Path) -> Path:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
+    """Make `path` a 0700 dir of ours.
+
+    Raises:
+        BadKeyError: if it exists as a symlink or a dir we did not make (another owner, loose mode).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadKeyError(f"{path} is not a directory (a symlink?): not trusting it")
+    why = trusted_file(st)
+    if why:
+        raise BadKeyError(f"not trusting {path}: it is {why}")
     os.chmod(path, 0o700)
+
+
+def _own_file(path: Path) -> None:
+    """Raises:
+        BadKeyError: if `path` is a symlink, not a regular file, or not written by this user alone.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise BadKeyError(f"{path} is not a regular file (a symlink?): not trusting it")
+    why = trusted_file(st)
+    if why:
+        raise BadKeyError(f"not trusting {path}: it is {why}")
 
 
 def ensure_identity(state_dir: Path, force: bool = False) -> tuple[bytes, bytes]:
@@ -76,7 +102,7 @@ def ensure_identity(state_dir: Path, force: bool = False) -> tuple[bytes, bytes]
     _private_dir(Path(state_dir))
     _private_dir(kd)
     pub, sec = kd / "id.key", kd / "id.key_secret"
-    if force or not sec.exists():
+    if force or not os.path.lexists(sec):
         old = os.umask(0o077)
         try:
             zmq.auth.create_certificates(str(kd), "id")
@@ -84,6 +110,7 @@ def ensure_identity(state_dir: Path, force: bool = False) -> tuple[bytes, bytes]
             os.umask(old)
         os.chmod(sec, 0o600)
         log.info("created CURVE identity %s", pub)
+    _own_file(sec)
     public, secret = zmq.auth.load_certificate(str(sec))
     if secret is None:
         raise BadKeyError(f"{sec} holds no secret key")
@@ -95,6 +122,7 @@ def load_identity(state_dir: Path) -> tuple[bytes, bytes] | None:
     sec = keys_dir(state_dir) / "id.key_secret"
     if not sec.exists():
         return None
+    _own_file(sec)
     public, secret = zmq.auth.load_certificate(str(sec))
     return (public, secret) if secret is not None else None
 

@@ -41,7 +41,14 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
 
     if allow is None and (node_id is not None or role != "client"):
         raise click.UsageError("--role and --node-id go with --allow KEY")
-    sd = StateDir.resolve(state_dir).create()
+    from elasticd.cli import EXIT_DAEMON_ERROR
+    from elasticd.daemon.statedir import UnsafeStateDir
+
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
     try:
         if allow is not None:
             public = keys.parse_public_key(allow)

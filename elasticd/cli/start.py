@@ -74,9 +74,13 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     """
     from elasticd import keys
     from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
-    from elasticd.daemon.statedir import StateDir
+    from elasticd.daemon.statedir import StateDir, UnsafeStateDir
 
-    sd = StateDir.resolve(state_dir).create()
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
     setup_logging(log_level, sd.root / "daemon.log")
     key = None
     if scheduler is not None:

@@ -24,10 +24,11 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.agents import Supervisor
-from elasticd.daemon.statedir import StateDir, pid_alive, read_info, write_info
+from elasticd.daemon.statedir import StateDir, UnsafeStateDir, pid_alive, read_info, write_info
 from elasticd.scheduler.admission import Limits
 from elasticd.scheduler.server import SchedulerServer
 from elasticd.scheduler.state import Config
+from elasticd.scheduler.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,10 @@ def lock_state_dir(sd: StateDir, what: str) -> int:
         DaemonError: if another daemon or scheduler holds it.
     """
     sd.create()
-    fd = os.open(sd.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(sd.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:   # ELOOP: a symlink planted where we would truncate and write
+        raise DaemonError(f"cannot open {sd.lock} without following links: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -126,7 +130,7 @@ class NodeDaemon:
                 transport.curve_client(self.link, self.identity, cfg.scheduler_key)
                 self.link_endpoint = cfg.scheduler
             self.link.connect(self.link_endpoint)
-        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError) as e:
+        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError, StoreError, UnsafeStateDir) as e:
             self._close()
             raise DaemonError(str(e)) from e
         except BaseException:

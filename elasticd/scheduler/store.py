@@ -20,10 +20,17 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 
 
+class StoreError(RuntimeError):
+    """The job table cannot be opened safely (a symlink in its place, another schema)."""
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        for p in (self.path, self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
+            if p.is_symlink():   # sqlite would follow it and write the job table to its target
+                raise StoreError(f"{p} is a symlink: refusing to open the job table through it")
         # The scheduler loop owns the connection; check_same_thread=False only lets the embedded
         # scheduler thread open it in __init__ and use it in run().
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
@@ -36,7 +43,7 @@ class JobStore:
         if row is None:
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: job table schema {row[0]}, this elasticd reads {SCHEMA_VERSION}")
+            raise StoreError(f"{self.path}: job table schema {row[0]}, this elasticd reads {SCHEMA_VERSION}")
 
     def load(self) -> list[Job]:
         jobs = []
