@@ -25,11 +25,33 @@ log = logging.getLogger(__name__)
 # frames between protocol.MAX_FRAME_BYTES and this get a typed `too_large` reply.
 TRANSPORT_MAX_BYTES = 4 * protocol.MAX_FRAME_BYTES
 SEND_HWM = 10_000
+# A CURVE peer must finish its handshake within this (libzmq's default is 30 s): an idle connection that
+# never presents a key holds a file descriptor only this long, so reconnecting is all an attacker can do.
+HANDSHAKE_IVL_MS = 3000
 IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for the NUL
 
 
 class TransportError(RuntimeError):
     """A socket could not be set up (bad endpoint, path too long, port taken)."""
+
+
+def raise_fd_limit(want: int = 65536) -> int:
+    """Raise the soft limit on open files toward the hard one; returns the new soft limit.
+
+    Every TCP connection holds a descriptor until its handshake succeeds or times out; at a soft limit of
+    1024, a few hundred idle connections left libzmq unable to accept (and spinning on the listener).
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, e)
+    return soft
 
 
 def is_tcp(endpoint: str) -> bool:
@@ -107,6 +129,7 @@ def bind_tcp(sock: zmq.Socket, endpoint: str) -> str:
 
 def curve_server(sock: zmq.Socket, identity: tuple[bytes, bytes]) -> None:
     public, secret = identity
+    sock.handshake_ivl = HANDSHAKE_IVL_MS
     sock.curve_publickey = public
     sock.curve_secretkey = secret
     sock.curve_server = True
@@ -204,7 +227,11 @@ class _Callback:
 
 def start_authenticator(ctx: zmq.Context, allow: AllowList) -> ThreadAuthenticator:
     """Start ZAP for `ctx`: every CURVE server socket in the context checks the allow-list."""
-    auth = ThreadAuthenticator(ctx, log=logging.getLogger("elasticd.auth"))
+    zap_log = logging.getLogger("elasticd.auth")
+    # pyzmq logs every ZAP decision at DEBUG: one line per connection attempt of anyone who can reach the
+    # port, even at --log-level DEBUG. AllowList logs refusals, rate-limited, instead.
+    zap_log.setLevel(logging.INFO)
+    auth = ThreadAuthenticator(ctx, log=zap_log)
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=_Callback(allow.callback))
     return auth

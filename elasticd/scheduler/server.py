@@ -68,6 +68,7 @@ class SchedulerServer:
         self._refusals_logged: set[tuple[str, str, str]] = set()
         try:
             if bind:
+                transport.raise_fd_limit()
                 self.allow = transport.AllowList(self.sd.root)
                 self._auth = transport.start_authenticator(self.ctx, self.allow)
                 sock = transport.router(self.ctx)
