@@ -158,3 +158,30 @@ def test_authz_table_closes_ops_it_does_not_name():
     # an op the table does not name (here: a reply type) is admin-only
     assert "admin key" in authz.check(client, p.Ok())
     assert "admin key" in authz.check(node, p.Shutdown())
+
+
+def test_a_node_allowed_without_a_role_is_told_how_to_migrate(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        a = c.daemon("a", cpu=1)
+        b_dir = tmp_path / "b"
+        pub = keys.ensure_identity(b_dir)[0].decode()
+        legacy = keys.allowed_dir(a.state_dir) / "node-b.key"   # allowed the way it was done before roles
+        legacy.write_text(f'# elasticd allowed client key\nmetadata\ncurve\n    public-key = "{pub}"\n')
+        legacy.chmod(0o600)
+        b = c.daemon("b", "--scheduler", a.info()["scheduler_tcp"], "--scheduler-key",
+                     str(a.state_dir / "keys" / "id.key"), "--node-id", "b", cpu=1)
+        hint = "scheduler error: forbidden: key 'node-b' (client) may not send node_hello"
+        wait_until(lambda: hint in b.output() and "--role node --node-id ID" in b.output(), 10,
+                   what="the refusal, with the command that fixes it, in node b's log")
+        # the hello is repeated every heartbeat (0.1 s here); each side logs the refusal once
+        wait_until(lambda: a.output().count("refused node_hello from key 'node-b'") == 1
+                   and "node_hello from key 'node-b' (client) refused again" in a.output(), 10)
+        assert b.output().count(hint) == 1
+        assert [n["node_id"] for n in status(a.state_dir)["nodes"]] == [a.info()["node_id"]]
+        # the migration: allowed again with a role, the same running node joins
+        assert cli("keygen", "--state-dir", str(a.state_dir), "--allow", pub, "--name", "node-b", "--role", "node",
+                   "--node-id", "b").code == 0
+        wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join once re-allowed")
+    finally:
+        c.cleanup()

@@ -104,6 +104,7 @@ class NodeDaemon:
         self._seq = 0
         self._next_beat = 0.0
         self._push = False
+        self._last_error: tuple[str, str] | None = None
         self.heartbeat_s = cfg.heartbeat_s
         self.cli: zmq.Socket | None = None
         self.agents: zmq.Socket | None = None
@@ -341,7 +342,8 @@ class NodeDaemon:
                 log.info("scheduler does not know node %s (restarted?); saying hello again", self.node_id)
                 self._welcomed = False
                 self._next_beat = 0.0
-            else:
+            elif (msg.code, msg.message) != self._last_error:   # a refused hello repeats every heartbeat
+                self._last_error = (msg.code, msg.message)
                 log.warning("scheduler error: %s: %s", msg.code, msg.message)
 
     def _heartbeat(self, now: float) -> None:
