@@ -152,6 +152,8 @@ def test_authz_table_closes_ops_it_does_not_name():
     assert authz.check(client, p.Stop(job_id="j1"), job_owner="") is not None    # a row older than owners
     assert authz.check(node, p.Submit(script="/x", workers=1)) is None             # relayed from its CLI
     assert authz.check(node, p.Stop(job_id="j1"), job_owner="K") is not None
+    assert authz.check(node, p.Logs(job_id="j1"), job_owner="K") is None          # `logs` gathers from nodes
+    assert authz.check(client, p.Logs(job_id="j1"), job_owner="N") is not None
     assert authz.check(admin, p.NodeBye(node_id="n1")) is not None                 # admin is not a node
     assert authz.check(admin, p.Stop(job_id="j1"), job_owner="K") is None
     assert authz.check(authz.LOCAL, p.NodeHello(node_id="any", host="", pid=1, devices=[], jobs=[])) is None

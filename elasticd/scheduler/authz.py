@@ -6,8 +6,9 @@ that principal may send this message. No sockets here, so every rule is unit-tes
 
     role     may send
     node     node_hello / node_status / node_bye / logs_reply for its own node id only; plus what a
-             client may (the CLI on that node relays submit/status/stop/scale/logs through it)
-    client   submit, status, logs; stop and scale of the jobs it submitted
+             client may (the CLI on that node relays submit/status/stop/scale/logs through it), and
+             the logs of any job
+    client   submit, status; logs, stop and scale of the jobs it submitted
     admin    everything: stop/scale anyone's job, shutdown, and any op not listed here (drain, ...)
     local    as admin, and node messages for any node id (the embedded scheduler's own daemon)
 
@@ -69,7 +70,9 @@ def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str |
     if who.admin:
         return None
     if isinstance(msg, _ANYONE):
-        if isinstance(msg, p.Logs) and job_owner is not None and job_owner != who.owner:
+        # A node already hosts jobs' agents and their logs, and `elasticd logs` on it gathers a job's logs
+        # from every node: it may read any job's. A client key reads its own jobs' only.
+        if isinstance(msg, p.Logs) and who.role == keys.CLIENT and job_owner is not None and job_owner != who.owner:
             return f"{who.describe()} may read only the logs of its own jobs"
         return None
     if isinstance(msg, _OWNER_OR_ADMIN):
