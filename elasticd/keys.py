@@ -174,7 +174,11 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
     _private_dir(ad)
     target = ad / f"{name}.key"
     want = Grant(name, role, node_id)
-    current = _read_grant(target)
+    try:
+        current = _read_grant(target)
+    except BadKeyError as e:   # something we did not write: replaced below (os.replace swaps a link itself)
+        log.warning("replacing %s: %s", target, e)
+        current = None
     if current is not None and current[0] == public and current[1] == want:
         return target
     tmp = ad / f".{name}.key.tmp"

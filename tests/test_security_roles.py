@@ -157,6 +157,8 @@ def test_authz_table_closes_ops_it_does_not_name():
     assert authz.check(admin, p.NodeBye(node_id="n1")) is not None                 # admin is not a node
     assert authz.check(admin, p.Stop(job_id="j1"), job_owner="K") is None
     assert authz.check(authz.LOCAL, p.NodeHello(node_id="any", host="", pid=1, devices=[], jobs=[])) is None
+    # any node-protocol message is bound to the node id, including ones the scheduler does not serve
+    assert "only a node key" in authz.check(admin, p.KillJob(job_id="j1", reason=""))
     # an op the table does not name (here: a reply type) is admin-only
     assert "admin key" in authz.check(client, p.Ok())
     assert "admin key" in authz.check(node, p.Shutdown())

@@ -111,6 +111,11 @@ def test_a_planted_allowed_key_lets_no_one_in(cluster, tmp_path):
         assert r.code == 3 and "refused" in r.err, (sd.name, r.code, r.err)
     wait_until(lambda: all(f"not trusting allowed key {sd.name}.key" in node.output() for sd in intruders), 10,
                what="a warning for each planted key")
+    # allowing a key under a planted name replaces the link, and leaves its target alone
+    before = (tmp_path / "elsewhere.key").read_text()
+    pub = keys.ensure_identity(tmp_path / "linked")[0].decode()
+    assert cli("keygen", "--state-dir", str(node.state_dir), "--allow", pub, "--name", "linked").code == 0
+    assert not (ad / "linked.key").is_symlink() and (tmp_path / "elsewhere.key").read_text() == before
 
 
 def _st(uid: int, mode: int) -> os.stat_result:

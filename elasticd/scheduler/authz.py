@@ -24,7 +24,14 @@ from elasticd import protocol as p
 
 LOCAL_OWNER = "local"
 
-_NODE_OPS = (p.NodeHello, p.NodeStatus, p.NodeBye, p.LogsReply)
+_NODE_MODULE = p.NodeHello.__module__   # elasticd.protocol.nodes: everything a node and the scheduler say
+
+
+def _node_op(msg: p.Message) -> bool:
+    """A node's own message: any type of protocol/nodes.py (so one added there later is bound to its node
+    too, not opened to every key), and the node's answer to a forwarded `logs` request."""
+    return type(msg).__module__ == _NODE_MODULE or isinstance(msg, p.LogsReply)
+
 _ANYONE = (p.Submit, p.Status, p.Logs)
 _OWNER_OR_ADMIN = (p.Stop, p.Scale)
 
@@ -57,8 +64,8 @@ def principal_of(key: str, grant: keys.Grant) -> Principal:
 def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str | None:
     """Why `who` may not send `msg` (None: it may). `job_owner` is the owner of the job `msg` names,
     when it names one that exists."""
-    if isinstance(msg, _NODE_OPS):
-        node_id = msg.node_id
+    if _node_op(msg):
+        node_id = getattr(msg, "node_id", who.node_id)
         if who.local:
             return None
         if who.role != keys.NODE:
