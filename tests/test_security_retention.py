@@ -78,3 +78,27 @@ def test_quota_per_owner(cluster, tmp_path):
     first = status(sd)["jobs"][0]["job_id"]
     assert cli("stop", first, "--state-dir", str(sd)).code == 0     # an ended job frees its slot
     assert cli("submit", FAKE_SCRIPT, "--workers", "1", "--state-dir", str(sd)).code == 0
+
+
+def test_an_ended_job_s_env_does_not_stay_in_the_job_table(cluster, tmp_path):
+    sd = tmp_path / "env"
+    sd.mkdir(mode=0o700)
+    start_scheduler(cluster, "env")
+    job = cli("submit", FAKE_SCRIPT, "--workers", "1", "--env", "API_TOKEN=s3cret-value", "--state-dir", str(sd))
+    assert job.code == 0, job.err
+    job = job.out.strip()
+    assert b"s3cret-value" in (sd / "scheduler.db").read_bytes() + _wal(sd)   # queued: kept until it runs
+    assert cli("stop", job, "--state-dir", str(sd)).code == 0
+
+    def scrubbed() -> bool:
+        store = JobStore(sd / "scheduler.db")
+        try:
+            return [j.spec.env for j in store.load() if j.job_id == job] == [{}]
+        finally:
+            store.close()
+    wait_until(scrubbed, 20, what="the stopped job's env to be dropped from the table")
+
+
+def _wal(sd: Path) -> bytes:
+    wal = sd / "scheduler.db-wal"
+    return wal.read_bytes() if wal.exists() else b""

@@ -74,6 +74,12 @@ def expired(jobs: Iterable[Job], now: float, limits: Limits) -> list[str]:
     return out
 
 
+def scrub(jobs: Iterable[Job]) -> list[Job]:
+    """Ended jobs that still hold their --env: it is needed only to launch agents, and may hold secrets
+    that should not sit in the job table for the whole retention period."""
+    return [j for j in jobs if j.state.terminal and j.spec.env]
+
+
 def page(infos: Iterable[tuple[int, p.JobInfo]], budget: int = PAGE_BYTES) -> tuple[list[p.JobInfo], int]:
     """Jobs (in seq order) until their encoded size would pass `budget` (always at least one); and the
     seq to continue after, 0 when this page holds the rest."""

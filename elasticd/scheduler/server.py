@@ -275,6 +275,10 @@ class SchedulerServer:
         if now < self._next_purge:
             return
         self._next_purge = now + every_s
+        for job in admission.scrub(self.state.jobs.values()):
+            job.spec.env = {}
+            self.state.changed(job)
+        self.store.save(self.state.take_dirty())
         gone = self.state.purge(admission.expired(self.state.jobs.values(), now, self.limits))
         if gone:
             self.store.delete(gone, self.state.next_seq)
