@@ -132,7 +132,7 @@ class Scale(Message):
     devices: int
 
     def check(self) -> str | None:
-        if not 1 <= self.devices <= L.MAX_WORKERS:
+        if abs(self.devices) > L.MAX_WORKERS:   # within that, the scheduler answers with the job's own 1..N
             return f"devices must be in 1..{L.MAX_WORKERS}, got {self.devices}"
         return _job_id(self.job_id)
 

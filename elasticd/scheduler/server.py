@@ -56,6 +56,7 @@ class SchedulerServer:
         self._nodes: dict[str, tuple[zmq.Socket, bytes]] = {}
         # requests forwarded to a node: our rid -> (socket, requester identity, its rid, deadline)
         self._pending: dict[int, tuple[zmq.Socket, bytes, int, float]] = {}
+        self._forwarded_to: dict[int, str] = {}   # our rid -> the node asked (no other node may answer)
         self._rid = 0
         self._auth = None
         self.sockets: list[zmq.Socket] = []
@@ -237,9 +238,11 @@ class SchedulerServer:
         if isinstance(msg, p.Logs):
             return self._forward_logs(sock, ident, msg), []
         if isinstance(msg, p.LogsReply):
-            pending = self._pending.pop(msg.rid, None)
-            if pending is None:
+            pending = self._pending.get(msg.rid)
+            if pending is None or self._forwarded_to.get(msg.rid) != msg.node_id:   # only the node asked answers
                 return p.Error(code=p.UNEXPECTED, message="no request is waiting for this reply (late?)"), []
+            self._pending.pop(msg.rid)
+            self._forwarded_to.pop(msg.rid, None)
             psock, pident, prid, _ = pending
             msg.rid = prid
             self._reply(psock, pident, msg)
@@ -264,10 +267,12 @@ class SchedulerServer:
             return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not connected")
         self._rid += 1
         self._pending[self._rid] = (sock, ident, msg.rid, time.monotonic() + FORWARD_TIMEOUT_S)
+        self._forwarded_to[self._rid] = msg.node_id
         fwd = p.Logs(job_id=msg.job_id, node_id=msg.node_id, offsets=msg.offsets, max_bytes=msg.max_bytes,
                      rid=self._rid)
         if not transport.send(route[0], fwd, route[1]):
             self._pending.pop(self._rid, None)
+            self._forwarded_to.pop(self._rid, None)
             return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not reachable")
         return None
 
@@ -289,6 +294,7 @@ class SchedulerServer:
         now = time.monotonic()
         for rid in [r for r, v in self._pending.items() if v[3] < now]:
             sock, ident, prid, _ = self._pending.pop(rid)
+            self._forwarded_to.pop(rid, None)
             self._reply(sock, ident, p.Error(code=p.SCHEDULER_UNREACHABLE, rid=prid,
                                              message=f"no answer from the node within {FORWARD_TIMEOUT_S:.0f}s"))
 
