@@ -56,7 +56,7 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
                 c for c in public.decode() if c.isalnum())[:12], role=role, node_id=node_id)
             doc = {"allowed": public.decode(), "path": str(path), "role": role, "node_id": node_id}
             click.echo(json.dumps(doc) if as_json else f"allowed {public.decode()} as {role}"
-                       + (f" of node {node_id}" if node_id else "") + f" ({path})")
+                       + (f" {node_id}" if node_id else "") + f" ({path})")
             return
         public, _ = keys.ensure_identity(sd.root, force=force)
     except keys.BadKeyError as e:
