@@ -169,12 +169,14 @@ def test_a_node_allowed_without_a_role_is_told_how_to_migrate(tmp_path):
     try:
         a = c.daemon("a", cpu=1)
         b_dir = tmp_path / "b"
-        pub = keys.ensure_identity(b_dir)[0].decode()
+        doc = cli("keygen", "--state-dir", str(b_dir), "--json").json()   # the key, and the id b will use
+        pub, b_id = doc["public_key"], doc["node_id"]
         legacy = keys.allowed_dir(a.state_dir) / "node-b.key"   # allowed the way it was done before roles
         legacy.write_text(f'# elasticd allowed client key\nmetadata\ncurve\n    public-key = "{pub}"\n')
         legacy.chmod(0o600)
         b = c.daemon("b", "--scheduler", a.info()["scheduler_tcp"], "--scheduler-key",
-                     str(a.state_dir / "keys" / "id.key"), "--node-id", "b", cpu=1)
+                     str(a.state_dir / "keys" / "id.key"), cpu=1)
+        assert b.info()["node_id"] == b_id
         hint = "scheduler error: forbidden: key 'node-b' (client) may not send node_hello"
         wait_until(lambda: hint in b.output() and "--role node --node-id ID" in b.output(), 10,
                    what="the refusal, with the command that fixes it, in node b's log")
@@ -185,7 +187,7 @@ def test_a_node_allowed_without_a_role_is_told_how_to_migrate(tmp_path):
         assert [n["node_id"] for n in status(a.state_dir)["nodes"]] == [a.info()["node_id"]]
         # the migration: allowed again with a role, the same running node joins
         assert cli("keygen", "--state-dir", str(a.state_dir), "--allow", pub, "--name", "node-b", "--role", "node",
-                   "--node-id", "b").code == 0
+                   "--node-id", b_id).code == 0
         wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join once re-allowed")
     finally:
         c.cleanup()

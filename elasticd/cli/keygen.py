@@ -62,5 +62,9 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
     except keys.BadKeyError as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_USAGE)
-    doc = {"public_key": public.decode(), "path": str(keys.keys_dir(sd.root) / "id.key")}
+    from elasticd.daemon.statedir import default_node_id
+
+    # node_id: what to bind this key to on the scheduler when a daemon started without --node-id uses it
+    doc = {"public_key": public.decode(), "path": str(keys.keys_dir(sd.root) / "id.key"),
+           "node_id": default_node_id(sd)}
     click.echo(json.dumps(doc) if as_json else public.decode())

@@ -9,10 +9,8 @@ relayed back; `logs` and `shutdown` are answered here. The scheduler sees this n
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +22,14 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.agents import Supervisor
-from elasticd.daemon.statedir import StateDir, UnsafeStateDir, pid_alive, read_info, write_info
+from elasticd.daemon.statedir import (
+    StateDir,
+    UnsafeStateDir,
+    default_node_id,
+    pid_alive,
+    read_info,
+    write_info,
+)
 from elasticd.scheduler.admission import Limits
 from elasticd.scheduler.server import SchedulerServer
 from elasticd.scheduler.state import Config
@@ -59,9 +64,6 @@ class DaemonConfig:
                                            # at least one (elasticd/daemon/spares.py); None: no cap
 
 
-def default_node_id(sd: StateDir) -> str:
-    """Stable across restarts of the same state dir, distinct for two daemons on one host."""
-    return f"{socket.gethostname()}-{hashlib.sha1(str(sd.root).encode()).hexdigest()[:6]}"
 
 
 def lock_state_dir(sd: StateDir, what: str) -> int:

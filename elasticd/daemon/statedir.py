@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,12 @@ class StateDir:
 
     def snapshot_dir(self, job_id: str) -> Path:
         return self.snapshot_root / safe_name(job_id)
+
+
+def default_node_id(sd: StateDir) -> str:
+    """Stable across restarts of the same state dir, distinct for two daemons on one host (what a node
+    key is bound to with `keygen --allow --role node --node-id`, unless `start --node-id` names another)."""
+    return f"{socket.gethostname()}-{hashlib.sha1(str(sd.root).encode()).hexdigest()[:6]}"
 
 
 def safe_name(job_id: str) -> str:
