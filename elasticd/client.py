@@ -185,7 +185,9 @@ def fail(code: int, message: str, as_json: bool = False, error_code: str = "") -
         click.echo(json.dumps({"op": "error", "code": error_code or _CODE_NAMES.get(code, "error"),
                                "message": message}))
     else:
-        click.echo(f"Error: {message}", err=True)
+        from elasticd.cli.text import printable
+
+        click.echo(f"Error: {printable(message)}", err=True)
     sys.exit(code)
 
 

@@ -47,9 +47,10 @@ def test_one_job_spans_two_nodes_of_one_scheduler(cluster, tmp_path, reference):
     nodes = []
     for name in ("a", "b"):
         pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
-        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name).code == 0
+        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name, "--role", "node",
+                   "--node-id", name).code == 0
         nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
-                                    str(sched.state_dir / "keys" / "id.key"), cpu=1, fake=False))
+                                    str(sched.state_dir / "keys" / "id.key"), "--node-id", name, cpu=1, fake=False))
     wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 30, what="both nodes to join")
     out = tmp_path / "final.pt"
     r = cli("submit", SCRIPT, "--workers", str(WORKERS), "--min-devices", str(DEVICES),

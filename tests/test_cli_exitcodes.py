@@ -59,13 +59,18 @@ def test_error_replies_are_exit_1_also_with_json(node, args, code):
     assert doc["op"] == "error" and doc["code"] == code and doc["message"]
 
 
-def test_scale_out_of_range_is_exit_1(node):
-    r = cli("submit", FAKE_SCRIPT, "--workers", "2", "--min-devices", "2", "--state-dir", str(node.state_dir))
-    job = r.out.strip()   # needs 2 devices, the node has 1: stays queued
-    for m in ("0", "3", "-1"):
-        r = cli("scale", job, "--devices", m, "--state-dir", str(node.state_dir))
-        assert r.code == 1 and "bad_request" in r.err, (m, r.err)
-    assert cli("stop", job, "--state-dir", str(node.state_dir)).code == 0
+def test_scale_out_of_range_is_exit_1_or_2(node):
+    sd = str(node.state_dir)
+    hung = cli("submit", FAKE_SCRIPT, "--workers", "1", "--env", "FAKE_MODE=hang", "--state-dir", sd).out.strip()
+    job = cli("submit", FAKE_SCRIPT, "--workers", "2", "--state-dir", sd).out.strip()   # queued behind it
+    r = cli("scale", job, "--devices", str(10**30), "--state-dir", sd)   # cannot even be sent
+    assert r.code == 2 and "--devices" in r.err and "Traceback" not in r.err, r.err
+    # outside 1..N; beyond what the island can offer
+    for m, why in (("0", "1..2"), ("-1", "1..2"), ("3", "1..2"), ("2", "the island has 1")):
+        r = cli("scale", job, "--devices", m, "--state-dir", sd)
+        assert r.code == 1 and "bad_request" in r.err and why in r.err, (m, r.err)
+    for j in (job, hung):
+        assert cli("stop", j, "--state-dir", sd).code == 0
 
 
 @pytest.mark.parametrize("args", [

@@ -150,8 +150,10 @@ def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
     sched_key = a.state_dir / "keys" / "id.key"
     b_dir = tmp_path / "b"
     pub_b = cli("keygen", "--state-dir", str(b_dir)).out.strip()
-    assert cli("keygen", "--state-dir", str(a.state_dir), "--allow", pub_b, "--name", "node-b").code == 0
-    b = cluster.daemon("b", "--scheduler", a.info()["scheduler_tcp"], "--scheduler-key", str(sched_key), cpu=1)
+    assert cli("keygen", "--state-dir", str(a.state_dir), "--allow", pub_b, "--name", "node-b", "--role", "node",
+               "--node-id", "b").code == 0
+    b = cluster.daemon("b", "--scheduler", a.info()["scheduler_tcp"], "--scheduler-key", str(sched_key),
+                       "--node-id", "b", cpu=1)
     wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join")
     out = tmp_path / "out"
     out.mkdir()

@@ -74,9 +74,10 @@ def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_th
     nodes = []
     for name in ("a", "b"):
         pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
-        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name).code == 0
+        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name, "--role", "node",
+                   "--node-id", name).code == 0
         nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
-                                    str(sched.state_dir / "keys" / "id.key"), cpu=1, fake=False))
+                                    str(sched.state_dir / "keys" / "id.key"), "--node-id", name, cpu=1, fake=False))
     sd = sched.state_dir
     wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="both nodes to join")
     out = tmp_path / "run"

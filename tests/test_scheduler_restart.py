@@ -16,9 +16,10 @@ def test_scheduler_killed_and_restarted_keeps_the_job_table(cluster, tmp_path):
     endpoint = sched.info()["tcp"]
     node_dir = tmp_path / "node"
     pub = cli("keygen", "--state-dir", str(node_dir)).out.strip()
-    assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub).code == 0
+    assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--role", "node",
+               "--node-id", "node").code == 0
     node = cluster.daemon("node", "--scheduler", endpoint, "--scheduler-key",
-                          str(sched.state_dir / "keys" / "id.key"), cpu=2)
+                          str(sched.state_dir / "keys" / "id.key"), "--node-id", "node", cpu=2)
     sd = node.state_dir
 
     def submit(*args: str) -> str:

@@ -52,3 +52,30 @@ def main() -> None:
 def register(name: str, attr: str | None = None) -> None:
     """Add a command module to the group (used by packages that extend the CLI)."""
     _COMMANDS[name] = attr or name
+
+
+def limit_options(fn):
+    """The scheduler's retention and quota options, shared by `start` (embedded) and `scheduler`."""
+    import click
+
+    from elasticd.scheduler.admission import Limits
+
+    d = Limits()
+    fn = click.option("--max-jobs-per-owner", type=click.IntRange(1, 10**6), default=d.max_jobs_per_owner,
+                      show_default=True, help="Queued + running jobs one key (or the local user) may have.")(fn)
+    fn = click.option("--max-jobs", type=click.IntRange(1, 10**6), default=d.max_jobs, show_default=True,
+                      help="Queued + running jobs on the island.")(fn)
+    fn = click.option("--max-ended-jobs", type=click.IntRange(0, 10**6), default=d.max_ended, show_default=True,
+                      help="Ended jobs kept in the table (oldest purged first), whatever --job-retention says.")(fn)
+    fn = click.option("--job-retention", type=click.FloatRange(0, 10**9), default=d.job_retention_s,
+                      show_default=True, metavar="SECONDS",
+                      help="Ended jobs are purged from the job table this long after they ended.")(fn)
+    return fn
+
+
+def limits_from(opts: dict):
+    """Pop the limit options out of a command's keyword arguments."""
+    from elasticd.scheduler.admission import Limits
+
+    return Limits(job_retention_s=opts.pop("job_retention"), max_ended=opts.pop("max_ended_jobs"),
+                  max_jobs=opts.pop("max_jobs"), max_jobs_per_owner=opts.pop("max_jobs_per_owner"))

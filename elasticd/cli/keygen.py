@@ -16,31 +16,55 @@ from elasticd.cli import EXIT_USAGE
 @click.option("--force", is_flag=True, help="Replace the identity with a new keypair.")
 @click.option("--allow", "allow", default=None, metavar="KEY",
               help="Instead: put KEY (Z85 text or a .key file) on this state dir's allow-list.")
+@click.option("--role", type=click.Choice(["client", "node", "admin"]), default="client", show_default=True,
+              help="With --allow: what the key may do. client: submit, status, logs, stop/scale its own jobs; "
+                   "node: join as the node --node-id (and relay its CLI's requests as a client); admin: "
+                   "anything, including stopping others' jobs and shutdown.")
+@click.option("--node-id", default=None, metavar="ID",
+              help="With --role node: the one node id this key may speak for (`elasticd start --node-id`).")
 @click.option("--name", default=None, help="File name for the allowed key [default: derived from the key].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def keygen(state_dir: str | None, force: bool, allow: str | None, name: str | None, as_json: bool) -> None:
+def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, node_id: str | None, name: str | None,
+           as_json: bool) -> None:
     """Create this state dir's CURVE identity (if missing) and print its public key.
 
     Give the printed key to the scheduler's operator, who allows it with `elasticd keygen --allow KEY`
     on the scheduler's state dir; daemons and CLIs pass the scheduler's key as --scheduler-key /
     --server-key. The secret half stays in DIR/keys/id.key_secret (mode 0600). A running daemon or
     scheduler picks up allow-list changes without a restart.
+
+    Every allowed key has a role (--role); a node's key is bound to its node id (--node-id). Keys
+    allowed before roles existed are read as clients until allowed again with a role.
     """
     from elasticd import keys
     from elasticd.daemon.statedir import StateDir
 
-    sd = StateDir.resolve(state_dir).create()
+    if allow is None and (node_id is not None or role != "client"):
+        raise click.UsageError("--role and --node-id go with --allow KEY")
+    from elasticd.cli import EXIT_DAEMON_ERROR
+    from elasticd.daemon.statedir import UnsafeStateDir
+
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
     try:
         if allow is not None:
             public = keys.parse_public_key(allow)
-            path = keys.allow_key(sd.root, public, name or "client-" + "".join(
-                c for c in public.decode() if c.isalnum())[:12])
-            doc = {"allowed": public.decode(), "path": str(path)}
-            click.echo(json.dumps(doc) if as_json else f"allowed {public.decode()} ({path})")
+            path = keys.allow_key(sd.root, public, name or f"{role}-" + "".join(
+                c for c in public.decode() if c.isalnum())[:12], role=role, node_id=node_id)
+            doc = {"allowed": public.decode(), "path": str(path), "role": role, "node_id": node_id}
+            click.echo(json.dumps(doc) if as_json else f"allowed {public.decode()} as {role}"
+                       + (f" {node_id}" if node_id else "") + f" ({path})")
             return
         public, _ = keys.ensure_identity(sd.root, force=force)
     except keys.BadKeyError as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_USAGE)
-    doc = {"public_key": public.decode(), "path": str(keys.keys_dir(sd.root) / "id.key")}
+    from elasticd.daemon.statedir import default_node_id
+
+    # node_id: what to bind this key to on the scheduler when a daemon started without --node-id uses it
+    doc = {"public_key": public.decode(), "path": str(keys.keys_dir(sd.root) / "id.key"),
+           "node_id": default_node_id(sd)}
     click.echo(json.dumps(doc) if as_json else public.decode())

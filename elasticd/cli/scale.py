@@ -7,11 +7,15 @@ import json
 import click
 
 from elasticd import client
+from elasticd.protocol import limits as L
+
+# Only what cannot be sent (beyond msgpack's integers) is a usage error here; 0 or more than the job's N
+# workers is the scheduler's to refuse (exit 1), with the job's own range in the message.
 
 
 @click.command("scale")
 @click.argument("job_id", metavar="JOB")
-@click.option("--devices", "-m", type=int, required=True, help="M: the device count to run on (1..N).")
+@click.option("--devices", "-m", type=click.IntRange(-L.MAX_WORKERS, L.MAX_WORKERS), required=True, help="M: the device count to run on (1..N).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
 def scale(job_id: str, devices: int, as_json: bool, **opts: object) -> None:

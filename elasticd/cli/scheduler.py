@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from elasticd.cli import EXIT_DAEMON_ERROR
+from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from
 
 
 @click.command("scheduler")
@@ -23,8 +23,9 @@ from elasticd.cli import EXIT_DAEMON_ERROR
               help="Seconds a job may take to get all its agents up before it fails.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@limit_options
 def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: float, start_timeout: float,
-              log_level: str) -> None:
+              log_level: str, **limits: object) -> None:
     """Run an island scheduler without a node daemon: nodes join it with `elasticd start --scheduler`.
 
     Nodes and clients must present a CURVE key on the allow-list of this state dir (`elasticd keygen
@@ -33,19 +34,24 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
     """
     from elasticd.cli.start import setup_logging
     from elasticd.daemon.server import DaemonError, lock_state_dir
-    from elasticd.daemon.statedir import StateDir
+    from elasticd.daemon.statedir import StateDir, UnsafeStateDir
+    from elasticd.keys import BadKeyError
     from elasticd.scheduler.server import SchedulerServer
     from elasticd.scheduler.state import Config
     from elasticd.transport import TransportError, ipc_endpoint
 
-    sd = StateDir.resolve(state_dir).create()
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
     setup_logging(log_level, sd.root / "scheduler.log")
     try:
         lock = lock_state_dir(sd, "scheduler")
         server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),
                                  config=Config(heartbeat_s=heartbeat, node_timeout_s=node_timeout,
-                                               start_timeout_s=start_timeout))
-    except (DaemonError, TransportError, RuntimeError) as e:
+                                               start_timeout_s=start_timeout), limits=limits_from(limits))
+    except (DaemonError, TransportError, RuntimeError, BadKeyError) as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())

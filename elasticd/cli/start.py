@@ -8,15 +8,26 @@ import sys
 
 import click
 
-from elasticd.cli import EXIT_DAEMON_ERROR
+from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from
 
 DEFAULT_BIND = "tcp://127.0.0.1:7450"
 
 
 def setup_logging(level: str, logfile: object | None = None) -> None:
+    """Log to stderr and to `logfile` (rotating, opened without following a symlink).
+
+    Exits with EXIT_DAEMON_ERROR and a one-line message when the log file cannot be opened safely.
+    """
+    from elasticd.logfiles import open_log
+
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if logfile is not None:
-        handlers.append(logging.FileHandler(str(logfile)))
+        try:
+            handlers.append(open_log(str(logfile)))
+        except OSError as e:
+            click.echo(f"Error: cannot open the log file {logfile} safely ({e.strerror}; a symlink there is "
+                       "refused): remove it, or use another --state-dir", err=True)
+            sys.exit(EXIT_DAEMON_ERROR)
     logging.basicConfig(level=level.upper(), handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -50,9 +61,10 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--agent-command", default=None, hidden=True,
               help="Command (space-separated) run instead of `python -m agent`; a test seam.")
+@limit_options
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
-          log_level: str, agent_command: str | None, spares: int | None) -> None:
+          log_level: str, agent_command: str | None, spares: int | None, **limits: object) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
@@ -62,9 +74,13 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     """
     from elasticd import keys
     from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
-    from elasticd.daemon.statedir import StateDir
+    from elasticd.daemon.statedir import StateDir, UnsafeStateDir
 
-    sd = StateDir.resolve(state_dir).create()
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
     setup_logging(log_level, sd.root / "daemon.log")
     key = None
     if scheduler is not None:
@@ -77,7 +93,8 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     cfg = DaemonConfig(state_dir=sd, cpu_devices=cpu_devices, scheduler=scheduler, scheduler_key=key,
                        bind=None if bind.lower() == "none" else bind, host=host, node_id=node_id,
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
-                       agent_command=agent_command.split() if agent_command else None, spares=spares)
+                       agent_command=agent_command.split() if agent_command else None, spares=spares,
+                       limits=limits_from(limits))
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from elasticd import client
+from elasticd.cli.text import printable as safe
 
 
 def job_doc(info: Any) -> dict[str, Any]:
@@ -36,9 +37,9 @@ def _fmt_resize(r: dict[str, Any]) -> str:
     hand = r.get("handover_s")
     pause = f" (hand-over {hand:.2f}s)" if isinstance(hand, int | float) else ""
     when = time.strftime("%H:%M:%S", time.localtime(r["at"])) if isinstance(r.get("at"), int | float) else "?"
-    note = f": {r['note']}" if r.get("note") else ""
+    note = f": {safe(r['note'])}" if r.get("note") else ""
     return (f"  {when}  {r.get('from')} -> {r.get('to')} devices at step {r.get('step')}  {r.get('outcome')}"
-            f"{took}{pause}  [{r.get('why')}]{note}")
+            f"{took}{pause}  [{safe(r.get('why'))}]{note}")
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -54,14 +55,15 @@ def render(reply: Any) -> str:
             dev += f" (->{j.resizing['to']})"
         elif j.requested_devices and j.requested_devices != j.devices:
             dev += f" (->{j.requested_devices})"
-        rows.append([j.job_id, j.name or "-", j.state, str(j.workers), dev, ",".join(j.nodes) or "-", str(j.step),
+        rows.append([safe(j.job_id), safe(j.name) or "-", j.state, str(j.workers), dev, safe(",".join(j.nodes)) or "-",
+                     str(j.step),
                      f"{j.steps_per_s:.2f}" if j.steps_per_s else "-", _fmt_loss(j.metrics), str(j.priority),
                      _fmt_resizes(j.resizes)])
     out = [_table(rows) if reply.jobs else "no jobs"]
     if reply.nodes:
         nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "LAST SEEN"]]
         for n in reply.nodes:
-            nrows.append([n.node_id, n.host, "up" if n.alive else "lost", ",".join(n.devices) or "-",
+            nrows.append([safe(n.node_id), safe(n.host), "up" if n.alive else "lost", ",".join(n.devices) or "-",
                           str(len(n.free)), f"{n.last_seen_s:.1f}s ago"])
         out += ["", _table(nrows)]
     return "\n".join(out)
@@ -71,13 +73,13 @@ def render_job(j: Any) -> str:
     def ts(t: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
-    lines = [f"job        {j.job_id}" + (f" ({j.name})" if j.name else ""),
+    lines = [f"job        {safe(j.job_id)}" + (f" ({safe(j.name)})" if j.name else ""),
              f"state      {j.state}",
-             f"script     {j.script}",
+             f"script     {safe(j.script)}",
              f"workers    {j.workers} on {j.devices or '-'} devices (min {j.min_devices}, max {j.max_devices})"
              + (f", scale to {j.requested_devices} requested" if j.requested_devices else ""),
              f"priority   {j.priority}",
-             f"nodes      {','.join(j.nodes) or '-'}",
+             f"nodes      {safe(','.join(j.nodes)) or '-'}",
              f"step       {j.step}  ({j.steps_per_s:.2f} steps/s)  loss {_fmt_loss(j.metrics)}",
              f"submitted  {ts(j.submitted_at)}   started {ts(j.started_at)}   ended {ts(j.ended_at)}",
              f"resizes    {len(j.resizes)}" + (f" (resizing {j.resizing['from']} -> {j.resizing['to']}: "
@@ -91,25 +93,25 @@ def render_job(j: Any) -> str:
         lines.append(f"snapshot   {'none complete yet' if step is None or step < 0 else f'step {step}'}, "
                      f"{int(snap.get('bytes') or 0) / 2**20:.1f} MiB per agent in host memory (two at most: the "
                      f"complete one and the one being written)"
-                     + (f"; OFF: {snap['error']}" if snap.get("error") else ""))
+                     + (f"; OFF: {safe(snap['error'])}" if snap.get("error") else ""))
     recoveries = getattr(j, "recoveries", None) or []
     lines.append(f"recoveries {len(recoveries)}")
     for r in recoveries:
-        lines.append(f"  {ts(r.get('at'))}  {r.get('cause')}: resumed at step {r.get('resumed_from')} "
+        lines.append(f"  {ts(r.get('at'))}  {safe(r.get('cause'))}: resumed at step {r.get('resumed_from')} "
                      f"({r.get('steps_redone')} redone) on {r.get('devices')} devices, first step "
                      f"{r.get('seconds')}s after the failure")
     for a in j.agents:
-        lines.append(f"agent {a.get('rank')}    {a.get('node')}/{a.get('device')} pid {a.get('pid')} "
+        lines.append(f"agent {a.get('rank')}    {safe(a.get('node'))}/{safe(a.get('device'))} pid {a.get('pid')} "
                      f"{'alive' if a.get('alive') else 'exit ' + str(a.get('exitcode'))} "
                      f"rss {int(a.get('rss') or 0) / 2**20:.0f} MiB cpu {a.get('cpu')}%")
     lines.append("history")
     for t, state, reason in j.history:
-        lines.append(f"  {ts(t)}  {state:<9} {reason}")
+        lines.append(f"  {ts(t)}  {safe(state):<9} {safe(reason)}")
     if j.error:
-        lines.append(f"error      {j.error.get('message', '')}"
-                     + (f" (node {j.error['node']})" if j.error.get("node") else ""))
+        lines.append(f"error      {safe(j.error.get('message', ''))}"
+                     + (f" (node {safe(j.error['node'])})" if j.error.get("node") else ""))
         if j.error.get("traceback"):
-            lines.append(str(j.error["traceback"]).rstrip())
+            lines.append(safe(str(j.error["traceback"]).rstrip(), keep_newlines=True))
     return "\n".join(lines)
 
 
@@ -121,7 +123,10 @@ def status(job_id: str | None, as_json: bool, **opts: object) -> None:
     """Show jobs (state, N, devices, nodes, step, steps/s, last loss, resizes) and nodes; or one JOB in detail."""
     from elasticd.protocol import Status
 
-    reply = client.call(opts, Status(job_id=job_id), as_json)
+    if job_id is not None:
+        reply = client.call(opts, Status(job_id=job_id), as_json)
+    else:
+        reply = _all_pages(opts, as_json=as_json)
     if as_json:
         doc: dict[str, Any] = {"jobs": [job_doc(j) for j in reply.jobs],  # type: ignore[attr-defined]
                                "nodes": [dataclasses.asdict(n) for n in reply.nodes]}  # type: ignore[attr-defined]
@@ -130,3 +135,18 @@ def status(job_id: str | None, as_json: bool, **opts: object) -> None:
         click.echo(render_job(reply.jobs[0]))  # type: ignore[attr-defined]
     else:
         click.echo(render(reply))
+
+
+@client.guarded()
+def _all_pages(opts: dict[str, Any], as_json: bool = False) -> Any:
+    """The whole job list: the scheduler pages it so that every reply fits in a frame."""
+    from elasticd.protocol import Status
+
+    with client.session(opts, as_json) as c:
+        reply = c.request(Status())
+        jobs = list(reply.jobs)  # type: ignore[attr-defined]
+        while reply.next_after:  # type: ignore[attr-defined]
+            reply = c.request(Status(after=reply.next_after))  # type: ignore[attr-defined]
+            jobs += reply.jobs  # type: ignore[attr-defined]
+    reply.jobs = jobs  # type: ignore[attr-defined]
+    return reply

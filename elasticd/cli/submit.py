@@ -13,6 +13,7 @@ from elasticd import client
 from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK
 from elasticd.cli.run import check_every
+from elasticd.protocol import limits as L
 
 TERMINAL = ("finished", "failed", "stopped")
 
@@ -27,18 +28,26 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
             if key not in os.environ:
                 raise click.BadParameter(f"{key} is not set in this environment", param_hint="--env")
             value = os.environ[key]
+        if "\x00" in value:
+            raise click.BadParameter(f"the value of {key} contains a NUL character", param_hint="--env")
         env[key] = value
+    size = sum(len(k.encode()) + len(v.encode("utf-8", "surrogatepass")) for k, v in env.items())
+    if len(env) > L.MAX_ENV_ITEMS or size > L.MAX_ENV_BYTES:
+        raise click.BadParameter(f"{len(env)} variables of {size} bytes; at most {L.MAX_ENV_ITEMS} variables "
+                                 f"and {L.MAX_ENV_BYTES} bytes are allowed", param_hint="--env")
     return env
 
 
 @click.command("submit")
 @click.argument("target", metavar="SCRIPT[:FUNC]")
-@click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
+@click.option("--workers", "-n", type=click.IntRange(1, L.MAX_WORKERS), default=None,
               help="N logical workers (default: the script's @elastic(workers=N)).")
-@click.option("--min-devices", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--min-devices", type=click.IntRange(1, L.MAX_WORKERS), default=1, show_default=True,
               help="Start only when at least this many devices are free (gang).")
-@click.option("--max-devices", type=click.IntRange(min=1), default=None, help="Never use more [default: N].")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
+@click.option("--max-devices", type=click.IntRange(1, L.MAX_WORKERS), default=None,
+              help="Never use more [default: N].")
+@click.option("--priority", type=click.IntRange(-L.MAX_PRIORITY, L.MAX_PRIORITY), default=0, show_default=True,
+              help="Higher starts first.")
 @click.option("--name", default="", help="A label shown by `status`.")
 @click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
@@ -67,7 +76,12 @@ def submit(target: str, workers: int | None, min_devices: int, max_devices: int 
     from elasticd.cli.run import resolve_target
     from elasticd.protocol import Submit
 
+    why = L.bad_text("--name", name, L.MAX_NAME)
+    if why:
+        raise click.BadParameter(why, param_hint="--name")
     script, func, workers = resolve_target(target, workers)
+    if not 1 <= workers <= L.MAX_WORKERS:
+        raise click.UsageError(f"{target} asks for {workers} workers; at most {L.MAX_WORKERS} are allowed")
     hi = max_devices or workers
     if not min_devices <= hi <= workers:
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
@@ -109,9 +123,11 @@ def _follow(opts: dict, job_id: str, as_json: bool) -> int:
 
         click.echo(json.dumps(job_doc(info)))
     elif info.error:
-        click.echo(f"job {job_id} {info.state}: {info.error.get('message', '')}", err=True)
+        from elasticd.cli.text import printable
+
+        click.echo(f"job {job_id} {info.state}: {printable(info.error.get('message', ''))}", err=True)
         if info.error.get("traceback"):
-            click.echo(info.error["traceback"], err=True)
+            click.echo(printable(info.error["traceback"], keep_newlines=True), err=True)
     return EXIT_OK if info.state == "finished" else EXIT_DAEMON_ERROR
 
 

@@ -9,10 +9,8 @@ relayed back; `logs` and `shutdown` are answered here. The scheduler sees this n
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -24,9 +22,18 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.agents import Supervisor
-from elasticd.daemon.statedir import StateDir, pid_alive, read_info, write_info
+from elasticd.daemon.statedir import (
+    StateDir,
+    UnsafeStateDir,
+    default_node_id,
+    pid_alive,
+    read_info,
+    write_info,
+)
+from elasticd.scheduler.admission import Limits
 from elasticd.scheduler.server import SchedulerServer
 from elasticd.scheduler.state import Config
+from elasticd.scheduler.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +59,11 @@ class DaemonConfig:
     node_timeout_s: float = 10.0
     request_timeout_s: float = 5.0
     agent_command: list[str] | None = None
+    limits: Limits | None = None           # the embedded scheduler's retention and quotas
     spares: int | None = None              # at most this many warm spare agents, one per idle device and
                                            # at least one (elasticd/daemon/spares.py); None: no cap
 
 
-def default_node_id(sd: StateDir) -> str:
-    """Stable across restarts of the same state dir, distinct for two daemons on one host."""
-    return f"{socket.gethostname()}-{hashlib.sha1(str(sd.root).encode()).hexdigest()[:6]}"
 
 
 def lock_state_dir(sd: StateDir, what: str) -> int:
@@ -68,7 +73,10 @@ def lock_state_dir(sd: StateDir, what: str) -> int:
         DaemonError: if another daemon or scheduler holds it.
     """
     sd.create()
-    fd = os.open(sd.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(sd.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:   # ELOOP: a symlink planted where we would truncate and write
+        raise DaemonError(f"cannot open {sd.lock} without following links: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -98,6 +106,7 @@ class NodeDaemon:
         self._seq = 0
         self._next_beat = 0.0
         self._push = False
+        self._last_error: tuple[str, str] | None = None
         self.heartbeat_s = cfg.heartbeat_s
         self.cli: zmq.Socket | None = None
         self.agents: zmq.Socket | None = None
@@ -113,7 +122,7 @@ class NodeDaemon:
             if cfg.scheduler is None:
                 local = f"inproc://elasticd-scheduler-{id(self)}"
                 self.scheduler = SchedulerServer(
-                    self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False,
+                    self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False, limits=cfg.limits,
                     config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s))
                 self.link_endpoint = local
             else:
@@ -124,7 +133,7 @@ class NodeDaemon:
                 transport.curve_client(self.link, self.identity, cfg.scheduler_key)
                 self.link_endpoint = cfg.scheduler
             self.link.connect(self.link_endpoint)
-        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError) as e:
+        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError, StoreError, UnsafeStateDir) as e:
             self._close()
             raise DaemonError(str(e)) from e
         except BaseException:
@@ -335,7 +344,8 @@ class NodeDaemon:
                 log.info("scheduler does not know node %s (restarted?); saying hello again", self.node_id)
                 self._welcomed = False
                 self._next_beat = 0.0
-            else:
+            elif (msg.code, msg.message) != self._last_error:   # a refused hello repeats every heartbeat
+                self._last_error = (msg.code, msg.message)
                 log.warning("scheduler error: %s: %s", msg.code, msg.message)
 
     def _heartbeat(self, now: float) -> None:

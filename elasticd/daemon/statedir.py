@@ -11,6 +11,12 @@
       logs/<job>/rank<p>.log   stdout+stderr of each local agent
       errors/<job>/rank<p>.json  a failing agent's error report
       snapshots/               only when the host has no tmpfs at /dev/shm (see `snapshot_root`)
+
+The state dir trusts no one but its user (sshd's StrictModes, gpg's "unsafe ownership"): a daemon
+refuses to start when the dir is owned by another user or writable by group or others, or when a
+parent directory is writable by someone other than root and this user (unless it is sticky, like
+/tmp). Otherwise whoever could write there could plant a key on the allow-list or a symlink where the
+daemon writes its log (issue 16, finding 2).
 """
 
 from __future__ import annotations
@@ -18,11 +24,57 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ENV_VAR = "ELASTICD_STATE_DIR"
+
+
+class UnsafeStateDir(RuntimeError):
+    """The state dir, or a directory above it, could be written by someone other than this user."""
+
+
+def unsafe_dir(st: os.stat_result, *, own: bool, uid: int | None = None) -> str | None:
+    """Why a directory cannot be trusted (None: it can).
+
+    `own`: the state dir itself, which must belong to this user and be writable by nobody else. A
+    parent may also belong to root, and may be writable by others only when sticky (only a file's owner
+    may then rename or delete it, as in /tmp).
+    """
+    uid = os.geteuid() if uid is None else uid
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    owners = (uid,) if own else (uid, 0)
+    if st.st_uid not in owners:
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})" + ("" if own else " or root")
+    loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if loose and (own or not st.st_mode & stat.S_ISVTX):
+        who = "group and others" if loose == (stat.S_IWGRP | stat.S_IWOTH) else (
+            "its group" if loose & stat.S_IWGRP else "others")
+        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def check_dirs(root: Path) -> None:
+    """Raises:
+        UnsafeStateDir: naming the first directory (the state dir, then each parent) that fails `unsafe_dir`.
+    """
+    real = Path(os.path.realpath(root))
+    chain = [real, *real.parents]
+    for i, d in enumerate(chain):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            continue   # we are about to create it
+        why = unsafe_dir(st, own=(i == 0))
+        if why:
+            what = f"the state dir {d}" if i == 0 else f"{d} (a parent of the state dir {real})"
+            raise UnsafeStateDir(f"refusing to use {what}: it is {why}; anyone who can write there could plant "
+                                 "keys or links the daemon would trust. Fix its ownership/mode or use another "
+                                 "--state-dir")
 
 
 def default_state_dir() -> Path:
@@ -38,7 +90,13 @@ class StateDir:
         return cls(Path(path).expanduser().absolute() if path else default_state_dir().absolute())
 
     def create(self) -> StateDir:
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Make the dir (0700) after checking that no one else can write it or a parent.
+
+        Raises:
+            UnsafeStateDir: see `check_dirs`.
+        """
+        check_dirs(self.root)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.root, 0o700)
         return self
 
@@ -90,6 +148,12 @@ class StateDir:
         return self.snapshot_root / safe_name(job_id)
 
 
+def default_node_id(sd: StateDir) -> str:
+    """Stable across restarts of the same state dir, distinct for two daemons on one host (what a node
+    key is bound to with `keygen --allow --role node --node-id`, unless `start --node-id` names another)."""
+    return f"{socket.gethostname()}-{hashlib.sha1(str(sd.root).encode()).hexdigest()[:6]}"
+
+
 def safe_name(job_id: str) -> str:
     """A job id as a single path component (ids come from the scheduler, i.e. from the network)."""
     cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:64]
@@ -99,8 +163,10 @@ def safe_name(job_id: str) -> str:
 def write_info(path: Path, info: dict[str, Any]) -> None:
     """Write atomically, so a reader sees either nothing or the whole file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(info, indent=1))
-    os.chmod(tmp, 0o600)
+    tmp.unlink(missing_ok=True)   # O_EXCL below: never write through something already there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info, indent=1))
     os.replace(tmp, path)
 
 

@@ -53,10 +53,12 @@ from elasticd.protocol.requests import (  # noqa: F401
 from elasticd.protocol.wire import (  # noqa: F401
     BAD_FRAME,
     BAD_REQUEST,
+    FORBIDDEN,
     INTERNAL,
     INVALID_STATE,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    QUOTA,
     SCHEDULER_UNREACHABLE,
     TOO_LARGE,
     UNEXPECTED,

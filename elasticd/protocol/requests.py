@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any, ClassVar
 
+from elasticd.protocol import limits as L
 from elasticd.protocol.wire import Message, message, record
+
+
+def _job_id(job_id: str | None) -> str | None:
+    return None if job_id is None else L.bad_text("job id", job_id, L.MAX_JOB_ID)
 
 
 @message
@@ -25,6 +30,28 @@ class Submit(Message):
     snapshot_every: str = "30s"   # periodic snapshots to recover from: steps ("20"), seconds ("30s"), "0"
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
 
+    def check(self) -> str | None:
+        if not 1 <= self.workers <= L.MAX_WORKERS:
+            return f"workers must be in 1..{L.MAX_WORKERS}, got {self.workers}"
+        for what, v in (("min_devices", self.min_devices), ("max_devices", self.max_devices)):
+            if not 0 <= v <= L.MAX_WORKERS:
+                return f"{what} must be in 0..{L.MAX_WORKERS}, got {v}"
+        if abs(self.priority) > L.MAX_PRIORITY:
+            return f"priority must be in -{L.MAX_PRIORITY}..{L.MAX_PRIORITY}, got {self.priority}"
+        if len(self.env) > L.MAX_ENV_ITEMS:
+            return f"env has {len(self.env)} variables, at most {L.MAX_ENV_ITEMS} are allowed"
+        size = sum(len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+                   for k, v in self.env.items())
+        if size > L.MAX_ENV_BYTES:
+            return f"env holds {size} bytes, at most {L.MAX_ENV_BYTES} are allowed"
+        for k, v in self.env.items():
+            if not k or "=" in k or "\x00" in k or "\x00" in v:
+                return f"env variable {k[:80]!r}: names must be non-empty without '=', values without NUL"
+        return (L.bad_text("script", self.script, L.MAX_PATH, path=True)
+                or (L.bad_text("cwd", self.cwd, L.MAX_PATH, path=True) if self.cwd else None)
+                or (L.bad_text("func", self.func, L.MAX_NAME) if self.func is not None else None)
+                or L.bad_text("name", self.name, L.MAX_NAME))
+
 
 @message
 class Submitted(Message):
@@ -36,6 +63,10 @@ class Submitted(Message):
 class Status(Message):
     op: ClassVar[str] = "status"
     job_id: str | None = None
+    after: int = 0                # the job list is paged: jobs submitted after the one with this seq
+
+    def check(self) -> str | None:
+        return _job_id(self.job_id)
 
 
 @record
@@ -85,12 +116,16 @@ class StatusReply(Message):
     op: ClassVar[str] = "status_reply"
     jobs: list[JobInfo]
     nodes: list[NodeInfo]
+    next_after: int = 0           # > 0: more jobs follow; ask again with after=next_after
 
 
 @message
 class Stop(Message):
     op: ClassVar[str] = "stop_job"
     job_id: str
+
+    def check(self) -> str | None:
+        return _job_id(self.job_id)
 
 
 @message
@@ -101,6 +136,11 @@ class Scale(Message):
     op: ClassVar[str] = "scale_job"
     job_id: str
     devices: int
+
+    def check(self) -> str | None:
+        if abs(self.devices) > L.MAX_WORKERS:   # within that, the scheduler answers with the job's own 1..N
+            return f"devices must be in 1..{L.MAX_WORKERS}, got {self.devices}"
+        return _job_id(self.job_id)
 
 
 @message
@@ -115,6 +155,11 @@ class Logs(Message):
     node_id: str = ""
     offsets: dict[str, int] = field(default_factory=dict)
     max_bytes: int = 256 * 1024
+
+    def check(self) -> str | None:
+        if len(self.offsets) > L.MAX_LOG_OFFSETS:
+            return f"offsets names {len(self.offsets)} files, at most {L.MAX_LOG_OFFSETS}"
+        return _job_id(self.job_id) or L.bad_text("node id", self.node_id, L.MAX_NAME)
 
 
 @message

@@ -36,6 +36,8 @@ UNKNOWN_NODE = "unknown_node"          # a node reported before saying hello (e.
 INVALID_STATE = "invalid_state"        # the job's state does not allow the request
 UNEXPECTED = "unexpected"              # a valid message sent to the wrong socket
 SCHEDULER_UNREACHABLE = "scheduler_unreachable"
+FORBIDDEN = "forbidden"                # the peer's key (role, node id, ownership) does not allow the request
+QUOTA = "quota"                        # a per-owner or island-wide limit on jobs is reached
 INTERNAL = "internal"
 
 _REGISTRY: dict[str, type[Message]] = {}
@@ -70,7 +72,16 @@ class Message:
             ProtocolError: `bad_request` when a field is missing, unknown or of the wrong type.
         """
         body = {k: v for k, v in d.items() if k not in ("v", "op")}
-        return _build(cls, body, cls.op)
+        msg = _build(cls, body, cls.op)
+        why = msg.check()
+        if why is not None:
+            raise ProtocolError(BAD_REQUEST, f"{cls.op}: {why}")
+        return msg
+
+    def check(self) -> str | None:
+        """Why the values (not the types, which decoding checks) are unacceptable; None when they are
+        fine. Messages with bounded fields override this (elasticd.protocol.limits)."""
+        return None
 
     def encode(self) -> bytes:
         return msgpack.packb(self.to_wire(), use_bin_type=True)
@@ -306,6 +317,11 @@ class Error(Message):
 class Ok(Message):
     op: ClassVar[str] = "ok"
     message: str = ""
+
+
+def encoded_size(record: Any) -> int:
+    """Bytes `record` (a message or nested record) takes on the wire, for paging replies under the limit."""
+    return len(msgpack.packb(_plain(record), use_bin_type=True))
 
 
 def registered_ops() -> dict[str, type[Message]]:

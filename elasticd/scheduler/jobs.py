@@ -82,6 +82,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     snapshot_every: str = "30s"   # periodic snapshots (agent/resize/every.py); "0": none
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
+    owner: str = ""   # who submitted it (elasticd.scheduler.authz); "" for rows older than owners
 
 
 @dataclass(slots=True)

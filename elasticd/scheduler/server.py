@@ -19,6 +19,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon.statedir import StateDir, write_info
+from elasticd.scheduler import admission, authz
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
 from elasticd.scheduler.store import JobStore
 
@@ -40,18 +41,22 @@ class SchedulerServer:
 
     def __init__(self, state_dir: StateDir, *, bind: str | None, local: str | None,
                  ctx: zmq.Context | None = None, config: Config | None = None,
-                 allow_shutdown: bool = True) -> None:
+                 allow_shutdown: bool = True, limits: admission.Limits | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.cfg = config or Config()
+        self.limits = limits or admission.Limits()
         self.allow_shutdown = allow_shutdown
         self.store = JobStore(self.sd.db)
         self.state = SchedulerState(self.store.load(), now=time.time(), config=self.cfg)
+        self.state.bump_seq(self.store.next_seq())
+        self._next_purge = 0.0
         self.identity = keys.ensure_identity(self.sd.root)
         self._stop = threading.Event()
         self._nodes: dict[str, tuple[zmq.Socket, bytes]] = {}
         # requests forwarded to a node: our rid -> (socket, requester identity, its rid, deadline)
         self._pending: dict[int, tuple[zmq.Socket, bytes, int, float]] = {}
+        self._forwarded_to: dict[int, str] = {}   # our rid -> the node asked (no other node may answer)
         self._rid = 0
         self._auth = None
         self.sockets: list[zmq.Socket] = []
@@ -59,14 +64,19 @@ class SchedulerServer:
         self.local_endpoint: str | None = None
         self.served = 0
         self.errors = 0
+        self.allow: transport.AllowList | None = None
+        self._tcp: zmq.Socket | None = None
+        self._refusals_logged: set[tuple[str, str, str]] = set()
         try:
             if bind:
+                transport.raise_fd_limit()
                 self.allow = transport.AllowList(self.sd.root)
                 self._auth = transport.start_authenticator(self.ctx, self.allow)
                 sock = transport.router(self.ctx)
                 self.sockets.append(sock)   # before binding: close() must close it if the bind fails
                 transport.curve_server(sock, self.identity)
                 self.tcp_endpoint = transport.bind_tcp(sock, bind)
+                self._tcp = sock
             if local:
                 sock = transport.router(self.ctx)
                 self.sockets.append(sock)
@@ -110,6 +120,7 @@ class SchedulerServer:
                     try:
                         self._execute(self.state.tick(time.time()))
                         self._expire()
+                        self._purge(time.time())
                     except Exception:  # a bug in one tick must not take the island down
                         log.exception("scheduler tick failed")
         finally:
@@ -128,26 +139,41 @@ class SchedulerServer:
 
     def _drain(self, sock: zmq.Socket) -> None:
         for _ in range(_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            got = transport.recv_request(sock)
+            if got is None:
                 return
-            self._serve(sock, frames)
+            ident, payload, extra, user_id = got
+            self._serve(sock, ident, payload, extra, user_id)
 
-    def _serve(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+    def _principal(self, sock: zmq.Socket, user_id: str | None) -> authz.Principal | None:
+        if sock is not self._tcp:
+            return authz.LOCAL
+        grant = self.allow.grant(user_id) if (self.allow is not None and user_id) else None
+        return authz.principal_of(user_id, grant) if grant is not None and user_id else None
+
+    def _serve(self, sock: zmq.Socket, ident: bytes, payload: bytes, extra: int = 0,
+               user_id: str | None = None) -> None:
         self.served += 1
-        ident = frames[0]
-        if len(frames) != 2:
-            self._reply(sock, ident, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {len(frames) - 1}"))
+        if extra:
+            self._reply(sock, ident, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {extra + 1}"))
             return
         try:
-            msg = p.decode(frames[1])
+            msg = p.decode(payload)
         except p.ProtocolError as e:
             log.debug("bad frame from %r: %s", ident, e)
-            self._reply(sock, ident, p.error_from(e, p.peek_rid(frames[1])))
+            self._reply(sock, ident, p.error_from(e, p.peek_rid(payload)))
+            return
+        who = self._principal(sock, user_id)
+        if who is None:   # its key left the allow-list after the handshake
+            self._reply(sock, ident, p.Error(code=p.FORBIDDEN, rid=msg.rid,
+                                             message="this key is no longer on the allow-list"))
             return
         try:
-            reply, actions = self._dispatch(sock, ident, msg)
+            why = authz.check(who, msg, self._owner_of(msg))
+            if why is not None:
+                self._refused(who, msg, why)
+                raise SchedulerError(p.FORBIDDEN, why)
+            reply, actions = self._dispatch(sock, ident, msg, who)
         except SchedulerError as e:
             reply, actions = p.Error(code=e.code, message=e.message), []
         except Exception as e:  # the server must outlive any one request
@@ -164,7 +190,23 @@ class SchedulerServer:
             self.errors += 1
         transport.send(sock, msg, ident)
 
-    def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message) -> tuple[p.Message | None, list[Send]]:
+    def _owner_of(self, msg: p.Message) -> str | None:
+        job_id = getattr(msg, "job_id", None)
+        job = self.state.jobs.get(job_id) if isinstance(job_id, str) else None
+        return job.spec.owner if job is not None else None
+
+    def _refused(self, who: authz.Principal, msg: p.Message, why: str) -> None:
+        """Log a refusal once per (key, op, node id): a node retrying its hello every second must not
+        flood the log, and an operator must still see the first one."""
+        key = (who.owner, msg.op, str(getattr(msg, "node_id", "")))
+        if key in self._refusals_logged or len(self._refusals_logged) >= 4096:
+            log.debug("%s from %s refused again: %s", msg.op, who.describe(), why)
+            return
+        self._refusals_logged.add(key)
+        log.warning("refused %s from %s: %s", msg.op, who.describe(), why)
+
+    def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message,
+                  who: authz.Principal = authz.LOCAL) -> tuple[p.Message | None, list[Send]]:
         now = time.time()
         if isinstance(msg, p.NodeStatus):
             actions = self.state.node_status(msg, now)   # raises for a node that has not said hello
@@ -176,22 +218,31 @@ class SchedulerServer:
         if isinstance(msg, p.NodeBye):
             return p.Ok(), self.state.node_bye(msg.node_id, now)
         if isinstance(msg, p.Submit):
-            job, actions = self.state.submit(msg, now)
+            admission.check_quota(self.state.jobs.values(), who.owner, self.limits)
+            admission.check_fits(self.state.nodes.values(), msg.min_devices, "--min-devices asks for")
+            job, actions = self.state.submit(msg, now, owner=who.owner)
             return p.Submitted(job_id=job.job_id), actions
         if isinstance(msg, p.Status):
-            return self.state.status(msg.job_id, now), []
+            if msg.job_id is not None:
+                return self.state.status(msg.job_id, now), []
+            return self._status_page(msg.after, now), []
         if isinstance(msg, p.Stop):
             text, actions = self.state.stop(msg.job_id, now)
             return p.Ok(message=text), actions
         if isinstance(msg, p.Scale):
+            job = self.state.jobs.get(msg.job_id)
+            if job is not None and msg.devices <= job.spec.workers:   # beyond N gets its own error
+                admission.check_fits(self.state.nodes.values(), msg.devices, f"scale of {msg.job_id} asks for")
             text, actions = self.state.scale(msg.job_id, msg.devices, now)
             return p.Ok(message=text), actions
         if isinstance(msg, p.Logs):
             return self._forward_logs(sock, ident, msg), []
         if isinstance(msg, p.LogsReply):
-            pending = self._pending.pop(msg.rid, None)
-            if pending is None:
+            pending = self._pending.get(msg.rid)
+            if pending is None or self._forwarded_to.get(msg.rid) != msg.node_id:   # only the node asked answers
                 return p.Error(code=p.UNEXPECTED, message="no request is waiting for this reply (late?)"), []
+            self._pending.pop(msg.rid)
+            self._forwarded_to.pop(msg.rid, None)
             psock, pident, prid, _ = pending
             msg.rid = prid
             self._reply(psock, pident, msg)
@@ -202,6 +253,12 @@ class SchedulerServer:
             return p.Ok(message="scheduler shutting down"), []
         return p.Error(code=p.UNEXPECTED, message=f"the scheduler does not serve {msg.op!r}"), []
 
+    def _status_page(self, after: int, now: float) -> p.StatusReply:
+        """The job list one page at a time: whatever the table holds, every reply fits in a frame."""
+        nodes = self.state.node_infos(now)
+        jobs, next_after = admission.page(self.state.job_infos(after))
+        return p.StatusReply(jobs=jobs, nodes=nodes, next_after=next_after)
+
     def _forward_logs(self, sock: zmq.Socket, ident: bytes, msg: p.Logs) -> p.Message | None:
         """Ask the node holding the logs; its reply is relayed back under the requester's rid."""
         route = self._nodes.get(msg.node_id)
@@ -210,17 +267,34 @@ class SchedulerServer:
             return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not connected")
         self._rid += 1
         self._pending[self._rid] = (sock, ident, msg.rid, time.monotonic() + FORWARD_TIMEOUT_S)
+        self._forwarded_to[self._rid] = msg.node_id
         fwd = p.Logs(job_id=msg.job_id, node_id=msg.node_id, offsets=msg.offsets, max_bytes=msg.max_bytes,
                      rid=self._rid)
         if not transport.send(route[0], fwd, route[1]):
             self._pending.pop(self._rid, None)
+            self._forwarded_to.pop(self._rid, None)
             return p.Error(code=p.UNKNOWN_NODE, message=f"node {msg.node_id!r} is not reachable")
         return None
+
+    def _purge(self, now: float, every_s: float = 5.0) -> None:
+        if now < self._next_purge:
+            return
+        self._next_purge = now + every_s
+        for job in admission.scrub(self.state.jobs.values()):
+            job.spec.env = {}
+            self.state.changed(job)
+        self.store.save(self.state.take_dirty())
+        gone = self.state.purge(admission.expired(self.state.jobs.values(), now, self.limits))
+        if gone:
+            self.store.delete(gone, self.state.next_seq)
+            log.info("purged %d ended job(s) past retention: %s%s", len(gone), ",".join(gone[:10]),
+                     "..." if len(gone) > 10 else "")
 
     def _expire(self) -> None:
         now = time.monotonic()
         for rid in [r for r, v in self._pending.items() if v[3] < now]:
             sock, ident, prid, _ = self._pending.pop(rid)
+            self._forwarded_to.pop(rid, None)
             self._reply(sock, ident, p.Error(code=p.SCHEDULER_UNREACHABLE, rid=prid,
                                              message=f"no answer from the node within {FORWARD_TIMEOUT_S:.0f}s"))
 

@@ -86,7 +86,7 @@ class SchedulerState:
 
     # --- client requests -------------------------------------------------------------------------
 
-    def submit(self, req: p.Submit, now: float) -> tuple[Job, list[Send]]:
+    def submit(self, req: p.Submit, now: float, owner: str = "") -> tuple[Job, list[Send]]:
         """Queue a job; it may start right away.
 
         Raises:
@@ -111,7 +111,8 @@ class SchedulerState:
         self._next_seq += 1
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
-                       env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts)
+                       env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
+                       owner=owner)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -180,12 +181,38 @@ class SchedulerState:
         else:
             jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
             shown = set(self.nodes)
+        return p.StatusReply(jobs=[self._info(j) for j in jobs], nodes=self.node_infos(now, shown))
+
+    def node_infos(self, now: float, shown: set[str] | None = None) -> list[p.NodeInfo]:
         busy = self._busy()
-        nodes = [p.NodeInfo(node_id=nd.node_id, host=nd.host, alive=nd.alive, devices=list(nd.devices),
-                            free=[d for d in nd.devices if (nd.node_id, d) not in busy],
-                            last_seen_s=round(max(0.0, now - nd.last_seen), 3))
-                 for nd in (self.nodes[n] for n in sorted(shown) if n in self.nodes) if nd.known]
-        return p.StatusReply(jobs=[self._info(j) for j in jobs], nodes=nodes)
+        names = sorted(self.nodes if shown is None else shown)
+        return [p.NodeInfo(node_id=nd.node_id, host=nd.host, alive=nd.alive, devices=list(nd.devices),
+                           free=[d for d in nd.devices if (nd.node_id, d) not in busy],
+                           last_seen_s=round(max(0.0, now - nd.last_seen), 3))
+                for nd in (self.nodes[n] for n in names if n in self.nodes) if nd.known]
+
+    def job_infos(self, after: int = 0):
+        """(seq, status row) of every job submitted after `after`, in submission order (a paged list)."""
+        for job in sorted((j for j in self.jobs.values() if j.seq > after), key=lambda j: j.seq):
+            yield job.seq, self._info(job)
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def bump_seq(self, floor: int) -> None:
+        """Never hand out a job id below `floor` (ids of purged jobs are not reused)."""
+        self._next_seq = max(self._next_seq, floor)
+
+    def purge(self, job_ids: list[str]) -> list[str]:
+        """Forget ended jobs (retention); returns those removed. Active jobs are never purged."""
+        gone = [j for j in job_ids if j in self.jobs and self.jobs[j].state.terminal]
+        for job_id in gone:
+            del self.jobs[job_id]
+            self.dirty.discard(job_id)
+            for key in [k for k in self._kill_sent if k[1] == job_id]:
+                del self._kill_sent[key]
+        return gone
 
     # --- node stimuli ----------------------------------------------------------------------------
 

@@ -20,10 +20,17 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 
 
+class StoreError(RuntimeError):
+    """The job table cannot be opened safely (a symlink in its place, another schema)."""
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        for p in (self.path, self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
+            if p.is_symlink():   # sqlite would follow it and write the job table to its target
+                raise StoreError(f"{p} is a symlink: refusing to open the job table through it")
         # The scheduler loop owns the connection; check_same_thread=False only lets the embedded
         # scheduler thread open it in __init__ and use it in run().
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
@@ -36,7 +43,7 @@ class JobStore:
         if row is None:
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: job table schema {row[0]}, this elasticd reads {SCHEMA_VERSION}")
+            raise StoreError(f"{self.path}: job table schema {row[0]}, this elasticd reads {SCHEMA_VERSION}")
 
     def load(self) -> list[Job]:
         jobs = []
@@ -55,6 +62,20 @@ class JobStore:
         with self._db:
             self._db.execute("BEGIN")
             self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?)", rows)
+
+    def delete(self, job_ids: Iterable[str], next_seq: int) -> None:
+        """Remove purged jobs; `next_seq` is kept so that their ids are never handed out again."""
+        ids = [(j,) for j in job_ids]
+        if not ids:
+            return
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM jobs WHERE job_id = ?", ids)
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(next_seq),))
+
+    def next_seq(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()
+        return int(row[0]) if row else 0
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,23 @@
+"""Text from the island (job names, error messages, tracebacks, node ids) made safe for a terminal.
+
+Any peer that may submit a job chooses its name, and any job chooses its error message: printed raw,
+an escape sequence in them could rewrite the operator's screen or title bar (issue 16, finding 7).
+Control characters are shown as \\xNN escapes, like Python's repr does; `--json` output needs none of
+this (json.dumps escapes them already).
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    return f"\\x{ord(m.group()):02x}"
+
+
+def printable(value: object, *, keep_newlines: bool = False) -> str:
+    """`value` as text with every control character escaped (newlines kept if asked)."""
+    return (_CONTROL_BUT_NEWLINE if keep_newlines else _CONTROL).sub(_escape, str(value))

@@ -1,0 +1,33 @@
+"""Bounds on what a peer may ask for: one table, used by the wire checks (`Message.check`), the
+scheduler's quotas and the CLI's option ranges, so a value the CLI accepts is never refused later
+and a raw client cannot get past what the CLI would refuse.
+
+The sizes are far above any real job (a script path of 4 KiB, 64 KiB of --env) and far below what
+would let one request grow the job table or a status reply without bound (issue 16, finding 4).
+"""
+
+from __future__ import annotations
+
+MAX_WORKERS = 65536            # N; also the most devices a request may name
+MAX_PRIORITY = 10**6           # |--priority|
+MAX_PATH = 4096                # PATH_MAX: script and cwd
+MAX_NAME = 128                 # --name, node ids, function names
+MAX_JOB_ID = 64
+MAX_ENV_ITEMS = 256
+MAX_ENV_BYTES = 64 * 1024      # keys + values of one job's --env
+MAX_LOG_OFFSETS = 4096         # log files named in one `logs` request
+
+
+def bad_text(what: str, value: str, limit: int, *, path: bool = False) -> str | None:
+    """Why `value` is not acceptable as `what` (None: it is): too long, NUL or other control
+    characters, or (for paths) not absolute."""
+    if len(value.encode("utf-8", "surrogatepass")) > limit:
+        return f"{what} is longer than {limit} bytes"
+    if "\x00" in value:
+        return f"{what} contains a NUL character"
+    if path:
+        if not value.startswith("/"):
+            return f"{what} must be an absolute path, got {value[:80]!r}"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return f"{what} contains control characters"
+    return None

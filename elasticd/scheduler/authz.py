@@ -1,0 +1,89 @@
+"""Who may ask the scheduler for what: a pure decision from the peer's principal and the message.
+
+The transport tells us who a peer is (the Z85 key CURVE authenticated, looked up on the allow-list,
+or "local" for the IPC/inproc socket, which only this user can open); this module decides whether
+that principal may send this message. No sockets here, so every rule is unit-testable.
+
+    role     may send
+    node     node_hello / node_status / node_bye / logs_reply for its own node id only; plus what a
+             client may (the CLI on that node relays submit/status/stop/scale/logs through it), and
+             the logs of any job
+    client   submit, status; logs, stop and scale of the jobs it submitted
+    admin    everything: stop/scale anyone's job, shutdown, and any op not listed here (drain, ...)
+    local    as admin, and node messages for any node id (the embedded scheduler's own daemon)
+
+An op this table does not name is admin-only: a new request type is closed until someone opens it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elasticd import keys
+from elasticd import protocol as p
+
+LOCAL_OWNER = "local"
+
+_NODE_MODULE = p.NodeHello.__module__   # elasticd.protocol.nodes: everything a node and the scheduler say
+
+
+def _node_op(msg: p.Message) -> bool:
+    """A node's own message: any type of protocol/nodes.py (so one added there later is bound to its node
+    too, not opened to every key), and the node's answer to a forwarded `logs` request."""
+    return type(msg).__module__ == _NODE_MODULE or isinstance(msg, p.LogsReply)
+
+_ANYONE = (p.Submit, p.Status, p.Logs)
+_OWNER_OR_ADMIN = (p.Stop, p.Scale)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated peer. `owner` is what jobs it submits are recorded under (its Z85 key)."""
+
+    owner: str
+    role: str
+    name: str = ""
+    node_id: str | None = None
+    local: bool = False
+
+    @property
+    def admin(self) -> bool:
+        return self.local or self.role == keys.ADMIN
+
+    def describe(self) -> str:
+        return "a local client" if self.local else f"key {self.name!r} ({self.role})"
+
+
+LOCAL = Principal(owner=LOCAL_OWNER, role=keys.ADMIN, name="local", local=True)
+
+
+def principal_of(key: str, grant: keys.Grant) -> Principal:
+    return Principal(owner=key, role=grant.role, name=grant.name, node_id=grant.node_id)
+
+
+def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str | None:
+    """Why `who` may not send `msg` (None: it may). `job_owner` is the owner of the job `msg` names,
+    when it names one that exists."""
+    if _node_op(msg):
+        node_id = getattr(msg, "node_id", who.node_id)
+        if who.local:
+            return None
+        if who.role != keys.NODE:
+            return (f"{who.describe()} may not send {msg.op}: only a node key may, and only for its own node "
+                    "(allow one with `elasticd keygen --allow KEY --role node --node-id ID`)")
+        if node_id != who.node_id:
+            return f"{who.describe()} is bound to node {who.node_id!r}; it may not speak for node {node_id!r}"
+        return None
+    if who.admin:
+        return None
+    if isinstance(msg, _ANYONE):
+        # A node already hosts jobs' agents and their logs, and `elasticd logs` on it gathers a job's logs
+        # from every node: it may read any job's. A client key reads its own jobs' only.
+        if isinstance(msg, p.Logs) and who.role == keys.CLIENT and job_owner is not None and job_owner != who.owner:
+            return f"{who.describe()} may read only the logs of its own jobs"
+        return None
+    if isinstance(msg, _OWNER_OR_ADMIN):
+        if job_owner is None or job_owner == who.owner:
+            return None   # an unknown job gets its own `unknown_job` error further on
+        return f"{who.describe()} may {msg.op.replace('_job', '')} only its own jobs (an admin key may any)"
+    return f"{who.describe()} may not send {msg.op}: it needs an admin key"
