@@ -169,6 +169,8 @@ class ResizeJob(Message):
     master_addr: str = ""
     master_port: int = 0
     world_from: int = 0
+    # A shrink keeping these old ranks, in new rank order (a drain); empty: ranks 0..devices-1 stay.
+    keep: list[int] = field(default_factory=list)
 
 
 @message
