@@ -72,6 +72,9 @@ class NodeInfo:
     devices: list[str]
     free: list[str]
     last_seen_s: float            # seconds since the last heartbeat
+    # While draining (elasticd.scheduler.draining): since, deadline_s (left; None: none), drained,
+    # seconds (draining so far, or until drained), waiting (why a job cannot move off yet).
+    draining: dict[str, Any] | None = None
 
 
 @message
@@ -95,6 +98,24 @@ class Scale(Message):
     op: ClassVar[str] = "scale_job"
     job_id: str
     devices: int
+
+
+@message
+class Drain(Message):
+    """Move every job off `node_id` live at its next step boundary and give the node no new work;
+    jobs still there after `deadline_s` (None: no deadline) fail, naming the drain."""
+
+    op: ClassVar[str] = "drain_node"
+    node_id: str
+    deadline_s: float | None = None
+
+
+@message
+class Undrain(Message):
+    """Put a draining node back into service."""
+
+    op: ClassVar[str] = "undrain_node"
+    node_id: str
 
 
 @message
