@@ -23,6 +23,7 @@ class GraceDrain:
         self.grace_s = grace_s
         self.deadline: float | None = None   # set by the first SIGTERM
         self.asked = False                   # the drain request went to the scheduler
+        self.drained = False                 # the scheduler said so (in its heartbeat acks)
 
     def terminate(self, now: float) -> bool:
         """A SIGTERM: True to exit at once (no grace, or the second one), else drain until the deadline."""
@@ -42,11 +43,14 @@ class GraceDrain:
         self.asked = True
         return True
 
-    def done(self, now: float, live_agents: int) -> bool:
-        """Time to exit: every agent of the node's jobs is gone, or the grace period is over."""
+    def done(self, now: float, live_agents: int, drained: bool, connected: bool) -> bool:
+        """Time to exit: the scheduler says the node is drained (`drained`: no job it runs counts on this
+        node any more; an agent that left may exit before its job's move is complete, and a node that
+        goes then would fail the job) and no agent is left, or the grace period is over. Without a
+        scheduler to ask (`connected` False), no agent left is enough."""
         if self.deadline is None:
             return False
-        if live_agents == 0:
+        if live_agents == 0 and (drained or not connected):
             log.info("drained: no agent left; exiting")
             return True
         if now >= self.deadline:

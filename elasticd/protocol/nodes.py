@@ -93,6 +93,7 @@ class NodeAck(Message):
     op: ClassVar[str] = "node_ack"
     seq: int = 0
     forget: list[str] = field(default_factory=list)
+    drained: bool = False         # the node is draining and no active job holds anything there any more
 
 
 @message

@@ -165,8 +165,8 @@ class Drains:
             return None, m + grow, ""
         if room < need - len(stayers):
             return None, 0, (f"it runs on {m} devices, {len(stayers)} off the node, and needs {need} there "
-                             f"(--min-devices) but has {job.spec.workers} workers: no room to grow onto other "
-                             "nodes first")
+                             f"(--min-devices {need}) but has {job.spec.workers} workers: no room to grow onto "
+                             "other nodes first")
         return None, 0, (f"it needs {need - len(stayers)} more device(s) off the node (--min-devices {need}), "
                          f"{free} free")
 

@@ -242,7 +242,8 @@ class SchedulerState:
             raise SchedulerError(p.UNKNOWN_NODE, f"node {st.node_id} must say hello first")
         nd.last_seen = now
         out, forget = self._reports(st.node_id, st.jobs, now)
-        out.append(Send(st.node_id, p.NodeAck(seq=st.seq, forget=forget)))
+        drained = bool((self.drains.info(st.node_id, now) or {}).get("drained"))
+        out.append(Send(st.node_id, p.NodeAck(seq=st.seq, forget=forget, drained=drained)))
         return out + self._schedule(now)
 
     def node_bye(self, node_id: str, now: float) -> list[Send]:
