@@ -36,15 +36,16 @@ def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def island(cluster, tmp_path: Path, *extra: str, fake: bool = False):
     """A standalone scheduler and nodes a and b (one device each) joined to it over CURVE TCP."""
     sched = cluster.scheduler()
-    nodes = []
-    for name in ("a", "b"):
-        pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
-        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name).code == 0
-        nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
-                                    str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra,
-                                    cpu=1, fake=fake))
+    nodes = [join(cluster, sched, tmp_path, name, *extra, fake=fake) for name in ("a", "b")]
     wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 30, what="both nodes to join")
     return sched, nodes
+
+
+def join(cluster, sched, tmp_path: Path, name: str, *extra: str, cpu: int = 1, fake: bool = False):
+    pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
+    assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name).code == 0
+    return cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
+                          str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra, cpu=cpu, fake=fake)
 
 
 def node_of_rank(sd: Path, job: str, rank: int) -> str:
@@ -151,3 +152,29 @@ def test_a_job_that_cannot_move_off_fails_at_the_deadline_naming_the_drain(clust
     assert "node a was drained and its deadline passed" in info["error"]["message"], info["error"]
     assert info["error"]["drain"] is True
     wait_until(lambda: node_row(sd, "a")["draining"]["drained"], 30, what="a to drain once the job's agents are gone")
+
+
+@pytest.mark.slow
+def test_a_job_wholly_on_the_drained_node_grows_onto_the_other_then_leaves_it(cluster, tmp_path, undisturbed):
+    sched = cluster.scheduler()
+    sd = sched.state_dir
+    join(cluster, sched, tmp_path, "a", cpu=2)
+    out = tmp_path / "job"
+    out.mkdir()
+    job = submit(sd, JOB, job_env(out, steps=STEPS), "--workers", "4", "--min-devices", "2", "--max-devices", "2")
+    assert wait_state(sd, job, "running", timeout=120)["nodes"] == ["a"]
+    join(cluster, sched, tmp_path, "b", cpu=2)
+    wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="node b to join")
+    wait_until(lambda: status(sd, job)["jobs"][0]["step"] >= 3, 60, what="training to start")
+    t0 = time.monotonic()
+    assert cli("drain", "a", "--deadline", "120", "--state-dir", str(sd)).code == 0
+    wait_until(lambda: node_row(sd, "a")["draining"]["drained"], 120, interval=0.1, what="a to drain")
+    drain_s = time.monotonic() - t0
+    info = status(sd, job)["jobs"][0]
+    assert info["nodes"] == ["b"] and info["devices"] == 2, info
+    assert [(x["from"], x["to"], x["outcome"]) for x in info["resizes"]] == [(2, 4, "done"), (4, 2, "done")]
+    (out / "release").touch()
+    wait_state(sd, job, "finished", timeout=180)
+    assert_same_run(out, undisturbed, STEPS, ranks=4)
+    print(f"drain of the node holding the whole job: {drain_s:.2f}s (grow onto b, then shrink off a); "
+          "steps redone: 0")

@@ -357,7 +357,8 @@ class SchedulerState:
         running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement), j.spec.min_devices,
                                      j.spec.max_devices, j.spec.priority, j.seq)
                    for j in self.jobs.values() if j.state is JobState.RUNNING and j.requested_devices is None
-                   and j.spec.min_devices < j.spec.max_devices]
+                   and j.spec.min_devices < j.spec.max_devices
+                   and not any(self.drains.holds(n) for n in j.nodes)]   # a drain is moving those
         if not running:
             return []
         out: list[Send] = []
