@@ -152,7 +152,7 @@ def test_a_draining_node_takes_no_new_job_until_undrained():
     assert e.value.code == p.INVALID_STATE
     with pytest.raises(SchedulerError) as e:
         isl.s.drain("zz", 1.0, isl.now)
-    assert e.value.code == p.UNKNOWN_NODE and "known: a" in e.value.message
+    assert e.value.code == p.UNKNOWN_NODE and "up: a" in e.value.message
 
 
 def test_a_job_wholly_on_the_draining_node_grows_elsewhere_first_then_shrinks_off():
@@ -196,3 +196,34 @@ def test_a_job_that_cannot_move_waits_saying_why_and_fails_at_the_deadline_namin
     isl.report(lead, rep(job, "ended", (0,), ok=False))
     isl.tick(0.5)
     assert isl.s.drains.info(other, isl.now)["drained"]
+
+
+def test_a_node_that_leaves_ends_its_drain_and_comes_back_in_service():
+    isl = Island()
+    isl.hello("a", 1)
+    isl.s.drain("a", 10.0, isl.now)
+    isl._take(isl.s.node_bye("a", isl.now))
+    isl.tick(0.5)
+    assert not isl.s.drains.holds("a")
+    with pytest.raises(SchedulerError):   # a node that is not up cannot be drained
+        isl.s.drain("a", 10.0, isl.now)
+    isl.hello("a", 1)
+    job, out = isl.submit(workers=1)
+    assert launches(out)[0][0] == "a"
+
+
+def test_sigterm_grace_drains_until_the_scheduler_says_drained_or_the_deadline():
+    from elasticd.daemon.grace import GraceDrain
+
+    assert GraceDrain(0.0).terminate(T0)   # no grace: exit at once
+    g = GraceDrain(30.0)
+    assert not g.terminate(T0) and g.draining and g.left(T0 + 10) == 20.0
+    assert g.must_ask(connected=True) and not g.must_ask(connected=True)   # asked once
+    assert not g.done(T0 + 1, live_agents=0, connected=True)   # agents gone, but the job's move not complete
+    g.drained = True
+    assert not g.done(T0 + 1, live_agents=1, connected=True) and g.done(T0 + 1, live_agents=0, connected=True)
+    late = GraceDrain(30.0)
+    late.terminate(T0)
+    assert not late.done(T0 + 29, 2, True) and late.done(T0 + 30, 2, True)
+    assert not late.done(T0 + 1, 0, True) and late.done(T0 + 1, 0, connected=False)
+    assert late.terminate(T0 + 2)   # a second SIGTERM exits at once

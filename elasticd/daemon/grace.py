@@ -43,14 +43,14 @@ class GraceDrain:
         self.asked = True
         return True
 
-    def done(self, now: float, live_agents: int, drained: bool, connected: bool) -> bool:
-        """Time to exit: the scheduler says the node is drained (`drained`: no job it runs counts on this
-        node any more; an agent that left may exit before its job's move is complete, and a node that
-        goes then would fail the job) and no agent is left, or the grace period is over. Without a
-        scheduler to ask (`connected` False), no agent left is enough."""
+    def done(self, now: float, live_agents: int, connected: bool) -> bool:
+        """Time to exit: the scheduler says the node is drained (`drained`: no job counts on this node
+        any more; an agent that left may exit before its job's move is complete, and a node that goes
+        then would fail the job) and no agent is left, or the grace period is over. Without a scheduler
+        to ask (`connected` False), no agent left is enough."""
         if self.deadline is None:
             return False
-        if live_agents == 0 and (drained or not connected):
+        if live_agents == 0 and (self.drained or not connected):
             log.info("drained: no agent left; exiting")
             return True
         if now >= self.deadline:

@@ -165,7 +165,7 @@ class NodeDaemon:
             self._rid += 1
             self._drain_rid = self._rid
             transport.send(self.link, p.Drain(node_id=self.node_id, deadline_s=self.grace.left(now), rid=self._rid))
-        if self.grace.done(now, self.sup.live_agents(), self.grace.drained, self._welcomed):
+        if self.grace.done(now, self.sup.live_agents(), self._welcomed):
             self._stop.set()
 
     def run(self) -> None:

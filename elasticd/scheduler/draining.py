@@ -17,10 +17,10 @@ flight) fails, with an error naming the drain and what it lacked: the node is ab
 agents with it, and a job that fails saying why is what a cluster user can act on (resubmit, lower
 `--min-devices`); nothing is lost silently. Without a deadline such a job keeps running there until it
 ends or devices free up elsewhere. `elasticd undrain NODE` puts the node back into service; moves
-already done stay done (the policy grows jobs back into free devices as usual).
+already done stay done (the policy grows jobs back into free devices as usual). A node that leaves
+(its daemon exits, or it is lost) ends its drain: a daemon started there again is back in service.
 
-A drain lives in the scheduler's memory, not in its job table: a restarted scheduler forgets it, and
-the node's daemon (if it drains on SIGTERM) asks again.
+A drain lives in the scheduler's memory, not in its job table: a restarted scheduler forgets it.
 
 `Drains` is pure like the state that holds it (elasticd.scheduler.state): `now` comes in, sends go out.
 """
@@ -80,9 +80,9 @@ class Drains:
             ValueError: a negative deadline.
         """
         nd = self.state.nodes.get(node_id)
-        if nd is None or not nd.known:
-            known = ", ".join(sorted(n for n, x in self.state.nodes.items() if x.known)) or "none"
-            raise LookupError(f"no node {node_id!r} (known: {known})")
+        if nd is None or not nd.known or not nd.alive:
+            known = ", ".join(sorted(n for n, x in self.state.nodes.items() if x.known and x.alive)) or "none"
+            raise LookupError(f"no node {node_id!r} is up (up: {known})")
         if deadline_s is not None and deadline_s < 0:
             raise ValueError(f"--deadline must be >= 0 seconds, got {deadline_s}")
         deadline = math.inf if deadline_s is None else now + deadline_s
@@ -91,7 +91,7 @@ class Drains:
             d = self.nodes[node_id] = NodeDrain(node_id, since=now, deadline=deadline)
         else:
             d.deadline = deadline
-        self.state._resched = True   # its free devices are no longer offered
+        self.state.reschedule()   # its free devices are no longer offered
         jobs = self._jobs_on(node_id)
         log.info("node %s draining (deadline %s): jobs %s", node_id,
                  "none" if deadline_s is None else f"{deadline_s:.0f}s", [j.job_id for j in jobs])
@@ -110,7 +110,7 @@ class Drains:
         d = self.nodes.pop(node_id, None)
         if d is None:
             raise LookupError(f"node {node_id!r} is not draining")
-        self.state._resched = True   # its free devices are offered again
+        self.state.reschedule()   # its free devices are offered again
         log.info("node %s back in service after %.1fs of draining", node_id, now - d.since)
         return f"node {node_id} back in service: it takes new work again"
 
@@ -121,7 +121,13 @@ class Drains:
         out: list[Send] = []
         for d in list(self.nodes.values()):
             nd = self.state.nodes.get(d.node_id)
-            if nd is None or not nd.alive:   # gone: its jobs are the node-loss path's business
+            if nd is None or not nd.alive:
+                # Gone (its daemon said bye once drained, or it was lost): the drain is over, and what
+                # was left there is the node-loss path's business. A daemon started there again is back
+                # in service.
+                del self.nodes[d.node_id]
+                log.info("node %s left while draining (%s)", d.node_id,
+                         "drained" if d.drained_at is not None else "not drained")
                 continue
             waiting = []
             for job in self._jobs_on(d.node_id):

@@ -320,6 +320,10 @@ class SchedulerState:
         if resched:
             self._resched = True
 
+    def reschedule(self) -> None:
+        """Run the placement again at the next chance (the devices on offer changed)."""
+        self._resched = True
+
     def free_count(self) -> int:
         return sum(len(v.free) for v in self.free_views())
 
