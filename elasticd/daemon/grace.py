@@ -6,7 +6,10 @@ node with a deadline of S seconds (elasticd.scheduler.draining: the jobs shrink 
 next step boundary), keeps serving meanwhile, and exits once none of its jobs' agents is left, or at
 the deadline, whichever comes first; at the deadline the scheduler fails what could not move, and the
 daemon stops what is left as any shutdown does. A second SIGTERM (or SIGINT, `elasticd shutdown`)
-exits at once. With no grace (the default) SIGTERM stops the agents at once, as before.
+exits at once. With no grace (the default) SIGTERM stops the agents at once, as before. The request is
+repeated whenever the scheduler welcomes the node again (a restarted scheduler forgets drains). A
+daemon running the island's embedded scheduler takes it along when it exits: drain such a node only
+when the island goes with it, or run a standalone scheduler.
 
 `GraceDrain` decides; the daemon's loop (elasticd.daemon.server) sends and stops. The clock is passed in.
 """

@@ -337,6 +337,7 @@ class NodeDaemon:
             log.info("scheduler %s welcomed node %s (heartbeat %.2fs)", self.link_endpoint, self.node_id,
                      self.heartbeat_s)
             self._welcomed, self._last_ack, self._push = True, now, True
+            self.grace.asked = False   # a scheduler that (re)welcomes this node may not know of its drain
         elif isinstance(msg, p.NodeAck):
             self._last_ack = now
             self.grace.drained = msg.drained
