@@ -299,14 +299,17 @@ class AgentProcess:
         new_world = command.world
         addr, port = command.master_addr, command.master_port
         if new_world < phys.world:
-            self.phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port)
+            self.phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port, command.keep or None)
         elif new_world > phys.world:
             self.phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, self.device,
                                    addr, port)
         left = self.phys is None
-        # The step the agents actually stopped after: what the resize history records.
-        self.control.resized({"epoch": command.epoch, "world": new_world, "rank": cfg.rank,
+        # A drain's shrink may renumber the agents that stay: told under the old rank (the launcher knows
+        # this connection by it), then the channel speaks as the new one.
+        rank = cfg.rank if self.phys is None else self.phys.rank
+        self.control.resized({"epoch": command.epoch, "world": new_world, "rank": rank,
                               "left": left, "seconds": time.monotonic() - started, "step": self._stopped_at})
+        self.control.renumber(rank)
         if left:
             if command.standby:
                 self.cfg = dataclasses.replace(cfg, standby=True)
@@ -317,7 +320,7 @@ class AgentProcess:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
-        self.cfg = dataclasses.replace(cfg, world=new_world, master_addr=addr, master_port=port)
+        self.cfg = dataclasses.replace(cfg, rank=rank, world=new_world, master_addr=addr, master_port=port)
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return None, snap
 

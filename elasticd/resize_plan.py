@@ -9,7 +9,9 @@ state machine with no sockets, threads, processes or clock (`now` is passed in).
 events and execute the actions it returns (`Go`, `Done`, `Abort`, `RollBack`, `FallBack`, `Fail`).
 
 Who moves: ranks 0..min(M, M2)-1 stay (their agents keep their process), a grow adds joining ranks
-M..M2-1, a shrink lets ranks M2..M-1 leave. Phases:
+M..M2-1, a shrink lets ranks M2..M-1 leave. A shrink may instead keep any subset of the old ranks
+(`keep`, in new rank order: a drain keeps the agents off the node going away), which renumbers them;
+the new group's rank 0, whose node picks the rendezvous port, is then old rank `keep[0]`. Phases:
 
 ``prepare``  the joiners start as warm standbys and the new group's rendezvous port is chosen, while the
              job keeps training at M. `Go` once the port is known and every joiner is ready; a joiner
@@ -103,15 +105,25 @@ class ResizePlan:
     gone: list[str] = field(default_factory=list)   # rollback: places whose agents of the job all exited
     saved: dict[str, list[int]] = field(default_factory=dict)   # place -> snapshot parts it holds (-1: replicated)
     timeout_s: float = 120.0       # per phase; math.inf: no deadline (`elasticd run` waits as long as it takes)
+    keep: list[int] = field(default_factory=list)   # a shrink keeping these old ranks, in new rank order
 
     @classmethod
     def begin(cls, *, epoch: int, src: int, dst: int, why: str, now: float, placement: list[list[str]],
-              step: int, timeout_s: float) -> ResizePlan:
-        """A resize from `src` to `dst` agents whose new layout is `placement` (ranks 0..src-1 as before)."""
+              step: int, timeout_s: float, keep: list[int] | None = None) -> ResizePlan:
+        """A resize from `src` to `dst` agents whose new layout is `placement` (ranks 0..src-1 as before,
+        or for a shrink, the old ranks `keep` as new ranks 0..dst-1).
+
+        Raises:
+            ValueError: sizes or `keep` that describe no resize.
+        """
         if dst == src or dst < 1 or len(placement) != dst:
             raise ValueError(f"no resize from {src} to {dst} devices over a layout of {len(placement)}")
+        if keep is not None and (len(keep) != dst or dst > src or len(set(keep)) != dst
+                                 or not all(0 <= k < src for k in keep)):
+            raise ValueError(f"a resize from {src} to {dst} devices cannot keep old ranks {keep}")
         return cls(epoch=epoch, src=src, dst=dst, why=why, requested_at=now, placement=placement,
-                   deadline=now + timeout_s, step=step, timeout_s=timeout_s)
+                   deadline=now + timeout_s, step=step, timeout_s=timeout_s,
+                   keep=list(keep) if keep is not None and keep != list(range(dst)) else [])
 
     # --- who moves ------------------------------------------------------------------------------------
 
@@ -121,11 +133,15 @@ class ResizePlan:
 
     @property
     def leavers(self) -> list[int]:
+        """Old ranks that leave."""
+        if self.keep:
+            return [r for r in range(self.src) if r not in self.keep]
         return list(range(self.dst, self.src))
 
     @property
     def stayers(self) -> list[int]:
-        return list(range(min(self.src, self.dst)))
+        """Old ranks that stay, in their new rank order."""
+        return list(self.keep) if self.keep else list(range(min(self.src, self.dst)))
 
     def joiners_on(self, place: str) -> list[int]:
         return [r for r in self.joiners if self.placement[r][0] == place]

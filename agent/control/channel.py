@@ -38,6 +38,9 @@ class ControlChannel(Protocol):
     def poll(self) -> list[p.AgentCommand]:
         """Commands waiting for the agent, never blocking: `AgentStop`, `AgentResize` or `AgentJoin`."""
 
+    def renumber(self, physical_rank: int) -> None:
+        """Speak as `physical_rank` from now on (a drain's shrink renumbered the agents that stay)."""
+
     def close(self) -> None: ...
 
 
@@ -70,6 +73,9 @@ class NullControl:
 
     def poll(self) -> list[p.AgentCommand]:
         return []
+
+    def renumber(self, physical_rank: int) -> None:
+        self._print = physical_rank == 0
 
     def close(self) -> None:
         pass

@@ -103,6 +103,9 @@ class PipeControl:
             chunk = b""
         return self._commands.feed(chunk)  # type: ignore[return-value]  # checked against COMMANDS
 
+    def renumber(self, physical_rank: int) -> None:
+        self.rank = physical_rank
+
     def close(self) -> None:
         for fd in (self._r, self._w):
             try:

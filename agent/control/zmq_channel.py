@@ -125,6 +125,9 @@ class ZmqControl:
             self._last_step_sent = time.monotonic()
             self._flush_step()
 
+    def renumber(self, physical_rank: int) -> None:
+        self.rank = physical_rank
+
     def close(self) -> None:
         with self._lock:
             if self._closed:

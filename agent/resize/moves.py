@@ -5,6 +5,12 @@ moves, point to point: a logical rank's own snapshot goes from its old agent to 
 agents that join get the replicated state from agent 0. Shrinking moves state over the old group
 (every new owner is an old agent) and then re-forms a smaller one; growing forms the new group first
 (every old owner is in it) and moves state over it.
+
+A shrink keeps any subset of the old agents, in any order (`keep`: the old physical ranks that stay,
+listed in their new rank order): an ordinary shrink keeps 0..M2-1, a drain keeps the agents that are
+not on the node going away, so old agent 0 may leave and old agent 2 become new agent 0. Every stayer
+already holds the replicated state (data parallelism: it is the same on every agent), so only the
+logical ranks' own snapshots move.
 """
 
 from __future__ import annotations
@@ -38,6 +44,23 @@ def plan_moves(workers: int, old: int, new: int) -> list[Move]:
     return moves
 
 
+def plan_relayout(workers: int, old: int, keep: list[int]) -> list[Move]:
+    """Snapshots that change agent when the old agents `keep` stay as new agents 0..len(keep)-1, in
+    old-group ranks (the group the shrink moves state over), logical-rank order.
+
+    Raises:
+        ValueError: `keep` is empty, repeats an agent or names one outside the old group.
+    """
+    if not keep or len(set(keep)) != len(keep) or not all(0 <= k < old for k in keep):
+        raise ValueError(f"cannot keep agents {keep} of {old}")
+    moves = []
+    for r in range(workers):
+        src, dst = owner_of(workers, old, r), keep[owner_of(workers, len(keep), r)]
+        if src != dst:
+            moves.append(Move(r, src, dst))
+    return moves
+
+
 def _exchange(phys: PhysicalGroup, me: int, moves: list[Move], snap: AgentSnapshot | None
               ) -> dict[int, WorkerSnapshot]:
     """Send the snapshots `me` gives away, receive those it gets. Walking the moves in one global order
@@ -53,18 +76,24 @@ def _exchange(phys: PhysicalGroup, me: int, moves: list[Move], snap: AgentSnapsh
 
 
 def shrink(phys: PhysicalGroup, snap: AgentSnapshot, workers: int, new_world: int, master_addr: str,
-           master_port: int) -> tuple[PhysicalGroup | None, AgentSnapshot]:
-    """Over the old group: hand snapshots to the surviving agents; then re-form with `new_world`.
+           master_port: int, keep: list[int] | None = None) -> tuple[PhysicalGroup | None, AgentSnapshot]:
+    """Over the old group: hand snapshots to the agents that stay (`keep`, in new rank order; default
+    the first `new_world`); then re-form with them. The new group's rank of an agent is its place in
+    `keep` (`PhysicalGroup.rank`).
 
     Returns (None, snap) for an agent that leaves.
     """
     me, old = phys.rank, phys.world
-    got = _exchange(phys, me, plan_moves(workers, old, new_world), snap)
+    keep = list(range(new_world)) if keep is None else list(keep)
+    if len(keep) != new_world:
+        raise ValueError(f"a shrink to {new_world} agents cannot keep {keep}")
+    got = _exchange(phys, me, plan_relayout(workers, old, keep), snap)
     phys.close()
-    if me >= new_world:
+    if me not in keep:
         return None, snap
-    kept = {r: w for r, w in snap.workers.items() if owner_of(workers, new_world, r) == me}
-    new = PhysicalGroup.connect(me, new_world, phys.device, master_addr, master_port)
+    rank = keep.index(me)
+    kept = {r: w for r, w in snap.workers.items() if owner_of(workers, new_world, r) == rank}
+    new = PhysicalGroup.connect(rank, new_world, phys.device, master_addr, master_port)
     return new, AgentSnapshot(groups=snap.groups, workers={**kept, **got})
 
 

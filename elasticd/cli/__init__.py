@@ -25,6 +25,8 @@ _COMMANDS = {
     "submit": "submit",
     "status": "status",
     "scale": "scale",
+    "drain": "drain",
+    "undrain": "undrain",
     "logs": "logs",
     "stop": "stop",
     "shutdown": "shutdown",

@@ -57,6 +57,11 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
                    "all for a live grow, skips the interpreter start and torch import (seconds). Each spare "
                    "holds a Python interpreter with torch imported (about 0.3 GB RSS). Jobs whose --env sets interpreter start-up variables (PYTHON*, LD_*, OMP_*, "
                    "CUDA_VISIBLE_DEVICES, ...) start cold. 0 disables.")
+@click.option("--drain-grace", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
+              help="On SIGTERM, drain this node first (as `elasticd drain NODE --deadline SECONDS`: its jobs "
+                   "move to other nodes live) and exit once its agents are gone or SECONDS passed; a second "
+                   "SIGTERM exits at once. 0: SIGTERM stops the agents at once. Set it to the notice a spot "
+                   "instance gets.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--agent-command", default=None, hidden=True,
@@ -64,13 +69,15 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
 @limit_options
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
-          log_level: str, agent_command: str | None, spares: int | None, **limits: object) -> None:
+          log_level: str, agent_command: str | None, spares: int | None, drain_grace: float,
+          **limits: object) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
     --bind by other nodes whose keys are on the allow-list (`elasticd keygen --allow`). The CLI on
     this machine reaches the daemon through an IPC socket in the state dir. Stop it with
-    `elasticd shutdown`, SIGTERM or Ctrl-C: its agents are stopped with it.
+    `elasticd shutdown`, SIGTERM or Ctrl-C: its agents are stopped with it (with --drain-grace, SIGTERM
+    first moves its jobs to other nodes; see `elasticd drain --help`).
     """
     from elasticd import keys
     from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
@@ -94,7 +101,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
                        bind=None if bind.lower() == "none" else bind, host=host, node_id=node_id,
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                        agent_command=agent_command.split() if agent_command else None, spares=spares,
-                       limits=limits_from(limits))
+                       limits=limits_from(limits), drain_grace_s=drain_grace)
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:
@@ -102,7 +109,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
             if "cannot bind tcp" in str(e) else ""
         click.echo(f"Error: {e}{hint}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGTERM, lambda *_: daemon.terminate())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     info = daemon.info()
     click.echo(f"elasticd node {info['node_id']}: devices {','.join(info['devices'])}; "  # type: ignore[arg-type]

@@ -47,6 +47,19 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
+def _node_state(n: Any) -> str:
+    if not n.alive:
+        return "lost"
+    d = n.draining
+    if not d:
+        return "up"
+    if d.get("drained"):
+        return f"drained ({d.get('seconds', 0):.1f}s)"
+    left = d.get("deadline_s")
+    state = "draining" + (f" ({left:.0f}s left)" if isinstance(left, int | float) else "")
+    return state + (f": {d['waiting']}" if d.get("waiting") else "")
+
+
 def render(reply: Any) -> str:
     rows = [["JOB", "NAME", "STATE", "N", "DEVICES", "NODES", "STEP", "STEPS/S", "LOSS", "PRIO", "RESIZES"]]
     for j in reply.jobs:
@@ -63,7 +76,7 @@ def render(reply: Any) -> str:
     if reply.nodes:
         nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "LAST SEEN"]]
         for n in reply.nodes:
-            nrows.append([safe(n.node_id), safe(n.host), "up" if n.alive else "lost", ",".join(n.devices) or "-",
+            nrows.append([safe(n.node_id), safe(n.host), _node_state(n), ",".join(n.devices) or "-",
                           str(len(n.free)), f"{n.last_seen_s:.1f}s ago"])
         out += ["", _table(nrows)]
     return "\n".join(out)

@@ -36,6 +36,8 @@ class Agent:
     dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
     kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
     done: bool = False         # said agent_done: its workers returned and it is on its way out
+    # Its rank before a drain's shrink renumbered it: its messages carry that rank until it re-formed.
+    former_rank: int | None = None
 
     @property
     def pending(self) -> bool:
@@ -78,6 +80,20 @@ class LocalJob:
     def lead(self) -> Agent:
         """The agent whose progress stands for the job here: the lowest physical rank on this node."""
         return self.agents[min(self.agents)]
+
+    def renumber(self, keep: list[int]) -> None:
+        """A shrink keeping the old ranks `keep` (new rank = place in `keep`): the others are retired, and
+        the stayers re-keyed all at once, so that no new rank collides with an old one still held."""
+        stay: dict[int, Agent] = {}
+        for rank, a in sorted(self.agents.items()):
+            if a.pending:   # a warm joiner keeps the rank it was started for
+                stay[rank] = a
+            elif rank in keep:
+                a.former_rank, a.rank = rank, keep.index(rank)
+                stay[a.rank] = a
+            else:
+                self.retired.append(a)
+        self.agents = stay
 
     def retire(self, agent: Agent) -> None:
         if self.agents.get(agent.rank) is agent:

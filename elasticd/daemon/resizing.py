@@ -77,8 +77,15 @@ class NodeResizes:
         """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
         job.resize_epoch = msg.epoch
         resize = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr,
-                               master_port=msg.master_port)
+                               master_port=msg.master_port, keep=list(msg.keep))
         out: list[Action] = []
+        if msg.keep:   # a drain's shrink: every agent here hears it, then the stayers take their new ranks
+            out = [Send(a.identity, resize) for a in job.agents.values()
+                   if a.exitcode is None and a.identity is not None and not a.pending]
+            job.renumber(list(msg.keep))
+            log.info("job %s resize %d: %d agents here told to re-form as %d keeping old ranks %s at %s:%d",
+                     msg.job_id, msg.epoch, len(out), msg.devices, list(msg.keep), msg.master_addr, msg.master_port)
+            return out
         for rank, a in sorted(job.agents.items()):
             if a.exitcode is not None:
                 continue
@@ -110,6 +117,7 @@ class NodeResizes:
         agent.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else job.resize_epoch
         agent.left = bool(info.get("left"))
         agent.joining = False
+        agent.former_rank = None   # it speaks as its new rank from now on (agent.process `_relayout`)
         info = {**info, "epoch": agent.epoch}
         if agent.left:
             log.info("job %s: agent %d left in resize %d", job.job_id, agent.rank, agent.epoch)

@@ -22,6 +22,7 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.agents import Supervisor
+from elasticd.daemon.grace import GraceDrain
 from elasticd.daemon.statedir import (
     StateDir,
     UnsafeStateDir,
@@ -37,7 +38,7 @@ from elasticd.scheduler.store import StoreError
 
 log = logging.getLogger(__name__)
 
-_RELAYED = (p.Submit, p.Status, p.Stop, p.Scale)
+_RELAYED = (p.Submit, p.Status, p.Stop, p.Scale, p.Drain, p.Undrain)
 _BATCH = 256
 MAX_LOG_REPLY = 512 * 1024
 
@@ -62,6 +63,7 @@ class DaemonConfig:
     limits: Limits | None = None           # the embedded scheduler's retention and quotas
     spares: int | None = None              # at most this many warm spare agents, one per idle device and
                                            # at least one (elasticd/daemon/spares.py); None: no cap
+    drain_grace_s: float = 0.0             # SIGTERM drains the node for up to this long (elasticd/daemon/grace.py)
 
 
 
@@ -108,6 +110,9 @@ class NodeDaemon:
         self._push = False
         self._last_error: tuple[str, str] | None = None
         self.heartbeat_s = cfg.heartbeat_s
+        self.grace = GraceDrain(cfg.drain_grace_s)
+        self._term = threading.Event()
+        self._drain_rid = -1
         self.cli: zmq.Socket | None = None
         self.agents: zmq.Socket | None = None
         self.link: zmq.Socket | None = None
@@ -154,6 +159,24 @@ class NodeDaemon:
     def stop(self) -> None:
         self._stop.set()
 
+    def terminate(self) -> None:
+        """SIGTERM (from a signal handler): drain first when started with a grace period, else stop."""
+        self._term.set()
+
+    def _graceful(self, now: float) -> None:
+        if self._term.is_set():
+            self._term.clear()
+            if self.grace.terminate(now):
+                self._stop.set()
+                return
+            log.info("node %s: SIGTERM, draining for up to %.0fs before exiting", self.node_id, self.grace.grace_s)
+        if self.grace.must_ask(self._welcomed):
+            self._rid += 1
+            self._drain_rid = self._rid
+            transport.send(self.link, p.Drain(node_id=self.node_id, deadline_s=self.grace.left(now), rid=self._rid))
+        if self.grace.done(now, self.sup.live_agents(), self._welcomed):
+            self._stop.set()
+
     def run(self) -> None:
         if self.scheduler is not None:
             self._sched_thread = threading.Thread(target=self.scheduler.run, name="elasticd-scheduler", daemon=True)
@@ -178,6 +201,7 @@ class NodeDaemon:
                     self._push |= self.sup.poll(now)
                     self._heartbeat(now)
                     self._expire(now)
+                    self._graceful(now)
                 except Exception:  # keep serving; the next turn retries
                     log.exception("daemon housekeeping failed")
         finally:
@@ -313,14 +337,19 @@ class NodeDaemon:
             self._reply(pending[0], msg, pending[1])
             return
         now = time.time()
+        if isinstance(msg, p.Ok | p.Error) and self.grace.draining and msg.rid == self._drain_rid:
+            log.log(logging.INFO if isinstance(msg, p.Ok) else logging.WARNING, "drain of this node: %s", msg.message)
+            return
         if isinstance(msg, p.Welcome):
             # The scheduler owns the node timeout, so it sets the pace of heartbeats.
             self.heartbeat_s = min(max(msg.heartbeat_s, 0.01), 60.0)
             log.info("scheduler %s welcomed node %s (heartbeat %.2fs)", self.link_endpoint, self.node_id,
                      self.heartbeat_s)
             self._welcomed, self._last_ack, self._push = True, now, True
+            self.grace.asked = False   # a scheduler that (re)welcomes this node may not know of its drain
         elif isinstance(msg, p.NodeAck):
             self._last_ack = now
+            self.grace.drained = msg.drained
             self.sup.forget(msg.forget)
         elif isinstance(msg, p.LaunchJob):
             self.sup.launch(msg, now)

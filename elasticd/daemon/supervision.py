@@ -206,7 +206,8 @@ class Supervision:
         agent = where[1] if where else None
         if agent is None or job is None:
             return "say agent_hello first", []
-        if getattr(msg, "job_id", None) != job.job_id or getattr(msg, "rank", None) != agent.rank:
+        if getattr(msg, "job_id", None) != job.job_id or getattr(msg, "rank", None) not in (agent.rank,
+                                                                                          agent.former_rank):
             return f"this connection is agent {agent.rank} of job {job.job_id}", []
         if isinstance(msg, p.AgentStep):
             agent.step = msg.step

@@ -38,6 +38,7 @@ from elasticd.protocol.nodes import (  # noqa: F401
     Welcome,
 )
 from elasticd.protocol.requests import (  # noqa: F401
+    Drain,
     JobInfo,
     Logs,
     LogsReply,
@@ -49,6 +50,7 @@ from elasticd.protocol.requests import (  # noqa: F401
     Stop,
     Submit,
     Submitted,
+    Undrain,
 )
 from elasticd.protocol.wire import (  # noqa: F401
     BAD_FRAME,

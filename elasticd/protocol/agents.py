@@ -63,6 +63,9 @@ class AgentResize(Message):
     master_addr: str
     master_port: int
     standby: bool = False         # an agent that leaves stays warm for a later grow (`elasticd run` only)
+    # A shrink that keeps these old physical ranks, in their new rank order (a drain: the agents off the
+    # node going away); empty: the first `world` ones, as an ordinary shrink.
+    keep: list[int] = field(default_factory=list)
 
 
 @message

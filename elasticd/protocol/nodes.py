@@ -94,6 +94,7 @@ class NodeAck(Message):
     op: ClassVar[str] = "node_ack"
     seq: int = 0
     forget: list[str] = field(default_factory=list)
+    drained: bool = False         # the node is draining and no active job holds anything there any more
 
 
 @message
@@ -174,6 +175,8 @@ class ResizeJob(Message):
     master_addr: str = ""
     master_port: int = 0
     world_from: int = 0
+    # A shrink keeping these old ranks, in new rank order (a drain); empty: ranks 0..devices-1 stay.
+    keep: list[int] = field(default_factory=list)
 
 
 @message

@@ -109,6 +109,9 @@ class NodeInfo:
     devices: list[str]
     free: list[str]
     last_seen_s: float            # seconds since the last heartbeat
+    # While draining (elasticd.scheduler.draining): since, deadline_s (left; None: none), drained,
+    # seconds (draining so far, or until drained), waiting (why a job cannot move off yet).
+    draining: dict[str, Any] | None = None
 
 
 @message
@@ -141,6 +144,24 @@ class Scale(Message):
         if abs(self.devices) > L.MAX_WORKERS:   # within that, the scheduler answers with the job's own 1..N
             return f"devices must be in 1..{L.MAX_WORKERS}, got {self.devices}"
         return _job_id(self.job_id)
+
+
+@message
+class Drain(Message):
+    """Move every job off `node_id` live at its next step boundary and give the node no new work;
+    jobs still there after `deadline_s` (None: no deadline) fail, naming the drain."""
+
+    op: ClassVar[str] = "drain_node"
+    node_id: str
+    deadline_s: float | None = None
+
+
+@message
+class Undrain(Message):
+    """Put a draining node back into service."""
+
+    op: ClassVar[str] = "undrain_node"
+    node_id: str
 
 
 @message

@@ -66,15 +66,31 @@ class Resizes:
             placement = [list(x) for x in job.placement] + [[n, d] for n, d in chosen]
         else:
             placement = [list(x) for x in job.placement[:dst]]
+        return self._begin(job, placement, None, why, now)
+
+    def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[Send]:
+        """Shrink a running job onto the devices of its old ranks `keep`, which become ranks 0..len-1 in
+        that order (a drain moving the job off a node, whichever ranks the node hosts).
+
+        Raises:
+            ValueError: `keep` names no shrink of the job's layout.
+        """
+        assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
+        placement = [list(job.placement[k]) for k in keep]
+        return self._begin(job, placement, keep, why, now)
+
+    def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
+               now: float) -> list[Send]:
+        src, dst = len(job.placement), len(placement)
+        plan = ResizePlan.begin(epoch=job.epoch + 1, src=src, dst=dst, why=why, now=now, placement=placement,
+                                step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep)
         job.epoch += 1
-        plan = ResizePlan.begin(epoch=job.epoch, src=src, dst=dst, why=why, now=now, placement=placement,
-                                step=job.step, timeout_s=self.host.cfg.resize_timeout_s)
         job.resize = plan
         job.transition(JobState.RESIZING, now, f"{why}: {src} -> {dst} devices")
         self.host.changed(job, resched=True)
         log.info("job %s resize %d: %d -> %d devices (%s) at step %d%s", job.job_id, plan.epoch, src, dst, why,
                  job.step, "; joiners on " + " ".join(f"{n}/{d}" for n, d in placement[src:]) if dst > src else "")
-        lead = job.placement[0][0]
+        lead = plan.placement[0][0]   # the new rank 0's node picks the rendezvous port
         out: list[Send] = []
         for node in dict.fromkeys([lead, *plan.nodes()]):
             joiners = plan.joiners_on(node)
@@ -97,7 +113,7 @@ class Resizes:
         if plan is None or job.state is not JobState.RESIZING:
             return []
         self.rollbacks.note_saved(job, node, r)
-        lead = job.placement[0][0]
+        lead = plan.placement[0][0]   # the node of the new layout's rank 0
         preparing = plan.phase == "prepare"
         actions: list[Action] = []
         if r.resize_epoch == plan.epoch:
@@ -160,12 +176,12 @@ class Resizes:
         plan = job.resize
         assert plan is not None and plan.phase == "go"
         self.host.changed(job)
-        lead = job.placement[0][0]
+        lead = plan.placement[0][0]
         addr = self.host.nodes[lead].host if lead in self.host.nodes and self.host.nodes[lead].host else job.master_addr
         log.info("job %s resize %d: joiners ready after %.2fs; agents told to re-form at %s:%d", job.job_id,
                  plan.epoch, now - plan.requested_at, addr, plan.port)
         msg = p.ResizeJob(job_id=job.job_id, devices=plan.dst, epoch=plan.epoch, master_addr=addr,
-                          master_port=plan.port, world_from=plan.src)
+                          master_port=plan.port, world_from=plan.src, keep=list(plan.keep))
         return [Send(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
 
     def _complete_resize(self, job: Job, now: float, seconds: float) -> list[Send]:
@@ -178,6 +194,9 @@ class Resizes:
                 if dev not in job.zombies[node]:
                     job.zombies[node].append(dev)
         job.placement = [list(x) for x in plan.placement]
+        lead = self.host.nodes.get(job.placement[0][0])
+        if lead is not None and lead.host:   # a drain may have moved rank 0 to another node
+            job.master_addr = lead.host
         for node in list(job.launched):
             if node not in job.nodes and node in job.ended:   # hosted only ranks that left, all gone now
                 job.launched.remove(node)

@@ -235,6 +235,12 @@ class SchedulerServer:
                 admission.check_fits(self.state.nodes.values(), msg.devices, f"scale of {msg.job_id} asks for")
             text, actions = self.state.scale(msg.job_id, msg.devices, now)
             return p.Ok(message=text), actions
+        if isinstance(msg, p.Drain):
+            text, actions = self.state.drain(msg.node_id, msg.deadline_s, now)
+            return p.Ok(message=text), actions
+        if isinstance(msg, p.Undrain):
+            text, actions = self.state.undrain(msg.node_id, now)
+            return p.Ok(message=text), actions
         if isinstance(msg, p.Logs):
             return self._forward_logs(sock, ident, msg), []
         if isinstance(msg, p.LogsReply):

@@ -20,6 +20,7 @@ from elasticd import protocol as p
 from elasticd.agent.resize.every import Every
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
+from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes
@@ -76,6 +77,7 @@ class SchedulerState:
         self._resched = True
         self.resizes = Resizes(self)
         self.recoveries = Recoveries(self)
+        self.drains = Drains(self)   # nodes being emptied before they go (elasticd.scheduler.draining)
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
             self._next_seq = max(self._next_seq, job.seq + 1)
@@ -173,6 +175,33 @@ class SchedulerState:
         return (f"job {job_id} resizing {current} -> {devices} devices at its next step boundary "
                 f"(epoch {job.epoch}){caveat}"), out
 
+    def drain(self, node_id: str, deadline_s: float | None, now: float) -> tuple[str, list[Send]]:
+        """Move every job off `node_id` and give it no new work (elasticd.scheduler.draining).
+
+        Raises:
+            SchedulerError: `unknown_node` for a node this scheduler does not know, `bad_request` for a
+                negative deadline.
+        """
+        try:
+            text, out = self.drains.drain(node_id, deadline_s, now)
+        except LookupError as e:
+            raise SchedulerError(p.UNKNOWN_NODE, str(e)) from None
+        except ValueError as e:
+            raise SchedulerError(p.BAD_REQUEST, str(e)) from None
+        return text, out + self._schedule(now)
+
+    def undrain(self, node_id: str, now: float) -> tuple[str, list[Send]]:
+        """Put a draining node back into service.
+
+        Raises:
+            SchedulerError: `invalid_state` if the node is not draining.
+        """
+        try:
+            text = self.drains.undrain(node_id, now)
+        except LookupError as e:
+            raise SchedulerError(p.INVALID_STATE, str(e)) from None
+        return text, self._schedule(now)
+
     def status(self, job_id: str | None, now: float) -> p.StatusReply:
         if job_id is not None:
             # One job's view (what `submit --wait` polls) lists only its own nodes: cheap on a big island.
@@ -188,7 +217,8 @@ class SchedulerState:
         names = sorted(self.nodes if shown is None else shown)
         return [p.NodeInfo(node_id=nd.node_id, host=nd.host, alive=nd.alive, devices=list(nd.devices),
                            free=[d for d in nd.devices if (nd.node_id, d) not in busy],
-                           last_seen_s=round(max(0.0, now - nd.last_seen), 3))
+                           last_seen_s=round(max(0.0, now - nd.last_seen), 3),
+                           draining=self.drains.info(nd.node_id, now))
                 for nd in (self.nodes[n] for n in names if n in self.nodes) if nd.known]
 
     def job_infos(self, after: int = 0):
@@ -248,7 +278,8 @@ class SchedulerState:
             raise SchedulerError(p.UNKNOWN_NODE, f"node {st.node_id} must say hello first")
         nd.last_seen = now
         out, forget = self._reports(st.node_id, st.jobs, now)
-        out.append(Send(st.node_id, p.NodeAck(seq=st.seq, forget=forget)))
+        drained = bool((self.drains.info(st.node_id, now) or {}).get("drained"))
+        out.append(Send(st.node_id, p.NodeAck(seq=st.seq, forget=forget, drained=drained)))
         return out + self._schedule(now)
 
     def node_bye(self, node_id: str, now: float) -> list[Send]:
@@ -271,6 +302,7 @@ class SchedulerState:
                                     f"{self.cfg.start_timeout_s:.0f}s",
                                     error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
         out += self.resizes.tick(now)
+        out += self.drains.tick(now)
         return out + self._schedule(now)
 
     def take_dirty(self) -> list[Job]:
@@ -288,7 +320,8 @@ class SchedulerState:
                 held = {(n, d) for n, d in job.placement}
                 if job.resize is not None:
                     assert job.state is JobState.RESIZING, job.job_id
-                    assert job.resize.placement[:min(m, job.resize.dst)] == job.placement[:job.resize.dst], job.job_id
+                    kept = [job.placement[k] for k in job.resize.stayers]
+                    assert job.resize.placement[:len(kept)] == kept, job.job_id
                     held |= {(n, d) for n, d in job.resize.placement}
                 for node, dev in held:
                     assert (node, dev) not in seen, f"{node}/{dev} held by {seen[(node, dev)]} and {job.job_id}"
@@ -323,6 +356,10 @@ class SchedulerState:
         if resched:
             self._resched = True
 
+    def reschedule(self) -> None:
+        """Run the placement again at the next chance (the devices on offer changed)."""
+        self._resched = True
+
     def free_count(self) -> int:
         return sum(len(v.free) for v in self.free_views())
 
@@ -334,7 +371,8 @@ class SchedulerState:
             load[node] = load.get(node, 0) + 1
         return [policy.NodeView(nd.node_id, tuple(d for d in nd.devices if (nd.node_id, d) not in busy),
                                 load.get(nd.node_id, 0), len(nd.devices))
-                for nd in sorted(self.nodes.values(), key=lambda x: x.node_id) if nd.alive and nd.known]
+                for nd in sorted(self.nodes.values(), key=lambda x: x.node_id)
+                if nd.alive and nd.known and not self.drains.holds(nd.node_id)]
 
     def _schedule(self, now: float) -> list[Send]:
         if not self._resched:
@@ -359,7 +397,8 @@ class SchedulerState:
         running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement), j.spec.min_devices,
                                      j.spec.max_devices, j.spec.priority, j.seq)
                    for j in self.jobs.values() if j.state is JobState.RUNNING and j.requested_devices is None
-                   and j.spec.min_devices < j.spec.max_devices]
+                   and j.spec.min_devices < j.spec.max_devices
+                   and not any(self.drains.holds(n) for n in j.nodes)]   # a drain is moving those
         if not running:
             return []
         out: list[Send] = []
