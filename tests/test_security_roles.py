@@ -162,6 +162,11 @@ def test_authz_table_closes_ops_it_does_not_name():
     # an op the table does not name (here: a reply type) is admin-only
     assert "admin key" in authz.check(client, p.Ok())
     assert "admin key" in authz.check(node, p.Shutdown())
+    # a node drains itself when SIGTERMed with a grace period (elasticd.daemon.grace), and only itself
+    assert authz.check(node, p.Drain(node_id="n1", deadline_s=30.0)) is None
+    assert "may not drain node 'n2'" in authz.check(node, p.Drain(node_id="n2"))
+    assert "admin key" in authz.check(client, p.Drain(node_id="n1"))
+    assert authz.check(admin, p.Undrain(node_id="n1")) is None
 
 
 def test_a_node_allowed_without_a_role_is_told_how_to_migrate(tmp_path):

@@ -149,7 +149,8 @@ class Scale(Message):
 @message
 class Drain(Message):
     """Move every job off `node_id` live at its next step boundary and give the node no new work;
-    jobs still there after `deadline_s` (None: no deadline) fail, naming the drain."""
+    jobs still there after `deadline_s` (None: no deadline) are stopped and restarted from their snapshots
+    elsewhere (elasticd.scheduler.recovery), naming the drain."""
 
     op: ClassVar[str] = "drain_node"
     node_id: str

@@ -6,8 +6,8 @@ that principal may send this message. No sockets here, so every rule is unit-tes
 
     role     may send
     node     node_hello / node_status / node_bye / logs_reply for its own node id only; plus what a
-             client may (the CLI on that node relays submit/status/stop/scale/logs through it), and
-             the logs of any job
+             client may (the CLI on that node relays submit/status/stop/scale/logs through it), the
+             logs of any job, and a drain of its own node (a daemon SIGTERMed with a grace period)
     client   submit, status; logs, stop and scale of the jobs it submitted
     admin    everything: stop/scale anyone's job, shutdown, and any op not listed here (drain, ...)
     local    as admin, and node messages for any node id (the embedded scheduler's own daemon)
@@ -76,6 +76,10 @@ def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str |
         return None
     if who.admin:
         return None
+    if isinstance(msg, p.Drain) and who.role == keys.NODE:
+        if msg.node_id == who.node_id:
+            return None   # elasticd.daemon.grace: a node about to go drains itself
+        return f"{who.describe()} is bound to node {who.node_id!r}; it may not drain node {msg.node_id!r}"
     if isinstance(msg, _ANYONE):
         # A node already hosts jobs' agents and their logs, and `elasticd logs` on it gathers a job's logs
         # from every node: it may read any job's. A client key reads its own jobs' only.

@@ -13,9 +13,10 @@ the node draining. From then on:
 - the node is *drained* once no agent of an active job runs there: the daemon may go.
 
 At the deadline, a job that could not move off (not enough devices elsewhere, or its move still in
-flight) fails, with an error naming the drain and what it lacked: the node is about to go and its
-agents with it, and a job that fails saying why is what a cluster user can act on (resubmit, lower
-`--min-devices`); nothing is lost silently. Without a deadline such a job keeps running there until it
+flight) is recovered as after a lost node (elasticd.scheduler.recovery): its agents are stopped and it
+restarts from its newest periodic snapshot on its devices elsewhere, or waits in the queue for enough
+of them, the draining node excluded; with no restarts left (`--max-restarts`) it fails, with an error
+naming the drain and what it lacked. Nothing is lost silently. Without a deadline such a job keeps running there until it
 ends or devices free up elsewhere. `elasticd undrain NODE` puts the node back into service; moves
 already done stay done (the policy grows jobs back into free devices as usual). A node that leaves
 (its daemon exits, or it is lost) ends its drain: a daemon started there again is back in service.
@@ -203,5 +204,10 @@ class Drains:
         msg = (f"node {d.node_id} was drained and its deadline passed after {now - d.since:.0f}s before the job "
                f"could move off it: {why}")
         log.warning("job %s: %s", job.job_id, msg)
+        err = {"message": msg, "node": d.node_id, "drain": True, "cause": "drained"}
+        recovered = self.state.recover(job, now, err)
+        if recovered is not None:
+            return recovered
+        err["message"] = self.state.recoveries.restart_refusal(job, err)
         return self.state.end_job(job, JobState.FAILED, now, f"drain of node {d.node_id}: deadline passed",
-                                  error={"message": msg, "node": d.node_id, "drain": True})
+                                  error=err)

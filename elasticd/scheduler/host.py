@@ -37,5 +37,8 @@ class ResizeHost(Protocol):
              hard: bool = False) -> list[Send]:
         """Tell `node` to kill the job's agents (`hard`: no stop command first)."""
 
+    def takes_work(self, node: str) -> bool:
+        """Whether `node` may be given work (not being drained)."""
+
     def launch(self, job: Job, node: str) -> Send:
         """Start the job's agents of `node` as its placement says."""

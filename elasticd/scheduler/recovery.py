@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # What a node says about an agent that failed (elasticd/daemon/agents.py, agent/process.py): only these are
 # the infrastructure's doing. Anything else -- a worker's exception, a script that does not load, a
 # launch the node refused -- is the job's, and retrying it would fail the same way.
-INFRASTRUCTURE = ("died", "peer_lost", "node_lost")
+INFRASTRUCTURE = ("died", "peer_lost", "node_lost", "drained")
 
 
 def infrastructure(err: dict[str, Any] | None) -> bool:
@@ -121,7 +121,7 @@ class Recoveries:
         if any(n not in rec["gone"] and n in alive for n in job.launched):
             return []
         job.zombies = {n: d for n, d in job.zombies.items() if n in alive and n not in job.launched}
-        keep = [[n, d] for n, d in job.placement if n in alive]
+        keep = [[n, d] for n, d in job.placement if n in alive and self.host.takes_work(n)]
         job.restarts += 1
         job.incarnation += 1
         job.restore_latest = True

@@ -520,7 +520,7 @@ class SchedulerState:
             if job.resize is not None and job.resize.phase == "go":
                 return self.resizes.agent_failed(job, now, err, joiner=False, gone=node)
             if infrastructure(err):
-                recovered = self._recover(job, now, err, gone=node)
+                recovered = self.recover(job, now, err, gone=node)
                 if recovered is not None:
                     return recovered
                 err["message"] = self.recoveries.restart_refusal(job, err)
@@ -602,13 +602,16 @@ class SchedulerState:
             return out
         err = {"message": reason, "node": node, "cause": "node_lost"}
         if job.resize is None or job.resize.phase != "rollback":
-            recovered = self._recover(job, now, err, gone=node)
+            recovered = self.recover(job, now, err, gone=node)
             if recovered is not None:
                 return recovered
             err["message"] = self.recoveries.restart_refusal(job, err)
         return self.end_job(job, JobState.FAILED, now, reason, error=err, gone=node)
 
-    def _recover(self, job: Job, now: float, err: dict[str, Any], gone: str) -> list[Send] | None:
+    def takes_work(self, node: str) -> bool:
+        return not self.drains.holds(node)
+
+    def recover(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[Send] | None:
         """Restart the job from its newest snapshot after an infrastructure failure (None: no restarts left)."""
         if job.restarts >= job.spec.max_restarts:
             return None
