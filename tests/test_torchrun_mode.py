@@ -24,7 +24,7 @@ import torch.distributed as dist
 from util import JOBS, cli, kill_session, load_state, rel_diff, wait_until
 
 import elasticd
-from elasticd.agent.compat import worker_env
+from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.slicer.runtime import WorkerFailed
 from elasticd.agent.worker import Worker, set_current_worker
 
@@ -263,3 +263,34 @@ def test_second_init_fails_as_in_torch() -> None:
     with pytest.raises(WorkerFailed, match="initialize the default process group twice"):
         train()
 
+
+
+def test_a_cuda_index_in_a_worker_means_the_agents_device() -> None:
+    """What a CUDA agent installs (agent/compat/cuda_ranks.py), pointed at the CPU so it runs here: in a
+    worker thread `x.to(local_rank)` and `model.to(local_rank)` land on the agent's device."""
+    assert cuda_ranks.mapped(3, torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert cuda_ranks.mapped("cuda:2", torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert cuda_ranks.mapped(torch.float16, torch.device("cuda", 0)) is torch.float16
+    assert cuda_ranks.mapped(True, torch.device("cuda", 0)) is True
+    cuda_ranks.install(torch.device("cpu"))
+    try:
+        got: dict[str, object] = {}
+
+        def body() -> None:
+            set_current_worker(Worker(3, env=worker_env.variables_for(3, 4)))
+            local_rank = int(os.environ["LOCAL_RANK"])
+            got["tensor"] = torch.ones(2).to(local_rank).device
+            got["dtype"] = torch.ones(2).to(local_rank, torch.float64).dtype
+            got["module"] = torch.nn.Linear(2, 2).to(device=f"cuda:{local_rank}").weight.device
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join(30)
+        # (`.cuda(k)` is mapped the same way; torch refuses a CPU target for it, so it is not run here.)
+        assert got == {"tensor": torch.device("cpu"), "dtype": torch.float64, "module": torch.device("cpu")}, got
+        if not torch.cuda.is_available():
+            with pytest.raises((RuntimeError, AssertionError)):  # outside workers: torch's own behaviour
+                torch.ones(2).to(3)
+    finally:
+        cuda_ranks.uninstall()
+    assert torch.Tensor.to is torch._C.TensorBase.to

@@ -21,7 +21,7 @@ import torch
 
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
 from elasticd.agent.comm.physical import PhysicalGroup
-from elasticd.agent.compat import worker_env
+from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.replicated.grad_sync import GradSync
@@ -98,6 +98,8 @@ class Runtime:
         tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
         worker_env.install()  # os.environ["RANK"], ["LOCAL_RANK"], ... per worker thread, as torchrun sets them
+        if device.type == "cuda":
+            cuda_ranks.install(device)  # set_device(local_rank), model.to(local_rank): the agent's GPU
         install_idioms(fn)  # clip_grad_norm_, GradScaler, schedulers on replicated state: once per step
 
     # -- lifecycle ----------------------------------------------------------------------------
