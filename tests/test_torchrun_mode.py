@@ -294,3 +294,42 @@ def test_a_cuda_index_in_a_worker_means_the_agents_device() -> None:
     finally:
         cuda_ranks.uninstall()
     assert torch.Tensor.to is torch._C.TensorBase.to
+
+
+# -- through the daemon ----------------------------------------------------------------------------
+
+@pytest.mark.timeout(600)
+def test_submit_runs_the_tutorial_script_with_its_args(cluster, torchrun_reference: dict[str, torch.Tensor],
+                                                       tmp_path: Path) -> None:
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = str(d.state_dir)
+    run = cli("submit", str(SCRIPT), "--workers", "4", "--min-devices", "2", "--wait", "--state-dir", sd,
+              *tutorial_args(tmp_path, "final.pt"), cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    assert_ddp_close(torchrun_reference, load_state(tmp_path / "final.pt"))
+    assert json.loads((tmp_path / "info3.json").read_text())["env"]["RANK"] == "3"
+    elastic = cli("submit", str(SCRIPT), "--workers", "4", "--min-devices", "1", "--max-devices", "2",
+                  "--state-dir", sd, cwd=tmp_path)
+    assert elastic.code == 2 and "torchrun mode" in elastic.err, elastic.output
+
+
+@pytest.mark.timeout(300)
+def test_scale_of_a_running_torchrun_job_is_refused(cluster, tmp_path: Path) -> None:
+    from cluster import wait_state
+
+    script = tmp_path / "waits.py"
+    release = tmp_path / "release"
+    script.write_text("import os, sys, time\nimport torch.distributed as dist\n\nif __name__ == '__main__':\n"
+                      "    dist.init_process_group('gloo')\n"
+                      "    while not os.path.exists(sys.argv[1]):\n        time.sleep(0.05)\n"
+                      "    dist.barrier()\n    dist.destroy_process_group()\n")
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = str(d.state_dir)
+    sub = cli("submit", str(script), "--workers", "2", "--state-dir", sd, str(release), cwd=tmp_path)
+    assert sub.code == 0, sub.output
+    job = sub.out.strip()
+    wait_state(d.state_dir, job, "running", timeout=120)
+    refused = cli("scale", job, "--devices", "2", "--state-dir", sd)
+    assert refused.code == 1 and "torchrun mode" in refused.err, refused.output
+    release.touch()
+    wait_state(d.state_dir, job, "finished", timeout=120)
