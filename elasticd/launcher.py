@@ -206,7 +206,7 @@ class LocalJob:
             self._execute(plan.stepped(now))
         if self._plan is None and self._pending and step >= self._pending[0][0]:
             _, target = self._pending.pop(0)
-            if self.torchrun:
+            if self.torchrun and target != self.world:
                 self._restart(step, target, "--scale-at")
             else:
                 self._resize(step, target)

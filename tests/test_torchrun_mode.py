@@ -239,10 +239,35 @@ def test_process_group_lifecycle_inside_an_elastic_function() -> None:
         t = torch.ones(1) * (ctx.rank + 1)
         dist.all_reduce(t)
         dist.destroy_process_group()
-        seen[ctx.rank] = (before, os.environ["RANK"], os.environ["WORLD_SIZE"], t.item(), dist.is_initialized())
+        after, refused = dist.is_initialized(), False
+        try:
+            dist.barrier()  # as in torch: no collective once the group is destroyed
+        except ValueError as e:
+            refused = "not been initialized" in str(e)
+        seen[ctx.rank] = (before, os.environ["RANK"], os.environ["WORLD_SIZE"], t.item(), after, refused)
 
     train()
-    assert seen == {0: (True, "0", "2", 3.0, False), 1: (True, "1", "2", 3.0, False)}
+    assert seen == {0: (True, "0", "2", 3.0, False, True), 1: (True, "1", "2", 3.0, False, True)}
+
+
+@pytest.mark.timeout(300)
+def test_elastic_function_with_torchrun_plumbing_on_two_agents(tmp_path: Path) -> None:
+    """On 2 agents, `destroy_process_group` inside the function used to tear down the agents' own group
+    (the job then exited 1 after training); `init_process_group` raised ("initialize twice")."""
+    script = tmp_path / "plumbing.py"
+    script.write_text(
+        "import os\nimport torch\nimport torch.distributed as dist\nimport elasticd\n\n"
+        "@elasticd.elastic(workers=4)\ndef train(ctx):\n"
+        "    dist.init_process_group('gloo', init_method='env://')\n"
+        "    t = torch.tensor([float(os.environ['RANK'])])\n    dist.all_reduce(t)\n"
+        "    dist.destroy_process_group()\n"
+        "    print(f'rank {os.environ[\"RANK\"]} of {os.environ[\"WORLD_SIZE\"]} sum {t.item():.0f} '\n"
+        "          f'initialized {dist.is_initialized()}', flush=True)\n\n"
+        "if __name__ == '__main__':\n    train()\n")
+    run = cli("run", str(script), "--devices", "2", cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    assert sorted(line for line in run.out.splitlines() if line.startswith("rank ")) == [
+        f"rank {r} of 4 sum 6 initialized False" for r in range(4)], run.out
 
 
 def test_init_process_group_for_another_world_fails() -> None:

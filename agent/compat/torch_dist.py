@@ -51,6 +51,8 @@ _REDUCE_OPS = (
     (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.MAX, "max"),
 )
 _PATCHES: dict[str, Callable[..., Any]] = {}  # torch.distributed name -> its worker-aware replacement
+# What torch answers with no default group as well; everything else raises there, and does here.
+_WITHOUT_GROUP = frozenset({"is_initialized", "init_process_group", "destroy_process_group"})
 
 
 def _ctx() -> WorkerContext | None:
@@ -86,6 +88,10 @@ def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             ctx = _ctx()
             if ctx is None:
                 return original(*args, **kwargs)
+            if ctx._w.dist_initialized is False and name not in _WITHOUT_GROUP:
+                # torch's own answer outside an initialized world (before init, after destroy)
+                raise ValueError(f"Default process group has not been initialized, please make sure to call "
+                                 f"init_process_group. (elasticd: torch.distributed.{name} in logical rank {ctx.rank})")
             return impl(ctx, *args, **kwargs)
 
         patched.__elasticd_logical__ = True  # type: ignore[attr-defined]
