@@ -167,6 +167,19 @@ def test_sys_exit_status(tmp_path: Path) -> None:
     assert bad.code == 1 and "logical rank 3" in bad.err and "sys.exit(3)" in bad.err, bad.output
 
 
+@pytest.mark.timeout(300)
+def test_script_args_reach_sys_argv_as_torchrun_passes_them(tmp_path: Path) -> None:
+    script = tmp_path / "argv.py"
+    script.write_text("import os, sys\nif __name__ == '__main__':\n"
+                      "    print('ARGV', os.environ['RANK'], sys.argv, flush=True)\n")
+    run = cli("run", "--workers", "2", str(script), "5", "--batch_size=32", "-b", "3", "--", "--workers", "3",
+              cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    args = [str(script), "5", "--batch_size=32", "-b", "3", "--workers", "3"]
+    assert sorted(line for line in run.out.splitlines() if line.startswith("ARGV")) == [
+        f"ARGV {r} {args!r}" for r in range(2)], run.out
+
+
 def test_torchrun_mode_needs_workers(tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text("print('hello')\n")
