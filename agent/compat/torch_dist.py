@@ -368,7 +368,10 @@ def rebind_loaded() -> None:
     for name, module in list(sys.modules.items()):
         if module is None or name.partition(".")[0] in _KEEP:
             continue
-        namespace = getattr(module, "__dict__", None)
+        try:
+            namespace = getattr(module, "__dict__", None)
+        except Exception:  # noqa: BLE001 - a lazy module that cannot load now holds no name of ours yet
+            continue
         if isinstance(namespace, dict):
             rebind(namespace)
 
