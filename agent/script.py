@@ -7,10 +7,28 @@ import os
 import sys
 
 from elasticd.agent.decorator import ElasticFunction
+from elasticd.agent.script_main import ScriptMain, is_torchrun_script
 
 
 class ScriptError(Exception):
     """The script cannot be imported, or holds no (or several) elastic functions."""
+
+
+def load_target(script: str, func: str | None, args: list[str]) -> ElasticFunction | ScriptMain:
+    """The script's `@elastic` function, or, for a script with none (and no FUNC named), its `__main__` to
+    run once per logical worker, as torchrun would (agent/script_main.py).
+
+    Raises:
+        ScriptError: unreadable script, import error, or no unambiguous `@elastic` function.
+    """
+    path = os.path.abspath(script)
+    if not os.path.isfile(path):
+        raise ScriptError(f"no such script: {script}")
+    if func is None and is_torchrun_script(path):
+        return ScriptMain(path, args)
+    if args:
+        sys.argv = [path, *args]  # as `python script.py ARGS` would have them
+    return load_function(script, func)
 
 
 def load_function(script: str, func: str | None) -> ElasticFunction:

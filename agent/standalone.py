@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from elasticd.agent.comm.layout import hosted_ranks
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.slicer.device import set_deterministic
-from elasticd.agent.slicer.runtime import Runtime
+from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
 if TYPE_CHECKING:
     from elasticd.agent.decorator import ElasticFunction
@@ -22,7 +23,7 @@ def run_standalone(ef: ElasticFunction) -> Any:
     each, through the same launcher as `elasticd run`.
 
     Raises:
-        WorkerFailed: a logical worker raised (with its rank and traceback).
+        WorkerFailed: a logical worker raised (its rank and traceback are printed to stderr first).
         SystemExit: a multi-GPU run failed (the failing rank's traceback was printed).
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -39,4 +40,10 @@ def run_standalone(ef: ElasticFunction) -> Any:
     set_deterministic(device, ef.deterministic)  # CUDA: deterministic kernels, cuBLAS workspace, no cuDNN timing
     phys = PhysicalGroup(0, 1, device)
     runtime = Runtime(ef.fn, ef.workers, hosted_ranks(ef.workers, 1, 0), phys, device, ef.deterministic)
-    return runtime.run().get(0)
+    try:
+        return runtime.run().get(0)
+    except WorkerFailed as f:
+        # The exception raised here carries the runtime's stack; the worker's own traceback, the one the
+        # user needs (as `elasticd run` prints it), is text on it: print it before it propagates.
+        print(f"[elasticd] logical rank {f.rank} failed: {f.message}\n{f.traceback}", file=sys.stderr, flush=True)
+        raise

@@ -58,6 +58,12 @@ class Worker:
     result: Any = None
     restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
     snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
+    # torchrun plumbing (agent/compat/worker_env.py, torch_dist.py): this worker's RANK, LOCAL_RANK, ... as
+    # os.environ shows them in its thread; whether its init_process_group ran (None: an @elastic function's
+    # world, there from the start) and the backend it named.
+    env: dict[str, str | None] | None = None
+    dist_initialized: bool | None = None
+    dist_backend: str | None = None
     handover: Any = None  # CUDA: the event the previous worker recorded when it handed over (slicer/device.py)
 
 

@@ -37,6 +37,7 @@ from elasticd.agent.resize import parts
 from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.ports import free_port
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, ResizePlan, RollBack
+from elasticd.torchrun_restart import recoverable, relaunch
 
 log = logging.getLogger(__name__)
 HERE = "local"   # the one place of a local job's layout, in the resize plan's terms
@@ -87,6 +88,7 @@ class LocalJob:
     snapshot_dir: str = ""  # where resize snapshots are kept for falling back; "" = a private tmpfs directory
     snapshot_every: str = DEFAULT_SNAPSHOT_EVERY   # periodic snapshots to recover from (agent/resize/periodic.py)
     max_restarts: int = DEFAULT_MAX_RESTARTS       # recoveries after an agent died, before the run fails
+    torchrun: bool = False  # a script with no @elastic function: resizes and recoveries restart it (torchrun_restart.py)
 
     def __post_init__(self) -> None:
         self.world = self.devices
@@ -110,6 +112,9 @@ class LocalJob:
         self._recovering: dict[str, Any] | None = None   # the recovery whose first step has not come yet
         self._last_print = 0.0
         self.last_step = -1
+        self.restarts = 0      # torchrun mode: agent restarts so far (resizes and recoveries)
+        self.recoveries = 0
+        self._restarting: Resize | None = None   # torchrun mode: the restart waiting for its first step
 
     # -- processes ----------------------------------------------------------------------------
     def _spawn(self, rank: int, world: int, port: int, join_from: int = 0, standby: bool = False) -> _Agent:
@@ -140,6 +145,8 @@ class LocalJob:
     def _top_up_spares(self) -> None:
         """Keep enough warm standby agents for the largest grow still in the schedule, so a grow waits
         for a hand-over, not for processes to start (seconds of imports on a busy machine)."""
+        if self.torchrun:
+            return   # a torchrun-mode resize restarts every agent: nothing to keep warm
         future = max((m for _, m in self._pending), default=0)
         for _ in range(future - self.world - len(self.spares)):
             self.spares.append(self._spawn(-1, 1, 0, standby=True))
@@ -182,6 +189,8 @@ class LocalJob:
     def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step = step
         now = time.monotonic()
+        if self._restarting is not None:
+            self._restarted(now)
         plan, r = self._plan, self._resizing
         if plan is not None and r is not None and not plan.acked:
             r.last_old_step = now
@@ -208,7 +217,28 @@ class LocalJob:
             self._execute(plan.stepped(now))
         if self._plan is None and self._pending and step >= self._pending[0][0]:
             _, target = self._pending.pop(0)
-            self._resize(step, target)
+            if self.torchrun and target != self.world:
+                self._restart(step, target, "--scale-at")
+            else:
+                self._resize(step, target)
+
+    def _restart(self, step: int, target: int, why: str) -> None:
+        """torchrun mode: stop every agent and start the job again on `target` devices (torchrun_restart.py)."""
+        now = time.monotonic()
+        r = Resize(step=step, src=self.world, dst=target, requested=now, commanded=now, outcome="restarting")
+        self.resizes.append(r)
+        self._say(f"{why}: restarting the torchrun-mode job on {target} device(s) after step {step}; the script "
+                  f"resumes from its own checkpoint")
+        relaunch(self, step, target)
+        self._restarting = r
+
+    def _restarted(self, now: float) -> None:
+        r = self._restarting
+        assert r is not None
+        r.seconds = r.stall = now - r.requested
+        r.outcome = "restarted"
+        self._restarting = None
+        self._say(f"restarted on {r.dst} device(s): first step {r.seconds:.2f}s after the request")
 
     def _resize(self, step: int, target: int) -> None:
         if target == self.world:
@@ -437,7 +467,11 @@ class LocalJob:
                 self._read(0.1)
                 everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
-                if bad is not None and (self._agent_died(bad) or self._recover(bad)):
+                if bad is not None and self.torchrun and recoverable(self, bad):
+                    self._restart(self.last_step, self.world, f"agent {bad.rank} exited with code "
+                                  f"{bad.proc.returncode} and no error")
+                    continue
+                if bad is not None and (self._agent_died(bad) or (not self.torchrun and self._recover(bad))):
                     continue
                 if bad is not None:
                     self._read(0)  # pick up its last words
@@ -508,11 +542,12 @@ def _private_snapshot_dir() -> str:
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",
               threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0,
               scale_at: list[tuple[int, int]] | None = None, summary: str | None = None,
-              snapshot_dir: str = "", snapshot_every: str = DEFAULT_SNAPSHOT_EVERY,
+              snapshot_dir: str = "", torchrun: bool = False, snapshot_every: str = DEFAULT_SNAPSHOT_EVERY,
               max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed)."""
     job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
-                   snapshot_dir=snapshot_dir, snapshot_every=snapshot_every, max_restarts=max_restarts)
+                   snapshot_dir=snapshot_dir, torchrun=torchrun, snapshot_every=snapshot_every,
+                   max_restarts=max_restarts)
     code = job.run()
     if summary:
         with open(summary, "w") as f:

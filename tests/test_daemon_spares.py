@@ -215,7 +215,9 @@ def test_a_script_broken_at_import_fails_on_a_spare_as_it_does_cold(cluster, tmp
     d = cluster.daemon(cpu=1, fake=False)
     sd = d.state_dir
     script = tmp_path / "broken.py"
-    script.write_text("import elasticd\n\nraise RuntimeError('broken at import')\n")
+    # An @elastic script (a torchrun-mode one would fail in its workers, not at load)
+    script.write_text("import elasticd\n\nraise RuntimeError('broken at import')\n\n"
+                      "@elasticd.elastic(workers=1)\ndef train(ctx):\n    pass\n")
     spares = wait_until(lambda: idle_spares(d, sd), 60, what="a spare agent")
     errors = {}
     for how, env in (("spare", []), ("cold", ["--env", "PYTHONHASHSEED=0"])):

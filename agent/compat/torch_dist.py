@@ -14,13 +14,18 @@ What is patched, and what is not:
   that builds a `LogicalDDP` in worker threads and torch's own DDP elsewhere. The real reducer cannot
   be used: it blocks inside the autograd engine, whose device threads every worker shares.
 - names a module bound before `install` (`from torch.nn.parallel import DistributedDataParallel as
-  DDP`) are rebound in the elastic function's module by `install(fn)`. The agent process installs
-  before importing the script, so there it only matters for standalone runs (`python script.py`).
+  DDP`) are rebound by `install(fn)` in every module already imported outside torch and elasticd (the
+  function's and its helpers'). The agent process installs before importing the script, so there it
+  only matters for standalone runs (`python script.py`).
+- torchrun's process-group lifecycle: `init_process_group` (any backend, env:// or not) checks what it
+  is asked against the logical world and forms nothing; `is_initialized` and `destroy_process_group`
+  follow it per worker; the agents' own group is never touched by them.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +51,8 @@ _REDUCE_OPS = (
     (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.MAX, "max"),
 )
 _PATCHES: dict[str, Callable[..., Any]] = {}  # torch.distributed name -> its worker-aware replacement
+# What torch answers with no default group as well; everything else raises there, and does here.
+_WITHOUT_GROUP = frozenset({"is_initialized", "init_process_group", "destroy_process_group"})
 
 
 def _ctx() -> WorkerContext | None:
@@ -81,6 +88,10 @@ def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             ctx = _ctx()
             if ctx is None:
                 return original(*args, **kwargs)
+            if ctx._w.dist_initialized is False and name not in _WITHOUT_GROUP:
+                # torch's own answer outside an initialized world (before init, after destroy)
+                raise ValueError(f"Default process group has not been initialized, please make sure to call "
+                                 f"init_process_group. (elasticd: torch.distributed.{name} in logical rank {ctx.rank})")
             return impl(ctx, *args, **kwargs)
 
         patched.__elasticd_logical__ = True  # type: ignore[attr-defined]
@@ -117,7 +128,40 @@ def _gather(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
 
 @_logical("is_initialized")
 def _is_initialized(ctx: WorkerContext) -> bool:
-    return True  # the logical world exists even when a single agent has no process group
+    # The logical world exists even when a single agent has no process group: an @elastic function sees it
+    # initialized (None) until it destroys it; a torchrun-mode script (False) once it calls init_process_group.
+    return ctx._w.dist_initialized is not False
+
+
+@_logical("init_process_group")
+def _init_process_group(ctx: WorkerContext, backend: Any = None, init_method: Any = None, timeout: Any = None,
+                        world_size: int = -1, rank: int = -1, store: Any = None, group_name: str = "",
+                        pg_options: Any = None, device_id: Any = None, **_: Any) -> None:
+    """No process group to form: the logical world is there. What the call asks is checked against it, so a
+    script that meant another world fails here instead of computing with this one."""
+    if ctx._w.dist_initialized:
+        raise ValueError("trying to initialize the default process group twice!")
+    if world_size not in (-1, None) and world_size != ctx.world_size:
+        raise ValueError(f"elasticd: init_process_group(world_size={world_size}) in a job of {ctx.world_size} "
+                         f"logical workers")
+    if rank not in (-1, None) and rank != ctx.rank:
+        raise ValueError(f"elasticd: init_process_group(rank={rank}) called by logical rank {ctx.rank}")
+    ctx._w.dist_initialized = True
+    ctx._w.dist_backend = str(backend).lower() if backend else None
+
+
+@_logical("destroy_process_group")
+def _destroy_process_group(ctx: WorkerContext, group: Any = None) -> None:
+    _check_group(group, "destroy_process_group")  # the agents' own group is the runtime's to close
+    ctx._w.dist_initialized = False
+
+
+@_logical("get_backend")
+def _get_backend(ctx: WorkerContext, group: Any = None) -> str:
+    _check_group(group, "get_backend")
+    if ctx._w.dist_backend:
+        return ctx._w.dist_backend
+    return "nccl" if ctx.device.type == "cuda" else "gloo"
 
 
 @_logical("get_rank")
@@ -305,6 +349,31 @@ def install(fn: Callable[..., Any] | None = None) -> None:
     namespace = getattr(fn, "__globals__", None)
     if namespace is not None:
         rebind(namespace)
+    rebind_loaded()
+
+
+# torch's own modules must keep the real functions (agent/comm/physical.py reaches them from worker threads
+# during a flush), and ours know which they mean.
+_KEEP = ("torch", "elasticd", "builtins")
+
+
+def rebind_loaded() -> None:
+    """`rebind` every module already imported outside torch and elasticd.
+
+    A standalone run (`python script.py`) installs only when the decorated function is called, after the
+    script and its helpers ran `from torch.nn.parallel import DistributedDataParallel as DDP`: a helper
+    module holding the real class would build torch's DDP inside a worker ("Default process group has not
+    been initialized"). The agent process installs before the script loads; this covers the rest.
+    """
+    for name, module in list(sys.modules.items()):
+        if module is None or name.partition(".")[0] in _KEEP:
+            continue
+        try:
+            namespace = getattr(module, "__dict__", None)
+        except Exception:  # noqa: BLE001 - a lazy module that cannot load now holds no name of ours yet
+            continue
+        if isinstance(namespace, dict):
+            rebind(namespace)
 
 
 def rebind(namespace: dict[str, Any]) -> None:

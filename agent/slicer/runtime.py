@@ -21,6 +21,7 @@ import torch
 
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
+from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.replicated.grad_sync import GradSync
@@ -97,6 +98,9 @@ class Runtime:
         install_backward_hook()
         tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
+        worker_env.install()  # os.environ["RANK"], ["LOCAL_RANK"], ... per worker thread, as torchrun sets them
+        if device.type == "cuda":
+            cuda_ranks.install(device)  # set_device(local_rank), model.to(local_rank): the agent's GPU
         install_idioms(fn)  # clip_grad_norm_, GradScaler, schedulers on replicated state: once per step
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -111,6 +115,7 @@ class Runtime:
         for r, w in self._workers.items():
             w.rng = rng.RngState.from_dict(initial.to_dict())
             w.ctx = WorkerContext(self, w)
+            w.env = worker_env.variables_for(r, self.workers)
             self.boundary.prepare(w)
             t = threading.Thread(target=self._body, args=(w,), name=f"elasticd-rank{r}", daemon=True)
             threads.append(t)

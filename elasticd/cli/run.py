@@ -20,6 +20,9 @@ def resolve_target(target: str, workers: int | None) -> tuple[str, str | None, i
     script, func = split_target(target)
     if not os.path.isfile(script):
         raise click.UsageError(f"no such script: {script}")
+    if workers is None and func is None and torchrun_mode(script):
+        raise click.UsageError(f"{script} has no @elasticd.elastic function: it runs as under torchrun "
+                               f"(torchrun mode), with N given by --workers N (torchrun's --nproc_per_node)")
     if workers is None:
         from elasticd.agent.script import ScriptError, load_function
 
@@ -28,6 +31,20 @@ def resolve_target(target: str, workers: int | None) -> tuple[str, str | None, i
         except ScriptError as e:
             raise click.UsageError(str(e)) from None
     return script, func, workers
+
+
+def torchrun_mode(script: str) -> bool:
+    """A script with no `@elastic` function runs its `__main__` once per logical worker (agent/script_main.py).
+
+    Raises:
+        click.UsageError: the script does not parse.
+    """
+    from elasticd.agent.script_main import is_torchrun_script
+
+    try:
+        return is_torchrun_script(script)
+    except SyntaxError as e:
+        raise click.UsageError(f"{script} does not parse: {e}") from None
 
 
 def split_target(target: str) -> tuple[str, str | None]:
@@ -46,8 +63,9 @@ def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str
         raise click.BadParameter(str(e)) from None
 
 
-@click.command("run")
+@click.command("run", context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="SCRIPT[:FUNC]")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
               help="N logical workers (default: the script's @elastic(workers=N)).")
 @click.option("--devices", "-m", type=click.IntRange(min=1), default=1, show_default=True,
@@ -77,16 +95,24 @@ def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str
                    "A worker that raises fails the run at once, whatever this says.")
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
-def run(target: str, workers: int | None, devices: int, device_type: str, threads: int, device_memory: int | None, scale_at: str,
-        summary: str | None, snapshot_dir: str, snapshot_every: str, max_restarts: int, ddp: bool) -> None:
+def run(target: str, script_args: tuple[str, ...], workers: int | None, devices: int, device_type: str, threads: int,
+        device_memory: int | None, scale_at: str, summary: str | None, snapshot_dir: str, snapshot_every: str,
+        max_restarts: int, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
     The result is what N real data-parallel workers would compute: same global batch, data order and
     random streams. A worker that raises stops the whole run, with its logical rank and traceback. An agent
     that dies (killed, out of memory) is not the job's fault: every agent is stopped and the job restarts
     from its newest periodic snapshot (see --snapshot-every, --max-restarts).
+
+    A script with no @elastic function runs as under `torchrun --nproc_per_node N SCRIPT ARGS` (torchrun
+    mode): its __main__ once per logical worker, with RANK, LOCAL_RANK, WORLD_SIZE, ... per worker.
+    ARGS are the script's; put them after `--` when one is spelled like an option of this command.
+    In torchrun mode a --scale-at STEP counts logical rank 0's backward passes, and a resize restarts the
+    agents at the new size to resume from the script's own checkpoint, as torchrun does.
     """
     script, func, workers = resolve_target(target, workers)
+    torchrun = func is None and torchrun_mode(script)
     if devices > workers:
         click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
                    f"logical worker", err=True)
@@ -97,6 +123,13 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
         if problem:
             click.echo(f"Error: {problem}", err=True)
             sys.exit(EXIT_USAGE)
+    if ddp and torchrun:
+        import subprocess
+
+        # The reference for a torchrun script is torchrun itself.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(workers),
+               script, *script_args]
+        sys.exit(subprocess.call(cmd))
     if ddp:
         from elasticd.agent.ddp_reference import run_native_ddp
 
@@ -105,10 +138,17 @@ def run(target: str, workers: int | None, devices: int, device_type: str, thread
 
     if snapshot_dir:
         os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
-    sys.exit(run_local(script, func, workers, devices, device_type, threads, device_memory=device_memory or 0,
-                       scale_at=schedule, summary=summary, snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "",
-                       snapshot_every=snapshot_every, max_restarts=max_restarts))
+    env = None
+    if script_args:
+        import json
 
+        from elasticd.agent.script_main import ARGS_VAR
+
+        env = {ARGS_VAR: json.dumps(list(script_args))}
+    sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
+                       device_memory=device_memory or 0, scale_at=schedule, summary=summary,
+                       snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,
+                       snapshot_every=snapshot_every, max_restarts=max_restarts))
 
 
 def _cuda_problem(devices: int) -> str | None:

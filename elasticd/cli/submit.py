@@ -38,8 +38,9 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-@click.command("submit")
+@click.command("submit", context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="SCRIPT[:FUNC]")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("--workers", "-n", type=click.IntRange(1, L.MAX_WORKERS), default=None,
               help="N logical workers (default: the script's @elastic(workers=N)).")
 @click.option("--min-devices", type=click.IntRange(1, L.MAX_WORKERS), default=1, show_default=True,
@@ -64,16 +65,21 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
                                            "unless it finished.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
-def submit(target: str, workers: int | None, min_devices: int, max_devices: int | None, priority: int, name: str,
-           env_items: tuple[str, ...], snapshot_every: str, max_restarts: int, wait: bool, as_json: bool,
-           **opts: object) -> None:
+def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int, max_devices: int | None,
+           priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int, wait: bool,
+           as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
     The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
     devices (preferring a count that divides N), all agents at once. SCRIPT must be readable at the
     same path on every node; the job runs in the current directory when that exists there too.
+
+    A script with no @elastic function runs as under torchrun (torchrun mode: see `elasticd run --help`),
+    at one size: the daemon does not restart such a job at another, so --max-devices defaults to
+    --min-devices and may not exceed it. ARGS are the script's (after `--` if spelled like an option here).
     """
-    from elasticd.cli.run import resolve_target
+    from elasticd.agent.script_main import ARGS_VAR
+    from elasticd.cli.run import resolve_target, torchrun_mode
     from elasticd.protocol import Submit
 
     why = L.bad_text("--name", name, L.MAX_NAME)
@@ -83,11 +89,21 @@ def submit(target: str, workers: int | None, min_devices: int, max_devices: int 
     if not 1 <= workers <= L.MAX_WORKERS:
         raise click.UsageError(f"{target} asks for {workers} workers; at most {L.MAX_WORKERS} are allowed")
     hi = max_devices or workers
+    if func is None and torchrun_mode(script):
+        hi = max_devices or min_devices
+        if hi != min_devices:
+            raise click.UsageError(
+                f"{script} runs in torchrun mode, which the daemon runs at one size: resizing it there (stop, "
+                f"restart at the new size from its checkpoint) is not implemented. Give --min-devices alone, or "
+                f"equal to --max-devices; `elasticd run --scale-at` does restart such a job")
+    env = _env(env_items)
+    if script_args:
+        env[ARGS_VAR] = json.dumps(list(script_args))
     if not min_devices <= hi <= workers:
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
                                f"<= {workers}")
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
-                 max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=_env(env_items),
+                 max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
                  snapshot_every=snapshot_every, max_restarts=max_restarts)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]

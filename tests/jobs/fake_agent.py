@@ -26,6 +26,14 @@ from elasticd.agent.config import parse_args
 from elasticd.agent.control.zmq_channel import ZmqControl
 
 
+def _as_job_script(elasticd) -> None:
+    """Never called. Tests also submit this file as the job's script, standing for an @elastic one; the CLI
+    tells those from torchrun scripts by an `elastic(...)` call in the source (agent/script_main.py)."""
+
+    @elasticd.elastic(workers=1)
+    def train(ctx) -> None: ...
+
+
 def _polled(ctl) -> list[dict]:
     """The commands that arrived, as wire maps without the envelope: what FAKE_OUT records and tests read."""
     return [{k: v for k, v in m.to_wire().items() if k not in ("v", "rid")} for m in ctl.poll()]

@@ -1,0 +1,81 @@
+"""A GPU chosen from LOCAL_RANK lands on the agent's GPU.
+
+torchrun gives each process of a node its own GPU, and scripts pick it from LOCAL_RANK:
+`torch.cuda.set_device(local_rank)`, `model.to(local_rank)`, `x.cuda(local_rank)`, `DDP(model,
+device_ids=[local_rank])`. Here the N logical workers share their agent's one GPU while LOCAL_RANK
+stays what torchrun would set (0..N-1), so in worker threads of a CUDA agent those calls are pointed at
+the agent's device: any CUDA index there means "my GPU". Installed only on CUDA agents (`Tensor.to` is
+hot, and on a CPU agent a script has no GPU to name). Not covered: a factory call given the index
+(`torch.zeros(3, device=local_rank)`), which lands on GPU `local_rank` of the node, or fails if the
+agent does not see it; a mixed-device op then raises, it does not compute wrongly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from elasticd.agent.worker import current_worker
+
+_agent_device: torch.device | None = None
+_originals: dict[tuple[Any, str], Callable[..., Any]] = {}
+
+
+def mapped(arg: Any, device: torch.device) -> Any:
+    """`arg` if it names no CUDA device, else `device` (an int, "cuda[:k]" or a cuda torch.device)."""
+    if isinstance(arg, bool):
+        return arg
+    if isinstance(arg, int):
+        return device
+    if isinstance(arg, str) and arg.split(":")[0] == "cuda":
+        return device
+    if isinstance(arg, torch.device) and arg.type == "cuda":
+        return device
+    return arg
+
+
+def _wrap(owner: Any, name: str, first_is_device: bool) -> None:
+    original = getattr(owner, name)
+    _originals[(owner, name)] = original
+
+    @functools.wraps(original)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = _agent_device
+        if device is not None and current_worker() is not None:
+            if args and first_is_device:
+                args = (mapped(args[0], device), *args[1:])
+            if "device" in kwargs:
+                kwargs["device"] = mapped(kwargs["device"], device)
+        return original(self, *args, **kwargs)
+
+    setattr(owner, name, patched)
+
+
+def _set_device(device: Any) -> None:
+    target = _agent_device if _agent_device is not None and current_worker() is not None else device
+    _originals[(torch.cuda, "set_device")](target)
+
+
+def install(device: torch.device) -> None:
+    """Point LOCAL_RANK-chosen devices of worker threads at `device` (idempotent; the latest device wins)."""
+    global _agent_device
+    _agent_device = device
+    if _originals:
+        return
+    for owner in (torch.Tensor, torch.nn.Module):
+        _wrap(owner, "to", first_is_device=True)
+        _wrap(owner, "cuda", first_is_device=True)
+    _originals[(torch.cuda, "set_device")] = torch.cuda.set_device
+    torch.cuda.set_device = _set_device
+
+
+def uninstall() -> None:
+    """Restore torch's own methods (tests)."""
+    global _agent_device
+    for (owner, name), original in _originals.items():
+        setattr(owner, name, original)
+    _originals.clear()
+    _agent_device = None

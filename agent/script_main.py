@@ -1,0 +1,131 @@
+"""torchrun mode: a script with no `@elastic` function runs its `__main__` once per logical worker.
+
+`torchrun --nproc_per_node N script.py ARGS` starts N processes that each run the script as `__main__`
+with `sys.argv == [script.py, *ARGS]` and their own RANK, LOCAL_RANK, ... in the environment. Here each
+logical worker thread executes the script's code in a fresh `__main__` namespace of its own, so every
+module-level name of the script (its model, optimizer, loader, `Trainer`) is per worker, as per process;
+what the script imports is shared by the workers of an agent (one `sys.modules`), which is why a script
+may not keep mutable state in the modules it imports (README, "torchrun mode"). Its environment
+variables come from agent/compat/worker_env.py, its `init_process_group` / `destroy_process_group` act on
+the logical world (agent/compat/torch_dist.py).
+
+This module imports neither torch nor the runtime: the CLI asks `is_torchrun_script` before anything starts.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import os
+import sys
+import time
+import types
+from typing import Any
+
+# The script's own arguments, as a JSON list, in the agents' environment: one carrier for `elasticd run`
+# (the launcher sets it) and `elasticd submit` (a job's --env reaches agents and warm spares alike).
+ARGS_VAR = "ELASTICD_SCRIPT_ARGS"
+# Where the step count of restarted agents starts (the launcher's count when it restarted them), so that
+# `--scale-at` steps stay absolute across restarts.
+STEP_OFFSET_VAR = "ELASTICD_STEP_OFFSET"
+
+
+class ScriptExit(RuntimeError):
+    """The script called `sys.exit` with a failure status in a worker (torchrun would see that process fail)."""
+
+
+def is_torchrun_script(path: str) -> bool:
+    """True if the script never calls an `elastic(...)` decorator: it is run the way torchrun runs it.
+
+    Decided from the source, without running it: importing a torchrun script as a module would execute
+    its top level once more than torchrun does.
+
+    Raises:
+        SyntaxError: the script does not parse (the user's error, with its line).
+    """
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            target = node.func
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+            if name == "elastic":
+                return False
+    return True
+
+
+def script_args(environ: Any = None) -> list[str]:
+    raw = (os.environ if environ is None else environ).get(ARGS_VAR, "")
+    if not raw:
+        return []
+    args = json.loads(raw)
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ValueError(f"{ARGS_VAR} must be a JSON list of strings, got {raw!r}")
+    return args
+
+
+class ScriptMain:
+    """The stand-in for an `ElasticFunction` that a torchrun-mode script gives the agent.
+
+    `fn(ctx)` is what each logical worker runs: the script as `__main__`, start to end. A worker that
+    returns is done; `sys.exit(0)` (or `None`) is a normal end, any other status fails the job like an
+    exception, with the worker's rank.
+    """
+
+    deterministic = False
+    torchrun = True
+
+    def __init__(self, path: str, args: list[str]) -> None:
+        self.path = os.path.abspath(path)
+        with open(self.path, encoding="utf-8") as f:
+            self.code = compile(f.read(), self.path, "exec")
+        self.args = list(args)
+        script_dir = os.path.dirname(self.path)
+        if script_dir not in sys.path:
+            sys.path.insert(0, script_dir)  # `from datautils import ...` next to the script, as `python script.py`
+        sys.argv = [self.path, *self.args]  # read-only for the workers: argparse parses it once per worker
+
+    def fn(self, ctx: Any) -> None:
+        worker = ctx._w
+        worker.dist_initialized = False  # a torchrun script initializes its process group itself
+        if ctx.rank == 0:
+            worker.backward_hooks.append(StepCounter(ctx._rt))
+        module = types.ModuleType("__main__")
+        module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,
+                               __cached__=None)
+        try:
+            exec(self.code, module.__dict__)
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
+
+
+class StepCounter:
+    """A torchrun script has no step boundaries: its steps, for progress and `--scale-at`, are logical rank
+    0's backward passes. Reported to the launcher after each; after a step the launcher scheduled a resize
+    at, the agent stops there (the worker holds the baton, so every worker of the job stops within one
+    step) and waits to be restarted at the new size: the step the script's own checkpoint resumes from is
+    then what the restart costs, as under torchrun."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._rt = runtime
+        self.step = int(os.environ.get(STEP_OFFSET_VAR, "0"))
+
+    def __call__(self) -> None:
+        self.step += 1
+        self._rt.control.step(self.step, {})
+        if self.step in self._rt.boundary.hold_at:
+            self._hold()
+
+    def _hold(self) -> None:
+        # The launcher stops this process once every agent is held or gone; a stop command or the
+        # launcher's death ends it too (the control channel has no blocking read: poll gently).
+        parent = os.getppid()
+        while os.getppid() == parent:
+            if any(type(cmd).__name__ == "AgentStop" for cmd in self._rt.control.poll()):
+                break
+            time.sleep(0.02)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
