@@ -113,7 +113,7 @@ class LocalJob:
         self._last_print = 0.0
         self.last_step = -1
         self.restarts = 0      # torchrun mode: agent restarts so far (resizes and recoveries)
-        self.recoveries = 0
+        self.torchrun_recoveries = 0   # torchrun mode: restarts after an agent died (bounded by max_restarts)
         self._restarting: Resize | None = None   # torchrun mode: the restart waiting for its first step
 
     # -- processes ----------------------------------------------------------------------------

@@ -4,32 +4,24 @@ A torchrun script has no step boundary at which its state could be carried over 
 what it keeps is its own checkpoint. So, as torchrun's elastic agent does on a membership change or a
 failed worker, a resize stops the whole job and starts it again at the new size, and the script resumes
 from its checkpoint; the steps since that checkpoint are computed again. An agent that dies without
-an error report (killed, out of memory) restarts the job at its size, at most `MAX_RECOVERIES` times;
-a worker that raised fails the job at once, as under torchrun.
+an error report (killed, out of memory), or whose group failed because another one died, restarts the job
+at its size, at most `--max-restarts` times; a worker that raised fails the job at once, as under torchrun.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from elasticd.agent.compat.worker_env import RESTARTS_VAR
 from elasticd.agent.script_main import STEP_OFFSET_VAR
 from elasticd.ports import free_port
 
-MAX_RECOVERIES = 3
-
 
 def relaunch(job: Any, step: int, target: int) -> None:
     """Stop every agent of `job` (a `LocalJob`), then start `target` new ones that count steps on from `step`."""
     job._read(0)
     job.stop_all()   # synchronous: no agent of the job runs once it returns
-    for a in [*job.agents.values(), *job.retired, *job.spares]:
-        if a.events in job._sel.get_map():
-            job._sel.unregister(a.events)
-            os.close(a.events)
-        os.close(a.commands)
-    job.agents, job.retired, job.spares = {}, [], []
+    job._forget_agents()
     job.world = target
     job.restarts += 1
     job.env = {**(job.env or {}), RESTARTS_VAR: str(job.restarts), STEP_OFFSET_VAR: str(max(step, 0))}
@@ -41,11 +33,12 @@ def relaunch(job: Any, step: int, target: int) -> None:
 def recoverable(job: Any, bad: Any) -> bool:
     """An agent exited badly: True if the job may restart at its size (an infrastructure failure, no worker
     reported an error, recoveries left); False if it fails (a worker raised, or too many recoveries)."""
-    if os.path.exists(bad.error_file):
+    cause = job._infrastructure_cause(bad)   # None: a worker raised (the survivors' lost groups do not count)
+    if cause is None:
         return False
-    if job.recoveries >= MAX_RECOVERIES:
-        job._say(f"agent {bad.rank} exited with code {bad.proc.returncode}: not restarting the torchrun-mode "
-                 f"job a {MAX_RECOVERIES + 1}th time")
+    if job.torchrun_recoveries >= job.max_restarts:
+        job._say(f"{cause}; not restarting: {job.torchrun_recoveries} restart(s) of --max-restarts "
+                 f"{job.max_restarts} used")
         return False
-    job.recoveries += 1
+    job.torchrun_recoveries += 1
     return True
