@@ -130,6 +130,20 @@ class Cluster:
         self.procs.append(proc)
         return proc.start()
 
+    def node(self, sched: Proc, name: str, *extra: str, cpu: int = 1, fake: bool = True,
+             endpoint_key: str = "tcp") -> Proc:
+        """A node daemon `name` (its node id too) joined over CURVE TCP to the scheduler `sched` serves (a
+        standalone scheduler, or a daemon's embedded one with endpoint_key="scheduler_tcp"), its key allowed
+        there with the node role."""
+        pub = cli("keygen", "--state-dir", str(self.root / name)).out.strip()
+        r = cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name, "--role", "node",
+                "--node-id", name)
+        assert r.code == 0, r.err
+        info = sched.info()
+        assert info is not None
+        return self.daemon(name, "--scheduler", info[endpoint_key], "--scheduler-key",
+                           str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra, cpu=cpu, fake=fake)
+
     def scheduler(self, name: str = "sched", bind: str = "tcp://127.0.0.1:0") -> Proc:
         sd = self.root / name
         proc = Proc(["scheduler", "--bind", bind, "--state-dir", str(sd), "--heartbeat", "0.1",

@@ -44,13 +44,7 @@ def test_submitted_job_equals_elasticd_run(cluster, tmp_path, reference):
 @pytest.mark.slow
 def test_one_job_spans_two_nodes_of_one_scheduler(cluster, tmp_path, reference):
     sched = cluster.scheduler()
-    nodes = []
-    for name in ("a", "b"):
-        pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
-        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name, "--role", "node",
-                   "--node-id", name).code == 0
-        nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
-                                    str(sched.state_dir / "keys" / "id.key"), "--node-id", name, cpu=1, fake=False))
+    nodes = [cluster.node(sched, name, fake=False) for name in ("a", "b")]
     wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 30, what="both nodes to join")
     out = tmp_path / "final.pt"
     r = cli("submit", SCRIPT, "--workers", str(WORKERS), "--min-devices", str(DEVICES),

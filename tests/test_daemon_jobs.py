@@ -147,13 +147,7 @@ def test_logs_follow_streams_until_the_job_ends(cluster):
 
 def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
     a = cluster.daemon("a", cpu=1)
-    sched_key = a.state_dir / "keys" / "id.key"
-    b_dir = tmp_path / "b"
-    pub_b = cli("keygen", "--state-dir", str(b_dir)).out.strip()
-    assert cli("keygen", "--state-dir", str(a.state_dir), "--allow", pub_b, "--name", "node-b", "--role", "node",
-               "--node-id", "b").code == 0
-    b = cluster.daemon("b", "--scheduler", a.info()["scheduler_tcp"], "--scheduler-key", str(sched_key),
-                       "--node-id", "b", cpu=1)
+    b = cluster.node(a, "b", endpoint_key="scheduler_tcp")
     wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join")
     out = tmp_path / "out"
     out.mkdir()
@@ -168,7 +162,7 @@ def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
         r = cli("logs", job, "--json", "--state-dir", str(sd))
         assert r.code == 0 and len(r.json()["logs"]) == 2 and r.json()["unreachable"] == {}
     # a CLI talking straight to the scheduler over TCP (node a's identity is allowed there) sees them too
-    r = cli("logs", job, "--endpoint", a.info()["scheduler_tcp"], "--server-key", str(sched_key),
+    r = cli("logs", job, "--endpoint", a.info()["scheduler_tcp"], "--server-key", str(a.state_dir / "keys" / "id.key"),
             "--state-dir", str(a.state_dir))
     assert r.code == 0 and "[rank0] fake agent" in r.out and "[rank1] fake agent" in r.out, r.err
 

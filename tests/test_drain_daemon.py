@@ -43,11 +43,7 @@ def island(cluster, tmp_path: Path, *extra: str, fake: bool = False):
 
 
 def join(cluster, sched, tmp_path: Path, name: str, *extra: str, cpu: int = 1, fake: bool = False):
-    pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
-    assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name, "--role", "node",
-               "--node-id", name).code == 0
-    return cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
-                          str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra, cpu=cpu, fake=fake)
+    return cluster.node(sched, name, *extra, cpu=cpu, fake=fake)
 
 
 def node_of_rank(sd: Path, job: str, rank: int) -> str:

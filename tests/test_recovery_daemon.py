@@ -71,13 +71,7 @@ def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_th
     of the snapshot were copied to node a (the buddy), so the job resumes there, on one device, at the step
     of its newest snapshot, and ends as if nothing happened."""
     sched = cluster.scheduler()
-    nodes = []
-    for name in ("a", "b"):
-        pub = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
-        assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--name", name, "--role", "node",
-                   "--node-id", name).code == 0
-        nodes.append(cluster.daemon(name, "--scheduler", sched.info()["tcp"], "--scheduler-key",
-                                    str(sched.state_dir / "keys" / "id.key"), "--node-id", name, cpu=1, fake=False))
+    nodes = [cluster.node(sched, name, fake=False) for name in ("a", "b")]
     sd = sched.state_dir
     wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="both nodes to join")
     out = tmp_path / "run"

@@ -14,12 +14,7 @@ FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")
 def test_scheduler_killed_and_restarted_keeps_the_job_table(cluster, tmp_path):
     sched = cluster.scheduler()
     endpoint = sched.info()["tcp"]
-    node_dir = tmp_path / "node"
-    pub = cli("keygen", "--state-dir", str(node_dir)).out.strip()
-    assert cli("keygen", "--state-dir", str(sched.state_dir), "--allow", pub, "--role", "node",
-               "--node-id", "node").code == 0
-    node = cluster.daemon("node", "--scheduler", endpoint, "--scheduler-key",
-                          str(sched.state_dir / "keys" / "id.key"), "--node-id", "node", cpu=2)
+    node = cluster.node(sched, "node", cpu=2)
     sd = node.state_dir
 
     def submit(*args: str) -> str:

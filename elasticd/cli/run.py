@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -63,6 +65,19 @@ def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str
         raise click.BadParameter(str(e)) from None
 
 
+def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--snapshot-every and --max-restarts, alike on `run` and `submit`."""
+    f = click.option("--max-restarts", type=click.IntRange(min=0, max=10_000), default=DEFAULT_MAX_RESTARTS,
+                     show_default=True,
+                     help="Restarts after an infrastructure failure (an agent killed or out of memory, a node "
+                          "lost) before the job fails. A worker that raises fails the job at once.")(f)
+    return click.option("--snapshot-every", default=DEFAULT_SNAPSHOT_EVERY, show_default=True,
+                        metavar="STEPS|SECONDSs", callback=check_every,
+                        help="Snapshot the job every this many steps (20) or seconds (30s) into host memory, in the "
+                             "background; after an infrastructure failure it restarts from the newest complete "
+                             "one. 0: none (a failure restarts it from the beginning).")(f)
+
+
 @click.command("run", context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="SCRIPT[:FUNC]")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
@@ -84,15 +99,7 @@ def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), default="",
               help="Where each resize's snapshot is kept until a step completed after it, so a resize that "
                    "fails half-way restarts from it (default: a private directory in /dev/shm, host memory).")
-@click.option("--snapshot-every", default=DEFAULT_SNAPSHOT_EVERY, show_default=True, metavar="STEPS|SECONDSs",
-              callback=check_every,
-              help="Take a snapshot of the job every this many steps (20) or seconds (30s), written to host memory "
-                   "in the background; if an agent dies, the job restarts from the newest one. 0: none (a failure "
-                   "restarts the job from the beginning).")
-@click.option("--max-restarts", type=click.IntRange(min=0, max=10_000), default=DEFAULT_MAX_RESTARTS,
-              show_default=True,
-              help="Restarts after an agent dies (killed, out of memory, lost its group) before the run fails. "
-                   "A worker that raises fails the run at once, whatever this says.")
+@recovery_options
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
 def run(target: str, script_args: tuple[str, ...], workers: int | None, devices: int, device_type: str, threads: int,

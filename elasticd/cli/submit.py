@@ -10,9 +10,8 @@ import time
 import click
 
 from elasticd import client
-from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK
-from elasticd.cli.run import check_every
+from elasticd.cli.run import recovery_options
 from elasticd.protocol import limits as L
 
 TERMINAL = ("finished", "failed", "stopped")
@@ -52,15 +51,7 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--name", default="", help="A label shown by `status`.")
 @click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
-@click.option("--snapshot-every", default=DEFAULT_SNAPSHOT_EVERY, show_default=True, metavar="STEPS|SECONDSs",
-              callback=check_every,
-              help="Snapshot the job every this many steps (20) or seconds (30s) into the nodes' host memory, in "
-                   "the background; after an agent dies or a node is lost the job restarts from the newest "
-                   "complete one. 0: none (a failure restarts the job from the beginning).")
-@click.option("--max-restarts", type=click.IntRange(min=0, max=10_000), default=DEFAULT_MAX_RESTARTS,
-              show_default=True,
-              help="Restarts after infrastructure failures (agent killed, node lost) before the job fails. A "
-                   "worker that raises fails the job at once.")
+@recovery_options
 @click.option("--wait", is_flag=True, help="Follow the job until it ends, with a progress line; exit 1 "
                                            "unless it finished.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
