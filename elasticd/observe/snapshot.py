@@ -1,0 +1,112 @@
+"""A plain-data picture of the scheduler's tables, taken in the loop thread and read by the HTTP thread.
+
+Everything here is built from fresh dicts, lists and tuples that nothing mutates after `take` returns, so
+handing the result to another thread needs no lock. `History` keeps each job's progress over time (what
+the page charts): a bounded ring per job, sampled in the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.scheduler.state import SchedulerState
+
+HISTORY_POINTS = 900       # per job; one every `sample_s` (2 s): the last 30 minutes
+HISTORY_JOBS = 50          # jobs charted: the newest (active ones first)
+_TERMINAL = ("finished", "failed", "stopped")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    at: float
+    jobs: tuple[dict[str, Any], ...] = ()
+    nodes: tuple[dict[str, Any], ...] = ()
+    series: dict[str, tuple[tuple, ...]] = field(default_factory=dict)   # job -> (t, step, steps/s, loss, M)
+    alloc: tuple[tuple, ...] = ()   # (t, {node: busy devices}) samples: device allocation over time
+
+
+def _loss(metrics: dict[str, Any]) -> float | None:
+    v = metrics.get("loss")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def job_row(info: Any) -> dict[str, Any]:
+    """The fields the page and the metrics use of one `JobInfo` (not its agents' command lines etc.)."""
+    return {"job": info.job_id, "name": info.name, "state": info.state, "workers": info.workers,
+            "devices": info.devices, "min_devices": info.min_devices, "max_devices": info.max_devices,
+            "nodes": list(info.nodes), "step": info.step, "steps_per_s": info.steps_per_s,
+            "loss": _loss(info.metrics),
+            "metrics": {k: v for k, v in info.metrics.items()
+                        if isinstance(v, int | float) and not isinstance(v, bool)},
+            "submitted_at": info.submitted_at, "started_at": info.started_at, "ended_at": info.ended_at,
+            "resizes": [{k: r.get(k) for k in ("at", "from", "to", "why", "outcome", "seconds", "step")}
+                        for r in info.resizes],
+            "resizing": dict(info.resizing) if info.resizing else None,
+            "recoveries": [{k: r.get(k) for k in ("at", "cause", "seconds", "steps_redone", "devices")}
+                           for r in info.recoveries],
+            "snapshot": dict(info.snapshot) if info.snapshot else None,
+            "agents": [{k: a.get(k) for k in ("rank", "node", "device", "alive", "rss", "cpu")}
+                       for a in info.agents],
+            "error": (info.error or {}).get("message")}
+
+
+class History:
+    """Per-job progress samples and per-node allocation samples, bounded. Loop thread only."""
+
+    def __init__(self, points: int = HISTORY_POINTS, jobs: int = HISTORY_JOBS) -> None:
+        self.points = points
+        self.max_jobs = jobs
+        self._jobs: dict[str, deque[tuple]] = {}
+        self._alloc: deque[tuple] = deque(maxlen=points)
+
+    def sample(self, now: float, jobs: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> None:
+        for j in jobs:
+            if j["state"] in _TERMINAL and j["job"] not in self._jobs:
+                continue   # never charted while it ran: nothing to draw
+            ring = self._jobs.setdefault(j["job"], deque(maxlen=self.points))
+            if j["state"] in _TERMINAL and ring and ring[-1][5] in _TERMINAL:
+                continue   # one sample after the end is enough
+            ring.append((round(now, 3), j["step"], round(j["steps_per_s"], 4), j["loss"], j["devices"], j["state"]))
+        live = {j["job"] for j in jobs}
+        for job_id in [k for k in self._jobs if k not in live]:
+            del self._jobs[job_id]   # purged from the table
+        if len(self._jobs) > self.max_jobs:   # drop the ended ones first, then the oldest
+            order = sorted(self._jobs, key=lambda k: (self._jobs[k][-1][5] not in _TERMINAL, self._jobs[k][-1][0]))
+            for job_id in order[:len(self._jobs) - self.max_jobs]:
+                del self._jobs[job_id]
+        self._alloc.append((round(now, 3), {n["node"]: n["busy"] for n in nodes if n["alive"]}))
+
+    def frozen(self) -> tuple[dict[str, tuple[tuple, ...]], tuple[tuple, ...]]:
+        return {k: tuple(v) for k, v in self._jobs.items()}, tuple(self._alloc)
+
+
+def take(state: SchedulerState, now: float, history: History | None = None) -> Snapshot:
+    """Read the tables (loop thread only) into a `Snapshot`; sample `history` too when given."""
+    reply = state.status(None, now)
+    jobs = [job_row(j) for j in reply.jobs]
+    agents: dict[str, list[dict[str, Any]]] = {}
+    for j in jobs:
+        if j["state"] not in _TERMINAL:
+            for a in j["agents"]:
+                agents.setdefault(str(a["node"]), []).append(a)
+    nodes = []
+    for n in reply.nodes:
+        live = [a for a in agents.get(n.node_id, []) if a.get("alive")]
+        nodes.append({"node": n.node_id, "host": n.host, "alive": n.alive, "devices": len(n.devices),
+                      "free": len(n.free), "busy": len(n.devices) - len(n.free), "last_seen_s": n.last_seen_s,
+                      "draining": n.draining is not None, "drained": bool((n.draining or {}).get("drained")),
+                      "agents": len(live), "rss_bytes": sum(int(a.get("rss") or 0) for a in live),
+                      "cpu_percent": round(sum(float(a.get("cpu") or 0.0) for a in live), 1)})
+    series: dict[str, tuple[tuple, ...]] = {}
+    alloc: tuple[tuple, ...] = ()
+    if history is not None:
+        history.sample(now, jobs, nodes)
+        series, alloc = history.frozen()
+    return Snapshot(at=now, jobs=tuple(jobs), nodes=tuple(nodes), series=series, alloc=alloc)
+
+
+def empty() -> Snapshot:
+    return Snapshot(at=time.time())
