@@ -7,6 +7,10 @@ Starts a real standalone scheduler (`elasticd scheduler`) on loopback TCP with C
    with the full report of its job, as a real daemon does; measures heartbeat -> ack latency, how
    many heartbeats were acked, the scheduler's CPU, and client round trips while under that load.
 
+With --scrape S the scheduler also serves metrics (`--metrics 127.0.0.1:0`) and a thread plays Prometheus
+and an open status page, fetching /metrics and /api/status.json every S seconds through the whole run
+(issue 14: scraping must not slow the control loop); compare the figures with and without it.
+
 The last line is `rtt_p99_ms=X.XX` (idle round trip, 99th percentile).
 """
 
@@ -21,7 +25,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -40,10 +46,30 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q / 100 * len(xs)))] if xs else float("nan")
 
 
-def start_scheduler(state: Path, heartbeat: float) -> tuple[subprocess.Popen, dict]:
+class Scraper(threading.Thread):
+    """Prometheus and an open status page: GET /metrics and /api/status.json every `every` seconds."""
+
+    def __init__(self, url: str, every: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.every = url, every
+        self.stop = threading.Event()
+        self.ms: list[float] = []
+        self.bytes = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            for path in ("/metrics", "/api/status.json"):
+                t = time.perf_counter()
+                with urllib.request.urlopen(self.url + path, timeout=10) as r:
+                    self.bytes += len(r.read())
+                self.ms.append((time.perf_counter() - t) * 1000)
+
+
+def start_scheduler(state: Path, heartbeat: float, metrics: bool = False) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "elasticd", "scheduler", "--bind", "tcp://127.0.0.1:0",
                              "--state-dir", str(state), "--heartbeat", str(heartbeat), "--node-timeout",
-                             str(max(10.0, 10 * heartbeat)), "--log-level", "WARNING"],
+                             str(max(10.0, 10 * heartbeat)), "--log-level", "WARNING",
+                             *(["--metrics", "127.0.0.1:0"] if metrics else [])],
                             cwd=str(REPO), start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.parent / "scheduler.err", "wb"))
     deadline = time.monotonic() + 30
@@ -155,11 +181,16 @@ def main() -> None:
     ap.add_argument("--heartbeat", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--jobs", type=int, default=200, help="jobs of N=4 on 2..4 devices placed on the nodes")
+    ap.add_argument("--scrape", type=float, default=0.0, metavar="S",
+                    help="serve metrics and fetch /metrics and /api/status.json every S seconds (0: metrics off)")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="elasticd-bench-") as tmp:
         state = Path(tmp) / "sched"
-        proc, info = start_scheduler(state, a.heartbeat)
+        proc, info = start_scheduler(state, a.heartbeat, metrics=a.scrape > 0)
+        scraper = Scraper(info["metrics"], a.scrape) if a.scrape > 0 else None
+        if scraper is not None:
+            scraper.start()
         try:
             ident = keys.load_identity(state)
             assert ident is not None
@@ -226,6 +257,12 @@ def main() -> None:
             print(f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (tails include other "
                   "processes' CPU use)")
             print(f"keeps_up={'yes' if keeps_up else 'no'} (all heartbeats acked, p99 ack lag < half a period)")
+            if scraper is not None:
+                scraper.stop.set()
+                scraper.join()
+                print(f"scraper: {len(scraper.ms)} GETs of /metrics and /api/status.json every {a.scrape}s "
+                      f"({scraper.bytes / max(1, len(scraper.ms)) / 1024:.0f} KiB each on average); "
+                      f"p50 {pct(scraper.ms, 50):.1f} ms  p99 {pct(scraper.ms, 99):.1f} ms")
             nodes.close()
             client.close()
             ctx.term()
