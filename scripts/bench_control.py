@@ -98,7 +98,7 @@ def rtt(client: Client, n: int) -> list[float]:
 class SimNodes:
     """Many nodes in one process: each hellos, then heartbeats its jobs' state like a daemon."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, ident: tuple[bytes, bytes], server: bytes, n: int) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, state: Path, server: bytes, n: int) -> None:
         self.socks: list[zmq.Socket] = []
         self.jobs: list[dict[str, dict]] = [{} for _ in range(n)]
         self.ids = [f"sim{i:04d}" for i in range(n)]
@@ -110,6 +110,10 @@ class SimNodes:
         self.poller = zmq.Poller()
         self.index: dict[zmq.Socket, int] = {}
         for i in range(n):
+            # Each node its own key, allowed as that node (a node key speaks only for its node id; the
+            # scheduler's own admin key may not send node messages at all since roles exist, issue 16).
+            ident = zmq.curve_keypair()
+            keys.allow_key(state, ident[0], f"sim{i:04d}", role=keys.NODE, node_id=self.ids[i])
             s = transport.dealer(ctx, immediate=False)
             transport.curve_client(s, ident, server)
             s.connect(endpoint)
@@ -203,7 +207,7 @@ def main() -> None:
             print(f"idle round trip (status, {a.requests} requests): p50 {pct(idle, 50):.3f} ms  "
                   f"p99 {pct(idle, 99):.3f} ms  max {max(idle):.3f} ms")
 
-            nodes = SimNodes(ctx, info["tcp"], ident, server, a.nodes)
+            nodes = SimNodes(ctx, info["tcp"], state, server, a.nodes)
             t = time.perf_counter()
             nodes.hello_all()
             print(f"{a.nodes} nodes joined in {time.perf_counter() - t:.2f} s")

@@ -45,13 +45,21 @@ def events(job_id: str | None, follow: bool, as_json: bool, since: float | None,
     from elasticd.protocol import Events
 
     after = max(0.0, time.time() - since) if since is not None else 0.0
+    # Times are kept to the millisecond: an event recorded after our last poll can carry the same time as
+    # the last one printed. So ask from a millisecond before it and skip those already printed at it.
+    at_last: set[str] = set()
+    ended = False
     with client.session(opts, as_json) as c:
         while True:
-            reply = c.request(Events(job_id=job_id, after=after))
-            ended = False
+            reply = c.request(Events(job_id=job_id, after=max(0.0, after - 0.001)))
             for e in reply.events:  # type: ignore[attr-defined]
+                at, doc = float(e.get("at") or 0.0), json.dumps(e, sort_keys=True)
+                if at < after or (at == after and doc in at_last):
+                    continue
                 click.echo(json.dumps(e) if as_json else render(e))
-                after = max(after, float(e.get("at") or 0.0))
+                if at > after:
+                    after, at_last = at, set()
+                at_last.add(doc)
                 ended = ended or (job_id is not None and e.get("event") in _ENDS)
             if reply.more:  # type: ignore[attr-defined]
                 continue
