@@ -12,10 +12,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.scheduler.jobs import Job
 from elasticd.scheduler.state import SchedulerState
 
-HISTORY_POINTS = 900       # per job; one every `sample_s` (2 s): the last 30 minutes
-HISTORY_JOBS = 50          # jobs charted: the newest (active ones first)
+# The page fetches every chart once a second: 20 jobs x 450 points is ~0.5 MB of JSON at most.
+HISTORY_POINTS = 450       # per job; one every `metrics.SAMPLE_S` (2 s): the last 15 minutes
+HISTORY_JOBS = 20          # jobs charted: active ones first, then the most recently ended
 _TERMINAL = ("finished", "failed", "stopped")
 
 
@@ -33,24 +35,24 @@ def _loss(metrics: dict[str, Any]) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def job_row(info: Any) -> dict[str, Any]:
-    """The fields the page and the metrics use of one `JobInfo` (not its agents' command lines etc.)."""
-    return {"job": info.job_id, "name": info.name, "state": info.state, "workers": info.workers,
-            "devices": info.devices, "min_devices": info.min_devices, "max_devices": info.max_devices,
-            "nodes": list(info.nodes), "step": info.step, "steps_per_s": info.steps_per_s,
-            "loss": _loss(info.metrics),
-            "metrics": {k: v for k, v in info.metrics.items()
+def job_row(job: Job) -> dict[str, Any]:
+    """What the page and the metrics use of one job: copies of a few fields, not the whole status row
+    (its history, agents' reports and the like would make a snapshot of a big table cost the loop ms)."""
+    active = job.state.active
+    return {"job": job.job_id, "name": job.spec.name, "state": job.state.value, "workers": job.spec.workers,
+            "devices": len(job.placement) if (active or job.state.terminal) else 0,
+            "min_devices": job.spec.min_devices, "max_devices": job.spec.max_devices,
+            "nodes": job.nodes, "step": job.step, "steps_per_s": job.steps_per_s, "loss": _loss(job.metrics),
+            "metrics": {k: v for k, v in job.metrics.items()
                         if isinstance(v, int | float) and not isinstance(v, bool)},
-            "submitted_at": info.submitted_at, "started_at": info.started_at, "ended_at": info.ended_at,
-            "resizes": [{k: r.get(k) for k in ("at", "from", "to", "why", "outcome", "seconds", "step")}
-                        for r in info.resizes],
-            "resizing": dict(info.resizing) if info.resizing else None,
-            "recoveries": [{k: r.get(k) for k in ("at", "cause", "seconds", "steps_redone", "devices")}
-                           for r in info.recoveries],
-            "snapshot": dict(info.snapshot) if info.snapshot else None,
-            "agents": [{k: a.get(k) for k in ("rank", "node", "device", "alive", "rss", "cpu")}
-                       for a in info.agents],
-            "error": (info.error or {}).get("message")}
+            "resizes": [{k: r.get(k) for k in ("at", "from", "to", "why", "outcome", "seconds")}
+                        for r in job.resizes],
+            "resizing": {"from": job.resize.src, "to": job.resize.dst} if job.resize is not None else None,
+            "recoveries": [{k: r.get(k) for k in ("at", "cause", "seconds")} for r in job.recoveries],
+            "snapshot": dict(job.snapshot) if job.snapshot else None,
+            "agents": [{"node": a.get("node"), "alive": a.get("alive"), "rss": a.get("rss"), "cpu": a.get("cpu")}
+                       for agents in job.agents.values() for a in agents] if active else [],
+            "error": (job.error or {}).get("message")}
 
 
 class History:
@@ -85,15 +87,14 @@ class History:
 
 def take(state: SchedulerState, now: float, history: History | None = None) -> Snapshot:
     """Read the tables (loop thread only) into a `Snapshot`; sample `history` too when given."""
-    reply = state.status(None, now)
-    jobs = [job_row(j) for j in reply.jobs]
+    jobs = [job_row(j) for j in sorted(state.jobs.values(), key=lambda j: j.seq)]
     agents: dict[str, list[dict[str, Any]]] = {}
     for j in jobs:
         if j["state"] not in _TERMINAL:
             for a in j["agents"]:
                 agents.setdefault(str(a["node"]), []).append(a)
     nodes = []
-    for n in reply.nodes:
+    for n in state.node_infos(now):
         live = [a for a in agents.get(n.node_id, []) if a.get("alive")]
         nodes.append({"node": n.node_id, "host": n.host, "alive": n.alive, "devices": len(n.devices),
                       "free": len(n.free), "busy": len(n.devices) - len(n.free), "last_seen_s": n.last_seen_s,
