@@ -25,9 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -46,23 +44,40 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q / 100 * len(xs)))] if xs else float("nan")
 
 
-class Scraper(threading.Thread):
-    """Prometheus and an open status page: GET /metrics and /api/status.json every `every` seconds."""
+_SCRAPER = """
+import sys, threading, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+ms, nbytes = [], 0
+while not stop.wait(every):
+    for path in ("/metrics", "/api/status.json"):
+        t = time.perf_counter()
+        with urllib.request.urlopen(url + path, timeout=10) as r:
+            nbytes += len(r.read())
+        ms.append((time.perf_counter() - t) * 1000)
+print(nbytes, *ms)
+"""
+
+
+class Scraper:
+    """Prometheus and an open status page: GET /metrics and /api/status.json every `every` seconds, from a
+    process of its own as they would be (a thread here would take the GIL from the simulated nodes and
+    show up as the scheduler's latency)."""
 
     def __init__(self, url: str, every: float) -> None:
-        super().__init__(daemon=True)
-        self.url, self.every = url, every
-        self.stop = threading.Event()
+        self.every = every
+        self.proc = subprocess.Popen([sys.executable, "-c", _SCRAPER, url, str(every)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
         self.ms: list[float] = []
         self.bytes = 0
 
-    def run(self) -> None:
-        while not self.stop.wait(self.every):
-            for path in ("/metrics", "/api/status.json"):
-                t = time.perf_counter()
-                with urllib.request.urlopen(self.url + path, timeout=10) as r:
-                    self.bytes += len(r.read())
-                self.ms.append((time.perf_counter() - t) * 1000)
+    def stop(self) -> None:
+        out, _ = self.proc.communicate(timeout=30)   # closes its stdin: the scraper prints and exits
+        fields = out.split()
+        if self.proc.returncode != 0 or not fields:
+            raise SystemExit(f"the scraper failed (exit {self.proc.returncode})")
+        self.bytes, self.ms = int(fields[0]), [float(x) for x in fields[1:]]
 
 
 def start_scheduler(state: Path, heartbeat: float, metrics: bool = False) -> tuple[subprocess.Popen, dict]:
@@ -193,8 +208,6 @@ def main() -> None:
         state = Path(tmp) / "sched"
         proc, info = start_scheduler(state, a.heartbeat, metrics=a.scrape > 0)
         scraper = Scraper(info["metrics"], a.scrape) if a.scrape > 0 else None
-        if scraper is not None:
-            scraper.start()
         try:
             ident = keys.load_identity(state)
             assert ident is not None
@@ -262,8 +275,7 @@ def main() -> None:
                   "processes' CPU use)")
             print(f"keeps_up={'yes' if keeps_up else 'no'} (all heartbeats acked, p99 ack lag < half a period)")
             if scraper is not None:
-                scraper.stop.set()
-                scraper.join()
+                scraper.stop()
                 print(f"scraper: {len(scraper.ms)} GETs of /metrics and /api/status.json every {a.scrape}s "
                       f"({scraper.bytes / max(1, len(scraper.ms)) / 1024:.0f} KiB each on average); "
                       f"p50 {pct(scraper.ms, 50):.1f} ms  p99 {pct(scraper.ms, 99):.1f} ms")

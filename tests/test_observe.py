@@ -177,3 +177,38 @@ def test_a_person_sees_the_job_row_a_growing_chart_and_the_resize_mark(island, t
     shot = tmp_path / "status-page.png"
     _dom(url + "/", shot)
     assert shot.stat().st_size > 10_000   # a rendered page, not a blank one
+
+
+def test_a_standalone_scheduler_serves_metrics_for_the_nodes_that_join_it(cluster):
+    from cluster import Proc
+
+    sd = cluster.root / "sched"
+    sched = Proc(["scheduler", "--bind", "tcp://127.0.0.1:0", "--state-dir", str(sd), "--heartbeat", "0.1",
+                  "--metrics", ":0"], sd, "scheduler.json")
+    cluster.procs.append(sched)
+    sched.start()
+    url = sched.info()["metrics"]
+    assert url.startswith("http://127.0.0.1:"), url   # ":PORT" is loopback
+    assert value(samples(url), "elasticd_nodes", state="alive") == 0.0
+    node_dir = cluster.root / "n1"
+    key = cli("keygen", "--state-dir", str(node_dir)).out.strip()
+    assert cli("keygen", "--state-dir", str(sd), "--allow", key, "--role", "node", "--node-id", "n1").code == 0
+    cluster.daemon("n1", "--scheduler", sched.info()["tcp"], "--scheduler-key", str(sd / "keys" / "id.key"),
+                   "--node-id", "n1", cpu=3)
+    m = wait_until(lambda: (lambda m: m if value(m, "elasticd_nodes", state="alive") == 1.0 else None)(
+        samples(url)), 30, interval=0.2, what="the node in the metrics")
+    assert value(m, "elasticd_node_devices", node="n1", state="free") == 3.0
+
+
+def test_the_charts_history_is_bounded_in_points_and_jobs():
+    from elasticd.observe.snapshot import History
+
+    h = History(points=3, jobs=2)
+    row = {"step": 1, "steps_per_s": 1.0, "loss": 0.5, "devices": 1}
+    for t in range(10):
+        h.sample(float(t), [dict(row, job=f"j{k}", state="running") for k in range(4)],
+                 [{"node": "n", "alive": True, "busy": 4}])
+    series, alloc = h.frozen()
+    assert len(series) == 2 and all(len(v) == 3 for v in series.values()) and len(alloc) == 3
+    h.sample(11.0, [], [])   # every job purged from the table: their charts go too
+    assert h.frozen()[0] == {}
