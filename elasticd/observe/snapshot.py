@@ -65,20 +65,19 @@ class History:
         self._alloc: deque[tuple] = deque(maxlen=points)
 
     def sample(self, now: float, jobs: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> None:
-        for j in jobs:
-            if j["state"] in _TERMINAL and j["job"] not in self._jobs:
-                continue   # never charted while it ran: nothing to draw
+        """`jobs` in submission order. Charted: the newest `max_jobs` of those running (or charted while
+        they ran, ended since), active ones first; the same ones from one sample to the next."""
+        candidates = [(j["state"] not in _TERMINAL, i, j) for i, j in enumerate(jobs)
+                      if j["state"] not in _TERMINAL or j["job"] in self._jobs]
+        chosen = [j for _a, _i, j in sorted(candidates, key=lambda c: (c[0], c[1]), reverse=True)[:self.max_jobs]]
+        keep = {j["job"] for j in chosen}
+        for job_id in [k for k in self._jobs if k not in keep]:
+            del self._jobs[job_id]   # purged from the table, or pushed out by newer jobs
+        for j in chosen:
             ring = self._jobs.setdefault(j["job"], deque(maxlen=self.points))
             if j["state"] in _TERMINAL and ring and ring[-1][5] in _TERMINAL:
                 continue   # one sample after the end is enough
             ring.append((round(now, 3), j["step"], round(j["steps_per_s"], 4), j["loss"], j["devices"], j["state"]))
-        live = {j["job"] for j in jobs}
-        for job_id in [k for k in self._jobs if k not in live]:
-            del self._jobs[job_id]   # purged from the table
-        if len(self._jobs) > self.max_jobs:   # drop the ended ones first, then the oldest
-            order = sorted(self._jobs, key=lambda k: (self._jobs[k][-1][5] not in _TERMINAL, self._jobs[k][-1][0]))
-            for job_id in order[:len(self._jobs) - self.max_jobs]:
-                del self._jobs[job_id]
         self._alloc.append((round(now, 3), {n["node"]: n["busy"] for n in nodes if n["alive"]}))
 
     def frozen(self) -> tuple[dict[str, tuple[tuple, ...]], tuple[tuple, ...]]:
