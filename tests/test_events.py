@@ -78,6 +78,7 @@ def test_a_client_sees_its_own_jobs_events_an_admin_every_job():
 
 def test_events_follow_a_job_through_a_resize_to_its_end(cluster):
     d = cluster.daemon(cpu=2)
+    assert d.info()["metrics"] is None   # no HTTP endpoint unless asked for (`--metrics`)
     sd = str(d.state_dir)
     r = cli("submit", FAKE_SCRIPT, "--workers", "2", "--env", "FAKE_MODE=hang", "--state-dir", sd)
     assert r.code == 0, r.err
