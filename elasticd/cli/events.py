@@ -35,7 +35,7 @@ def render(e: dict[str, Any]) -> str:
 def events(job_id: str | None, follow: bool, as_json: bool, since: float | None, **opts: object) -> None:
     """Print the island's events with their times, oldest first: for jobs submitted, placed, started,
     resizing/resized (or a resize aborted, failed, refused, rolled back), recovering/recovered, requeued,
-    finished, failed, stopped; for nodes joined, rejoined, left, lost, draining, undrained.
+    finished, failed, stopped; for nodes joined, rejoined, left, lost, draining, drained, undrained.
 
     Job events come from the job table (they survive a scheduler restart); node events from a log of the
     newest 1000 the scheduler keeps in memory. A client key sees its own jobs' events and the nodes'.

@@ -24,7 +24,8 @@ MAX_EVENTS_PER_REPLY = 2000   # one reply stays far below a frame's limit; the c
 JOB_EVENTS = ("submitted", "placed", "started", "running", "requeued", "restarting", "resizing", "resized",
               "resize_aborted", "resize_failed", "resize_not_applied", "resize_refused", "rolled_back",
               "recovering", "recovered", "finished", "failed", "stopped")
-NODE_EVENTS = ("node_joined", "node_rejoined", "node_lost", "node_left", "node_draining", "node_undrained")
+NODE_EVENTS = ("node_joined", "node_rejoined", "node_lost", "node_left", "node_draining", "node_drained",
+               "node_undrained")
 
 
 def _state_event(state: str, reason: str, seen: set[str]) -> str:

@@ -190,7 +190,6 @@ class SchedulerState:
             raise SchedulerError(p.UNKNOWN_NODE, str(e)) from None
         except ValueError as e:
             raise SchedulerError(p.BAD_REQUEST, str(e)) from None
-        self.node_events.add(now, "node_draining", node_id, text)
         return text, out + self._schedule(now)
 
     def undrain(self, node_id: str, now: float) -> tuple[str, list[Send]]:
