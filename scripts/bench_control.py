@@ -7,6 +7,10 @@ Starts a real standalone scheduler (`elasticd scheduler`) on loopback TCP with C
    with the full report of its job, as a real daemon does; measures heartbeat -> ack latency, how
    many heartbeats were acked, the scheduler's CPU, and client round trips while under that load.
 
+With --scrape S the scheduler also serves metrics (`--metrics 127.0.0.1:0`) and a thread plays Prometheus
+and an open status page, fetching /metrics and /api/status.json every S seconds through the whole run
+(issue 14: scraping must not slow the control loop); compare the figures with and without it.
+
 The last line is `rtt_p99_ms=X.XX` (idle round trip, 99th percentile).
 """
 
@@ -40,10 +44,47 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q / 100 * len(xs)))] if xs else float("nan")
 
 
-def start_scheduler(state: Path, heartbeat: float) -> tuple[subprocess.Popen, dict]:
+_SCRAPER = """
+import sys, threading, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+ms, nbytes = [], 0
+while not stop.wait(every):
+    for path in ("/metrics", "/api/status.json"):
+        t = time.perf_counter()
+        with urllib.request.urlopen(url + path, timeout=10) as r:
+            nbytes += len(r.read())
+        ms.append((time.perf_counter() - t) * 1000)
+print(nbytes, *ms)
+"""
+
+
+class Scraper:
+    """Prometheus and an open status page: GET /metrics and /api/status.json every `every` seconds, from a
+    process of its own as they would be (a thread here would take the GIL from the simulated nodes and
+    show up as the scheduler's latency)."""
+
+    def __init__(self, url: str, every: float) -> None:
+        self.every = every
+        self.proc = subprocess.Popen([sys.executable, "-c", _SCRAPER, url, str(every)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.ms: list[float] = []
+        self.bytes = 0
+
+    def stop(self) -> None:
+        out, _ = self.proc.communicate(timeout=30)   # closes its stdin: the scraper prints and exits
+        fields = out.split()
+        if self.proc.returncode != 0 or not fields:
+            raise SystemExit(f"the scraper failed (exit {self.proc.returncode})")
+        self.bytes, self.ms = int(fields[0]), [float(x) for x in fields[1:]]
+
+
+def start_scheduler(state: Path, heartbeat: float, metrics: bool = False) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "elasticd", "scheduler", "--bind", "tcp://127.0.0.1:0",
                              "--state-dir", str(state), "--heartbeat", str(heartbeat), "--node-timeout",
-                             str(max(10.0, 10 * heartbeat)), "--log-level", "WARNING"],
+                             str(max(10.0, 10 * heartbeat)), "--log-level", "WARNING",
+                             *(["--metrics", "127.0.0.1:0"] if metrics else [])],
                             cwd=str(REPO), start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.parent / "scheduler.err", "wb"))
     deadline = time.monotonic() + 30
@@ -72,7 +113,7 @@ def rtt(client: Client, n: int) -> list[float]:
 class SimNodes:
     """Many nodes in one process: each hellos, then heartbeats its jobs' state like a daemon."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, ident: tuple[bytes, bytes], server: bytes, n: int) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, state: Path, server: bytes, n: int) -> None:
         self.socks: list[zmq.Socket] = []
         self.jobs: list[dict[str, dict]] = [{} for _ in range(n)]
         self.ids = [f"sim{i:04d}" for i in range(n)]
@@ -84,6 +125,10 @@ class SimNodes:
         self.poller = zmq.Poller()
         self.index: dict[zmq.Socket, int] = {}
         for i in range(n):
+            # Each node its own key, allowed as that node (a node key speaks only for its node id; the
+            # scheduler's own admin key may not send node messages at all since roles exist, issue 16).
+            ident = zmq.curve_keypair()
+            keys.allow_key(state, ident[0], f"sim{i:04d}", role=keys.NODE, node_id=self.ids[i])
             s = transport.dealer(ctx, immediate=False)
             transport.curve_client(s, ident, server)
             s.connect(endpoint)
@@ -155,11 +200,14 @@ def main() -> None:
     ap.add_argument("--heartbeat", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--jobs", type=int, default=200, help="jobs of N=4 on 2..4 devices placed on the nodes")
+    ap.add_argument("--scrape", type=float, default=0.0, metavar="S",
+                    help="serve metrics and fetch /metrics and /api/status.json every S seconds (0: metrics off)")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="elasticd-bench-") as tmp:
         state = Path(tmp) / "sched"
-        proc, info = start_scheduler(state, a.heartbeat)
+        proc, info = start_scheduler(state, a.heartbeat, metrics=a.scrape > 0)
+        scraper = Scraper(info["metrics"], a.scrape) if a.scrape > 0 else None
         try:
             ident = keys.load_identity(state)
             assert ident is not None
@@ -172,7 +220,7 @@ def main() -> None:
             print(f"idle round trip (status, {a.requests} requests): p50 {pct(idle, 50):.3f} ms  "
                   f"p99 {pct(idle, 99):.3f} ms  max {max(idle):.3f} ms")
 
-            nodes = SimNodes(ctx, info["tcp"], ident, server, a.nodes)
+            nodes = SimNodes(ctx, info["tcp"], state, server, a.nodes)
             t = time.perf_counter()
             nodes.hello_all()
             print(f"{a.nodes} nodes joined in {time.perf_counter() - t:.2f} s")
@@ -226,6 +274,11 @@ def main() -> None:
             print(f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (tails include other "
                   "processes' CPU use)")
             print(f"keeps_up={'yes' if keeps_up else 'no'} (all heartbeats acked, p99 ack lag < half a period)")
+            if scraper is not None:
+                scraper.stop()
+                print(f"scraper: {len(scraper.ms)} GETs of /metrics and /api/status.json every {a.scrape}s "
+                      f"({scraper.bytes / max(1, len(scraper.ms)) / 1024:.0f} KiB each on average); "
+                      f"p50 {pct(scraper.ms, 50):.1f} ms  p99 {pct(scraper.ms, 99):.1f} ms")
             nodes.close()
             client.close()
             ctx.term()

@@ -142,11 +142,14 @@ def test_a_draining_node_takes_no_new_job_until_undrained():
     isl = Island()
     isl.hello("a", 2)
     isl.s.drain("a", None, isl.now)
+    isl.s.tick(isl.now)   # nothing runs there: drained at once
     job, out = isl.submit(workers=1)
     assert launches(out) == [] and isl.state(job) is JobState.QUEUED
     assert isl.s.status(None, isl.now).nodes[0].draining["deadline_s"] is None
     text, out = isl.s.undrain("a", isl.now)
     assert "back in service" in text and launches(isl._take(out))[0][0] == "a"
+    node_events = [e["event"] for e in isl.s.events(None, 0.0).events if e.get("node") == "a"]
+    assert node_events == ["node_joined", "node_draining", "node_drained", "node_undrained"]   # `elasticd events`
     with pytest.raises(SchedulerError) as e:
         isl.s.undrain("a", isl.now)
     assert e.value.code == p.INVALID_STATE

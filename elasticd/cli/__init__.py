@@ -28,6 +28,7 @@ _COMMANDS = {
     "drain": "drain",
     "undrain": "undrain",
     "logs": "logs",
+    "events": "events",
     "stop": "stop",
     "shutdown": "shutdown",
     "keygen": "keygen",
@@ -73,6 +74,29 @@ def limit_options(fn):
                       show_default=True, metavar="SECONDS",
                       help="Ended jobs are purged from the job table this long after they ended.")(fn)
     return fn
+
+
+def metrics_option(fn):
+    """`--metrics ADDR:PORT`, shared by `start` (embedded scheduler) and `scheduler`: parsed to (host, port)."""
+    import click
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, int] | None:
+        from elasticd.observe.http import BadAddress, parse_addr
+
+        if value is None:
+            return None
+        try:
+            return parse_addr(value)
+        except BadAddress as e:
+            raise click.BadParameter(str(e)) from None
+
+    return click.option(
+        "--metrics", default=None, metavar="ADDR:PORT", callback=parse,
+        help="Serve Prometheus metrics (/metrics), the live status page (/) and its JSON (/api/status.json) "
+             "over plain HTTP at ADDR:PORT, e.g. 127.0.0.1:9450 (':PORT' means loopback; port 0 picks a free "
+             "one, shown in the state dir's info file). Off by default. The endpoints are read-only but show "
+             "every job and node to whoever reaches them: give an address beyond loopback only behind a "
+             "firewall or an authenticating proxy.")(fn)
 
 
 def limits_from(opts: dict):

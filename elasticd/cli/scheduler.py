@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from
+from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from, metrics_option
 
 
 @click.command("scheduler")
@@ -23,9 +23,10 @@ from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from
               help="Seconds a job may take to get all its agents up before it fails.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@metrics_option
 @limit_options
 def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: float, start_timeout: float,
-              log_level: str, **limits: object) -> None:
+              log_level: str, metrics: tuple[str, int] | None, **limits: object) -> None:
     """Run an island scheduler without a node daemon: nodes join it with `elasticd start --scheduler`.
 
     Nodes and clients must present a CURVE key on the allow-list of this state dir (`elasticd keygen
@@ -50,14 +51,16 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
         lock = lock_state_dir(sd, "scheduler")
         server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),
                                  config=Config(heartbeat_s=heartbeat, node_timeout_s=node_timeout,
-                                               start_timeout_s=start_timeout), limits=limits_from(limits))
-    except (DaemonError, TransportError, RuntimeError, BadKeyError) as e:
+                                               start_timeout_s=start_timeout), limits=limits_from(limits),
+                                 metrics=metrics)
+    except (DaemonError, TransportError, RuntimeError, BadKeyError, OSError) as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     server.write_info()
-    click.echo(f"elasticd scheduler on {server.tcp_endpoint}; public key {server.public_key}", err=True)
+    click.echo(f"elasticd scheduler on {server.tcp_endpoint}; public key {server.public_key}"
+               + (f"; metrics and status page {server.metrics_url}/" if server.metrics_url else ""), err=True)
     try:
         server.run()
     finally:

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from
+from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from, metrics_option
 
 DEFAULT_BIND = "tcp://127.0.0.1:7450"
 
@@ -66,11 +66,12 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--agent-command", default=None, hidden=True,
               help="Command (space-separated) run instead of `python -m agent`; a test seam.")
+@metrics_option
 @limit_options
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
           log_level: str, agent_command: str | None, spares: int | None, drain_grace: float,
-          **limits: object) -> None:
+          metrics: tuple[str, int] | None, **limits: object) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
@@ -90,6 +91,9 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
         sys.exit(EXIT_DAEMON_ERROR)
     setup_logging(log_level, sd.root / "daemon.log")
     key = None
+    if scheduler is not None and metrics is not None:
+        raise click.UsageError("--metrics serves the island scheduler's metrics: give it to `elasticd scheduler` "
+                               "(this node joins one with --scheduler); its agents and devices are there per node")
     if scheduler is not None:
         if scheduler_key is None:
             raise click.UsageError("--scheduler needs --scheduler-key (the scheduler's public key)")
@@ -101,7 +105,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
                        bind=None if bind.lower() == "none" else bind, host=host, node_id=node_id,
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                        agent_command=agent_command.split() if agent_command else None, spares=spares,
-                       limits=limits_from(limits), drain_grace_s=drain_grace)
+                       limits=limits_from(limits), drain_grace_s=drain_grace, metrics=metrics)
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:
@@ -113,5 +117,6 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     info = daemon.info()
     click.echo(f"elasticd node {info['node_id']}: devices {','.join(info['devices'])}; "  # type: ignore[arg-type]
-               f"scheduler {info['scheduler_tcp'] or info['scheduler']}; public key {info['public_key']}", err=True)
+               f"scheduler {info['scheduler_tcp'] or info['scheduler']}; public key {info['public_key']}"
+               + (f"; metrics and status page {info['metrics']}/" if info.get("metrics") else ""), err=True)
     daemon.run()

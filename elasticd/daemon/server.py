@@ -38,7 +38,7 @@ from elasticd.scheduler.store import StoreError
 
 log = logging.getLogger(__name__)
 
-_RELAYED = (p.Submit, p.Status, p.Stop, p.Scale, p.Drain, p.Undrain)
+_RELAYED = (p.Submit, p.Status, p.Stop, p.Scale, p.Drain, p.Undrain, p.Events)
 _BATCH = 256
 MAX_LOG_REPLY = 512 * 1024
 
@@ -64,6 +64,7 @@ class DaemonConfig:
     spares: int | None = None              # at most this many warm spare agents, one per idle device and
                                            # at least one (elasticd/daemon/spares.py); None: no cap
     drain_grace_s: float = 0.0             # SIGTERM drains the node for up to this long (elasticd/daemon/grace.py)
+    metrics: tuple[str, int] | None = None  # the embedded scheduler's metrics and status page (elasticd.observe)
 
 
 
@@ -128,7 +129,8 @@ class NodeDaemon:
                 local = f"inproc://elasticd-scheduler-{id(self)}"
                 self.scheduler = SchedulerServer(
                     self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False, limits=cfg.limits,
-                    config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s))
+                    config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s),
+                    metrics=cfg.metrics)
                 self.link_endpoint = local
             else:
                 if not transport.is_tcp(cfg.scheduler):
@@ -138,7 +140,7 @@ class NodeDaemon:
                 transport.curve_client(self.link, self.identity, cfg.scheduler_key)
                 self.link_endpoint = cfg.scheduler
             self.link.connect(self.link_endpoint)
-        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError, StoreError, UnsafeStateDir) as e:
+        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError, StoreError, UnsafeStateDir, OSError) as e:
             self._close()
             raise DaemonError(str(e)) from e
         except BaseException:
@@ -153,6 +155,7 @@ class NodeDaemon:
         return {"pid": os.getpid(), "node_id": self.node_id, "cli": self.cli_endpoint,
                 "agents": self.agents_endpoint, "scheduler": self.link_endpoint,
                 "scheduler_tcp": self.scheduler.tcp_endpoint if self.scheduler else None,
+                "metrics": self.scheduler.metrics_url if self.scheduler else None,
                 "public_key": self.identity[0].decode(), "host": self.cfg.host,
                 "devices": [d.device_id for d in self.devices]}
 

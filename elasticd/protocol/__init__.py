@@ -21,6 +21,7 @@ from elasticd.protocol.agents import (  # noqa: F401
     AgentStep,
     AgentStop,
 )
+from elasticd.protocol.events import Events, EventsReply  # noqa: F401
 from elasticd.protocol.nodes import (  # noqa: F401
     AbortResize,
     AgentReport,

@@ -8,7 +8,8 @@ that principal may send this message. No sockets here, so every rule is unit-tes
     node     node_hello / node_status / node_bye / logs_reply for its own node id only; plus what a
              client may (the CLI on that node relays submit/status/stop/scale/logs through it), the
              logs of any job, and a drain of its own node (a daemon SIGTERMed with a grace period)
-    client   submit, status; logs, stop and scale of the jobs it submitted
+    client   submit, status; logs, events, stop and scale of the jobs it submitted (`events` without a
+             job: the server shows it its own jobs' events and the nodes')
     admin    everything: stop/scale anyone's job, shutdown, and any op not listed here (drain, ...)
     local    as admin, and node messages for any node id (the embedded scheduler's own daemon)
 
@@ -32,7 +33,7 @@ def _node_op(msg: p.Message) -> bool:
     too, not opened to every key), and the node's answer to a forwarded `logs` request."""
     return type(msg).__module__ == _NODE_MODULE or isinstance(msg, p.LogsReply)
 
-_ANYONE = (p.Submit, p.Status, p.Logs)
+_ANYONE = (p.Submit, p.Status, p.Logs, p.Events)
 _OWNER_OR_ADMIN = (p.Stop, p.Scale)
 
 
@@ -61,6 +62,11 @@ def principal_of(key: str, grant: keys.Grant) -> Principal:
     return Principal(owner=key, role=grant.role, name=grant.name, node_id=grant.node_id)
 
 
+def sees_all_jobs(who: Principal) -> bool:
+    """Whether an island-wide read (`events` without a job) shows `who` every job, or only its own."""
+    return who.admin or who.role == keys.NODE
+
+
 def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str | None:
     """Why `who` may not send `msg` (None: it may). `job_owner` is the owner of the job `msg` names,
     when it names one that exists."""
@@ -85,6 +91,8 @@ def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str |
         # from every node: it may read any job's. A client key reads its own jobs' only.
         if isinstance(msg, p.Logs) and who.role == keys.CLIENT and job_owner is not None and job_owner != who.owner:
             return f"{who.describe()} may read only the logs of its own jobs"
+        if isinstance(msg, p.Events) and who.role == keys.CLIENT and job_owner is not None and job_owner != who.owner:
+            return f"{who.describe()} may read only the events of its own jobs"
         return None
     if isinstance(msg, _OWNER_OR_ADMIN):
         if job_owner is None or job_owner == who.owner:

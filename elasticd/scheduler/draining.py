@@ -96,6 +96,8 @@ class Drains:
         jobs = self._jobs_on(node_id)
         log.info("node %s draining (deadline %s): jobs %s", node_id,
                  "none" if deadline_s is None else f"{deadline_s:.0f}s", [j.job_id for j in jobs])
+        self.state.node_events.add(now, "node_draining", node_id, "deadline " + (
+            "none" if deadline_s is None else f"{deadline_s:g}s") + f", jobs there: {len(jobs)}")
         out = self.tick(now)
         when = "" if deadline_s is None else f" within {deadline_s:g}s"
         what = (f"moving {len(jobs)} job(s) off it{when}: {', '.join(j.job_id for j in jobs)}" if jobs
@@ -147,6 +149,7 @@ class Drains:
                 d.drained_at = now
                 d.waiting = ""
                 log.info("node %s drained in %.2fs", d.node_id, now - d.since)
+                self.state.node_events.add(now, "node_drained", d.node_id, f"drained in {now - d.since:.2f}s")
             elif busy:
                 d.drained_at = None
         return out

@@ -19,6 +19,8 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon.statedir import StateDir, write_info
+from elasticd.observe.http import ObserveHTTP
+from elasticd.observe.metrics import Observer
 from elasticd.scheduler import admission, authz
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
 from elasticd.scheduler.store import JobStore
@@ -33,15 +35,18 @@ class SchedulerServer:
     """One island scheduler.
 
     `bind` is its TCP endpoint (CURVE, allow-list from the state dir) or None; `local` is an extra
-    ipc:// or inproc:// endpoint without CURVE (the embedded scheduler's daemon, or local CLIs).
+    ipc:// or inproc:// endpoint without CURVE (the embedded scheduler's daemon, or local CLIs);
+    `metrics` (host, port) serves Prometheus metrics and the status page over HTTP (elasticd.observe).
 
     Raises:
         transport.TransportError: if an endpoint cannot be bound.
+        OSError: if the metrics address cannot be bound.
     """
 
     def __init__(self, state_dir: StateDir, *, bind: str | None, local: str | None,
                  ctx: zmq.Context | None = None, config: Config | None = None,
-                 allow_shutdown: bool = True, limits: admission.Limits | None = None) -> None:
+                 allow_shutdown: bool = True, limits: admission.Limits | None = None,
+                 metrics: tuple[str, int] | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.cfg = config or Config()
@@ -67,7 +72,12 @@ class SchedulerServer:
         self.allow: transport.AllowList | None = None
         self._tcp: zmq.Socket | None = None
         self._refusals_logged: set[tuple[str, str, str]] = set()
+        self.observer: Observer | None = None
+        self.http: ObserveHTTP | None = None
         try:
+            if metrics is not None:
+                self.observer = Observer()
+                self.http = ObserveHTTP(self.observer, *metrics)
             if bind:
                 transport.raise_fd_limit()
                 self.allow = transport.AllowList(self.sd.root)
@@ -97,7 +107,12 @@ class SchedulerServer:
 
     def write_info(self) -> None:
         write_info(self.sd.scheduler_info, {"pid": os.getpid(), "tcp": self.tcp_endpoint,
-                                           "local": self.local_endpoint, "public_key": self.public_key})
+                                           "local": self.local_endpoint, "public_key": self.public_key,
+                                           "metrics": self.metrics_url})
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.http.url if self.http is not None else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -121,12 +136,17 @@ class SchedulerServer:
                         self._execute(self.state.tick(time.time()))
                         self._expire()
                         self._purge(time.time())
+                        if self.observer is not None:
+                            self.observer.refresh(self.state)
                     except Exception:  # a bug in one tick must not take the island down
                         log.exception("scheduler tick failed")
         finally:
             self.close()
 
     def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
+            self.http = None
         for s in self.sockets:
             s.close(linger=0)
         self.sockets = []
@@ -143,7 +163,12 @@ class SchedulerServer:
             if got is None:
                 return
             ident, payload, extra, user_id = got
-            self._serve(sock, ident, payload, extra, user_id)
+            if self.observer is None:
+                self._serve(sock, ident, payload, extra, user_id)
+                continue
+            t0 = time.perf_counter()
+            op = self._serve(sock, ident, payload, extra, user_id)
+            self.observer.request(op, time.perf_counter() - t0)
 
     def _principal(self, sock: zmq.Socket, user_id: str | None) -> authz.Principal | None:
         if sock is not self._tcp:
@@ -152,22 +177,23 @@ class SchedulerServer:
         return authz.principal_of(user_id, grant) if grant is not None and user_id else None
 
     def _serve(self, sock: zmq.Socket, ident: bytes, payload: bytes, extra: int = 0,
-               user_id: str | None = None) -> None:
+               user_id: str | None = None) -> str:
+        """Serve one frame; returns its op ("invalid" for a frame that did not decode), for the metrics."""
         self.served += 1
         if extra:
             self._reply(sock, ident, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {extra + 1}"))
-            return
+            return "invalid"
         try:
             msg = p.decode(payload)
         except p.ProtocolError as e:
             log.debug("bad frame from %r: %s", ident, e)
             self._reply(sock, ident, p.error_from(e, p.peek_rid(payload)))
-            return
+            return "invalid"
         who = self._principal(sock, user_id)
         if who is None:   # its key left the allow-list after the handshake
             self._reply(sock, ident, p.Error(code=p.FORBIDDEN, rid=msg.rid,
                                              message="this key is no longer on the allow-list"))
-            return
+            return msg.op
         try:
             why = authz.check(who, msg, self._owner_of(msg))
             if why is not None:
@@ -184,6 +210,7 @@ class SchedulerServer:
             reply.rid = msg.rid
             self._reply(sock, ident, reply)
         self._execute(actions)
+        return msg.op
 
     def _reply(self, sock: zmq.Socket, ident: bytes, msg: p.Message) -> None:
         if isinstance(msg, p.Error):
@@ -210,6 +237,8 @@ class SchedulerServer:
         now = time.time()
         if isinstance(msg, p.NodeStatus):
             actions = self.state.node_status(msg, now)   # raises for a node that has not said hello
+            if self.observer is not None:
+                self.observer.heartbeats.inc()
             self._nodes[msg.node_id] = (sock, ident)      # follow a node that reconnected
             return None, actions
         if isinstance(msg, p.NodeHello):
@@ -226,6 +255,8 @@ class SchedulerServer:
             if msg.job_id is not None:
                 return self.state.status(msg.job_id, now), []
             return self._status_page(msg.after, now), []
+        if isinstance(msg, p.Events):
+            return self.state.events(msg.job_id, msg.after, None if authz.sees_all_jobs(who) else who.owner), []
         if isinstance(msg, p.Stop):
             text, actions = self.state.stop(msg.job_id, now)
             return p.Ok(message=text), actions

@@ -21,6 +21,7 @@ from elasticd.agent.resize.every import Every
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.draining import Drains
+from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes
@@ -78,6 +79,7 @@ class SchedulerState:
         self.resizes = Resizes(self)
         self.recoveries = Recoveries(self)
         self.drains = Drains(self)   # nodes being emptied before they go (elasticd.scheduler.draining)
+        self.node_events = NodeEvents()   # joins, losses, drains: `elasticd events` (jobs keep their own)
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
             self._next_seq = max(self._next_seq, job.seq + 1)
@@ -200,6 +202,7 @@ class SchedulerState:
             text = self.drains.undrain(node_id, now)
         except LookupError as e:
             raise SchedulerError(p.INVALID_STATE, str(e)) from None
+        self.node_events.add(now, "node_undrained", node_id, text)
         return text, self._schedule(now)
 
     def status(self, job_id: str | None, now: float) -> p.StatusReply:
@@ -211,6 +214,19 @@ class SchedulerState:
             jobs = sorted(self.jobs.values(), key=lambda j: j.seq)
             shown = set(self.nodes)
         return p.StatusReply(jobs=[self._info(j) for j in jobs], nodes=self.node_infos(now, shown))
+
+    def events(self, job_id: str | None, after: float, owner: str | None = None) -> p.EventsReply:
+        """`elasticd events`: one job's events, or the island's (only `owner`'s jobs unless None).
+
+        Raises:
+            SchedulerError: `unknown_job` for a job not in the table.
+        """
+        if job_id is not None:
+            evs, more = select([self._job(job_id)], None, after)
+        else:
+            jobs = [j for j in self.jobs.values() if owner is None or j.spec.owner == owner]
+            evs, more = select(jobs, self.node_events, after)
+        return p.EventsReply(events=evs, more=more)
 
     def node_infos(self, now: float, shown: set[str] | None = None) -> list[p.NodeInfo]:
         busy = self._busy()
@@ -254,6 +270,8 @@ class SchedulerState:
         nd.host, nd.devices = hello.host, [d.device_id for d in hello.devices]
         nd.last_seen, nd.alive, nd.known = now, True, True
         self._resched = True
+        self.node_events.add(now, "node_rejoined" if rejoin else "node_joined", hello.node_id,
+                             f"host {hello.host}, devices {','.join(nd.devices) or '-'}")
         log.info("node %s %s: host=%s devices=%s jobs=%s", hello.node_id, "rejoined" if rejoin else "joined",
                  hello.host, ",".join(nd.devices), [r.job_id for r in hello.jobs])
         out: list[Send] = [Send(nd.node_id, p.Welcome(node_id=nd.node_id, heartbeat_s=self.cfg.heartbeat_s))]
@@ -287,7 +305,7 @@ class SchedulerState:
         if nd is None or not nd.alive:
             return []
         log.info("node %s left", node_id)
-        return self._node_lost(nd, now, f"node {node_id} shut down") + self._schedule(now)
+        return self._node_lost(nd, now, f"node {node_id} shut down", "node_left") + self._schedule(now)
 
     def tick(self, now: float) -> list[Send]:
         out: list[Send] = []
@@ -619,8 +637,9 @@ class SchedulerState:
         started = self.recoveries.begin(job, now, err, gone=gone)
         return None if started is None else out + started
 
-    def _node_lost(self, nd: Node, now: float, reason: str) -> list[Send]:
+    def _node_lost(self, nd: Node, now: float, reason: str, event: str = "node_lost") -> list[Send]:
         nd.alive = False
+        self.node_events.add(now, event, nd.node_id, reason)
         self._resched = True
         out: list[Send] = []
         for job in list(self.jobs.values()):

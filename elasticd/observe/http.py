@@ -1,0 +1,175 @@
+"""The HTTP side: `/metrics` (Prometheus text format), `/` (the status page), `/api/status.json` (what the
+page polls). Read-only: GET and HEAD only; anything else gets 405, unknown paths 404, oversized or
+malformed requests 400 (http.server's own checks), and the server thread outlives any one bad request.
+
+Served by the standard library's threading HTTP server in a daemon thread; it reads only the Observer's
+published snapshot and Prometheus' thread-safe registry, never the scheduler's state.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from elasticd.observe.metrics import Observer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9450
+# /metrics of 500 nodes and 200 jobs takes prometheus_client ~36 ms to render, holding the GIL the
+# scheduler's loop needs; Prometheus scrapes every 15-60 s, so a body up to 5 s old costs it nothing and
+# keeps a scraper polling every 100 ms from costing the loop more than ~1% (README, Figures).
+METRICS_MAX_AGE_S = 5.0
+_PAGE = "page.html"
+
+
+class BadAddress(ValueError):
+    """An --metrics value that is not HOST:PORT."""
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[V6]:PORT` or `:PORT` (loopback) to (host, port).
+
+    Raises:
+        BadAddress: with the reason.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise BadAddress(f"expected HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT}), got {text!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        num = int(port)
+    except ValueError:
+        raise BadAddress(f"port must be a number, got {port!r}") from None
+    if not 0 <= num <= 65535:
+        raise BadAddress(f"port must be in 0..65535, got {num}")
+    return host, num
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], observer: Observer, page: bytes) -> None:
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        self.observer = observer
+        self.page = page
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[object, float, bytes]] = {}
+        super().__init__(addr, _Handler)
+
+    def rendered(self, what: str) -> bytes:
+        """The body for the newest snapshot, rendered once per snapshot however often it is fetched, and
+        /metrics at most every METRICS_MAX_AGE_S: rendering holds the GIL, which the scheduler's loop needs
+        (measured: scrapes every 100 ms that rendered each time tripled the loop's request latency on 2
+        busy cores). So /metrics may be up to 5 s old, counters and histograms included."""
+        snapshot, now = self.observer.snapshot, time.monotonic()
+        with self._lock:
+            got = self._cache.get(what)
+            if got is not None and (now - got[1] < METRICS_MAX_AGE_S if what == "metrics" else got[0] is snapshot):
+                return got[2]
+            data = (generate_latest(self.observer.registry) if what == "metrics"
+                    else json.dumps(status_doc(self.observer)).encode())
+            self._cache[what] = (snapshot, now, data)
+            return data
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "elasticd"
+    protocol_version = "HTTP/1.0"
+    # http.server reads an unparsable request line as HTTP/0.9 and answers it without a status line;
+    # every client of ours speaks 1.x and must see the 400.
+    default_request_version = "HTTP/1.0"
+    timeout = 10   # a client that opens a connection and sends nothing must not hold a thread forever
+
+    def do_GET(self) -> None:   # noqa: N802 (http.server's naming)
+        self._serve(body=True)
+
+    def do_HEAD(self) -> None:   # noqa: N802
+        self._serve(body=False)
+
+    def _refuse(self) -> None:
+        self.send_error(405, "read-only: GET or HEAD")
+
+    def __getattr__(self, name: str) -> Any:
+        # Any other method (POST, PUT, BREW, ...): http.server would answer 501, a server error; it is the
+        # client's (a read-only endpoint), so 405.
+        if name.startswith("do_"):
+            return self._refuse
+        raise AttributeError(name)
+
+    def _serve(self, body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            data, ctype = self.server.rendered("metrics"), CONTENT_TYPE_LATEST
+        elif path in ("/", "/index.html"):
+            data, ctype = self.server.page, "text/html; charset=utf-8"
+        elif path == "/api/status.json":
+            data, ctype = self.server.rendered("json"), "application/json"
+        else:
+            self.send_error(404, "not found: try /, /metrics or /api/status.json")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("http %s: " + fmt, self.address_string(), *args)
+
+
+def status_doc(observer: Observer) -> dict[str, Any]:
+    s = observer.snapshot
+    return {"at": s.at, "jobs": list(s.jobs), "nodes": list(s.nodes),
+            "series": {k: [list(p) for p in v] for k, v in s.series.items()},
+            "alloc": [[t, m] for t, m in s.alloc]}
+
+
+class ObserveHTTP:
+    """The HTTP endpoint of an `Observer`, serving in a daemon thread.
+
+    Raises:
+        OSError: if the address cannot be bound.
+    """
+
+    def __init__(self, observer: Observer, host: str, port: int) -> None:
+        page = resources.files("elasticd.observe").joinpath(_PAGE).read_bytes()
+        self._httpd = _Server((host, port), observer, page)
+        self.host, self.port = host, self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
+                                        name="elasticd-http", daemon=True)
+        self._thread.start()
+        where = "" if is_loopback(host) else " (NOT loopback: anyone who can reach it sees every job)"
+        log.info("metrics and status page on http://%s:%d/%s", host, self.port, where)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)

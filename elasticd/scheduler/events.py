@@ -1,0 +1,109 @@
+"""The island's events, for `elasticd events`: read off the job table, plus a small log of node events.
+
+Jobs already record what happened to them (`history` [time, state, reason], `resizes`, `recoveries`), and
+those records persist with the job: deriving the events from them keeps one source of truth, and a
+restarted scheduler still tells a job's whole story. Nodes have no table row, so their joins, losses and
+drains go into `NodeEvents`, a bounded in-memory log (the newest `MAX_NODE_EVENTS`; lost on a restart,
+which the README says).
+
+Every event is a plain dict: ``at`` (Unix time), ``event`` (a name from `JOB_EVENTS` or `NODE_EVENTS`),
+``job`` or ``node``, ``detail`` (one line for people), and, for some, more fields (``from``/``to`` of a
+resize). Pure functions and a plain class: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from elasticd.scheduler.jobs import Job
+
+MAX_NODE_EVENTS = 1000
+MAX_EVENTS_PER_REPLY = 2000   # one reply stays far below a frame's limit; the client pages on `at`
+
+JOB_EVENTS = ("submitted", "placed", "started", "running", "requeued", "restarting", "resizing", "resized",
+              "resize_aborted", "resize_failed", "resize_not_applied", "resize_refused", "rolled_back",
+              "recovering", "recovered", "finished", "failed", "stopped")
+NODE_EVENTS = ("node_joined", "node_rejoined", "node_lost", "node_left", "node_draining", "node_drained",
+               "node_undrained")
+
+
+def _state_event(state: str, reason: str, seen: set[str]) -> str:
+    """Name a lifecycle entry: the first `starting` is the placement, the first `running` the start."""
+    if state == "queued":
+        return "submitted" if reason == "submitted" else "requeued"
+    if state == "starting":
+        return "placed" if "placed" not in seen else "restarting"
+    if state == "running":
+        return "started" if "started" not in seen else "running"
+    return state
+
+
+def job_events(job: Job) -> list[dict[str, Any]]:
+    """Everything the table says happened to `job`, oldest first."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for at, state, reason in job.history:
+        name = _state_event(str(state), str(reason), seen)
+        seen.add(name)
+        out.append({"at": at, "event": name, "job": job.job_id, "detail": str(reason)})
+    for r in job.resizes:
+        outcome = str(r.get("outcome", ""))
+        name = "resized" if outcome == "done" else "resize_" + outcome.replace(" ", "_")
+        if outcome == "rolled back":
+            name = "rolled_back"
+        took = r.get("seconds")
+        at = r.get("at") or 0.0
+        ev = {"at": round(at + (took or 0.0), 3), "event": name, "job": job.job_id,
+              "from": r.get("from"), "to": r.get("to"), "step": r.get("step"), "seconds": took,
+              "detail": f"{r.get('from')} -> {r.get('to')} devices ({r.get('why')})"
+                        + (f" in {took:.2f}s" if isinstance(took, int | float) else "")
+                        + (f": {r['note']}" if r.get("note") else "")}
+        out.append(ev)
+    for r in job.recoveries:
+        took = r.get("seconds")
+        at = r.get("at") or 0.0
+        out.append({"at": round(at + (took or 0.0), 3), "event": "recovered", "job": job.job_id,
+                    "seconds": took, "steps_redone": r.get("steps_redone"),
+                    "detail": f"{r.get('cause')}: resumed at step {r.get('resumed_from')} "
+                              f"({r.get('steps_redone')} redone) on {r.get('devices')} devices"})
+    out.sort(key=lambda e: e["at"])   # stable: a state entry stays before a resize recorded at its time
+    return out
+
+
+class NodeEvents:
+    """The newest `MAX_NODE_EVENTS` node events (nodes have no persisted row to derive them from)."""
+
+    def __init__(self, limit: int = MAX_NODE_EVENTS) -> None:
+        self._log: deque[dict[str, Any]] = deque(maxlen=limit)
+
+    def add(self, now: float, event: str, node_id: str, detail: str = "") -> None:
+        assert event in NODE_EVENTS, event
+        self._log.append({"at": round(now, 3), "event": event, "node": node_id, "detail": detail})
+
+    def since(self, after: float) -> list[dict[str, Any]]:
+        return [dict(e) for e in self._log if e["at"] > after]
+
+
+def select(jobs: list[Job], nodes: NodeEvents | None, after: float = 0.0,
+           limit: int = MAX_EVENTS_PER_REPLY) -> tuple[list[dict[str, Any]], bool]:
+    """The events later than `after` of `jobs` (and of the nodes, unless None), oldest first, at most
+    `limit`; and whether more were left out (the caller asks again from the last one's time).
+
+    A page ends only between two different times, so asking again with ``after`` = its last time
+    neither repeats nor skips an event.
+    """
+    evs = [e for job in jobs for e in job_events(job) if e["at"] > after]
+    if nodes is not None:
+        evs += nodes.since(after)
+    evs.sort(key=lambda e: e["at"])
+    if len(evs) <= limit:
+        return evs, False
+    cut = limit
+    while cut > 0 and evs[cut - 1]["at"] == evs[cut]["at"]:
+        cut -= 1
+    if cut == 0:   # more than `limit` events at one instant: send them all rather than stall
+        cut = limit
+        while cut < len(evs) and evs[cut]["at"] == evs[limit - 1]["at"]:
+            cut += 1
+    return evs[:cut], True
