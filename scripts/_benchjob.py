@@ -3,6 +3,8 @@
 The same file serves every variant of a benchmark, so they all compute the same thing:
 - `train` / `train_det`: the `@elastic` function (default / deterministic mode) that `elasticd run`, the
   in-process runtime and the torch-DDP reference (`elasticd.agent.ddp_reference`) call with their own `ctx`;
+- `train_accum`: the fair anchor, run under `elasticd run --ddp --workers M`: M real DDP processes,
+  each accumulating N/M micro-batches under `no_sync` (what a user runs on M devices instead);
 - `make_model`, `batch`, `ideal_run`: the same model and data for the plain gradient-accumulation loop
   that the multiplexing benchmark takes as the ideal.
 
@@ -28,6 +30,7 @@ step completes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -172,8 +175,40 @@ def _body(ctx: Any) -> None:
         _write(out)
 
 
+def _accum_body(ctx: Any) -> None:
+    """The fair anchor for N on M devices: what a user writes for M real devices, N/M accumulation steps.
+
+    Run under `elasticd run --ddp --workers M` (real torch DDP, one gloo process per device), each of the
+    M ranks runs the micro-batches of logical ranks rank*N/M .. (rank+1)*N/M - 1 under `no_sync` but the
+    last, whose backward all-reduces. Wrapped in `DistributedDataParallel` directly with its defaults
+    (not `ctx.replicate`, whose reference DDP finds unused parameters at a cost no user of this model
+    would pay). The sum of N micro-batch gradients over N, as in `_body`.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if WORKERS % ctx.world_size:
+        raise ValueError(f"{WORKERS} logical workers do not split over {ctx.world_size} DDP ranks")
+    acc = WORKERS // ctx.world_size
+    model = DistributedDataParallel(make_model().to(ctx.device))
+    opt = make_optimizer(model)
+    stamps: list[float] = []
+    for step in ctx.steps(STEPS):
+        stamps.append(_stamp(ctx.device))
+        opt.zero_grad()
+        for k in range(acc):
+            x, y = batch(ctx.rank * acc + k, step, WORKERS)
+            # Forward too under no_sync: DDP prepares its reduction in forward.
+            with model.no_sync() if k < acc - 1 else contextlib.nullcontext():
+                (F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device)) / acc).backward()
+        opt.step()
+    if ctx.rank == 0:
+        stamps.append(_stamp(ctx.device))
+        _write({"threads": torch.get_num_threads(), "stamps": stamps, "checksum": checksum(model.module)})
+
+
 train = elasticd.elastic(workers=WORKERS)(_body)
 train_det = elasticd.elastic(workers=WORKERS, deterministic=True)(_body)
+train_accum = elasticd.elastic(workers=WORKERS)(_accum_body)
 
 
 if __name__ == "__main__":

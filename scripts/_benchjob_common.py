@@ -40,11 +40,14 @@ def job_env(**knobs: Any) -> dict[str, str]:
     return env
 
 
-def run(cmd: Sequence[str], env: dict[str, str], timeout: float) -> None:
-    """Run a command to completion, quietly; BenchError with its output if it fails or times out."""
+def run(cmd: Sequence[str], env: dict[str, str], timeout: float, cpus: frozenset[int] | None = None) -> None:
+    """Run a command to completion, quietly; BenchError with its output if it fails or times out.
+
+    `cpus`: the cores the command may use (default: every core the benchmark started with)."""
+    allowed = ALL_CPUS if cpus is None else cpus
     try:
         proc = subprocess.run(list(cmd), env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=unpin)
+                              preexec_fn=lambda: os.sched_setaffinity(0, allowed))
     except subprocess.TimeoutExpired as e:
         raise BenchError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}\n{e.stdout or ''}{e.stderr or ''}") from None
     if proc.returncode != 0:

@@ -8,7 +8,11 @@ data, N=8 ranks x 32 samples, SGD with momentum):
   (b) M=1        elasticd, N logical workers on 1 device, in this process (the decorated function called
                  directly, as `python script.py` does), same torch thread count as (a);
   (c) M=2        `elasticd run --devices 2`: two agent processes sharing the machine's cores;
-  (d) torch DDP  `elasticd run --ddp`: N gloo processes of plain DistributedDataParallel, same cores.
+  (d) torch DDP  `elasticd run --ddp`: N gloo processes of plain DistributedDataParallel, same cores;
+  (e) DDP 2 x N/2  the fair anchor for (c): what a user runs on 2 devices instead, 2 gloo processes of
+                 DistributedDataParallel (default settings), each accumulating N/2 micro-batches under
+                 `no_sync` (`_benchjob.train_accum`), same cores;
+  (f) DDP 1 x N  the fair anchor for (b): 1 DDP process accumulating N micro-batches, pinned to (b)'s core.
 
 Each job times its own steps (logical rank 0 stamps every step start), so process start-up, imports and
 rendezvous never count; the first --warmup steps are dropped and a run's figure is the median step.
@@ -16,7 +20,10 @@ The machine is shared and noisy, so runs are paired and the "vs ideal" column is
 ratios (a noisy moment slows both sides of a ratio): (a) and (b) alternate in --pairs short pairs
 (a b, b a, ...); each run of (c) and (d) is bracketed by two runs of (a). The parameter checksums of all
 variants must agree (same math), and (c) / (d) is printed (the README's Figures: elasticd on 2 devices must be
-faster than DDP with N processes on the same cores).
+faster than DDP with N processes on the same cores). Against the fair anchors, each round runs (c) and (e)
+back to back (alternating which goes first) and (f) between two runs of (b); the ratios are medians of
+those per-round ratios. --sweep N1,N2,... repeats the (c)/(e) pairing for other N (only subprocesses, so
+this process's job module keeps its N).
 
 (a) and (b) default to 1 torch thread, and this process to one core (--cpu): one device is one core
 here. Two OpenMP threads in one process on a shared 2-core machine stall whenever a neighbour holds a
@@ -28,7 +35,9 @@ thread wake-up, flush, step-boundary vote), measured by wrapping the runtime's m
 runtime is not modified), plus two what-ifs paired with (a): (b) without the numpy RNG swap, and also
 with the one-agent gradient flush done in place (both leave this job's result unchanged).
 
-The last line is `overhead_vs_ideal=X.XX`: (b) / (a) seconds per step (goal <= 1.05, README Figures).
+The last line is `vs_ddp_accumulation=X.XX`: (c) / (e) seconds per step, elasticd on 2 devices over DDP on
+2 devices with accumulation (goal <= 1.03, issue #17); with (c) or (e) skipped, (b) / (f). Before it,
+`overhead_vs_ideal=X.XX`: (b) / (a) (goal <= 1.05, README Figures).
 """
 
 from __future__ import annotations
@@ -60,12 +69,15 @@ from _benchjob_common import (
     tempdir,
 )
 
-VARIANTS = ("ideal", "m1", "m2", "ddp")
+VARIANTS = ("ideal", "m1", "m2", "ddp", "acc2", "acc1")
+SUBPROCESS = ("m2", "acc2", "ddp", "acc1")
 LABELS = {
     "ideal": "(a) ideal: grad-accumulation loop",
     "m1": "(b) elasticd N on 1 device (in-process)",
     "m2": "(c) elasticd N on 2 devices (elasticd run)",
     "ddp": "(d) torch DDP, N gloo processes",
+    "acc2": "(e) torch DDP 2 procs x N/2 accumulation",
+    "acc1": "(f) torch DDP 1 proc x N accumulation",
 }
 
 
@@ -83,7 +95,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--cpu", type=int, default=None,
                     help="pin this process, hence (a) and (b), to this one core (default: the last allowed "
                          "core when --threads is 1; -1 = no pinning). (c) and (d) always get every core")
-    ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp")
+    ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp, acc2, acc1")
+    ap.add_argument("--sweep", default="",
+                    help="comma-separated further N for (c) vs (e), e.g. 8,32,64 (each must be even)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where (a) and (b) run (cuda: cuda:0, the only visible GPU; (c) and (d) need a GPU per "
                          "rank and are skipped). cpu hides any GPU from this process")
@@ -100,7 +114,8 @@ def _parse() -> argparse.Namespace:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     else:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
-        a.skip = ",".join(filter(None, [a.skip, "m2", "ddp"]))
+        a.skip = ",".join(filter(None, [a.skip, "m2", "ddp", "acc2", "acc1"]))
+        a.sweep = ""
     os.environ["ELASTICD_BENCH_DEVICE"] = a.device
     return a
 
@@ -121,9 +136,10 @@ class Bench:
         self.ideal_times: list[float] = []
         self.gaps: dict[str, list[float]] = defaultdict(list)  # every timed step of every run
 
-    def run(self, variant: str) -> float:
-        """One run of `variant`: its median seconds per step."""
+    def run(self, variant: str, workers: int | None = None) -> float:
+        """One run of `variant` (a subprocess one with `workers` N if given): its median seconds per step."""
         path = out_file(self.tmp, variant)
+        n = self.a.workers if workers is None else workers
         if variant == "ideal":
             stamps, check = self.job.ideal_run(self.a.steps, self.a.workers)
             out = {"stamps": stamps, "checksum": check, "threads": torch.get_num_threads()}
@@ -132,11 +148,20 @@ class Bench:
                 os.environ["ELASTICD_BENCH_OUT"] = path
                 self.job.train()
             else:
-                env = job_env(**self.knobs, out=path)
-                args = ["run", f"{JOB}:train", "--workers", str(self.a.workers)]
-                args += ["--devices", "2"] if variant == "m2" else ["--ddp"]
-                run(elasticd_cmd(*args), env, timeout=900)
+                env = job_env(**{**self.knobs, "workers": n}, out=path)
+                cpus = None
+                if variant == "m2":
+                    args = ["run", f"{JOB}:train", "--workers", str(n), "--devices", "2"]
+                elif variant == "ddp":
+                    args = ["run", f"{JOB}:train", "--workers", str(n), "--ddp"]
+                else:
+                    args = ["run", f"{JOB}:train_accum", "--workers", "2" if variant == "acc2" else "1", "--ddp"]
+                    if variant == "acc1" and self.a.cpu is not None and self.a.cpu >= 0:
+                        cpus = frozenset({self.a.cpu})  # one device is one core, as for (b)
+                run(elasticd_cmd(*args), env, timeout=900, cpus=cpus)
             out = read_json(path)
+        if workers is not None:
+            return step_seconds(out["stamps"], self.a.warmup)  # a sweep point: only its time
         self.threads[variant] = int(out["threads"])
         self.checksums[variant].append(float(out["checksum"]))
         seconds = step_seconds(out["stamps"], self.a.warmup)
@@ -159,12 +184,18 @@ def main() -> None:
         # (and for a busy neighbour on the other core) at every hand-over, which (a) never does.
         os.sched_setaffinity(0, {a.cpu})
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
-    if skip - {"m2", "ddp"}:
-        raise SystemExit(f"--skip takes m2 and/or ddp, not {sorted(skip - {'m2', 'ddp'})}")
+    if skip - set(SUBPROCESS):
+        raise SystemExit(f"--skip takes {', '.join(SUBPROCESS)}, not {sorted(skip - set(SUBPROCESS))}")
+    sweep = [int(n) for n in a.sweep.split(",") if n.strip()]
+    if any(n % 2 for n in sweep) or a.workers % 2 and "acc2" not in skip:
+        raise SystemExit("(e) splits N over 2 DDP processes: --workers and --sweep need even N (or --skip acc2)")
     variants = [v for v in VARIANTS if v not in skip]
     times: dict[str, list[float]] = defaultdict(list)
     ratios: dict[str, list[float]] = defaultdict(list)
     m2_vs_ddp: list[float] = []
+    m2_vs_acc2: list[float] = []
+    m1_vs_acc1: list[float] = []
+    swept: dict[int, list[tuple[float, float]]] = defaultdict(list)
     with tempdir() as tmp:
         bench = Bench(a, tmp)
         # The overhead figure rests on (a) vs (b), both in this process: many short alternating pairs
@@ -184,18 +215,33 @@ def main() -> None:
         # Subprocess variants take seconds to start (not timed), so fewer rounds; each is paired with
         # an ideal run just before and just after it.
         for rnd in range(a.repeats):
-            for v in variants:
-                if v in ("ideal", "m1"):
-                    continue
+            order = [v for v in SUBPROCESS if v in variants]
+            if rnd % 2 and "m2" in order and "acc2" in order:  # (c) and (e) are adjacent: swap who goes first
+                order[0], order[1] = order[1], order[0]
+            for v in order:
                 before = bench.run("ideal")
+                m1_before = bench.run("m1") if v == "acc1" else 0.0
                 got_v = bench.run(v)
+                m1_after = bench.run("m1") if v == "acc1" else 0.0
                 after = bench.run("ideal")
                 times[v].append(got_v)
                 ratios[v].append(got_v / ((before + after) / 2))
-                if v == "ddp" and "m2" in variants:  # (c) ran just before (d) in this round
-                    m2_vs_ddp.append(times["m2"][-1] / got_v)
+                if v == "acc1":
+                    m1_vs_acc1.append((m1_before + m1_after) / 2 / got_v)
                 print(f"round {rnd + 1}/{a.repeats}: {v} {got_v * 1e3:.1f} ms/step, "
                       f"ideal {before * 1e3:.1f}/{after * 1e3:.1f}", file=sys.stderr, flush=True)
+            if "m2" in variants and "ddp" in variants:
+                m2_vs_ddp.append(times["m2"][-1] / times["ddp"][-1])
+            if "m2" in variants and "acc2" in variants:
+                m2_vs_acc2.append(times["m2"][-1] / times["acc2"][-1])
+        # The sweep: (c) and (e) back to back at each further N, alternating which goes first.
+        for rnd in range(a.repeats if sweep else 0):
+            for n in sweep:
+                pair = ("m2", "acc2") if rnd % 2 == 0 else ("acc2", "m2")
+                got = {v: bench.run(v, workers=n) for v in pair}
+                swept[n].append((got["m2"], got["acc2"]))
+                print(f"sweep round {rnd + 1}/{a.repeats}: N={n} (c) {got['m2'] * 1e3:.1f} ms/step, "
+                      f"(e) {got['acc2'] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
         profile = _profile(bench) if a.profile else None
 
     ref = median(bench.checksums["ideal"])
@@ -213,6 +259,20 @@ def main() -> None:
     if m2_vs_ddp:
         print(f"(c) elasticd on 2 devices / (d) torch DDP with {a.workers} processes: {median(m2_vs_ddp):.2f} "
               f"(median of {len(m2_vs_ddp)} paired rounds; goal < 1: faster than DDP on the same cores)")
+    if m2_vs_acc2:
+        print(f"(c) elasticd on 2 devices / (e) DDP 2 processes x {a.workers // 2} accumulation: "
+              f"{median(m2_vs_acc2):.2f} (median of {len(m2_vs_acc2)} paired rounds, range "
+              f"{min(m2_vs_acc2):.2f}-{max(m2_vs_acc2):.2f}; goal <= 1.03)")
+    if m1_vs_acc1:
+        print(f"(b) elasticd on 1 device / (f) DDP 1 process x {a.workers} accumulation: "
+              f"{median(m1_vs_acc1):.2f} (median of {len(m1_vs_acc1)} rounds, (f) between two (b) runs; range "
+              f"{min(m1_vs_acc1):.2f}-{max(m1_vs_acc1):.2f})")
+    if swept:
+        print()
+        rows = [[str(n), f"{median([c for c, _ in got]) * 1e3:.2f}", f"{median([e for _, e in got]) * 1e3:.2f}",
+                 f"{median([c / e for c, e in got]):.2f}",
+                 f"{min(c / e for c, e in got):.2f}-{max(c / e for c, e in got):.2f}"] for n, got in swept.items()]
+        print(table(["N", "(c) ms/step", "(e) ms/step", "(c)/(e)", "range"], rows))
     if profile:
         print()
         print(profile)
@@ -220,6 +280,9 @@ def main() -> None:
     if bad:
         raise SystemExit(f"variants {bad} computed different parameters than the ideal loop")
     print(f"overhead_vs_ideal={median(ratios['m1']):.2f}")
+    anchor = m2_vs_acc2 or m1_vs_acc1
+    if anchor:
+        print(f"vs_ddp_accumulation={median(anchor):.2f}")
 
 
 def _quantile(xs: list[float], q: float) -> float:

@@ -21,7 +21,7 @@ LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script, name", [
-    ("bench_multiplex.py", "overhead_vs_ideal"),
+    ("bench_multiplex.py", "vs_ddp_accumulation"),
     ("bench_determinism.py", "deterministic_cost"),
     ("bench_resize.py", "resize_seconds"),
     ("bench_daemon_grow.py", "daemon_grow_ratio"),
