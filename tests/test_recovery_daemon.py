@@ -27,16 +27,24 @@ def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _training_with_a_snapshot(submit_dir: Path, watch_dir: Path, tmp_path: Path, *args: str) -> tuple[str, Path, dict]:
+    """A paced deterministic job (4 workers, up to 2 devices, a snapshot every 5 steps) once it is past step
+    12 with the snapshot of step 10 complete: (job id, its output folder, its status)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    job = submit(submit_dir, JOB, job_env(out, steps=STEPS), "--workers", "4", "--max-devices", "2",
+                 "--snapshot-every", "5", *args)
+    wait_state(watch_dir, job, "running", timeout=120)
+    info = wait_until(lambda: (i := job_info(watch_dir, job))["step"] >= 12
+                      and (i.get("snapshot") or {}).get("step", -1) >= 10 and i,
+                      300, interval=0.1, what="step 12 and the snapshot of step 10")
+    return job, out, info
+
+
 def test_an_agent_killed_under_the_daemon_is_recovered_from_the_snapshot(cluster, tmp_path, undisturbed):
     d = cluster.daemon(cpu=2, fake=False)
     sd = d.state_dir
-    out = tmp_path / "run"
-    out.mkdir()
-    job = submit(sd, JOB, job_env(out, steps=STEPS), "--workers", "4", "--max-devices", "2",
-                 "--snapshot-every", "5")
-    wait_state(sd, job, "running", timeout=120)
-    info = wait_until(lambda: (i := job_info(sd, job))["step"] >= 12 and (i.get("snapshot") or {}).get("step", -1)
-                      >= 10 and i, 300, interval=0.1, what="step 12 and the snapshot of step 10")
+    job, out, info = _training_with_a_snapshot(sd, sd, tmp_path)
     victim = next(a for a in info["agents"] if a["rank"] == 1)
     os.kill(victim["pid"], signal.SIGKILL)
     wait_until(lambda: job_info(sd, job)["recoveries"], 180, interval=0.1, what="the recovery")
@@ -74,13 +82,7 @@ def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_th
     nodes = [cluster.node(sched, name, fake=False) for name in ("a", "b")]
     sd = sched.state_dir
     wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="both nodes to join")
-    out = tmp_path / "run"
-    out.mkdir()
-    job = submit(nodes[0].state_dir, JOB, job_env(out, steps=STEPS), "--workers", "4", "--min-devices", "1",
-                 "--max-devices", "2", "--snapshot-every", "5")
-    wait_state(sd, job, "running", timeout=120)
-    wait_until(lambda: (i := job_info(sd, job))["step"] >= 12 and (i.get("snapshot") or {}).get("step", -1) >= 10,
-               300, interval=0.1, what="step 12 and the snapshot of step 10")
+    job, out, _ = _training_with_a_snapshot(nodes[0].state_dir, sd, tmp_path, "--min-devices", "1")
     b_id = nodes[1].info()["node_id"]
     for agent in nodes[1].agents():
         agent.kill()
@@ -103,13 +105,7 @@ def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_snapshot_it_kept
     no agents on the node, and restarts it from the periodic snapshot the node kept in tmpfs."""
     d = cluster.daemon(cpu=2, fake=False)
     sd = d.state_dir
-    out = tmp_path / "run"
-    out.mkdir()
-    job = submit(sd, JOB, job_env(out, steps=STEPS), "--workers", "4", "--max-devices", "2",
-                 "--snapshot-every", "5")
-    wait_state(sd, job, "running", timeout=120)
-    wait_until(lambda: (i := job_info(sd, job))["step"] >= 12 and (i.get("snapshot") or {}).get("step", -1) >= 10,
-               300, interval=0.1, what="step 12 and the snapshot of step 10")
+    job, out, _ = _training_with_a_snapshot(sd, sd, tmp_path)
     agents = d.agents()
     d.kill()
     wait_until(lambda: not any(a.is_running() and a.status() != "zombie" for a in agents), 30,
