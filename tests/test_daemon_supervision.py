@@ -315,3 +315,20 @@ def test_the_core_does_no_io(module):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & {"os", "subprocess", "signal", "psutil", "shutil", "socket", "time", "zmq", "pathlib"}
+
+
+def test_the_agent_that_died_is_the_cause_even_when_a_survivor_is_reaped_first():
+    """Agent 1 is SIGKILLed; agent 0 loses its group and exits first. The node reports agent 1's death, not
+    agent 0's lost group; an exit by a signal the daemon itself sent while stopping the job never counts."""
+    node = Node()
+    running(node, ranks=3)
+    lost = {"message": "PeerLost: a collective of the agents' group failed", "cause": "peer_lost"}
+    node.core.exited(node.pid["j", 0], 75, lost, T0)
+    assert node.report("j").error["cause"] == "peer_lost"
+    node.core.tick(T0)   # the stop escalates: SIGTERM to the agents left
+    node.core.exited(node.pid["j", 2], -15, {"message": "agent 2 was killed by SIGTERM", "cause": "died"}, T0)
+    assert node.report("j").error["cause"] == "peer_lost", "our own SIGTERM is not the cause"
+    died = {"message": "agent 1 was killed by SIGKILL and left no error report", "cause": "died"}
+    node.core.exited(node.pid["j", 1], -9, died, T0)
+    err = node.report("j").error
+    assert err["cause"] == "died" and err["rank"] == 1 and "SIGKILL" in err["message"]

@@ -164,6 +164,8 @@ class Supervision:
                 job.error = dict(error)
             job.error.setdefault("rank", agent.rank)
             out += self.kill(job.job_id, f"agent {agent.rank} failed", now, graceful=False)
+        elif code != 0 and _first_cause(job, error, code):
+            job.error = {**error, "rank": agent.rank}
         if job.state != before:
             out.append(Report())
         return out
@@ -283,6 +285,20 @@ class Supervision:
             if self._by_pid.get(a.pid, (None, None))[1] is a:
                 del self._by_pid[a.pid]
         self.jobs.pop(job.job_id, None)
+
+
+_SIGTERM, _SIGKILL = 15, 9   # POSIX numbers: an exit code -N is death by signal N (the core imports no OS module)
+
+
+def _first_cause(job: LocalJob, error: dict[str, Any], code: int) -> bool:
+    """Whether `error` names the failure better than the job's: an agent that lost its group was reaped
+    before the agent whose death broke it (the order of reaping is not the order of dying). A signal this
+    daemon sent while stopping the job is not a cause."""
+    if job.error is None or job.error.get("cause") != "peer_lost" or error.get("cause") == "peer_lost":
+        return False
+    sent_term = job.term_at == float("inf")
+    sent_kill = sent_term and job.kill_at is None
+    return not ((code == -_SIGTERM and sent_term) or (code == -_SIGKILL and sent_kill))
 
 
 def _rate(times: list[tuple[float, int]]) -> float:
