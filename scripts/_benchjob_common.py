@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 JOB = SCRIPTS / "_benchjob.py"
@@ -62,6 +64,28 @@ def unpin() -> None:
 def elasticd_cmd(*args: str) -> list[str]:
     """`elasticd ...` through the interpreter running the benchmark (the console script may not be on PATH)."""
     return [sys.executable, "-m", "elasticd", *args]
+
+
+def launcher_agents(launcher_pid: int) -> list[psutil.Process]:
+    """The job agents an `elasticd run` started (warm standbys excluded), as ranked in their command lines."""
+    try:
+        kids = psutil.Process(launcher_pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for c in kids:
+        try:
+            cmd = c.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "--rank" in cmd and "--standby" not in cmd:
+            out.append(c)
+    return out
+
+
+def rank_of(agent: psutil.Process) -> int:
+    cmd = agent.cmdline()
+    return int(cmd[cmd.index("--rank") + 1])
 
 
 def out_file(tmp: str, name: str) -> str:

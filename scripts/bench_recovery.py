@@ -39,9 +39,11 @@ from _benchjob_common import (
     BenchError,
     elasticd_cmd,
     job_env,
+    launcher_agents,
     load_average,
     median,
     out_file,
+    rank_of,
     read_json,
     run,
     table,
@@ -70,9 +72,8 @@ def _parse() -> argparse.Namespace:
 
 
 def _agent(launcher: subprocess.Popen[bytes], rank: int) -> psutil.Process:
-    for c in psutil.Process(launcher.pid).children():
-        cmd = c.cmdline()
-        if "--rank" in cmd and cmd[cmd.index("--rank") + 1] == str(rank) and "--standby" not in cmd:
+    for c in launcher_agents(launcher.pid):
+        if rank_of(c) == rank:
             return c
     raise BenchError(f"no agent of rank {rank}")
 

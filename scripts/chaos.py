@@ -27,7 +27,18 @@ import sys
 import time
 
 import psutil
-from _benchjob_common import JOB, REPO, BenchError, elasticd_cmd, job_env, out_file, read_json, run, tempdir
+from _benchjob_common import (
+    JOB,
+    REPO,
+    BenchError,
+    elasticd_cmd,
+    job_env,
+    launcher_agents,
+    out_file,
+    read_json,
+    run,
+    tempdir,
+)
 
 WORKERS, DEVICES = 8, 2
 
@@ -48,11 +59,7 @@ def _parse() -> argparse.Namespace:
 
 
 def _agents(launcher: subprocess.Popen[bytes]) -> list[psutil.Process]:
-    try:
-        return [c for c in psutil.Process(launcher.pid).children() if "--rank" in c.cmdline()
-                and "--standby" not in c.cmdline()]
-    except psutil.NoSuchProcess:
-        return []
+    return launcher_agents(launcher.pid)
 
 
 def _hit(proc: subprocess.Popen[bytes], sig: int, rng: random.Random) -> bool:

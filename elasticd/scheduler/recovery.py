@@ -53,11 +53,14 @@ class Recoveries:
     def recovering(job: Job) -> bool:
         return job.state is JobState.RECOVERING
 
-    def begin(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[Send] | None:
-        """An infrastructure failure of an active job: stop what is left of it to restart it. None when no
-        restart is left (the caller fails the job, with `restart_refusal` saying why)."""
-        if job.restarts >= job.spec.max_restarts:
-            return None
+    @staticmethod
+    def restarts_left(job: Job) -> bool:
+        return job.restarts < job.spec.max_restarts
+
+    def begin(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[Send]:
+        """An infrastructure failure of an active job with restarts left (`restarts_left`; else the caller
+        fails it, with `restart_refusal` saying why): stop what is left of it to restart it."""
+        assert self.restarts_left(job), job.job_id
         cause = str(err.get("message") or err.get("cause"))
         job.recovery = {"cause": cause, "kind": err.get("cause"), "at": round(now, 3),
                         # -1: before the first step boundary (rank 0 reports steps only from there on)

@@ -631,11 +631,10 @@ class SchedulerState:
 
     def recover(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[Send] | None:
         """Restart the job from its newest snapshot after an infrastructure failure (None: no restarts left)."""
-        if job.restarts >= job.spec.max_restarts:
+        if not self.recoveries.restarts_left(job):
             return None
         out = self.resizes.close(job, now, "failed")   # a resize in flight is off: the restart decides the size
-        started = self.recoveries.begin(job, now, err, gone=gone)
-        return None if started is None else out + started
+        return out + self.recoveries.begin(job, now, err, gone=gone)
 
     def _node_lost(self, nd: Node, now: float, reason: str, event: str = "node_lost") -> list[Send]:
         nd.alive = False
