@@ -21,12 +21,15 @@ from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from, metrics_
               help="Seconds without heartbeats after which a node is declared lost.")
 @click.option("--start-timeout", type=click.FloatRange(min=1.0), default=300.0, show_default=True,
               help="Seconds a job may take to get all its agents up before it fails.")
+@click.option("--relayout/--no-relayout", default=True, show_default=True,
+              help="Re-lay running jobs out live (same devices, more logical workers on the faster ones) when "
+                   "their devices' measured speeds drift; --no-relayout keeps the layout chosen at launch.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @metrics_option
 @limit_options
 def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: float, start_timeout: float,
-              log_level: str, metrics: tuple[str, int] | None, **limits: object) -> None:
+              relayout: bool, log_level: str, metrics: tuple[str, int] | None, **limits: object) -> None:
     """Run an island scheduler without a node daemon: nodes join it with `elasticd start --scheduler`.
 
     Nodes and clients must present a CURVE key on the allow-list of this state dir (`elasticd keygen
@@ -51,7 +54,7 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
         lock = lock_state_dir(sd, "scheduler")
         server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),
                                  config=Config(heartbeat_s=heartbeat, node_timeout_s=node_timeout,
-                                               start_timeout_s=start_timeout), limits=limits_from(limits),
+                                               start_timeout_s=start_timeout, relayout_enabled=relayout), limits=limits_from(limits),
                                  metrics=metrics)
     except (DaemonError, TransportError, RuntimeError, BadKeyError, OSError) as e:
         click.echo(f"Error: {e}", err=True)

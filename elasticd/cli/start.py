@@ -42,6 +42,13 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
                    "picks a free one, 'none' serves local IPC only. Ignored with --scheduler.")
 @click.option("--cpu-devices", type=click.IntRange(min=1), default=None, metavar="K",
               help="Offer K CPU devices (default: every CUDA device, else one CPU device).")
+@click.option("--device-speed", default=None, metavar="SPEC",
+              help="Declared relative speed of this node's devices, the scheduler's guess until it has measured "
+                   "them: one value for all (0.5) or INDEX=SPEED per device (0=1.0,1=0.5; others 1.0). Faster "
+                   "devices get more of a job's logical workers.")
+@click.option("--relayout/--no-relayout", default=True, show_default=True,
+              help="Re-lay running jobs out live (same devices, more logical workers on the faster ones) when "
+                   "their devices' measured speeds drift; --no-relayout keeps the layout chosen at launch.")
 @click.option("--state-dir", default=None, envvar="ELASTICD_STATE_DIR", metavar="DIR",
               help="Keys, sockets, logs and the job table [default: ~/.elasticd].")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -71,7 +78,7 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
           log_level: str, agent_command: str | None, spares: int | None, drain_grace: float,
-          metrics: tuple[str, int] | None, **limits: object) -> None:
+          metrics: tuple[str, int] | None, device_speed: str | None, relayout: bool, **limits: object) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
@@ -81,9 +88,15 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     first moves its jobs to other nodes; see `elasticd drain --help`).
     """
     from elasticd import keys
+    from elasticd.daemon.devices import parse_speeds
     from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
     from elasticd.daemon.statedir import StateDir, UnsafeStateDir
 
+    if device_speed is not None:
+        try:
+            parse_speeds(device_speed)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
     try:
         sd = StateDir.resolve(state_dir).create()
     except UnsafeStateDir as e:
@@ -105,7 +118,8 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
                        bind=None if bind.lower() == "none" else bind, host=host, node_id=node_id,
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                        agent_command=agent_command.split() if agent_command else None, spares=spares,
-                       limits=limits_from(limits), drain_grace_s=drain_grace, metrics=metrics)
+                       limits=limits_from(limits), drain_grace_s=drain_grace, metrics=metrics,
+                       device_speed=device_speed, relayout=relayout)
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:

@@ -38,8 +38,37 @@ def _fmt_resize(r: dict[str, Any]) -> str:
     pause = f" (hand-over {hand:.2f}s)" if isinstance(hand, int | float) else ""
     when = time.strftime("%H:%M:%S", time.localtime(r["at"])) if isinstance(r.get("at"), int | float) else "?"
     note = f": {safe(r['note'])}" if r.get("note") else ""
+    if r.get("blocks_to") is not None:   # a re-layout: same devices, other blocks
+        gain = r.get("predicted_gain")
+        what = (f"blocks {_blocks(r.get('blocks_from'))} -> {_blocks(r.get('blocks_to'))}"
+                + (f" (predicted {100 * gain:.0f}% shorter step)" if isinstance(gain, int | float) else ""))
+        return (f"  {when}  re-layout {what} at step {r.get('step')}  {r.get('outcome')}{took}{pause}  "
+                f"[{safe(r.get('reason'))}]{note}")
     return (f"  {when}  {r.get('from')} -> {r.get('to')} devices at step {r.get('step')}  {r.get('outcome')}"
             f"{took}{pause}  [{safe(r.get('why'))}]{note}")
+
+
+def _blocks(b: Any) -> str:
+    return "/".join(str(x) for x in b) if isinstance(b, list) and b else "uniform"
+
+
+def _fmt_layout(j: Any) -> list[str]:
+    """Speed-aware placement: the blocks, each agent's device and fitted speed, predicted vs measured step."""
+    lay = getattr(j, "layout", None)
+    if not lay:
+        return []
+    pred, meas = lay.get("predicted_step_s"), lay.get("measured_step_s")
+    comm = lay.get("comm_s")
+    lines = [f"layout     blocks {_blocks(j.blocks) if j.blocks else 'uniform'}; step predicted "
+             + (f"{pred:.4f}s" if isinstance(pred, int | float) else "-")
+             + " measured " + (f"{meas:.4f}s" if isinstance(meas, int | float) else "-")
+             + (f" (comm {comm:.4f}s)" if isinstance(comm, int | float) and comm else "")]
+    for a in lay.get("agents", []):
+        c = a.get("worker_step_s")
+        lines.append(f"  rank {a.get('rank')}  {safe(a.get('device'))}  {a.get('workers')} workers  speed "
+                     f"{a.get('speed'):.2f}  " + (f"{c:.4f}s per worker-step" if isinstance(c, int | float)
+                                                  else "not measured yet"))
+    return lines
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -74,10 +103,12 @@ def render(reply: Any) -> str:
                      _fmt_resizes(j.resizes)])
     out = [_table(rows) if reply.jobs else "no jobs"]
     if reply.nodes:
-        nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "LAST SEEN"]]
+        nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "SPEEDS", "LAST SEEN"]]
         for n in reply.nodes:
+            speeds = getattr(n, "speeds", None) or {}
             nrows.append([safe(n.node_id), safe(n.host), _node_state(n), ",".join(n.devices) or "-",
-                          str(len(n.free)), f"{n.last_seen_s:.1f}s ago"])
+                          str(len(n.free)), ",".join(f"{speeds[d]:.2f}" if d in speeds else "-" for d in n.devices)
+                          or "-", f"{n.last_seen_s:.1f}s ago"])
         out += ["", _table(nrows)]
     return "\n".join(out)
 
@@ -100,6 +131,7 @@ def render_job(j: Any) -> str:
                                                   f"{j.resizing.get('saved', 0)}/{j.resizing.get('parts', '?')})"
                                                   if j.resizing else "")]
     lines += [_fmt_resize(r) for r in j.resizes]
+    lines += _fmt_layout(j)
     snap = getattr(j, "snapshot", None) or {}
     if snap:
         step = snap.get("step", -1)

@@ -6,7 +6,7 @@ socket and touches files. Keeping these as plain records lets the core be tested
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from elasticd import protocol as p
@@ -31,6 +31,7 @@ class Spawn:
     standby: bool = False    # a warm joiner for a live grow
     restore_epoch: int = 0   # start from the node's resize snapshot of this epoch (0: from scratch)
     restore_latest: bool = False   # recovering: from the newest complete periodic snapshot (agent/resize/periodic.py)
+    blocks: list[int] = field(default_factory=list)   # the layout's workers per agent (empty: uniform)
 
     @property
     def job_id(self) -> str:

@@ -257,7 +257,7 @@ class Supervisor:
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
                           standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
-                          snapshot_every=msg.snapshot_every)
+                          snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks))
         log_path = log_dir / f"rank{spawn.rank}.log"
         popen = self._spawn(cfg, msg, log_path)
         ps: psutil.Process | None = None

@@ -61,7 +61,7 @@ class NodeResizes:
                 break
             taken.add(pl.rank)
             out.append(Spawn(job.launch, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
-                             standby=True))
+                             standby=True, blocks=list(msg.blocks)))
         log.info("job %s resize %d (%d -> %d): joiners %s starting%s", msg.job_id, msg.epoch, msg.world_from,
                  msg.world, [pl.rank for pl in msg.joiners],
                  f"; rendezvous port {job.resize_port}" if job.resize_port else "")
@@ -77,7 +77,7 @@ class NodeResizes:
         """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
         job.resize_epoch = msg.epoch
         resize = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr,
-                               master_port=msg.master_port, keep=list(msg.keep))
+                               master_port=msg.master_port, keep=list(msg.keep), blocks=list(msg.blocks))
         out: list[Action] = []
         if msg.keep:   # a drain's shrink: every agent here hears it, then the stayers take their new ranks
             out = [Send(a.identity, resize) for a in job.agents.values()

@@ -65,6 +65,8 @@ class DaemonConfig:
                                            # at least one (elasticd/daemon/spares.py); None: no cap
     drain_grace_s: float = 0.0             # SIGTERM drains the node for up to this long (elasticd/daemon/grace.py)
     metrics: tuple[str, int] | None = None  # the embedded scheduler's metrics and status page (elasticd.observe)
+    device_speed: str | None = None        # declared relative device speeds (devices.parse_speeds)
+    relayout: bool = True                  # the embedded scheduler's live re-layouts (issue 15)
 
 
 
@@ -119,7 +121,10 @@ class NodeDaemon:
         self.link: zmq.Socket | None = None
         try:
             self.identity = keys.ensure_identity(self.sd.root)
-            self.devices = devices_mod.discover(cfg.cpu_devices)
+            try:
+                self.devices = devices_mod.with_speeds(devices_mod.discover(cfg.cpu_devices), cfg.device_speed)
+            except ValueError as e:
+                raise DaemonError(str(e)) from None
             self.cli = transport.router(self.ctx)
             self.cli_endpoint = transport.bind_ipc(self.cli, self.sd.daemon_sock)
             self.agents = transport.router(self.ctx)
@@ -129,7 +134,8 @@ class NodeDaemon:
                 local = f"inproc://elasticd-scheduler-{id(self)}"
                 self.scheduler = SchedulerServer(
                     self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False, limits=cfg.limits,
-                    config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s),
+                    config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s,
+                                  relayout_enabled=cfg.relayout),
                     metrics=cfg.metrics)
                 self.link_endpoint = local
             else:

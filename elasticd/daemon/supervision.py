@@ -68,7 +68,7 @@ class Supervision:
                  [pl.rank for pl in msg.placements], msg.world, msg.master_addr, job.master_port)
         return [Spawn(msg, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}.json", master_addr=msg.master_addr,
                       master_port=job.master_port, restore_epoch=msg.restore_epoch,
-                      restore_latest=msg.restore_latest) for pl in msg.placements]
+                      restore_latest=msg.restore_latest, blocks=list(msg.blocks)) for pl in msg.placements]
 
     def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[Action]:
         """Start stopping a job's agents: stop commands to those connected, signals later (or now)."""
@@ -216,6 +216,9 @@ class Supervision:
             agent.metrics = p.flat_scalars(msg.metrics)
             agent.step_times.append((now, msg.step))
             del agent.step_times[:-20]
+            if msg.timing:   # numbered, so the scheduler counts each once however many heartbeats repeat it
+                agent.timing_seq += 1
+                agent.timing = {**p.flat_scalars(msg.timing), "seq": agent.timing_seq}
             return None, self.resizes.stepped(job, agent)
         if isinstance(msg, p.AgentFailed):
             if agent.pending:
@@ -260,7 +263,7 @@ class Supervision:
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
                                       exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,
-                                      epoch=a.epoch, stepped=a.stepped, left=a.left)
+                                      epoch=a.epoch, stepped=a.stepped, left=a.left, timing=dict(a.timing))
                         for a in job.everyone()]))
         return out
 

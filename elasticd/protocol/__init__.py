@@ -37,6 +37,7 @@ from elasticd.protocol.nodes import (  # noqa: F401
     RankPlacement,
     ResizeJob,
     Welcome,
+    bad_blocks,
 )
 from elasticd.protocol.requests import (  # noqa: F401
     Drain,

@@ -8,12 +8,29 @@ from typing import Any, ClassVar
 from elasticd.protocol.wire import Message, message, record
 
 
+def bad_blocks(blocks: list[int], world: int, workers: int | None = None) -> str | None:
+    """Why `blocks` is no layout of `workers` logical workers over `world` agents (None: it is one;
+    an empty list is the uniform layout)."""
+    if not blocks:
+        return None
+    if len(blocks) != world:
+        return f"blocks {blocks[:16]} name {len(blocks)} agents, the layout has {world}"
+    if min(blocks) < 1:
+        return f"blocks {blocks[:16]}: every agent hosts at least one worker"
+    if workers is not None and sum(blocks) != workers:
+        return f"blocks {blocks[:16]} sum to {sum(blocks)}, the job has {workers} workers"
+    return None
+
+
 @record
 class DeviceInfo:
     device_id: str                # e.g. "cpu:0", "cuda:1" (unique within the node)
     type: str                     # "cpu" | "cuda"
     index: int
     name: str = ""
+    # Declared relative speed (`elasticd start --device-speed`, 1.0 = reference; 0: not declared): the
+    # scheduler's prior for this device until its agents' step times are measured.
+    speed: float = 0.0
 
 
 @record
@@ -30,6 +47,8 @@ class AgentReport:
     epoch: int = 0                # last resize epoch this agent finished (0: none)
     stepped: int = 0              # last resize epoch after which it completed a step at the new size
     left: bool = False            # left the job in a shrink (exits 0; its device frees when it is gone)
+    # The agent's latest step timing (AgentStep.timing): hosted, compute_s, flush_s, steps. Empty: none yet.
+    timing: dict[str, Any] = field(default_factory=dict)
 
 
 @record
@@ -68,6 +87,12 @@ class NodeHello(Message):
     devices: list[DeviceInfo]
     pid: int = 0
     jobs: list[JobReport] = field(default_factory=list)
+
+    def check(self) -> str | None:
+        for d in self.devices:
+            if not 0.0 <= d.speed <= 1e6:   # also refuses NaN
+                return f"device {d.device_id}: speed must be in 0..1e6 (0: not declared), got {d.speed}"
+        return None
 
 
 @message
@@ -128,6 +153,11 @@ class LaunchJob(Message):
     restore_latest: bool = False  # recovering: start from the newest complete periodic snapshot
     snapshot_every: str = "0"     # periodic snapshots: steps ("20"), seconds ("30s"), "0" (none)
     incarnation: int = 0          # +1 per recovery; echoed in this node's reports of the job
+    # Logical workers per agent, in rank order (sum = workers); empty: the uniform layout.
+    blocks: list[int] = field(default_factory=list)
+
+    def check(self) -> str | None:
+        return bad_blocks(self.blocks, self.world, self.workers)
 
 
 @message
@@ -161,6 +191,10 @@ class PrepareResize(Message):
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
     snapshot_every: str = "0"     # as in LaunchJob: joiners take their part of the periodic snapshots
+    blocks: list[int] = field(default_factory=list)   # the new layout's, as in LaunchJob (empty: uniform)
+
+    def check(self) -> str | None:
+        return bad_blocks(self.blocks, self.world, self.workers or None)
 
 
 @message
@@ -177,6 +211,12 @@ class ResizeJob(Message):
     world_from: int = 0
     # A shrink keeping these old ranks, in new rank order (a drain); empty: ranks 0..devices-1 stay.
     keep: list[int] = field(default_factory=list)
+    # The new layout's logical workers per agent (empty: uniform). Same `devices` as now with other
+    # blocks is a live re-layout: workers move between the agents, none starts or leaves.
+    blocks: list[int] = field(default_factory=list)
+
+    def check(self) -> str | None:
+        return bad_blocks(self.blocks, self.devices)
 
 
 @message

@@ -99,6 +99,10 @@ class JobInfo:
     # steps_redone, seconds (failure -> first step after it), devices
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     snapshot: dict[str, Any] | None = None   # newest complete periodic snapshot: step, bytes (per node)
+    blocks: list[int] = field(default_factory=list)   # logical workers per agent, rank order (empty: uniform)
+    # Speed-aware placement (elasticd.scheduler.speeds): per agent {rank, device ("NODE/INDEX"), workers,
+    # speed, worker_step_s (fitted; None: not measured yet)}, and predicted_step_s, measured_step_s, comm_s.
+    layout: dict[str, Any] | None = None
 
 
 @record
@@ -112,6 +116,7 @@ class NodeInfo:
     # While draining (elasticd.scheduler.draining): since, deadline_s (left; None: none), drained,
     # seconds (draining so far, or until drained), waiting (why a job cannot move off yet).
     draining: dict[str, Any] | None = None
+    speeds: dict[str, float] = field(default_factory=dict)   # device id -> relative speed (fitted, else prior)
 
 
 @message

@@ -15,6 +15,7 @@ from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobState
 
 if TYPE_CHECKING:   # annotations only (as in the shells): state.py is what implements this
+    from elasticd.scheduler.speeds import Speeds
     from elasticd.scheduler.state import Config, Node
 
 
@@ -22,6 +23,7 @@ class ResizeHost(Protocol):
     cfg: Config
     jobs: dict[str, Job]
     nodes: dict[str, Node]
+    speeds: Speeds   # the cost model: block sizes of a new layout
 
     def changed(self, job: Job, *, resched: bool = False) -> None:
         """Persist `job`; `resched`: devices were freed or reserved, so run the placement again."""

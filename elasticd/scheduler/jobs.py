@@ -124,6 +124,11 @@ class Job:
     incarnation: int = 0
     restore_latest: bool = False
     snapshot: dict[str, Any] = field(default_factory=dict)   # newest complete periodic snapshot: step, bytes
+    # Speed-aware placement (elasticd.scheduler.speeds): logical workers per agent in rank order (empty: the
+    # uniform layout; those of a resize in flight are its plan's); and for a re-layout in flight (same
+    # devices, other blocks) its reason and predicted gain, for the resize history.
+    blocks: list[int] = field(default_factory=list)
+    relayout: dict[str, Any] | None = None
     # live progress, reported by the node hosting rank 0 (not persisted on every heartbeat)
     step: int = 0
     steps_per_s: float = 0.0
@@ -154,6 +159,9 @@ class Job:
             "seconds": round(seconds, 3) if seconds is not None else None,
             "handover_s": round(plan.handover_s, 3) if plan.handover_s is not None else None,
         }
+        if self.relayout is not None:
+            entry.update(self.relayout)   # reason, predicted_gain, blocks_from, blocks_to
+            self.relayout = None
         if plan.commanded_at is not None:
             entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)   # joiners warming up
         if outcome == "done":

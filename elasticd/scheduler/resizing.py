@@ -35,11 +35,12 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.resize_plan import Abort, Action, Done, Fail, Go, ResizePlan, RollBack
-from elasticd.scheduler import policy
+from elasticd.scheduler import policy, speeds
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.rollback import Rollbacks
+from elasticd.scheduler.speeds import Relayout
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ class Resizes:
             placement = [list(x) for x in job.placement] + [[n, d] for n, d in chosen]
         else:
             placement = [list(x) for x in job.placement[:dst]]
-        return self._begin(job, placement, None, why, now)
+        blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
+        return self._begin(job, placement, None, why, now, blocks)
 
     def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[Send]:
         """Shrink a running job onto the devices of its old ranks `keep`, which become ranks 0..len-1 in
@@ -77,13 +79,34 @@ class Resizes:
         """
         assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
         placement = [list(job.placement[k]) for k in keep]
-        return self._begin(job, placement, keep, why, now)
+        blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
+        return self._begin(job, placement, keep, why, now, blocks)
+
+    def begin_relayout(self, job: Job, rl: Relayout, now: float) -> list[Send]:
+        """Move a running job to other block sizes on the devices it has (a live re-layout): the same
+        resize path with no joiner and no leaver, so workers move between its agents at a step boundary.
+
+        Raises:
+            ValueError: the plan refuses it (the blocks are the job's already).
+        """
+        assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
+        m = len(job.placement)
+        job.relayout = {"reason": rl.reason, "predicted_gain": rl.gain,
+                        "blocks_from": speeds.sizes(job.blocks, job.spec.workers, m),
+                        "blocks_to": speeds.sizes(rl.blocks, job.spec.workers, m),
+                        "predicted_s": round(rl.predicted_s, 6), "predicted_from_s": round(rl.current_s, 6)}
+        try:
+            return self._begin(job, [list(x) for x in job.placement], None, "re-layout", now, list(rl.blocks))
+        except ValueError:
+            job.relayout = None
+            raise
 
     def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
-               now: float) -> list[Send]:
+               now: float, blocks: list[int]) -> list[Send]:
         src, dst = len(job.placement), len(placement)
         plan = ResizePlan.begin(epoch=job.epoch + 1, src=src, dst=dst, why=why, now=now, placement=placement,
-                                step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep)
+                                step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep,
+                                blocks=blocks, src_blocks=job.blocks)
         job.epoch += 1
         job.resize = plan
         job.transition(JobState.RESIZING, now, f"{why}: {src} -> {dst} devices")
@@ -102,7 +125,7 @@ class Resizes:
                 job_id=job.job_id, epoch=plan.epoch, world_from=src, world=dst, pick_port=node == lead,
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
-                env=job.spec.env, snapshot_every=job.spec.snapshot_every)))
+                env=job.spec.env, snapshot_every=job.spec.snapshot_every, blocks=list(plan.blocks))))
         return out
 
     # --- progress, from node reports --------------------------------------------------------------
@@ -181,7 +204,8 @@ class Resizes:
         log.info("job %s resize %d: joiners ready after %.2fs; agents told to re-form at %s:%d", job.job_id,
                  plan.epoch, now - plan.requested_at, addr, plan.port)
         msg = p.ResizeJob(job_id=job.job_id, devices=plan.dst, epoch=plan.epoch, master_addr=addr,
-                          master_port=plan.port, world_from=plan.src, keep=list(plan.keep))
+                          master_port=plan.port, world_from=plan.src, keep=list(plan.keep),
+                          blocks=list(plan.blocks))
         return [Send(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
 
     def _complete_resize(self, job: Job, now: float, seconds: float) -> list[Send]:
@@ -194,6 +218,8 @@ class Resizes:
                 if dev not in job.zombies[node]:
                     job.zombies[node].append(dev)
         job.placement = [list(x) for x in plan.placement]
+        job.blocks = list(plan.blocks)
+        self.host.speeds.relaid(job.job_id)
         lead = self.host.nodes.get(job.placement[0][0])
         if lead is not None and lead.host:   # a drain may have moved rank 0 to another node
             job.master_addr = lead.host
@@ -219,8 +245,10 @@ class Resizes:
         out = self._drop_joiners(job, plan, reason)
         job.record_resize(plan, "aborted", note=reason)
         job.resize = None
-        # Pinned at the size it has, so the policy does not retry the same resize in a loop.
-        job.requested_devices = plan.src
+        if plan.dst != plan.src:
+            # Pinned at the size it has, so the policy does not retry the same resize in a loop (a
+            # re-layout is not retried before the gate's cooldown either).
+            job.requested_devices = plan.src
         job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} aborted: {reason}")
         self.host.changed(job, resched=True)
         log.warning("job %s resize %d aborted, continuing on %d devices: %s", job.job_id, plan.epoch, plan.src,

@@ -115,7 +115,9 @@ class Rollbacks:
         job.record_resize(plan, "rolled back", seconds=now - plan.requested_at,
                           note=f"{reason}; restarted on its {plan.src} devices from the snapshot of this resize")
         job.resize = None
-        job.requested_devices = plan.src   # the user's (or the policy's) next word decides, not a retry loop
+        job.blocks = list(plan.src_blocks)   # back on its old layout: the snapshot restores on any
+        if plan.dst != plan.src:   # a failed re-layout is not retried before the gate's cooldown
+            job.requested_devices = plan.src   # the user's (or the policy's) next word decides, not a retry loop
         job.restore_epoch = plan.epoch
         job.launched, job.ready, job.ended = [], [], []
         job.master_port = 0

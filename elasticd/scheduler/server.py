@@ -22,6 +22,7 @@ from elasticd.daemon.statedir import StateDir, write_info
 from elasticd.observe.http import ObserveHTTP
 from elasticd.observe.metrics import Observer
 from elasticd.scheduler import admission, authz
+from elasticd.scheduler.speeds import Speeds
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
 from elasticd.scheduler.store import JobStore
 
@@ -53,7 +54,8 @@ class SchedulerServer:
         self.limits = limits or admission.Limits()
         self.allow_shutdown = allow_shutdown
         self.store = JobStore(self.sd.db)
-        self.state = SchedulerState(self.store.load(), now=time.time(), config=self.cfg)
+        self.state = SchedulerState(self.store.load(), now=time.time(), config=self.cfg,
+                                    speeds=_load_speeds(self.store))
         self.state.bump_seq(self.store.next_seq())
         self._next_purge = 0.0
         self.identity = keys.ensure_identity(self.sd.root)
@@ -144,6 +146,11 @@ class SchedulerServer:
             self.close()
 
     def close(self) -> None:
+        try:
+            if self.state.speeds.dirty:
+                self.store.save_speeds(self.state.speeds.to_dict())
+        except Exception:  # closing must go on; the speeds are learned again
+            log.exception("could not save device speeds")
         if self.http is not None:
             self.http.close()
             self.http = None
@@ -321,6 +328,9 @@ class SchedulerServer:
             job.spec.env = {}
             self.state.changed(job)
         self.store.save(self.state.take_dirty())
+        if self.state.speeds.dirty:   # learned on every heartbeat: written at this pace, not per message
+            self.state.speeds.dirty = False
+            self.store.save_speeds(self.state.speeds.to_dict())
         gone = self.state.purge(admission.expired(self.state.jobs.values(), now, self.limits))
         if gone:
             self.store.delete(gone, self.state.next_seq)
@@ -341,3 +351,11 @@ class SchedulerServer:
             route = self._nodes.get(a.node_id)
             if route is None or not transport.send(route[0], a.msg, route[1]):
                 log.debug("dropped %s for node %s (not connected)", a.msg.op, a.node_id)
+
+
+def _load_speeds(store: JobStore) -> Speeds:
+    try:
+        return Speeds.from_dict(store.load_speeds())
+    except Exception as e:  # a model we cannot read is learned again, never a scheduler that will not start
+        log.error("ignoring saved device speeds: %s", e)
+        return Speeds()

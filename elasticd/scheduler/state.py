@@ -25,6 +25,7 @@ from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes
+from elasticd.scheduler.speeds import Speeds
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +60,17 @@ class Config:
     kill_repeat_s: float = 2.0
     resize_enabled: bool = True   # False: `scale` of a running job is only recorded (applies when next placed)
     resize_timeout_s: float = 120.0   # per resize phase: joiners warm, then every agent re-formed
+    relayout_enabled: bool = True   # live re-layouts when measured device speeds drift (issue 15)
 
 
 class SchedulerState:
     """The job and node tables; live resizes are `self.resizes`'s (elasticd.scheduler.resizing), which
     sees this class only as a `ResizeHost` (elasticd.scheduler.host)."""
 
-    def __init__(self, jobs: list[Job] | None = None, *, now: float, config: Config | None = None) -> None:
+    def __init__(self, jobs: list[Job] | None = None, *, now: float, config: Config | None = None,
+                 speeds: Speeds | None = None) -> None:
         self.cfg = config or Config()
+        self.speeds = speeds or Speeds()   # device speeds and the re-layout gate (elasticd.scheduler.speeds)
         self.jobs: dict[str, Job] = {}
         self.nodes: dict[str, Node] = {}
         self.dirty: set[str] = set()
@@ -234,7 +238,8 @@ class SchedulerState:
         return [p.NodeInfo(node_id=nd.node_id, host=nd.host, alive=nd.alive, devices=list(nd.devices),
                            free=[d for d in nd.devices if (nd.node_id, d) not in busy],
                            last_seen_s=round(max(0.0, now - nd.last_seen), 3),
-                           draining=self.drains.info(nd.node_id, now))
+                           draining=self.drains.info(nd.node_id, now),
+                           speeds={d: round(self.speeds.speed(nd.node_id, d), 3) for d in nd.devices})
                 for nd in (self.nodes[n] for n in names if n in self.nodes) if nd.known]
 
     def job_infos(self, after: int = 0):
@@ -268,6 +273,7 @@ class SchedulerState:
         nd = nd or Node(hello.node_id)
         self.nodes[hello.node_id] = nd
         nd.host, nd.devices = hello.host, [d.device_id for d in hello.devices]
+        self.speeds.declare(nd.node_id, hello.devices)
         nd.last_seen, nd.alive, nd.known = now, True, True
         self._resched = True
         self.node_events.add(now, "node_rejoined" if rejoin else "node_joined", hello.node_id,
@@ -321,6 +327,7 @@ class SchedulerState:
                                     error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
         out += self.resizes.tick(now)
         out += self.drains.tick(now)
+        out += self._relayouts(now)
         return out + self._schedule(now)
 
     def take_dirty(self) -> list[Job]:
@@ -427,22 +434,52 @@ class SchedulerState:
             out += self.resizes.begin(job, d.devices, d.why, now)
         return out
 
+    def _relayouts(self, now: float) -> list[Send]:
+        """Live re-layouts of running jobs whose devices' measured speeds drifted (elasticd.scheduler.speeds):
+        same devices, other block sizes, through the resize path. Not while the job may be resized for
+        another reason (a drain holds its node, devices of its last resize are still being freed)."""
+        if not (self.cfg.resize_enabled and self.cfg.relayout_enabled):
+            return []
+        out: list[Send] = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.seq):
+            if (job.state is not JobState.RUNNING or job.resize is not None or job.zombies
+                    or len(job.placement) < 2 or not job.entered_steps
+                    or any(self.drains.holds(n) for n in job.nodes)):
+                continue
+            rl = self.speeds.relayout(job.job_id, job.spec.workers, job.placement, job.blocks, now)
+            if rl is None:
+                continue
+            log.info("job %s re-layout: %s (predicted %.4fs -> %.4fs, gain %.0f%%)", job.job_id, rl.reason,
+                     rl.current_s, rl.predicted_s, 100 * rl.gain)
+            try:
+                out += self.resizes.begin_relayout(job, rl, now)
+            except ValueError as e:
+                log.warning("job %s: re-layout refused: %s", job.job_id, e)
+                continue
+            self.speeds.done(job.job_id, now)
+        return out
+
     def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[Send]:
         job.placement = [[n, d] for n, d in chosen]
+        job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
+        job.relayout = None
         job.launched, job.ready, job.ended = [], [], []
         job.master_addr, job.master_port = self.nodes[chosen[0][0]].host, 0
         job.step, job.steps_per_s, job.metrics, job.error, job.agents = 0, 0.0, {}, None, {}
         job.restore_epoch = 0
         job.transition(JobState.STARTING, now, f"placed on {len(chosen)} devices of {','.join(job.nodes)}")
         self.dirty.add(job.job_id)
-        log.info("job %s starting: %d workers on %d devices %s", job.job_id, job.spec.workers, len(chosen),
-                 " ".join(f"{n}/{d}" for n, d in chosen))
+        log.info("job %s starting: %d workers on %d devices %s%s", job.job_id, job.spec.workers, len(chosen),
+                 " ".join(f"{n}/{d}" for n, d in chosen), f" blocks {job.blocks}" if job.blocks else "")
         # Rank 0's node goes first: it picks the rendezvous port, which the other nodes need.
         return [self.launch(job, job.nodes[0])]
 
     def launch(self, job: Job, node: str) -> Send:
         job.launched.append(node)
         self.dirty.add(job.job_id)
+        if p.bad_blocks(job.blocks, len(job.placement), job.spec.workers) is not None:
+            # A restart on fewer devices (recovery, a fall-back) keeps no stale layout: placed afresh.
+            job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
         return Send(node, p.LaunchJob(
             job_id=job.job_id, script=job.spec.script, func=job.spec.func, workers=job.spec.workers,
             world=len(job.placement),
@@ -450,7 +487,7 @@ class SchedulerState:
                         if n == node],
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=job.spec.env,
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
-            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation))
+            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks)))
 
     def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[Send], list[str]]:
         out: list[Send] = []
@@ -469,8 +506,11 @@ class SchedulerState:
                 continue
             if job is not None and node in job.launched:   # also after the job ended: agents still exiting
                 job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
-                                     "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode}
+                                     "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode,
+                                     "timing": dict(a.timing)}
                                     for a in r.agents]
+                if job.state is JobState.RUNNING:
+                    self.speeds.observe(job.job_id, len(job.placement), node, r.agents, now)
             if job is None or not (job.state.active and node in job.launched):
                 if r.state == "ended":
                     if job is not None:
@@ -556,6 +596,7 @@ class SchedulerState:
             if job.state is JobState.STARTING:
                 job.transition(JobState.RUNNING, now, "all agents up")
             job.transition(JobState.FINISHED, now, "all agents exited 0")
+            self.speeds.forget_job(job.job_id)
             self._resched = True
             log.info("job %s finished at step %d", job.job_id, job.step)
         return out
@@ -594,6 +635,8 @@ class SchedulerState:
             job.zombies.pop(gone, None)   # everything of the job there has exited (or the node is gone)
         job.transition(dst, now, reason)
         self._resched = True
+        if dst.terminal:
+            self.speeds.forget_job(job.job_id)
         if error is not None:
             job.error = error
         self.dirty.add(job.job_id)
@@ -682,5 +725,7 @@ class SchedulerState:
             script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
             ended_at=job.ended_at, error=job.error, requested_devices=job.requested_devices,
             resizes=list(job.resizes), resizing=self._resizing_info(job), history=[list(h) for h in job.history],
-            recoveries=list(job.recoveries), snapshot=dict(job.snapshot) or None,
+            recoveries=list(job.recoveries), snapshot=dict(job.snapshot) or None, blocks=list(job.blocks),
+            layout=(self.speeds.job_layout(job.job_id, job.spec.workers, job.placement, job.blocks, job.steps_per_s)
+                    if job.state.active else None),
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]))

@@ -12,6 +12,7 @@ import logging
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from elasticd.scheduler.jobs import Job
 
@@ -72,6 +73,22 @@ class JobStore:
             self._db.execute("BEGIN")
             self._db.executemany("DELETE FROM jobs WHERE job_id = ?", ids)
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(next_seq),))
+
+    def load_speeds(self) -> dict[str, Any]:
+        """The island's cost model and re-layout gate (elasticd.scheduler.speeds); {} if none was saved or
+        the saved one cannot be read (the speeds are learned again: a bad row must not keep the scheduler down)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='speeds'").fetchone()
+        if row is None:
+            return {}
+        try:
+            d = json.loads(row[0])
+        except ValueError as e:
+            log.error("ignoring unreadable device speeds in %s: %s", self.path, e)
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    def save_speeds(self, d: dict[str, Any]) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('speeds', ?)", (json.dumps(d, separators=(",", ":")),))
 
     def next_seq(self) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()

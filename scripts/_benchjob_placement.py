@@ -1,0 +1,45 @@
+"""The job `bench_placement.py` runs: N logical workers whose step is mostly device time.
+
+Each logical worker-step sleeps ELASTICD_BENCH_PACE_S (default 0.02 s) -- standing in for the kernels a
+GPU would run while the host thread waits -- then takes one small MLP step on CPU. Sleeping rather than
+spinning is on purpose: the benchmark runs 2 or 3 agents on a shared 2-core machine, and CPU-bound work
+would make the agents slow each other down, so that the "uniform" runs would measure core contention
+instead of the device speeds the benchmark imposes (with SIGSTOP/SIGCONT duty cycles, see the
+benchmark). Knobs: ELASTICD_BENCH_WORKERS (N, default 8), ELASTICD_BENCH_STEPS (default: until stopped),
+ELASTICD_BENCH_PACE_S.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import elasticd
+
+WORKERS = int(os.environ.get("ELASTICD_BENCH_WORKERS", "8"))
+STEPS = int(os.environ.get("ELASTICD_BENCH_STEPS", str(10**8)))
+PACE_S = float(os.environ.get("ELASTICD_BENCH_PACE_S", "0.02"))
+
+
+@elasticd.elastic(workers=WORKERS, deterministic=True)
+def train(ctx) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(ctx.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = ctx.replicate(model, opt)
+    for _step in ctx.steps(STEPS):
+        time.sleep(PACE_S)
+        x = torch.randn(8, 16)   # the worker's own RNG stream: carried across re-layouts
+        loss = F.cross_entropy(model(x.to(ctx.device)), (x[:, 0] > 0).long().to(ctx.device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ctx.log(loss=loss.item())
+
+
+if __name__ == "__main__":
+    train()
