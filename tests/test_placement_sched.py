@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from test_resize_scheduler import agent, of, report
 from test_scheduler_state import Island, launches
+from util import cli
 
 from elasticd import protocol as p
+from elasticd.cli.status import render, render_job
 from elasticd.daemon.actions import Send as AgentSend
 from elasticd.daemon.actions import Spawn
 from elasticd.daemon.devices import cpu_devices, parse_speeds, with_speeds
@@ -83,6 +85,7 @@ def test_declared_speeds_give_the_faster_device_more_workers_at_launch():
     assert isl.s.jobs[job].blocks == launch.blocks
     (node,) = isl.s.status(None, isl.now).nodes
     assert node.speeds == {"cpu:0": 1.0, "cpu:1": 0.5}
+    assert "SPEEDS" in render(isl.s.status(None, isl.now)) and "1.00,0.50" in render(isl.s.status(None, isl.now))
 
 
 # --- live re-layout -----------------------------------------------------------------------------------
@@ -159,6 +162,9 @@ def test_a_straggler_is_learned_and_the_job_re_laid_out_live_then_back_when_it_g
     info = isl.s.status(job, isl.now).jobs[0]
     assert info.blocks == prep.blocks and info.layout["measured_step_s"] == pytest.approx(0.2)
     assert info.layout["predicted_step_s"] > 0
+    text = render_job(info)
+    assert f"layout     blocks {prep.blocks[0]}/{prep.blocks[1]}; step predicted" in text and "measured 0.2000s" in text
+    assert "re-layout blocks 4/4 -> " in text and "a/cpu:1" in text and "per worker-step" in text
     # The same speeds under the new layout: nothing more to gain, so no oscillation however long it runs.
     rounds, preps = relayout_until_prepared(isl, job, t, [0.01, 0.02], rounds=40)
     assert preps == [] and len(j.resizes) == 1
@@ -226,3 +232,12 @@ def test_daemon_passes_blocks_to_agents_and_numbers_their_timings():
     cmds = [a.msg for a in out if isinstance(a, AgentSend)]
     assert len(cmds) == 2 and all(isinstance(c, p.AgentResize) and c.blocks == [5, 3] for c in cmds)
     assert all(a.exitcode is None for a in sup.jobs["j1"].agents.values())   # a re-layout: nobody leaves
+
+
+def test_start_refuses_a_bad_device_speed_with_a_clear_error(tmp_path):
+    r = cli("start", "--state-dir", str(tmp_path / "a"), "--cpu-devices", "2", "--bind", "none",
+            "--device-speed", "0=fast")
+    assert r.code == 2 and "'fast' is not a number" in r.err
+    r = cli("start", "--state-dir", str(tmp_path / "b"), "--cpu-devices", "2", "--bind", "none",
+            "--device-speed", "2=0.5")
+    assert r.code == 1 and "names device(s) [2]; this node has devices 0,1" in r.err

@@ -109,7 +109,9 @@ class Resizes:
                                 blocks=blocks, src_blocks=job.blocks)
         job.epoch += 1
         job.resize = plan
-        job.transition(JobState.RESIZING, now, f"{why}: {src} -> {dst} devices")
+        change = (f"blocks {speeds.sizes(plan.src_blocks, job.spec.workers, src)} -> "
+                  f"{speeds.sizes(plan.blocks, job.spec.workers, dst)}" if src == dst else f"{src} -> {dst} devices")
+        job.transition(JobState.RESIZING, now, f"{why}: {change}")
         self.host.changed(job, resched=True)
         log.info("job %s resize %d: %d -> %d devices (%s) at step %d%s", job.job_id, plan.epoch, src, dst, why,
                  job.step, "; joiners on " + " ".join(f"{n}/{d}" for n, d in placement[src:]) if dst > src else "")
@@ -230,7 +232,8 @@ class Resizes:
                 job.zombies.pop(node, None)
         job.record_resize(plan, "done", seconds=seconds)
         job.resize = None
-        job.transition(JobState.RUNNING, now, f"resized {plan.src} -> {plan.dst} devices in {seconds:.2f}s")
+        what = "re-laid out" if plan.src == plan.dst else f"resized {plan.src} -> {plan.dst} devices"
+        job.transition(JobState.RUNNING, now, f"{what} in {seconds:.2f}s")
         self.host.changed(job, resched=True)
         log.info("job %s resize %d done: %d -> %d devices in %.2fs (hand-over %.2fs)", job.job_id, plan.epoch,
                  plan.src, plan.dst, seconds, plan.handover_s or 0.0)
