@@ -222,11 +222,16 @@ def test_daemon_passes_blocks_to_agents_and_numbers_their_timings():
     for i, s in enumerate(spawns):
         sup.started(s, 100 + i)
         assert sup.agent_message(b"id%d" % i, p.AgentHello(job_id="j1", rank=i, info={"pid": 100 + i}), 0.0)[0] is None
-    timing = {"hosted": 6, "compute_s": 0.06, "flush_s": 0.001, "steps": 4}
-    sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=3, timing=timing), 1.0)
-    sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=4, timing=timing), 1.1)
+    one = {"hosted": 6, "compute_s": 0.06, "flush_s": 0.001, "steps": 1}
+    sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=3, timing=one), 1.0)
+    sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=4, timing={**one, "compute_s": 0.09}), 1.1)
     (rep,) = sup.reports({})
-    assert rep.agents[0].timing == {**timing, "seq": 2} and rep.agents[1].timing == {}
+    assert rep.agents[0].timing == {}   # two steps: not enough to learn from yet
+    sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=5, timing={**one, "steps": 2}), 1.2)
+    sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=6, timing={"hosted": -1}), 1.3)   # ignored
+    (rep,) = sup.reports({})
+    assert rep.agents[0].timing == {"hosted": 6, "compute_s": pytest.approx(0.0675), "flush_s": pytest.approx(0.001),
+                                    "steps": 4, "seq": 1} and rep.agents[1].timing == {}
     out = sup.go(p.ResizeJob(job_id="j1", devices=2, epoch=1, master_addr="h", master_port=6, world_from=2,
                              blocks=[5, 3]))
     cmds = [a.msg for a in out if isinstance(a, AgentSend)]

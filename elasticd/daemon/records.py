@@ -27,8 +27,10 @@ class Agent:
     step: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     step_times: list[tuple[float, int]] = field(default_factory=list)
-    timing: dict[str, Any] = field(default_factory=dict)   # latest AgentStep timing, numbered by `seq`
+    # Step timings (AgentStep.timing): the latest published, numbered by `seq`, and those not yet published
+    timing: dict[str, Any] = field(default_factory=dict)
     timing_seq: int = 0
+    timing_acc: dict[str, Any] = field(default_factory=dict)
     # live resize
     standby: bool = False      # a joiner, warm, waiting for the hand-over
     joining: bool = False      # a joiner told to join, not yet re-formed with the others

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.agent.timing import clean_timing, merge_timing
 from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
 from elasticd.daemon.records import Agent, LocalJob
 from elasticd.daemon.resizing import NodeResizes
@@ -216,9 +217,8 @@ class Supervision:
             agent.metrics = p.flat_scalars(msg.metrics)
             agent.step_times.append((now, msg.step))
             del agent.step_times[:-20]
-            if msg.timing:   # numbered, so the scheduler counts each once however many heartbeats repeat it
-                agent.timing_seq += 1
-                agent.timing = {**p.flat_scalars(msg.timing), "seq": agent.timing_seq}
+            if msg.timing:
+                _timed(agent, msg.timing)
             return None, self.resizes.stepped(job, agent)
         if isinstance(msg, p.AgentFailed):
             if agent.pending:
@@ -226,6 +226,7 @@ class Supervision:
             elif job.error is None:
                 job.error = p.flat_scalars(msg.error)
         elif isinstance(msg, p.AgentResized):
+            agent.timing_acc = {}   # steps of the old layout say nothing of the new one's
             return None, self.resizes.resized(job, agent, p.flat_scalars(msg.info))
         elif isinstance(msg, p.AgentDone):
             agent.done = True
@@ -302,6 +303,28 @@ def _first_cause(job: LocalJob, error: dict[str, Any], code: int) -> bool:
     sent_term = job.term_at == float("inf")
     sent_kill = sent_term and job.kill_at is None
     return not ((code == -_SIGTERM and sent_term) or (code == -_SIGKILL and sent_kill))
+
+
+TIMING_STEPS = 3   # steps one published timing covers at least: single steps are too noisy to learn from
+
+
+def _timed(agent: Agent, timing: dict[str, Any]) -> None:
+    """Add an agent's step timing (throttled by the agent, often one step) to what it has not published yet;
+    publish it, numbered so that the scheduler counts it once however many heartbeats repeat it, once it
+    covers TIMING_STEPS steps."""
+    try:
+        t = clean_timing(timing)
+    except ValueError as e:
+        log.warning("agent %d: %s; ignored", agent.rank, e)
+        return
+    acc = agent.timing_acc if agent.timing_acc.get("hosted") == t["hosted"] else {}
+    acc = merge_timing(acc, t)
+    if acc["steps"] < TIMING_STEPS:
+        agent.timing_acc = acc
+        return
+    agent.timing_acc = {}
+    agent.timing_seq += 1
+    agent.timing = {**acc, "seq": agent.timing_seq}
 
 
 def _rate(times: list[tuple[float, int]]) -> float:
