@@ -22,16 +22,16 @@ from cluster import status, wait_state
 from util import JOBS, assert_same_run, cli, wait_until
 
 JOB = str(JOBS / "resize_job.py")
-STEPS = 400
+STEPS = 160
 WORKERS = 8
-STOP_S = 0.06   # SIGSTOP this long, then SIGCONT as long: about half speed (the paced sleeps go on while
-RUN_S = 0.06    # stopped, so a little more than half; the test's bounds are loose for that and for load)
+STOP_S = 0.08   # SIGSTOP this long, then SIGCONT as long: about half speed (the paced sleeps go on while
+RUN_S = 0.08    # stopped, so a little more than half; the test's bounds are loose for that and for load)
 
 
 def job_env(out: Path) -> dict[str, str]:
     return {"ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt"),
             "ELASTICD_TEST_STEPS": str(STEPS), "ELASTICD_TEST_DETERMINISTIC": "1",
-            "ELASTICD_TEST_RELEASE": str(out / "release"), "ELASTICD_TEST_PACE_S": "0.01",
+            "ELASTICD_TEST_RELEASE": str(out / "release"), "ELASTICD_TEST_PACE_S": "0.02",
             "ELASTICD_TEST_WORKERS": str(WORKERS)}
 
 
