@@ -1,6 +1,6 @@
 """The job `bench_placement.py` runs: N logical workers whose step is mostly device time.
 
-Each logical worker-step sleeps ELASTICD_BENCH_PACE_S (default 0.02 s) -- standing in for the kernels a
+Each logical worker-step sleeps ELASTICD_BENCH_PACE_S (default 0.02 s, in 1 ms slices) -- standing in for the kernels a
 GPU would run while the host thread waits -- then takes one small MLP step on CPU. Sleeping rather than
 spinning is on purpose: the benchmark runs 2 or 3 agents on a shared 2-core machine, and CPU-bound work
 would make the agents slow each other down, so that the "uniform" runs would measure core contention
@@ -23,6 +23,16 @@ import elasticd
 WORKERS = int(os.environ.get("ELASTICD_BENCH_WORKERS", "8"))
 STEPS = int(os.environ.get("ELASTICD_BENCH_STEPS", str(10**8)))
 PACE_S = float(os.environ.get("ELASTICD_BENCH_PACE_S", "0.02"))
+SLICE_S = 0.001
+
+
+def _device_time(seconds: float) -> None:
+    """A fixed number of 1 ms sleeps: a process stopped by SIGSTOP (how the benchmark slows a device)
+    gets no further through them while stopped, so stopped a fraction f of the time it runs at about
+    1 - f. One long sleep, or a wall-clock deadline, would run on through the stops, making the imposed
+    slowdown far milder (or none)."""
+    for _ in range(max(1, round(seconds / SLICE_S))):
+        time.sleep(SLICE_S)
 
 
 @elasticd.elastic(workers=WORKERS, deterministic=True)
@@ -32,7 +42,7 @@ def train(ctx) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model, opt = ctx.replicate(model, opt)
     for _step in ctx.steps(STEPS):
-        time.sleep(PACE_S)
+        _device_time(PACE_S)
         x = torch.randn(8, 16)   # the worker's own RNG stream: carried across re-layouts
         loss = F.cross_entropy(model(x.to(ctx.device)), (x[:, 0] > 0).long().to(ctx.device))
         opt.zero_grad()
