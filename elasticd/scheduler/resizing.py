@@ -63,7 +63,7 @@ class Resizes:
         assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
         src = len(job.placement)
         if dst > src:
-            chosen = policy.spread(dst - src, self.host.free_views())
+            chosen = policy.spread(dst - src, self.host.free_views(), self.host.speeds.costs, job.job_id)
             placement = [list(x) for x in job.placement] + [[n, d] for n, d in chosen]
         else:
             placement = [list(x) for x in job.placement[:dst]]

@@ -407,7 +407,7 @@ class SchedulerState:
         reqs = [policy.JobRequest(j.job_id, j.spec.workers, j.spec.min_devices, j.spec.max_devices,
                                   j.spec.priority, j.seq, j.requested_devices) for j in queued]
         out: list[Send] = []
-        started = policy.place(reqs, self.free_views()) if queued else {}
+        started = policy.place(reqs, self.free_views(), self.speeds.costs) if queued else {}
         for job_id, chosen in started.items():
             out += self._start(self.jobs[job_id], chosen, now)
         return out + self._rebalance([r for r in reqs if r.job_id not in started], now)
@@ -420,14 +420,15 @@ class SchedulerState:
         if any(j.resize is not None or (j.zombies and j.state.active) for j in self.jobs.values()):
             return []
         running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement), j.spec.min_devices,
-                                     j.spec.max_devices, j.spec.priority, j.seq)
+                                     j.spec.max_devices, j.spec.priority, j.seq,
+                                     tuple((n, d) for n, d in j.placement))
                    for j in self.jobs.values() if j.state is JobState.RUNNING and j.requested_devices is None
                    and j.spec.min_devices < j.spec.max_devices
                    and not any(self.drains.holds(n) for n in j.nodes)]   # a drain is moving those
         if not running:
             return []
         out: list[Send] = []
-        for d in policy.rebalance(waiting, running, self.free_views()):
+        for d in policy.rebalance(waiting, running, self.free_views(), self.speeds.costs):
             job = self.jobs[d.job_id]
             if d.devices > len(job.placement) and d.devices - len(job.placement) > self.free_count():
                 continue   # an earlier grow of this wave took the devices (cannot happen with one node view)
