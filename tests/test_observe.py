@@ -93,6 +93,7 @@ def test_prometheus_sees_jobs_nodes_resizes_and_the_scheduler(island):
     assert value(m, "elasticd_node_up", node=node) == 1.0
     assert value(m, "elasticd_node_draining", node=node) == 0.0
     assert value(m, "elasticd_nodes", state="alive") == 1.0 and value(m, "elasticd_nodes", state="lost") == 0.0
+    assert value(m, "elasticd_device_speed", node=node, device="cpu:0") is not None
     assert value(m, "elasticd_scheduler_heartbeats_total") > 0
     assert value(m, "elasticd_scheduler_request_duration_seconds_count", op="status") > 0
     assert value(m, "elasticd_scheduler_request_duration_seconds_count", op="scale_job") == 1.0

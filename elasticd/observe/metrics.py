@@ -100,6 +100,9 @@ class SnapshotCollector(Collector):
         seen = GaugeMetricFamily("elasticd_node_heartbeat_age_seconds", "Seconds since the node's last "
                                  "heartbeat.", labels=["node"])
         nodes = GaugeMetricFamily("elasticd_nodes", "Nodes the scheduler knows, alive or lost.", labels=["state"])
+        speed = GaugeMetricFamily("elasticd_device_speed", "Relative speed of a live node's device (1.0 = "
+                                  "reference): fitted from its agents' step times, else declared.",
+                                  labels=["node", "device"])
         alive = 0
         for n in s.nodes:
             alive += bool(n["alive"])
@@ -111,9 +114,11 @@ class SnapshotCollector(Collector):
                 node_devices.add_metric([n["node"], "busy"], n["busy"])
                 rss.add_metric([n["node"]], n["rss_bytes"])
                 cpu.add_metric([n["node"]], n["cpu_percent"])
+                for dev, v in n.get("speeds", {}).items():
+                    speed.add_metric([n["node"], dev], v)
         nodes.add_metric(["alive"], alive)
         nodes.add_metric(["lost"], len(s.nodes) - alive)
-        yield from (node_devices, node_up, draining, rss, cpu, seen, nodes)
+        yield from (node_devices, node_up, draining, rss, cpu, seen, nodes, speed)
 
 
 class Observer:

@@ -99,7 +99,8 @@ def take(state: SchedulerState, now: float, history: History | None = None) -> S
                       "free": len(n.free), "busy": len(n.devices) - len(n.free), "last_seen_s": n.last_seen_s,
                       "draining": n.draining is not None, "drained": bool((n.draining or {}).get("drained")),
                       "agents": len(live), "rss_bytes": sum(int(a.get("rss") or 0) for a in live),
-                      "cpu_percent": round(sum(float(a.get("cpu") or 0.0) for a in live), 1)})
+                      "cpu_percent": round(sum(float(a.get("cpu") or 0.0) for a in live), 1),
+                      "speeds": dict(n.speeds)})
     series: dict[str, tuple[tuple, ...]] = {}
     alloc: tuple[tuple, ...] = ()
     if history is not None:
