@@ -133,12 +133,14 @@ class Recoveries:
         job.master_port = 0
         rec["devices"] = len(keep)
         if len(keep) < max(1, job.spec.min_devices):
-            job.placement = []
+            job.placement, job.blocks = [], []
             job.transition(JobState.QUEUED, now, f"{rec['cause']}; {len(keep)} of its devices left, "
                                                  f"--min-devices {job.spec.min_devices}: queued to restart from its "
                                                  f"snapshot when devices free up")
             self.host.changed(job, resched=True)
             return []
+        if len(keep) != len(job.placement):   # the layout of the devices left (the same speeds: the same blocks)
+            job.blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, keep)
         job.placement = keep
         job.master_addr = nodes[keep[0][0]].host
         job.transition(JobState.STARTING, now, f"{rec['cause']}; restarting on {len(keep)} devices from its newest "

@@ -342,6 +342,8 @@ class SchedulerState:
             if job.state.active:
                 m = len(job.placement)
                 assert 1 <= m <= job.spec.workers, (job.job_id, m)
+                assert job.state is JobState.RECOVERING or p.bad_blocks(job.blocks, m, job.spec.workers) is None, \
+                    (job.job_id, job.blocks, m)
                 held = {(n, d) for n, d in job.placement}
                 if job.resize is not None:
                     assert job.state is JobState.RESIZING, job.job_id
