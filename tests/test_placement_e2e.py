@@ -22,7 +22,7 @@ from cluster import status, wait_state
 from util import JOBS, assert_same_run, cli, wait_until
 
 JOB = str(JOBS / "resize_job.py")
-STEPS = 160
+STEPS = 80
 WORKERS = 8
 STOP_S = 0.08   # SIGSTOP this long, then SIGCONT as long: about half speed (the paced sleeps go on while
 RUN_S = 0.08    # stopped, so a little more than half; the test's bounds are loose for that and for load)
