@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from elasticd.agent.comm.layout import hosted_ranks
+from elasticd.agent.comm.layout import Layout
 from elasticd.agent.resize.every import Every
 
 # device_index of a CUDA agent started as a standby: its rank, hence its GPU, is known only at its join.
@@ -77,6 +77,9 @@ class AgentConfig:
     workers: int = _opt(help="N logical workers")
     rank: int = _opt(help="physical rank p of M")
     world: int = _opt(help="M physical agents")
+    # A list is accepted too (written the same on the command line); parsed back as a tuple.
+    blocks: tuple[int, ...] = _opt((), "logical workers per agent in agent order, e.g. 6,2 (sum N, each >= 1); "
+                                       "empty: the uniform layout")
     func: str | None = _opt(None, "name of the @elastic function (default: the only one in the script)")
     device_type: str = _opt("cpu", "device kind", ("cpu", "cuda"))
     device_index: int = _opt(0, "CUDA ordinal on this node (ignored on CPU); -1: the GPU of the rank a standby "
@@ -106,15 +109,19 @@ class AgentConfig:
                                         "(`elasticd run --scale-at`), and wait for its command")
 
     @property
+    def layout(self) -> Layout:
+        return Layout.of(self.workers, self.world, tuple(self.blocks))
+
+    @property
     def hosted(self) -> list[int]:
-        return hosted_ranks(self.workers, self.world, self.rank)
+        return self.layout.hosted(self.rank)
 
     def to_argv(self) -> list[str]:
         """The command line that `python -m elasticd.agent` parses back into this config."""
         argv: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.default is not MISSING and value == f.default:
+            if f.default is not MISSING and (value == f.default or (f.default == () and not value)):
                 continue
             flag = "--" + f.name.replace("_", "-")
             parse, write = _TYPES[f.type]

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
@@ -23,7 +24,7 @@ from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.private.registry import attach as attach_private
 from elasticd.agent.resize import fallback
 from elasticd.agent.resize.every import Every
-from elasticd.agent.resize.moves import grow, shrink
+from elasticd.agent.resize.moves import grow, relayout, shrink
 from elasticd.agent.resize.parts import periodic_dir
 from elasticd.agent.resize.periodic import PeriodicSnapshots, latest_complete
 from elasticd.agent.resize.snapshot import AgentSnapshot
@@ -192,7 +193,7 @@ class AgentProcess:
         cfg = self.cfg
         assert self.phys is not None
         started = time.monotonic()
-        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.workers)
+        snap = fallback.restore(self.phys, cfg.snapshot_dir, cfg.restore_epoch, cfg.layout)
         log.info("restored the snapshot of resize %d in %.2fs", cfg.restore_epoch, time.monotonic() - started)
         return snap
 
@@ -208,7 +209,7 @@ class AgentProcess:
         if step is None:
             self._resumed = 0
             return None
-        snap = fallback.restore_dir(self.phys, periodic_dir(cfg.snapshot_dir, step), cfg.workers, f"step {step}")
+        snap = fallback.restore_dir(self.phys, periodic_dir(cfg.snapshot_dir, step), cfg.layout, f"step {step}")
         self._resumed = step
         log.info("restored the periodic snapshot of step %d in %.2fs", step, time.monotonic() - started)
         return snap
@@ -233,7 +234,7 @@ class AgentProcess:
             return False
         self.cfg = dataclasses.replace(
             self.cfg, rank=join.rank, world=join.world, join_from=join.join_from,
-            master_addr=join.master_addr, master_port=join.master_port, standby=False)
+            master_addr=join.master_addr, master_port=join.master_port, standby=False, blocks=())
         self.device = _device(self.cfg)  # a CUDA standby's GPU follows the rank it joins as
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True
@@ -241,18 +242,20 @@ class AgentProcess:
     def _join(self) -> AgentSnapshot:
         cfg = self.cfg
         started = time.monotonic()
-        self.phys, snap = grow(None, None, cfg.workers, cfg.join_from, cfg.rank, cfg.world, self.device,
-                               cfg.master_addr, cfg.master_port)
+        # The layout comes from agent 0: the old agents have the resize command that names it.
+        self.phys, snap, layout = grow(None, None, None, cfg.rank, None, self.device, cfg.master_addr,
+                                       cfg.master_port, world=cfg.world)
         self.control.resized({"epoch": None, "world": cfg.world, "rank": cfg.rank, "left": False,
-                              "seconds": time.monotonic() - started})
-        self.cfg = dataclasses.replace(cfg, join_from=0)
+                              "seconds": time.monotonic() - started, "blocks": str(layout)})
+        self.cfg = dataclasses.replace(cfg, join_from=0, blocks=tuple(layout.wire()))
         return snap
 
     def _run(self, snap: AgentSnapshot | None) -> tuple[int | None, AgentSnapshot | None]:
         """Run until the job ends (exit code) or this agent is re-laid out (None, its new snapshot)."""
         cfg, ef, control = self.cfg, self.ef, self.control
         assert self.phys is not None
-        runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, self.phys, self.device, ef.deterministic, control, snap)
+        runtime = Runtime(ef.fn, cfg.workers, cfg.hosted, self.phys, self.device, ef.deterministic, control, snap,
+                          layout=cfg.layout)
         runtime.boundary.hold_at = frozenset(cfg.hold_at)
         runtime.boundary.periodic = self._periodic()
         runtime.boundary.resumed_from = self._resumed
@@ -299,17 +302,22 @@ class AgentProcess:
         assert phys is not None
         new_world = command.world
         addr, port = command.master_addr, command.master_port
+        old = cfg.layout
+        new = Layout.of(cfg.workers, new_world, command.blocks)  # checked when the command came (runtime)
         if new_world < phys.world:
-            self.phys, snap = shrink(phys, snap, cfg.workers, new_world, addr, port, command.keep or None)
+            self.phys, snap = shrink(phys, snap, old, new, addr, port, command.keep or None)
         elif new_world > phys.world:
-            self.phys, snap = grow(phys, snap, cfg.workers, phys.world, phys.rank, new_world, self.device,
-                                   addr, port)
+            self.phys, snap, _ = grow(phys, snap, old, phys.rank, new, self.device, addr, port)
+        elif new != old:
+            # Same agents, other block sizes: the group stays; only the moved ranks' snapshots travel.
+            snap = relayout(phys, snap, old, new)
         left = self.phys is None
         # A drain's shrink may renumber the agents that stay: told under the old rank (the launcher knows
         # this connection by it), then the channel speaks as the new one.
         rank = cfg.rank if self.phys is None else self.phys.rank
-        self.control.resized({"epoch": command.epoch, "world": new_world, "rank": rank,
-                              "left": left, "seconds": time.monotonic() - started, "step": self._stopped_at})
+        self.control.resized({"epoch": command.epoch, "world": new_world, "rank": rank, "left": left,
+                              "seconds": time.monotonic() - started, "step": self._stopped_at,
+                              "blocks": str(new)})
         self.control.renumber(rank)
         if left:
             if command.standby:
@@ -321,7 +329,8 @@ class AgentProcess:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
-        self.cfg = dataclasses.replace(cfg, rank=rank, world=new_world, master_addr=addr, master_port=port)
+        self.cfg = dataclasses.replace(cfg, rank=rank, world=new_world, master_addr=addr, master_port=port,
+                                       blocks=tuple(new.wire()))
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return None, snap
 

@@ -4,7 +4,8 @@ Gang semantics: all agents start together; if one fails, its error (logical rank
 is shown and every other agent is stopped, so nothing hangs on a collective that can never finish.
 The launcher talks to its agents over pipes (`elasticd.agent.control.pipe_channel`) in the daemon's vocabulary
 (the typed messages of `elasticd.protocol.agents`, one JSON line each), which also lets it resize the
-job live on a schedule (`--scale-at STEP:M`): the same resize path the daemon drives, minus the
+job live on a schedule (`--scale-at STEP:M[:B1/B2/...]`, other block sizes at the same M included: a live
+re-layout): the same resize path the daemon drives, minus the
 scheduler. As under the daemon, the agents save each resize's snapshot to tmpfs before any state moves
 (agent/resize/fallback.py), and a resize that fails half-way (an agent dies after the go) is rolled back: every
 agent is stopped and the job restarts on its old number of devices from that snapshot.
@@ -30,11 +31,13 @@ import psutil
 
 from elasticd import protocol as p
 from elasticd.agent import module_command
+from elasticd.agent.comm.layout import Layout
 from elasticd.agent.config import AgentConfig, launch_device_index
 from elasticd.agent.control.pipe_channel import LineReader, encode_line
 from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.resize import parts
 from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
+from elasticd.agent.timing import clean_timing, merge_timing
 from elasticd.ports import free_port
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, ResizePlan, RollBack
 from elasticd.torchrun_restart import recoverable, relaunch
@@ -62,6 +65,7 @@ class Resize:
     src: int
     dst: int
     requested: float
+    blocks: list[int] = field(default_factory=list)   # the new layout's block sizes (empty: uniform)
     commanded: float | None = None  # when the running agents were told (after joiners were ready)
     last_old_step: float | None = None
     seconds: float | None = None  # request -> first completed step at the new size
@@ -69,7 +73,7 @@ class Resize:
     outcome: str = "pending"      # "done", or "rolled back" (an agent died during the hand-over)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "from": self.src, "to": self.dst, "seconds": self.seconds,
+        return {"step": self.step, "from": self.src, "to": self.dst, "blocks": self.blocks, "seconds": self.seconds,
                 "stall": self.stall, "outcome": self.outcome}
 
 
@@ -82,26 +86,37 @@ class LocalJob:
     device_type: str = "cpu"
     threads: int = 0
     env: dict[str, str] | None = None
-    scale_at: list[tuple[int, int]] = field(default_factory=list)  # (after step, devices)
+    # (after step, devices[, blocks]): blocks in any form Layout.of takes (empty: uniform)
+    scale_at: list[tuple[int, ...] | tuple[int, int, list[int]]] = field(default_factory=list)
     quiet: bool = False
     device_memory: int = 0  # --device-memory for every agent; 0 = default policy
     snapshot_dir: str = ""  # where resize snapshots are kept for falling back; "" = a private tmpfs directory
     snapshot_every: str = DEFAULT_SNAPSHOT_EVERY   # periodic snapshots to recover from (agent/resize/periodic.py)
     max_restarts: int = DEFAULT_MAX_RESTARTS       # recoveries after an agent died, before the run fails
     torchrun: bool = False  # a script with no @elastic function: resizes and recoveries restart it (torchrun_restart.py)
+    blocks: list[int] = field(default_factory=list)  # the starting layout's block sizes (empty: uniform)
 
     def __post_init__(self) -> None:
         self.world = self.devices
+        # Raises ValueError for a layout that is none (the CLI checked it already, with a usage error).
+        self.blocks = Layout.of(self.workers, self.devices, self.blocks).wire()
+        schedule = []
+        for item in self.scale_at:
+            step, target = item[0], item[1]
+            blocks = list(item[2]) if len(item) > 2 else []  # type: ignore[misc]
+            schedule.append((step, target, Layout.of(self.workers, target, blocks).wire()))
+        self.scale_at = schedule  # type: ignore[assignment]
+        self.timing: dict[int, dict[str, float]] = {}   # physical rank -> its agent's step timing, whole run
         self.epoch = 0
         self.agents: dict[int, _Agent] = {}
         self.retired: list[_Agent] = []
         self.spares: list[_Agent] = []  # warm standby agents for the schedule's grows
         self.resizes: list[Resize] = []
-        self._pending = sorted(self.scale_at)
+        self._pending: list[tuple[int, int, list[int]]] = sorted(schedule, key=lambda e: e[0])
         self._plan: ResizePlan | None = None         # the decisions about the resize in flight
         self._resizing: Resize | None = None         # its record, for the summary
         self._command: p.AgentResize | None = None   # what the running agents are told at its go
-        self._hold_at = _hold_steps(self.devices, self._pending)
+        self._hold_at = _hold_steps(self.devices, self._pending, self.blocks)
         self._sel = selectors.DefaultSelector()
         self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
         self._own_snapshots = not self.snapshot_dir
@@ -124,7 +139,7 @@ class LocalJob:
             # A standby agent's rank and world are placeholders until its join command names them.
             script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=max(rank, 0), world=world,
             device_type=self.device_type, device_index=launch_device_index(rank, self.device_type), master_port=port, threads=self.threads,
-            device_memory=self.device_memory,
+            device_memory=self.device_memory, blocks=() if (standby or join_from) else tuple(self.blocks),
             error_file=os.path.join(self._tmp.name,
                                     f"agent{rank}-{self.epoch}-{len(self.spares)}-{len(self.recoveries)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
@@ -147,7 +162,7 @@ class LocalJob:
         for a hand-over, not for processes to start (seconds of imports on a busy machine)."""
         if self.torchrun:
             return   # a torchrun-mode resize restarts every agent: nothing to keep warm
-        future = max((m for _, m in self._pending), default=0)
+        future = max((m for _, m, _ in self._pending), default=0)
         for _ in range(future - self.world - len(self.spares)):
             self.spares.append(self._spawn(-1, 1, 0, standby=True))
 
@@ -173,6 +188,8 @@ class LocalJob:
     # -- events -------------------------------------------------------------------------------
     def _on_event(self, agent: _Agent, ev: p.Message) -> None:
         plan = self._plan
+        if isinstance(ev, p.AgentStep) and ev.timing and agent in self.agents.values():
+            self._on_timing(agent.rank, ev.timing)
         if isinstance(ev, p.AgentStep) and agent.rank == 0 and agent in self.agents.values():
             self._on_step(ev.step, ev.metrics)
         elif isinstance(ev, p.AgentHello):
@@ -185,6 +202,19 @@ class LocalJob:
             if self._resizing is not None and isinstance(step, int):
                 self._resizing.step = step   # the step the agents stopped after: what the summary records
             self._advance(time.monotonic())
+
+    def _on_timing(self, rank: int, timing: dict[str, Any]) -> None:
+        """Fold an agent's timing report into its whole-run means (per physical rank: a resize that
+        renumbers agents starts a rank's record over with its new block)."""
+        try:
+            report = clean_timing(timing)
+        except ValueError as e:
+            log.warning("agent %d sent a bad timing report: %s", rank, e)
+            return
+        seen = self.timing.get(rank)
+        if seen is not None and seen["hosted"] != report["hosted"]:
+            seen = None
+        self.timing[rank] = merge_timing(seen, report)
 
     def _on_step(self, step: int, metrics: dict[str, Any]) -> None:
         self.last_step = step
@@ -216,11 +246,12 @@ class LocalJob:
         if plan is not None and r is not None and step > r.step:
             self._execute(plan.stepped(now))
         if self._plan is None and self._pending and step >= self._pending[0][0]:
-            _, target = self._pending.pop(0)
-            if self.torchrun and target != self.world:
+            _, target, blocks = self._pending.pop(0)
+            if self.torchrun and (target, blocks) != (self.world, self.blocks):
+                self.blocks = blocks   # a restart spawns its agents on the layout it asks for
                 self._restart(step, target, "--scale-at")
             else:
-                self._resize(step, target)
+                self._resize(step, target, blocks)
 
     def _restart(self, step: int, target: int, why: str) -> None:
         """torchrun mode: stop every agent and start the job again on `target` devices (torchrun_restart.py)."""
@@ -240,8 +271,8 @@ class LocalJob:
         self._restarting = None
         self._say(f"restarted on {r.dst} device(s): first step {r.seconds:.2f}s after the request")
 
-    def _resize(self, step: int, target: int) -> None:
-        if target == self.world:
+    def _resize(self, step: int, target: int, blocks: list[int]) -> None:
+        if target == self.world and blocks == self.blocks:
             self._say(f"scale to {target} devices: already there, nothing to do")
             return
         self.epoch += 1
@@ -250,13 +281,13 @@ class LocalJob:
         old = self.world
         plan = self._plan = ResizePlan.begin(
             epoch=self.epoch, src=old, dst=target, why="--scale-at", now=now, step=step, timeout_s=NO_DEADLINE,
-            placement=[[HERE, str(rank)] for rank in range(target)])
-        self._resizing = Resize(step=step, src=old, dst=target, requested=now)
+            placement=[[HERE, str(rank)] for rank in range(target)], blocks=blocks, src_blocks=self.blocks)
+        self._resizing = Resize(step=step, src=old, dst=target, requested=now, blocks=blocks)
         self.resizes.append(self._resizing)
         # Agents that leave stay warm for a grow still to come, instead of exiting.
-        keep_warm = max((m for _, m in self._pending), default=0) > target
+        keep_warm = max((m for _, m, _ in self._pending), default=0) > target
         self._command = p.AgentResize(epoch=self.epoch, world=target, master_addr="127.0.0.1", master_port=port,
-                                      standby=keep_warm)
+                                      standby=keep_warm, blocks=blocks)
         if plan.joiners:
             # The job keeps training until every joining agent is ready; then it stops for the hand-over.
             self.world = target
@@ -289,7 +320,9 @@ class LocalJob:
         r.commanded = plan.commanded_at
         for rank in range(plan.src):
             self._send(self.agents[rank], command)
-        self._say(f"resize {r.src} -> {r.dst} devices: agents told to hand over at their next step boundary")
+        self.blocks = list(plan.blocks)   # what a recovery restarts on from now on (a fall-back: plan.src_blocks)
+        self._say(f"resize {r.src} -> {r.dst} devices{_shown(plan.blocks)}: agents told to hand over at their "
+                  f"next step boundary")
         if plan.leavers:
             for rank in plan.leavers:
                 agent = self.agents.pop(rank)
@@ -306,7 +339,7 @@ class LocalJob:
         r.outcome = "done"
         self._plan, self._resizing, self._command = None, None, None
         self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
-        self._say(f"resized {r.src} -> {r.dst} devices after step {r.step} in {r.seconds:.2f}s "
+        self._say(f"resized {r.src} -> {r.dst} devices{_shown(r.blocks)} after step {r.step} in {r.seconds:.2f}s "
                   f"(training paused {r.stall:.2f}s)")
 
     def _drop_snapshots(self) -> None:
@@ -338,8 +371,9 @@ class LocalJob:
 
     def _fall_back(self, bad: _Agent) -> None:
         """Every agent is stopped: start the job again on the old number of devices from the snapshot."""
-        r = self._resizing
-        assert r is not None
+        r, plan = self._resizing, self._plan
+        assert r is not None and plan is not None
+        self.blocks = list(plan.src_blocks)
         self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} during the resize {r.src} -> {r.dst}; "
                   f"restarting on {r.src} devices from the snapshot saved at its step boundary")
         self._forget_agents()
@@ -422,8 +456,8 @@ class LocalJob:
         plan, r = self._plan, self._resizing
         if plan is not None and r is not None and r.commanded is not None and len(plan.acked) == r.dst:
             r.outcome, self._plan, self._resizing = "done", None, None   # handed over after the last step
-        left = [f"{s}:{m}" for s, m in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
-                                                          r is not None else [])
+        left = [f"{s}:{m}" for s, m, _ in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
+                                                             r is not None else [])
         if not left:
             return 0
         if self.last_step < 0:
@@ -435,6 +469,13 @@ class LocalJob:
         self._say(f"--scale-at {','.join(left)} not applied: the job ended after step {self.last_step}, "
                   f"before reaching {'them' if len(left) > 1 else 'it'}")
         return 0
+
+    def _say_timing(self) -> None:
+        """Where each agent's time went, over the run (what a speed-aware placement learns from)."""
+        for rank, t in sorted(self.timing.items()):
+            self._say(f"agent {rank}: {t['hosted']} worker(s), compute {t['compute_s']:.4f}s/step "
+                      f"({t['compute_s'] / t['hosted']:.4f}s per worker), collectives {t['flush_s']:.4f}s/step, "
+                      f"over {t['steps']} step(s)")
 
     def _say(self, text: str) -> None:
         if not self.quiet:
@@ -490,6 +531,7 @@ class LocalJob:
                     if waiting:
                         self._say("job finished before the grow took effect")
                     self.stop_all()
+                    self._say_timing()
                     return self._unhonoured()
         except p.ProtocolError as e:
             # Launcher and agents are one install: a line either side cannot read is a bug, and guessing
@@ -515,15 +557,19 @@ class LocalJob:
                     shutil.rmtree(parts.periodic_dir(self.snapshot_dir, step), ignore_errors=True)
 
 
-def _hold_steps(devices: int, schedule: list[tuple[int, int]]) -> tuple[int, ...]:
-    """The steps of a sorted --scale-at schedule that change the size (a scale to the size the job will have
-    then is a no-op): the agents stop after each and wait for the resize command."""
-    held, world = [], devices
-    for step, target in schedule:
-        if target != world:
+def _hold_steps(devices: int, schedule: list[tuple[int, int, list[int]]], blocks: list[int]) -> tuple[int, ...]:
+    """The steps of a sorted --scale-at schedule that change the layout (a scale to the layout the job will
+    have then is a no-op): the agents stop after each and wait for the resize command."""
+    held, now = [], (devices, list(blocks))
+    for step, target, sizes in schedule:
+        if (target, sizes) != now:
             held.append(step)
-            world = target
+            now = (target, sizes)
     return tuple(held)
+
+
+def _shown(blocks: list[int]) -> str:
+    return f" (blocks {'/'.join(map(str, blocks))})" if blocks else ""
 
 
 def _private_snapshot_dir() -> str:
@@ -541,16 +587,20 @@ def _private_snapshot_dir() -> str:
 
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",
               threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0,
-              scale_at: list[tuple[int, int]] | None = None, summary: str | None = None,
+              scale_at: list[Any] | None = None, summary: str | None = None,
               snapshot_dir: str = "", torchrun: bool = False, snapshot_every: str = DEFAULT_SNAPSHOT_EVERY,
-              max_restarts: int = DEFAULT_MAX_RESTARTS) -> int:
-    """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed)."""
+              max_restarts: int = DEFAULT_MAX_RESTARTS, blocks: list[int] | None = None) -> int:
+    """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed).
+
+    `scale_at`: (after step, devices[, blocks]) entries; `blocks`: the starting layout (empty: uniform).
+    """
     job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
                    snapshot_dir=snapshot_dir, torchrun=torchrun, snapshot_every=snapshot_every,
-                   max_restarts=max_restarts)
+                   max_restarts=max_restarts, blocks=list(blocks or []))
     code = job.run()
     if summary:
         with open(summary, "w") as f:
-            json.dump({"exit": code, "last_step": job.last_step, "devices": job.world,
-                       "resizes": [r.to_dict() for r in job.resizes], "recoveries": job.recoveries}, f, indent=1)
+            json.dump({"exit": code, "last_step": job.last_step, "devices": job.world, "blocks": job.blocks,
+                       "resizes": [r.to_dict() for r in job.resizes], "recoveries": job.recoveries,
+                       "agents": {str(rank): t for rank, t in sorted(job.timing.items())}}, f, indent=1)
     return code

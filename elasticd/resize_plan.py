@@ -8,6 +8,11 @@ happened (node heartbeats vs agent events). So the decisions live here, in `Resi
 state machine with no sockets, threads, processes or clock (`now` is passed in). The shells feed it
 events and execute the actions it returns (`Go`, `Done`, `Abort`, `RollBack`, `FallBack`, `Fail`).
 
+A resize may also keep M and change the block sizes (a live re-layout, speed-aware placement): every
+agent stays, nobody joins or leaves, and ranks move between them. `blocks`/`src_blocks` are the new and
+old layouts in wire form (elasticd.agent.comm.layout `Layout.wire()`: empty = uniform); a fall-back
+restarts on `src`, `src_blocks`.
+
 Who moves: ranks 0..min(M, M2)-1 stay (their agents keep their process), a grow adds joining ranks
 M..M2-1, a shrink lets ranks M2..M-1 leave. A shrink may instead keep any subset of the old ranks
 (`keep`, in new rank order: a drain keeps the agents off the node going away), which renumbers them;
@@ -106,24 +111,35 @@ class ResizePlan:
     saved: dict[str, list[int]] = field(default_factory=dict)   # place -> snapshot parts it holds (-1: replicated)
     timeout_s: float = 120.0       # per phase; math.inf: no deadline (`elasticd run` waits as long as it takes)
     keep: list[int] = field(default_factory=list)   # a shrink keeping these old ranks, in new rank order
+    blocks: list[int] = field(default_factory=list)      # the new layout's block sizes (empty: uniform)
+    src_blocks: list[int] = field(default_factory=list)  # the old layout's, to fall back to (empty: uniform)
 
     @classmethod
     def begin(cls, *, epoch: int, src: int, dst: int, why: str, now: float, placement: list[list[str]],
-              step: int, timeout_s: float, keep: list[int] | None = None) -> ResizePlan:
+              step: int, timeout_s: float, keep: list[int] | None = None, blocks: list[int] | None = None,
+              src_blocks: list[int] | None = None) -> ResizePlan:
         """A resize from `src` to `dst` agents whose new layout is `placement` (ranks 0..src-1 as before,
-        or for a shrink, the old ranks `keep` as new ranks 0..dst-1).
+        or for a shrink, the old ranks `keep` as new ranks 0..dst-1), with block sizes `blocks` (from
+        `src_blocks`; both in wire form, empty = uniform). `dst == src` is a re-layout: the sizes must differ.
 
         Raises:
-            ValueError: sizes or `keep` that describe no resize.
+            ValueError: sizes, blocks or `keep` that describe no resize.
         """
-        if dst == src or dst < 1 or len(placement) != dst:
-            raise ValueError(f"no resize from {src} to {dst} devices over a layout of {len(placement)}")
+        blocks, src_blocks = list(blocks or []), list(src_blocks or [])
+        if dst < 1 or len(placement) != dst or (dst == src and blocks == src_blocks):
+            raise ValueError(f"no resize from {src} to {dst} devices over a layout of {len(placement)}"
+                             + (f" with blocks {blocks or 'uniform'}" if dst == src else ""))
+        if blocks and len(blocks) != dst or src_blocks and len(src_blocks) != src:
+            raise ValueError(f"blocks {blocks} / {src_blocks} do not match {dst} / {src} devices")
+        if dst == src and keep is not None and list(keep) != list(range(dst)):
+            raise ValueError(f"a re-layout of {src} devices keeps every agent in place, not {keep}")
         if keep is not None and (len(keep) != dst or dst > src or len(set(keep)) != dst
                                  or not all(0 <= k < src for k in keep)):
             raise ValueError(f"a resize from {src} to {dst} devices cannot keep old ranks {keep}")
         return cls(epoch=epoch, src=src, dst=dst, why=why, requested_at=now, placement=placement,
                    deadline=now + timeout_s, step=step, timeout_s=timeout_s,
-                   keep=list(keep) if keep is not None and keep != list(range(dst)) else [])
+                   keep=list(keep) if keep is not None and list(keep) != list(range(dst)) else [],
+                   blocks=blocks, src_blocks=src_blocks)
 
     # --- who moves ------------------------------------------------------------------------------------
 

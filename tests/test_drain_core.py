@@ -12,7 +12,7 @@ from test_resize_scheduler import agent, of, report
 from test_scheduler_state import Island, kills, launches, rep
 
 from elasticd import protocol as p
-from elasticd.agent.comm.layout import hosted_ranks, owner_of
+from elasticd.agent.comm.layout import Layout, hosted_ranks, owner_of
 from elasticd.agent.resize.moves import plan_moves, plan_relayout
 from elasticd.resize_plan import ResizePlan
 from elasticd.scheduler.jobs import JobState
@@ -31,7 +31,7 @@ def keeps(max_workers: int = 6):
 
 def test_every_stayer_ends_with_exactly_the_ranks_of_its_new_place():
     for n, old, keep in keeps():   # every layout of up to 6 ranks, every subset and order of stayers
-        moves = plan_relayout(n, old, keep)
+        moves = plan_relayout(Layout.of(n, old), Layout.of(n, len(keep)), keep)
         assert [m.rank for m in moves] == sorted({m.rank for m in moves}), "one move per rank, in rank order"
         for new_rank, me in enumerate(keep):
             kept = {r for r in hosted_ranks(n, old, me) if owner_of(n, len(keep), r) == new_rank}
@@ -42,15 +42,16 @@ def test_every_stayer_ends_with_exactly_the_ranks_of_its_new_place():
 
 def test_keeping_the_first_agents_is_the_ordinary_shrink():
     for n, old, new in ((8, 4, 2), (4, 2, 1), (7, 3, 2)):
-        assert plan_relayout(n, old, list(range(new))) == plan_moves(n, old, new)
+        assert plan_relayout(Layout.of(n, old), Layout.of(n, new), list(range(new))) == plan_moves(Layout.of(n, old),
+                                                                                            Layout.of(n, new))
 
 
 def test_keeping_agent_1_of_2_moves_the_ranks_of_agent_0_to_it():
-    assert [(m.rank, m.src, m.dst) for m in plan_relayout(4, 2, [1])] == [(0, 0, 1), (1, 0, 1)]
+    assert [(m.rank, m.src, m.dst) for m in plan_relayout(Layout.of(4, 2), Layout.of(4, 1), [1])] == [(0, 0, 1), (1, 0, 1)]
     with pytest.raises(ValueError):
-        plan_relayout(4, 2, [])
+        plan_relayout(Layout.of(4, 2), Layout.of(4, 1), [])
     with pytest.raises(ValueError):
-        plan_relayout(4, 2, [1, 1])
+        plan_relayout(Layout.of(4, 2), Layout.of(4, 2), [1, 1])
 
 
 def test_a_plan_keeps_only_a_shrink_of_the_old_ranks():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from elasticd.agent.comm.layout import Layout
 from elasticd.agent.resize import fallback
 from elasticd.agent.resize.parts import GROUPS, epoch_dir, epochs, parts
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
@@ -34,7 +35,7 @@ def _restore(rank: int, port: int, root: str, out: str) -> None:
 
     phys = PhysicalGroup.connect(rank, 2, torch.device("cpu"), "127.0.0.1", port)
     try:
-        snap = fallback.restore(phys, root, EPOCH, WORKERS)
+        snap = fallback.restore(phys, root, EPOCH, Layout.of(WORKERS, 2))
         result: dict = {"workers": {r: w.to_dict() for r, w in snap.workers.items()},
                         "groups": [g.to_dict() for g in snap.groups]}
     except fallback.SnapshotMissing as e:
@@ -128,7 +129,7 @@ def test_restore_loads_on_the_cpu_whatever_the_agents_device(tmp_path: Path) -> 
     fallback.save(tmp_path, EPOCH, snap, with_groups=True)
     torch.manual_seed(6)
 
-    got = fallback.restore(PhysicalGroup(0, 1, torch.device("meta")), tmp_path, EPOCH, WORKERS)
+    got = fallback.restore(PhysicalGroup(0, 1, torch.device("meta")), tmp_path, EPOCH, Layout.of(WORKERS, 1))
 
     everything = [g.to_dict() for g in got.groups] + [w.to_dict() for w in got.workers.values()]
     assert {t.device.type for t in _all_tensors(everything)} == {"cpu"}

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from elasticd.agent.comm.layout import hosted_ranks, owner_of
+from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
 
 
@@ -28,13 +28,27 @@ class FlushEnv:
     phys: PhysicalGroup
     workers: int
     deterministic: bool
+    layout: Layout | None = None   # None: the uniform layout over phys.world
+
+    def counts(self) -> tuple[int, ...]:
+        """How many logical ranks each agent hosts, in agent order."""
+        if self.layout is None:
+            self.layout = Layout.of(self.workers, self.phys.world)
+        elif self.layout.world != self.phys.world or self.layout.workers != self.workers:
+            raise ValueError(f"layout {self.layout} is not of {self.workers} workers on {self.phys.world} agents")
+        return self.layout.sizes
+
+    def owner(self, rank: int) -> int:
+        self.counts()
+        assert self.layout is not None
+        return self.layout.owner(rank)
 
     def gather_over_ranks(self, hosted: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every logical rank's tensor, in rank order, from each agent's hosted tensors in rank order."""
         m = self.phys.world
         if m == 1:
             return hosted
-        counts = [len(hosted_ranks(self.workers, m, p)) for p in range(m)]
+        counts = self.counts()
         kmax = max(counts)
         stack = torch.stack(hosted)
         if stack.shape[0] < kmax:  # uneven layouts: all_gather wants equal shapes everywhere
@@ -64,7 +78,7 @@ class FlushEnv:
         still summed over ranks 0, 1, ..., N-1 in that order, so the bits match the unsharded sum."""
         phys, m, me = self.phys, self.phys.world, self.phys.rank
         shape, n = hosted[0].shape, hosted[0].numel()
-        counts = [len(hosted_ranks(self.workers, m, p)) for p in range(m)]
+        counts = self.counts()
         base, extra = divmod(n, m)
         sizes = [base + (1 if j < extra else 0) for j in range(m)]
         starts = [sum(sizes[:j]) for j in range(m)]
@@ -161,7 +175,7 @@ class Broadcast(Collective):
         src = ops[0].src  # type: ignore[attr-defined]
         local = {o.rank: o.tensor for o in ops}  # type: ignore[attr-defined]
         buf = local[src].clone() if src in local else torch.empty_like(ops[0].tensor)  # type: ignore[attr-defined]
-        env.phys.broadcast_(buf, owner_of(env.workers, env.phys.world, src))
+        env.phys.broadcast_(buf, env.owner(src))
         for r, t in local.items():
             if r != src:
                 t.copy_(buf)

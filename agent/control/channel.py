@@ -23,8 +23,9 @@ class ControlChannel(Protocol):
     def hello(self, info: dict[str, Any]) -> None:
         """Announce the agent (job, physical rank, hosted logical ranks, pid, host)."""
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        """A physical step finished; `metrics` holds the last `ctx.log` values of the agent's lowest rank."""
+    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+        """A physical step finished; `metrics` holds the last `ctx.log` values of the agent's lowest rank,
+        `timing` this agent's step timing since its last report (elasticd.agent.timing; {} or None: none)."""
 
     def done(self, result: dict[str, Any]) -> None:
         """Every hosted worker returned normally."""
@@ -55,7 +56,7 @@ class NullControl:
     def hello(self, info: dict[str, Any]) -> None:
         log.debug("agent up: %s", info)
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
+    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
         now = time.monotonic()
         if self._print and now - self._last >= self._every:
             self._last = now

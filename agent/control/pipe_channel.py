@@ -79,8 +79,9 @@ class PipeControl:
     def hello(self, info: dict[str, Any]) -> None:
         self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics)))
+    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+        self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics),
+                               timing=p.flat_scalars(timing or {})))
 
     def done(self, result: dict[str, Any]) -> None:
         self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, result=p.flat_scalars(result)))

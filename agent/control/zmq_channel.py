@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from elasticd import protocol as p
+from elasticd.agent.timing import merge_timing
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,14 @@ class ZmqControl:
         with self._lock:
             self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics))
+    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+        msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics),
+                          timing=p.flat_scalars(timing or {}))
         now = time.monotonic()
         with self._lock:
+            if self._pending_step is not None:
+                # A throttled report is replaced, not lost: its steps' timing goes on in this one's means.
+                msg.timing = merge_timing(self._pending_step.timing, msg.timing)
             if now - self._last_step_sent >= self.step_every_s:
                 self._last_step_sent = now
                 self._pending_step = None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from elasticd.agent.comm.layout import hosted_ranks, owner_of
+from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.resize.parts import GROUPS, describe, epoch_dir, part_name, parts_in
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, load_file
@@ -86,20 +86,23 @@ def save_parts(d: Path, workers: dict[int, dict], groups: dict | None) -> int:
     return total
 
 
-def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, workers: int) -> AgentSnapshot:
+def restore(phys: PhysicalGroup, root: str | os.PathLike[str], epoch: int, layout: Layout) -> AgentSnapshot:
     """The snapshot of resize `epoch` (see `restore_dir`)."""
-    return restore_dir(phys, epoch_dir(root, epoch), workers, f"resize {epoch}")
+    return restore_dir(phys, epoch_dir(root, epoch), layout, f"resize {epoch}")
 
 
-def restore_dir(phys: PhysicalGroup, d: Path, workers: int, label: str) -> AgentSnapshot:
-    """Every agent of the (re-started) job calls this: load its ranks' parts and the replicated state,
-    from its own node's files when they are there, else from the first agent that has them. Parts load
-    onto the CPU whatever the agent's device (see `snapshot.from_bytes`).
+def restore_dir(phys: PhysicalGroup, d: Path, layout: Layout, label: str) -> AgentSnapshot:
+    """Every agent of the (re-started) job calls this: load the parts of the ranks it hosts in `layout`
+    and the replicated state, from its own node's files when they are there, else from the first agent
+    that has them. Parts are per logical rank, so any layout restores a snapshot saved under any other.
+    Parts load onto the CPU whatever the agent's device (see `snapshot.from_bytes`).
 
     Raises:
         SnapshotMissing: a part is on no agent's node (on every agent alike: they all see the same table).
     """
-    me, world = phys.rank, phys.world
+    me, world, workers = phys.rank, phys.world, layout.workers
+    if layout.world != world:
+        raise ValueError(f"layout {layout} is not of this group's {world} agents")
     local = set(parts_in(d))
     order = [GROUPS, *range(workers)]
     # Who has what, everywhere: a row per agent, all-reduced into the same table on every agent.
@@ -110,14 +113,14 @@ def restore_dir(phys: PhysicalGroup, d: Path, workers: int, label: str) -> Agent
     lost = [part for i, part in enumerate(order) if not bool(table[:, i].any())]
     if lost:
         raise SnapshotMissing(f"snapshot of {label} lacks {describe(lost)}: saved on no node of the job")
-    mine = set(hosted_ranks(workers, world, me))
+    mine = set(layout.hosted(me))
     got: dict[int, bytes] = {}
     # One global order of transfers (by part, then receiving agent): the smallest pending transfer always
     # has both its agents waiting on it, so this never deadlocks (as in agent/resize/moves.py).
     for i, part in enumerate(order):
         src = int(table[:, i].nonzero()[0])
         for dst in range(world):
-            needs = part == GROUPS or dst == owner_of(workers, world, part)
+            needs = part == GROUPS or dst == layout.owner(part)
             if not needs or bool(table[dst, i]):
                 continue
             if me == src:

@@ -124,7 +124,10 @@ class StepBoundary:
             periodic = self.periodic
             self._vote[0] = vote
             self._vote[1] = periodic.flag(step, w.total_steps) if periodic is not None else FLAG_NONE
+            # A physical collective: an agent waits here for slower ones, so it counts as flush time.
+            voting = time.perf_counter()
             self.rt.phys.all_reduce_(self._vote, "max")
+            self.rt.timing.add_flush(time.perf_counter() - voting)
             vote, flag = (int(v) for v in self._vote.tolist())
             if periodic is not None:
                 periodic.voted(flag)
@@ -185,6 +188,8 @@ class StepBoundary:
         return self._stop_at
 
     def _report(self, w: Worker, step: int) -> None:
+        # Before anything else of the boundary: the step's compute ends here on every agent alike.
+        self.rt.timing.boundary(time.perf_counter())
         now = time.monotonic()
         self._step_times.append(now)
         del self._step_times[:-20]
@@ -197,7 +202,7 @@ class StepBoundary:
             metrics["total_steps"] = w.total_steps
         if len(self._step_times) > 1:
             metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
-        self.rt.control.step(step, metrics)
+        self.rt.control.step(step, metrics, self.rt.timing.take())
 
     def snapshot(self, workers: dict[int, Worker]) -> AgentSnapshot:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
+from elasticd.agent.comm.layout import Layout, blocks_problem
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
@@ -35,6 +37,7 @@ from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Pr
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.malloc import tune_malloc
+from elasticd.agent.timing import StepTiming
 from elasticd.agent.worker import Worker, current_worker, set_current_worker
 from elasticd.protocol.agents import AgentResize, AgentStop
 
@@ -62,7 +65,8 @@ __all__ = ["VOTE_NONE", "VOTE_RESIZE", "VOTE_STOP", "Runtime", "WorkerFailed"]
 class Runtime:
     def __init__(self, fn: Callable[[Any], Any], workers: int, hosted: list[int], phys: PhysicalGroup,
                  device: torch.device, deterministic: bool = False,
-                 control: ControlChannel | None = None, restore: AgentSnapshot | None = None) -> None:
+                 control: ControlChannel | None = None, restore: AgentSnapshot | None = None,
+                 layout: Layout | None = None) -> None:
         self.fn = fn
         self.workers = workers
         self.hosted = list(hosted)
@@ -70,8 +74,13 @@ class Runtime:
         self.device = device
         self.deterministic = deterministic
         self.control: ControlChannel = control or NullControl(phys.rank)
-        self.env = FlushEnv(phys=phys, workers=workers, deterministic=deterministic)
+        # `layout`: every agent's block of ranks (None: the uniform one); this agent's is `hosted`.
+        self.env = FlushEnv(phys=phys, workers=workers, deterministic=deterministic, layout=layout)
+        if layout is not None and layout.hosted(phys.rank) != self.hosted:
+            raise ValueError(f"agent {phys.rank} hosts ranks {self.hosted}, not its block of layout {layout}")
         self.baton = Baton(self.hosted)
+        # Compute vs physical-collective seconds per step, reported with each step (agent/timing.py).
+        self.timing = StepTiming(len(self.hosted))
         self.current: Worker | None = None
         # ctx.replicate's groups and the once-per-step idioms over them (agent/replicated/state.py)
         self.replicated = ReplicatedState(self, restore.groups if restore is not None else [])
@@ -233,6 +242,7 @@ class Runtime:
                 f"logical ranks {ranks[0]} and {ranks[-1]} have different numbers of pending collectives "
                 f"({len(batches[0])} vs {len(batches[-1])})"
             )
+        started = time.perf_counter()
         for i in range(lengths.pop()):
             ops = [b[i][0] for b in batches]
             check_matching(ops)
@@ -240,6 +250,7 @@ class Runtime:
             for b in batches:
                 if b[i][1] is not None:
                     b[i][1]._complete()
+        self.timing.add_flush(time.perf_counter() - started)
         for r in ranks:
             self._workers[r].queued = []
 
@@ -281,6 +292,10 @@ class Runtime:
             if isinstance(cmd, AgentStop):
                 vote = VOTE_STOP
             elif isinstance(cmd, AgentResize):
+                problem = blocks_problem(self.workers, cmd.world, cmd.blocks)
+                if problem is not None:   # every agent gets the same command, so every agent refuses it
+                    log.error("refusing resize %s to %d agents: %s", cmd.epoch, cmd.world, problem)
+                    continue
                 self.command = cmd
                 vote = max(vote, VOTE_RESIZE)
             else:   # a join is for a standby agent; one that runs a job has no use for it

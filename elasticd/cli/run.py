@@ -88,9 +88,13 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--device-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=click.IntRange(min=0), default=0,
               help="torch threads per agent (default: the machine's cores split between agents).")
-@click.option("--scale-at", "scale_at", metavar="STEP:M[,STEP:M...]", default="",
+@click.option("--layout", "layout", metavar="B1,B2,...", default="",
+              help="Logical workers per device, in device order (e.g. 6,2: a faster first device hosts more); "
+                   "they sum to --workers, one per device, each >= 1. Default: as even as possible.")
+@click.option("--scale-at", "scale_at", metavar="STEP:M[:B1/B2/...][,...]", default="",
               help="Resize live to M devices right after step STEP of ctx.steps (e.g. 10:2,20:1,30:4): STEP is the "
-                   "last step at the old size. A function that never enters ctx.steps cannot be resized (exit 1).")
+                   "last step at the old size. Optional block sizes give the new layout (10:2:6/2); at the same M "
+                   "that is a live re-layout. A function that never enters ctx.steps cannot be resized (exit 1).")
 @click.option("--summary", type=click.Path(dir_okay=False), default=None,
               help="Write a JSON summary (exit code, last step, resizes with their durations) here.")
 @click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",
@@ -103,7 +107,7 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--ddp", is_flag=True,
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
 def run(target: str, script_args: tuple[str, ...], workers: int | None, devices: int, device_type: str, threads: int,
-        device_memory: int | None, scale_at: str, summary: str | None, snapshot_dir: str, snapshot_every: str,
+        device_memory: int | None, layout: str, scale_at: str, summary: str | None, snapshot_dir: str, snapshot_every: str,
         max_restarts: int, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
@@ -125,8 +129,9 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
                    f"logical worker", err=True)
         sys.exit(EXIT_USAGE)
     schedule = parse_scale_at(scale_at, workers)
+    blocks = parse_layout(layout, workers, devices)
     if device_type == "cuda" and not ddp:
-        problem = _cuda_problem(max([devices, *(m for _, m in schedule)]))
+        problem = _cuda_problem(max([devices, *(m for _, m, _ in schedule)]))
         if problem:
             click.echo(f"Error: {problem}", err=True)
             sys.exit(EXIT_USAGE)
@@ -155,7 +160,7 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
                        device_memory=device_memory or 0, scale_at=schedule, summary=summary,
                        snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,
-                       snapshot_every=snapshot_every, max_restarts=max_restarts))
+                       snapshot_every=snapshot_every, max_restarts=max_restarts, blocks=blocks))
 
 
 def _cuda_problem(devices: int) -> str | None:
@@ -168,15 +173,40 @@ def _cuda_problem(devices: int) -> str | None:
     return cuda_capacity_problem(devices, torch.cuda.device_count(), shares_devices())
 
 
-def parse_scale_at(text: str, workers: int) -> list[tuple[int, int]]:
-    """"10:2,20:1" -> [(10, 2), (20, 1)], with a usage error for anything malformed."""
+def parse_layout(text: str, workers: int, devices: int) -> list[int]:
+    """--layout "6,2" -> [6, 2], with a usage error naming what is wrong ("" -> [], the uniform layout)."""
+    from elasticd.agent.comm.layout import blocks_problem, parse_blocks
+
+    try:
+        blocks = parse_blocks(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--layout") from None
+    problem = blocks_problem(workers, devices, blocks)
+    if problem is not None:
+        raise click.BadParameter(f"{problem} (--workers {workers}, --devices {devices})", param_hint="--layout")
+    return blocks
+
+
+def parse_scale_at(text: str, workers: int) -> list[tuple[int, int, list[int]]]:
+    """"10:2,20:1:1,30:2:6/2" -> [(10, 2, []), (20, 1, []), (30, 2, [6, 2])], with a usage error for anything
+    malformed (blocks: the new layout's sizes, "/"-separated; none: uniform)."""
+    from elasticd.agent.comm.layout import blocks_problem, parse_blocks
+
     schedule = []
     for item in filter(None, (part.strip() for part in text.split(","))):
-        step, sep, devices = item.partition(":")
+        step, sep, rest = item.partition(":")
+        devices, _, sizes = rest.partition(":")
         if not sep or not step.isdigit() or not devices.isdigit():
-            raise click.BadParameter(f"{item!r} is not STEP:M", param_hint="--scale-at")
+            raise click.BadParameter(f"{item!r} is not STEP:M[:B1/B2/...]", param_hint="--scale-at")
         if not 1 <= int(devices) <= workers:
             raise click.BadParameter(f"{item!r}: M must be between 1 and --workers {workers}",
                                      param_hint="--scale-at")
-        schedule.append((int(step), int(devices)))
+        try:
+            blocks = parse_blocks(sizes.replace("/", ","))
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: {sizes!r} is not block sizes like 6/2", param_hint="--scale-at") from None
+        problem = blocks_problem(workers, int(devices), blocks)
+        if problem is not None:
+            raise click.BadParameter(f"{item!r}: {problem}", param_hint="--scale-at")
+        schedule.append((int(step), int(devices), blocks))
     return schedule

@@ -27,6 +27,10 @@ class AgentStep(Message):
     rank: int
     step: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    # This agent's step timing since its last report (elasticd.agent.timing): {"hosted": n, "compute_s":
+    # mean compute seconds per step summed over its hosted workers, "flush_s": mean physical-collective
+    # seconds per step, "steps": k}; empty when no whole step was measured since.
+    timing: dict[str, Any] = field(default_factory=dict)
 
 
 @message
@@ -66,6 +70,10 @@ class AgentResize(Message):
     # A shrink that keeps these old physical ranks, in their new rank order (a drain: the agents off the
     # node going away); empty: the first `world` ones, as an ordinary shrink.
     keep: list[int] = field(default_factory=list)
+    # The new layout's logical workers per agent, in new rank order (sum N, each >= 1); empty: the uniform
+    # layout at `world`. At the same `world` with other sizes it is a live re-layout: the same agents,
+    # ranks moved between them (agent/resize/moves.py `relayout`).
+    blocks: list[int] = field(default_factory=list)
 
 
 @message
