@@ -94,6 +94,10 @@ def test_bad_input_is_refused_and_loses_nothing(bad):
     if bad != 0.0:
         with pytest.raises(ValueError):
             m.observe_comm("j", 2, bad, 1)
+    with pytest.raises(ValueError):
+        m.observe_compute("d", 1.0, math.nan, "j")
+    with pytest.raises(ValueError):
+        m.observe_comm("j", 0, 1.0, 1)
     assert m.to_dict() == before
     with pytest.raises(ValueError):
         m.predict_step("j", [])

@@ -55,6 +55,13 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
+def _finite(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return value
+
+
 def _nonnegative(name: str, value: float) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0:
@@ -114,10 +121,10 @@ class CostModel:
             ValueError: on a time that is not a finite positive number (the model is left unchanged).
         """
         value = _positive("seconds_per_worker_step", seconds_per_worker_step)
-        device, job_id = str(device), str(job_id)
+        device, job_id, now = str(device), str(job_id), _finite("now", now)
         _push(self._compute.setdefault(job_id, {}).setdefault(device, []), value, self.window)
         self._last_job[device] = job_id
-        self._seen[device] = float(now)
+        self._seen[device] = now
         self._learn_speeds(job_id)
 
     def observe_comm(self, job_id: str, devices: int, seconds: float, now: float) -> None:
@@ -127,6 +134,7 @@ class CostModel:
             ValueError: on a negative or non-finite time or a device count < 1.
         """
         value = _nonnegative("flush seconds", seconds)
+        _finite("now", now)
         if int(devices) < 1:
             raise ValueError(f"devices must be >= 1, got {devices}")
         if devices == 1:
