@@ -252,7 +252,7 @@ class CostModel:
         try:
             if d.get("format") != FORMAT:
                 raise ValueError(f"cost model format {d.get('format')!r}, this version reads {FORMAT}")
-            model = cls(window=int(d["window"]), deadband=float(d["deadband"]))
+            model = cls(window=int(d["window"]), deadband=float(d.get("deadband", DEADBAND)))  # older saves
             for device, speed in d["priors"].items():
                 model.set_prior(device, speed)
             model._speeds = {str(k): _positive("speed", v) for k, v in d["speeds"].items()}
