@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.layout import hosted_ranks, owner_of
 from elasticd.agent.comm.physical import PhysicalGroup
 
@@ -28,6 +29,7 @@ class FlushEnv:
     phys: PhysicalGroup
     workers: int
     deterministic: bool
+    vote: CarriedVote | None = None   # the step-boundary vote a gradient flush may carry
 
     def gather_over_ranks(self, hosted: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every logical rank's tensor, in rank order, from each agent's hosted tensors in rank order."""

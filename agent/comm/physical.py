@@ -102,6 +102,10 @@ class PhysicalGroup:
         self.device = device
         self.spec = spec if spec is not None else group_spec(device)
         self.bytes_reduced = 0  # accounting for benchmarks and tests
+        # Whole-group collectives of the training so far (not point-to-point, not the side group): the
+        # same sequence on every agent, so a position in it names the same moment everywhere
+        # (comm/carried_vote.py).
+        self.collectives = 0
         # Copies of periodic snapshots to another node run on the snapshot writer's thread while training
         # goes on: on a group of their own, so they never interleave with the training's collectives.
         self.side: Any = None
@@ -131,6 +135,7 @@ class PhysicalGroup:
     def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.world > 1:
             self.bytes_reduced += t.numel() * t.element_size()
+            self.collectives += 1
             with _peers():
                 dist.all_reduce(t, op=_OPS[op])
         return t
@@ -142,12 +147,14 @@ class PhysicalGroup:
         if self.world == 1:
             return out.copy_(t)
         self.bytes_reduced += t.numel() * t.element_size()
+        self.collectives += 1
         with _peers():
             dist.all_to_all_single(out, t, out_splits, in_splits)
         return out
 
     def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
         if self.world > 1:
+            self.collectives += 1
             with _peers():
                 dist.broadcast(t, src=src)
         return t
@@ -157,12 +164,15 @@ class PhysicalGroup:
         if self.world == 1:
             return [t]
         out = [torch.empty_like(t) for _ in range(self.world)]
+        if not side:
+            self.collectives += 1
         with _peers():
             dist.all_gather(out, t.contiguous(), group=self.side if side else None)
         return out
 
     def barrier(self) -> None:
         if self.world > 1:
+            self.collectives += 1
             with _peers():
                 dist.barrier(**self.spec.barrier_kwargs())
 

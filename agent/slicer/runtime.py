@@ -89,6 +89,7 @@ class Runtime:
         self._cuda = device if device.type == "cuda" else None
         # Reports, the resize vote, snapshots and what resumed workers load (agent/slicer/boundary.py).
         self.boundary = StepBoundary(self)
+        self.env.vote = self.boundary.carried   # a gradient flush carries the next boundary's vote
         # Called as (outgoing, incoming) at every hand-over, before the incoming worker runs: where
         # private device state is swapped out and in. Outgoing is None at start.
         self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
