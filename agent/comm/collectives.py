@@ -30,6 +30,7 @@ class FlushEnv:
     workers: int
     deterministic: bool
     vote: CarriedVote | None = None   # the step-boundary vote a gradient flush may carry
+    grad_buckets: Any = None          # default mode: the gradient flush's buckets (replicated/buckets.py)
 
     def gather_over_ranks(self, hosted: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every logical rank's tensor, in rank order, from each agent's hosted tensors in rank order."""

@@ -140,6 +140,23 @@ class PhysicalGroup:
                 dist.all_reduce(t, op=_OPS[op])
         return t
 
+    def all_reduce_start(self, t: torch.Tensor) -> Any:
+        """Start a sum of `t` over the agents and return at once (gloo runs it on the group's own threads,
+        NCCL on its stream); `finish` waits for it. Started ones complete in the order they were started,
+        which must be the same on every agent, as for any collective."""
+        if self.world == 1:
+            return None
+        self.bytes_reduced += t.numel() * t.element_size()
+        self.collectives += 1
+        with _peers():
+            return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
+
+    @staticmethod
+    def finish(work: Any) -> None:
+        if work is not None:
+            with _peers():
+                work.wait()
+
     def all_to_all_(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
                     ) -> torch.Tensor:
         """1-D `t`: the first in_splits[0] elements to agent 0, the next to agent 1, ...; `out` gets

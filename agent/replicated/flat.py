@@ -20,14 +20,11 @@ def scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         offset += n
 
 
-def flatten_grads(params: list[torch.Tensor], tail: torch.Tensor | None = None) -> torch.Tensor:
-    """Gradients as one flat fp32-or-native buffer, zeros for missing grads, then one used-flag per param,
-    then `tail` (elements carried along, e.g. the step-boundary vote: the caller strips them off again)."""
+def flatten_grads(params: list[torch.Tensor]) -> torch.Tensor:
+    """Gradients as one flat fp32-or-native buffer, zeros for missing grads, then one used-flag per param."""
     dtype = params[0].dtype
     parts = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
     parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
-    if tail is not None:
-        parts.append(tail)
     return torch.cat(parts)
 
 

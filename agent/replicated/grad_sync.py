@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from elasticd.agent.comm.collectives import Collective, FlushEnv
-from elasticd.agent.replicated.flat import by_dtype, flatten_grads, unflatten_grads
+from elasticd.agent.replicated.flat import by_dtype, unflatten_grads
 
 if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
@@ -49,24 +49,23 @@ class GradSync(Collective):
                             p.grad.div_(env.workers)
                     g.ledger.after_flush()
             return
-        # Default mode: the first fp32/fp64 buffer also carries the agents' step-boundary vote, so a step
-        # with a flush needs no vote of its own (comm/carried_vote.py). Deterministic mode sums each
-        # rank's own buffer: appending there would copy every one, so it votes apart as before.
-        vote = env.vote if not env.deterministic else None
+        if not env.deterministic:
+            # Persistent buckets, most of them already reduced while the last worker's backward ran; the
+            # first fp32/fp64 one also carries the agents' step-boundary vote, so a step with a flush needs
+            # no vote of its own (replicated/buckets.py, comm/carried_vote.py).
+            env.grad_buckets.flush(first.groups)
+            for g in first.groups:
+                g.sync_buffers()
+                g.ledger.after_flush()
+            if env.vote is not None:
+                env.vote.end_flush(env.phys.collectives)
+            return
+        # Deterministic mode sums each rank's own buffer in rank order (so it votes apart: appending the
+        # vote there would copy every one).
         for g in first.groups:
             for dtype, params in by_dtype(g.params).items():
-                if env.deterministic:
-                    flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
-                else:
-                    ballot = vote.ballot(dtype, params[0].device) if vote is not None else None
-                    flat = env.phys.all_reduce_(flatten_grads(params, ballot))
-                    if ballot is not None:
-                        assert vote is not None
-                        vote.summed(flat[-ballot.numel():])
-                        flat = flat[:-ballot.numel()]
+                flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
                 flat[: -len(params)].div_(env.workers)
                 unflatten_grads(flat, params)
             g.sync_buffers()
             g.ledger.after_flush()
-        if vote is not None:
-            vote.end_flush(env.phys.collectives)
