@@ -151,6 +151,17 @@ class PhysicalGroup:
         with _peers():
             return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
 
+    def all_to_all_start(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
+                         ) -> Any:
+        """`all_to_all_` started and returned at once, as `all_reduce_start`; `finish` waits for it."""
+        if self.world == 1:
+            out.copy_(t)
+            return None
+        self.bytes_reduced += t.numel() * t.element_size()
+        self.collectives += 1
+        with _peers():
+            return dist.all_to_all_single(out, t, out_splits, in_splits, async_op=True)
+
     @staticmethod
     def finish(work: Any) -> None:
         if work is not None:

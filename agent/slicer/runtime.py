@@ -254,7 +254,7 @@ class Runtime:
         return w.rank
 
     def enqueue(self, w: Worker, op: Collective, work: Work | None) -> None:
-        op.on_arrive(self.deterministic)
+        op.on_arrive(self.env)
         w.queued.append((op, work))
 
     def drain(self, w: Worker | None) -> None:
