@@ -30,11 +30,13 @@ class GradSync(Collective):
             return  # hosted gradients simply accumulate in the shared .grad
         # Keep each rank's gradient apart so the sum can be done over ranks in a fixed order, and send
         # it on its way while the next hosted worker computes: only the last one's exchange is exposed.
+        # ELASTICD_BUCKET_KB=0 (no overlap, replicated/buckets.py) keeps the whole sum at the flush.
+        early = env.grad_buckets is None or env.grad_buckets.cap > 0
         self.stash, self.exchanges = {}, {}
         for g in self.groups:
             for dtype, flat in g.ledger.stash(self.rank).items():
                 self.stash[(g.index, dtype)] = flat
-                self.exchanges[(g.index, dtype)] = env.start_exchange(self.rank, flat)
+                self.exchanges[(g.index, dtype)] = env.start_exchange(self.rank, flat) if early else None
 
     @classmethod
     def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
