@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from util import JOBS
 
-from elasticd.agent.comm.carried_vote import decode, encode
+from elasticd.agent.comm.carried_vote import CarriedVote, decode, encode
 
 JOB = str(JOBS / "vote_job.py")
 LEVELS = (2, 2)
@@ -26,6 +27,29 @@ def test_summed_thermometers_decode_to_the_maximum_over_agents() -> None:
     for agents in itertools.product(values, repeat=3):
         sums = [sum(col) for col in zip(*(encode(v, LEVELS) for v in agents), strict=True)]
         assert decode(sums, LEVELS) == tuple(max(v[i] for v in agents) for i in range(2)), agents
+
+
+def test_a_carried_vote_decides_only_the_boundary_right_after_its_flush() -> None:
+    """The flush casts the vote for the step in progress; the boundary takes it only if no whole-group
+    collective came between (the count is the same on every agent) and the step matches, and only once."""
+    vote = CarriedVote(LEVELS)
+    cast = iter([(7, (1, 0)), (7, (2, 0)), (8, (0, 2))])
+    vote.cast = lambda: next(cast)
+
+    def flush(collectives_after: int) -> None:
+        ballot = vote.ballot(torch.float32, torch.device("cpu"))
+        assert vote.ballot(torch.float32, torch.device("cpu")) is None, "one ballot per flush"
+        vote.summed(ballot * 2)   # two agents voting alike
+        vote.end_flush(collectives_after)
+
+    flush(10)
+    assert vote.take(7, 10) == (1, 0)
+    assert vote.take(7, 10) is None, "taken once"
+    flush(11)
+    assert vote.take(8, 11) is None, "cast for another step"
+    flush(12)
+    assert vote.take(8, 13) is None, "a collective after the flush: the agents vote apart"
+    assert vote.ballot(torch.int64, torch.device("cpu")) is None, "only fp32/fp64 sums are exact counts"
 
 
 def test_a_vote_outside_its_levels_is_refused() -> None:
