@@ -6,7 +6,7 @@ gradients while backward still runs (Li et al., VLDB 2020: 21-38% saved by that 
 hosted workers run one after another, and only the last one's backward completes the agent's sum, so:
 
 - each replicated group's parameters are laid out once, per dtype, in reverse parameter order (the
-  order backward produces them) into buckets of at most `ELASTICD_BUCKET_KB` KiB: persistent flat
+  order backward produces them) into buckets closed once they reach `ELASTICD_BUCKET_KB` KiB: persistent flat
   buffers, nothing allocated per step;
 - during the backward pass of the last hosted worker before a flush (`arm`: every other hosted worker
   waits at that flush), each gradient is copied into its bucket as autograd finishes it, and a complete
@@ -95,12 +95,13 @@ class GroupLayout:
             chunks: list[list[int]] = [[]]
             size = 0
             for i in reversed(indices):
-                nbytes = params[i].numel() * params[i].element_size()
-                if cap and chunks[-1] and size + nbytes > cap:
+                # As DDP: a bucket closes once it holds cap bytes or more, so a small parameter before a
+                # large one shares its bucket instead of making a collective of its own.
+                if cap and size >= cap:
                     chunks.append([])
                     size = 0
                 chunks[-1].append(i)
-                size += nbytes
+                size += params[i].numel() * params[i].element_size()
             for k, members in enumerate(chunks):
                 tail = k == len(chunks) - 1
                 data = sum(params[i].numel() for i in members)
