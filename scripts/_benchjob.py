@@ -16,7 +16,7 @@ stamps is one whole physical step (every hosted worker's turn plus the flush).
 
 Knobs (environment, so `elasticd run` needs no extra arguments): ELASTICD_BENCH_WORKERS (N, default 8),
 ELASTICD_BENCH_STEPS (default 40), ELASTICD_BENCH_BATCH (per rank, default 32), ELASTICD_BENCH_WIDTH
-(hidden width, default 512), ELASTICD_BENCH_OUT (where rank 0 writes its JSON), ELASTICD_BENCH_DEVICE
+(hidden width, default 512), ELASTICD_BENCH_MODEL (`mlp`, default, or `many`: see `make_model`), ELASTICD_BENCH_OUT (where rank 0 writes its JSON), ELASTICD_BENCH_DEVICE
 (`ideal_run`'s device, default cpu; the elastic function uses `ctx.device`). On a GPU every stamp is
 taken after a `torch.cuda.synchronize()`, in both loops alike: kernels run asynchronously, and a stamp
 at launch time would time the Python, not the step.
@@ -47,13 +47,27 @@ WORKERS = int(os.environ.get("ELASTICD_BENCH_WORKERS", "8"))
 STEPS = int(os.environ.get("ELASTICD_BENCH_STEPS", "40"))
 BATCH = int(os.environ.get("ELASTICD_BENCH_BATCH", "32"))
 WIDTH = int(os.environ.get("ELASTICD_BENCH_WIDTH", "512"))
+MODEL = os.environ.get("ELASTICD_BENCH_MODEL", "mlp")
+DEPTH = 48   # layers of the "many" model
 DEVICE = torch.device(os.environ.get("ELASTICD_BENCH_DEVICE", "cpu"))
 IN_DIM, CLASSES, SAMPLES = 256, 10, 4096
 
 
 def make_model() -> nn.Module:
-    """Seeded, so every variant (and every logical rank) builds the same initial parameters."""
+    """Seeded, so every variant (and every logical rank) builds the same initial parameters.
+
+    MODEL "mlp": 4 wide layers (0.66M parameters at width 512), a step dominated by compute. "many": DEPTH
+    narrow layers of width 32 (about 100 parameter tensors, 55K parameters), a step dominated by what
+    is paid per parameter tensor and per collective: hooks, copies, the flush.
+    """
     torch.manual_seed(0)
+    if MODEL == "many":
+        layers: list[nn.Module] = [nn.Linear(IN_DIM, 32)]
+        for _ in range(DEPTH):
+            layers += [nn.ReLU(), nn.Linear(32, 32)]
+        return nn.Sequential(*layers, nn.ReLU(), nn.Linear(32, CLASSES))
+    if MODEL != "mlp":
+        raise ValueError(f"ELASTICD_BENCH_MODEL={MODEL!r}: expected mlp or many")
     return nn.Sequential(nn.Linear(IN_DIM, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
                          nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, CLASSES))
 

@@ -47,12 +47,14 @@ class Variant:
     devices: int
     deterministic: bool
     threads: int = 0  # --threads; 0 = elasticd's default (cores / M, or 1 in deterministic mode)
+    at_flush: bool = False  # ELASTICD_BUCKET_KB=0: every rank's exchange at the flush, none while others compute
 
     @property
     def label(self) -> str:
         mode = "deterministic" if self.deterministic else "default"
         pinned = ", --threads 1" if self.threads else ""
-        return f"{mode}, M={self.devices}{pinned}"
+        late = ", exchange at the flush (ELASTICD_BUCKET_KB=0)" if self.at_flush else ""
+        return f"{mode}, M={self.devices}{pinned}{late}"
 
 
 def _variants(devices: list[int]) -> list[Variant]:
@@ -60,7 +62,8 @@ def _variants(devices: list[int]) -> list[Variant]:
     for m in devices:
         out += [Variant(f"def{m}", m, False), Variant(f"def{m}t1", m, False, threads=1),
                 Variant(f"det{m}", m, True)]
-    return out
+    # Deterministic M=2 without the exchange overlapped with the next worker's compute (#17): its cost apart.
+    return out + [Variant("det2flush", 2, True, at_flush=True)]
 
 
 def _parse() -> argparse.Namespace:
@@ -101,12 +104,16 @@ def main() -> None:
                         "--devices", str(v.devices)]
                 if v.threads:
                     args += ["--threads", str(v.threads)]
-                run(elasticd_cmd(*args), job_env(**knobs, out=path), timeout=900)
+                env = job_env(**knobs, out=path)
+                if v.at_flush:
+                    env["ELASTICD_BUCKET_KB"] = "0"
+                run(elasticd_cmd(*args), env, timeout=900)
                 out = read_json(path)
                 got[v.key] = step_seconds(out["stamps"], a.warmup)
                 times[v.key].append(got[v.key])
                 digests[v.key].add(out["digest"])
                 threads[v.key] = int(out["threads"])
+            ratios[("det2", "det2flush")].append(got["det2"] / got["det2flush"])
             for m in (1, 2):
                 ratios[(f"det{m}", f"def{m}")].append(got[f"det{m}"] / got[f"def{m}"])
                 ratios[(f"det{m}", f"def{m}t1")].append(got[f"det{m}"] / got[f"def{m}t1"])
@@ -117,21 +124,23 @@ def main() -> None:
     rows = []
     for v in variants:
         m = v.devices
-        vs_default = median(ratios[(v.key, f"def{m}")]) if v.key != f"def{m}" else 1.0
-        vs_t1 = median(ratios[(v.key, f"def{m}t1")]) if v.deterministic else None
+        vs_default = median([times[v.key][i] / times[f"def{m}"][i] for i in range(a.repeats)])
+        vs_t1 = median([times[v.key][i] / times[f"def{m}t1"][i] for i in range(a.repeats)]) if v.deterministic else None
         rows.append([v.label, str(threads[v.key]), f"{median(times[v.key]) * 1e3:.2f}", f"{vs_default:.3f}",
                      "" if vs_t1 is None else f"{vs_t1:.3f}", ",".join(sorted(digests[v.key]))])
     print(f"N={a.workers} logical workers, per-rank batch {a.batch}, MLP width {a.width}, "
           f"{a.steps - a.warmup - 1} timed steps x {a.repeats} round(s); {load_average()}")
     print(table(["variant", "threads/agent", "ms/step", "vs default (same M)", "vs default --threads 1",
                  "param digest"], rows))
-    det = digests["det1"] | digests["det2"]
-    print(f"deterministic mode, M=1 vs M=2: {'bitwise equal' if len(det) == 1 else 'DIFFERENT'} parameters")
+    det = digests["det1"] | digests["det2"] | digests["det2flush"]
+    print(f"deterministic mode, M=1 vs M=2 (both exchanges): {'bitwise equal' if len(det) == 1 else 'DIFFERENT'} parameters")
     for m in (1, 2):
         thread_cost = median(ratios[(f"def{m}t1", f"def{m}")])
         reduction_cost = median(ratios[(f"det{m}", f"def{m}t1")])
         print(f"M={m}: deterministic / default = {median(ratios[(f'det{m}', f'def{m}')]):.2f} "
               f"= thread pinning {thread_cost:.2f} x fixed-order reduction {reduction_cost:.2f} (medians)")
+    print(f"M=2 deterministic: exchange while the next worker computes / at the flush = "
+          f"{median(ratios[('det2', 'det2flush')]):.2f} (median of per-round ratios)")
     if len(det) != 1:
         raise SystemExit("deterministic mode gave different parameters on M=1 and M=2")
     print(f"deterministic_cost={median(ratios[('det2', 'def2')]):.2f}")

@@ -23,7 +23,9 @@ variants must agree (same math), and (c) / (d) is printed (the README's Figures:
 faster than DDP with N processes on the same cores). Against the fair anchors, each round runs (c) and (e)
 back to back (alternating which goes first) and (f) between two runs of (b); the ratios are medians of
 those per-round ratios. --sweep N1,N2,... repeats the (c)/(e) pairing for other N (only subprocesses, so
-this process's job module keeps its N).
+this process's job module keeps its N); --model-2 many for a second model whose step is dominated by
+per-parameter and communication costs (many small layers); --bucket-kb K1,K2,... for (c) at other gradient
+bucket sizes (ELASTICD_BUCKET_KB, agent/replicated/buckets.py; 0 = the whole flush after backward).
 
 (a) and (b) default to 1 torch thread, and this process to one core (--cpu): one device is one core
 here. Two OpenMP threads in one process on a shared 2-core machine stall whenever a neighbour holds a
@@ -98,6 +100,13 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp, acc2, acc1")
     ap.add_argument("--sweep", default="",
                     help="comma-separated further N for (c) vs (e), e.g. 8,32,64 (each must be even)")
+    ap.add_argument("--model", choices=["mlp", "many"], default="mlp",
+                    help="the job's model (scripts/_benchjob.py make_model): mlp (default) or many small layers")
+    ap.add_argument("--model-2", default="",
+                    help="a second model (mlp or many) for which (c) vs (e) is also paired at --workers, e.g. many")
+    ap.add_argument("--bucket-kb", default="",
+                    help="comma-separated ELASTICD_BUCKET_KB values at which (c) is also paired with (e), "
+                         "e.g. 0,64,256,1024 (0: no overlap; agent/replicated/buckets.py), for each model")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where (a) and (b) run (cuda: cuda:0, the only visible GPU; (c) and (d) need a GPU per "
                          "rank and are skipped). cpu hides any GPU from this process")
@@ -116,6 +125,8 @@ def _parse() -> argparse.Namespace:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
         a.skip = ",".join(filter(None, [a.skip, "m2", "ddp", "acc2", "acc1"]))
         a.sweep = ""
+        a.model_2 = ""
+        a.bucket_kb = ""
     os.environ["ELASTICD_BENCH_DEVICE"] = a.device
     return a
 
@@ -124,7 +135,7 @@ class Bench:
     def __init__(self, a: argparse.Namespace, tmp: str) -> None:
         self.a = a
         self.tmp = tmp
-        self.knobs = {"workers": a.workers, "steps": a.steps, "batch": a.batch, "width": a.width}
+        self.knobs = {"workers": a.workers, "steps": a.steps, "batch": a.batch, "width": a.width, "model": a.model}
         # The job module reads its knobs at import: set them before this process imports it.
         os.environ.update(job_env(**self.knobs))
         sys.path.insert(0, str(JOB.parent))
@@ -136,10 +147,13 @@ class Bench:
         self.ideal_times: list[float] = []
         self.gaps: dict[str, list[float]] = defaultdict(list)  # every timed step of every run
 
-    def run(self, variant: str, workers: int | None = None) -> float:
-        """One run of `variant` (a subprocess one with `workers` N if given): its median seconds per step."""
+    def run(self, variant: str, point: dict[str, Any] | None = None) -> float:
+        """One run of `variant`: its median seconds per step. `point`: a subprocess run at other knobs
+        (workers, model) and environment (`env`), whose time alone is returned (--sweep, --model-2,
+        --bucket-kb)."""
         path = out_file(self.tmp, variant)
-        n = self.a.workers if workers is None else workers
+        point = point or {}
+        n = point.get("workers", self.a.workers)
         if variant == "ideal":
             stamps, check = self.job.ideal_run(self.a.steps, self.a.workers)
             out = {"stamps": stamps, "checksum": check, "threads": torch.get_num_threads()}
@@ -148,7 +162,8 @@ class Bench:
                 os.environ["ELASTICD_BENCH_OUT"] = path
                 self.job.train()
             else:
-                env = job_env(**{**self.knobs, "workers": n}, out=path)
+                env = job_env(**{**self.knobs, "workers": n, "model": point.get("model", self.a.model)}, out=path)
+                env.update(point.get("env", {}))
                 cpus = None
                 if variant == "m2":
                     args = ["run", f"{JOB}:train", "--workers", str(n), "--devices", "2"]
@@ -160,7 +175,7 @@ class Bench:
                         cpus = frozenset({self.a.cpu})  # one device is one core, as for (b)
                 run(elasticd_cmd(*args), env, timeout=900, cpus=cpus)
             out = read_json(path)
-        if workers is not None:
+        if point:
             return step_seconds(out["stamps"], self.a.warmup)  # a sweep point: only its time
         self.threads[variant] = int(out["threads"])
         self.checksums[variant].append(float(out["checksum"]))
@@ -195,7 +210,14 @@ def main() -> None:
     m2_vs_ddp: list[float] = []
     m2_vs_acc2: list[float] = []
     m1_vs_acc1: list[float] = []
-    swept: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    swept: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    points: list[tuple[str, dict[str, Any]]] = [(f"{a.model} N={n}", {"workers": n}) for n in sweep]
+    models = [a.model] + ([a.model_2] if a.model_2 else [])
+    if a.model_2:
+        points.append((f"{a.model_2} N={a.workers}", {"model": a.model_2}))
+    for kb in [k.strip() for k in a.bucket_kb.split(",") if k.strip()]:
+        points += [(f"{m} N={a.workers} buckets {kb} KiB", {"model": m, "env": {"ELASTICD_BUCKET_KB": kb}})
+                   for m in models]
     with tempdir() as tmp:
         bench = Bench(a, tmp)
         # The overhead figure rests on (a) vs (b), both in this process: many short alternating pairs
@@ -235,12 +257,12 @@ def main() -> None:
             if "m2" in variants and "acc2" in variants:
                 m2_vs_acc2.append(times["m2"][-1] / times["acc2"][-1])
         # The sweep: (c) and (e) back to back at each further N, alternating which goes first.
-        for rnd in range(a.repeats if sweep else 0):
-            for n in sweep:
+        for rnd in range(a.repeats if points else 0):
+            for label, point in points:
                 pair = ("m2", "acc2") if rnd % 2 == 0 else ("acc2", "m2")
-                got = {v: bench.run(v, workers=n) for v in pair}
-                swept[n].append((got["m2"], got["acc2"]))
-                print(f"sweep round {rnd + 1}/{a.repeats}: N={n} (c) {got['m2'] * 1e3:.1f} ms/step, "
+                got = {v: bench.run(v, {**point, "env": point.get("env", {}) if v == "m2" else {}}) for v in pair}
+                swept[label].append((got["m2"], got["acc2"]))
+                print(f"sweep round {rnd + 1}/{a.repeats}: {label} (c) {got['m2'] * 1e3:.1f} ms/step, "
                       f"(e) {got['acc2'] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
         profile = _profile(bench) if a.profile else None
 
@@ -249,7 +271,7 @@ def main() -> None:
     rows = [[LABELS[v], str(bench.threads[v]), str(len(times[v])), f"{median(times[v]) * 1e3:.2f}",
              f"{median(ratios[v]):.3f}", f"{min(ratios[v]):.2f}-{max(ratios[v]):.2f}", f"{drift[v]:.1e}"]
             for v in variants]
-    print(f"N={a.workers} logical workers, per-rank batch {a.batch}, MLP width {a.width} "
+    print(f"N={a.workers} logical workers, per-rank batch {a.batch}, model {a.model} (width {a.width}) "
           f"({sum(p.numel() for p in bench.job.make_model().parameters()) / 1e6:.2f}M params), "
           f"{a.steps - a.warmup - 1} timed steps per run; (a), (b) pinned to "
           f"{'core ' + str(a.cpu) if a.cpu is not None and a.cpu >= 0 else 'no core'}; {load_average()}")
@@ -272,7 +294,7 @@ def main() -> None:
         rows = [[str(n), f"{median([c for c, _ in got]) * 1e3:.2f}", f"{median([e for _, e in got]) * 1e3:.2f}",
                  f"{median([c / e for c, e in got]):.2f}",
                  f"{min(c / e for c, e in got):.2f}-{max(c / e for c, e in got):.2f}"] for n, got in swept.items()]
-        print(table(["N", "(c) ms/step", "(e) ms/step", "(c)/(e)", "range"], rows))
+        print(table(["model, N", "(c) ms/step", "(e) ms/step", "(c)/(e)", "range"], rows))
     if profile:
         print()
         print(profile)

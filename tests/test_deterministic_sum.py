@@ -15,6 +15,8 @@ from elasticd.agent.comm.layout import hosted_ranks
 from elasticd.ports import free_port
 
 WORKERS = 7
+EVEN_WORKERS = 8                    # start_exchange needs every agent to host as many ranks
+EXCHANGED = (SHARD_MIN * 4 + 3,)    # sharded on 2 and 4 agents, not evenly
 SIZES = [(3, 5), (SHARD_MIN * 3 + 5,), (41, SHARD_MIN // 8 + 1)]   # small, and two sharded (uneven)
 
 
@@ -36,10 +38,28 @@ def _agent(rank: int, world: int, port: int, out: str) -> None:
     torch.save(sums, out)
 
 
-def sums_on(tmp: Path, world: int) -> list[list[torch.Tensor]]:
+def _exchanging_agent(rank: int, world: int, port: int, out: str) -> None:
+    """The gradient flush's deterministic sum in deterministic mode: each hosted rank's flat tensor sent
+    on its way as it arrives (`start_exchange`), summed at the flush (`sum_exchanged`)."""
+    from elasticd.agent.comm.physical import PhysicalGroup
+
+    phys = PhysicalGroup.connect(rank, world, torch.device("cpu"), "127.0.0.1", port)
+    env = FlushEnv(phys, EVEN_WORKERS, deterministic=True)
+    try:
+        ranks = hosted_ranks(EVEN_WORKERS, world, rank)
+        started = [env.start_exchange(r, rank_tensor(r, EXCHANGED).reshape(-1)) for r in ranks]
+        assert all(ex is not None for ex in started), "an even layout of a sharded size must start early"
+        small = env.start_exchange(ranks[0], torch.zeros(world * SHARD_MIN - 1))
+        summed = env.sum_exchanged(started)  # type: ignore[arg-type]
+    finally:
+        phys.close()
+    torch.save({"sum": summed, "small_started": small is not None}, out)
+
+
+def sums_on(tmp: Path, world: int, agent=_agent) -> list:
     port = free_port("127.0.0.1")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_agent, args=(r, world, port, str(tmp / f"m{world}-{r}.pt"))) for r in range(world)]
+    procs = [ctx.Process(target=agent, args=(r, world, port, str(tmp / f"m{world}-{r}.pt"))) for r in range(world)]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -63,3 +83,13 @@ def test_sum_over_ranks_is_bitwise_the_rank_order_sum_on_any_number_of_agents(tm
     for agent, got in enumerate(sums_on(tmp_path, world)):
         for shape, w, g in zip(SIZES, want, got, strict=True):
             assert g.shape == w.shape and torch.equal(g, w), f"agent {agent} of {world}: sum of {shape} differs"
+
+
+@pytest.mark.parametrize("world", [4])
+def test_exchanges_started_as_ranks_arrive_sum_to_the_rank_order_sum(tmp_path: Path, world: int) -> None:
+    want = rank_tensor(0, EXCHANGED).clone()
+    for r in range(1, EVEN_WORKERS):
+        want.add_(rank_tensor(r, EXCHANGED))
+    for agent, got in enumerate(sums_on(tmp_path, world, _exchanging_agent)):
+        assert torch.equal(got["sum"], want), f"agent {agent} of {world}: exchanged sum differs"
+        assert not got["small_started"], "a tensor below the shard size is summed at the flush, as before"

@@ -34,9 +34,16 @@ RUN_TIMEOUT = 300.0
 FAILURE_DEADLINE = 120.0  # a raising worker must end the run well before this
 
 
+# 1 KiB gradient buckets: these small models would fit one bucket of the default size, reduced at the flush;
+# at 1 KiB nearly every parameter has its own, started while the last hosted worker's backward runs
+# (agent/replicated/buckets.py), so the overlapped flush is what is compared with DDP.
+SMALL_BUCKETS = {"ELASTICD_BUCKET_KB": "1"}
+
+
 def elasticd_run(script: Path, devices: int, env: dict[str, str] | None = None) -> CliResult:
     args = ["run", str(script), "--workers", str(REFERENCE_WORKERS), "--devices", str(devices)]
-    return cli(*args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **(env or {})}, timeout=RUN_TIMEOUT)
+    return cli(*args, env={"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **SMALL_BUCKETS, **(env or {})},
+               timeout=RUN_TIMEOUT)
 
 
 @pytest.mark.timeout(600)

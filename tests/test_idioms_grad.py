@@ -25,7 +25,9 @@ def elasticd_run(job: str, devices: int, out: Path | None = None, extra: list[st
                  env: dict[str, str] | None = None) -> CliResult:
     args = ["run", str(JOBS / f"{job}.py"), "--workers", str(REFERENCE_WORKERS), "--devices", str(devices),
             *(extra or [])]
-    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), **(env or {})}
+    # 1 KiB gradient buckets: the flush overlapped with backward (agent/replicated/buckets.py), as in
+    # tests/test_equivalence.py, meets every idiom the ledger judges.
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_BUCKET_KB": "1", **(env or {})}
     if out is not None:
         env["ELASTICD_TEST_OUT"] = str(out)
     return cli(*args, env=env, timeout=RUN_TIMEOUT)

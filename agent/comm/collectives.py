@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
 
@@ -28,6 +29,8 @@ class FlushEnv:
     phys: PhysicalGroup
     workers: int
     deterministic: bool
+    vote: CarriedVote | None = None   # the step-boundary vote a gradient flush may carry
+    grad_buckets: Any = None          # default mode: the gradient flush's buckets (replicated/buckets.py)
     layout: Layout | None = None   # None: the uniform layout over phys.world
 
     def counts(self) -> tuple[int, ...]:
@@ -72,6 +75,50 @@ class FlushEnv:
             total.add_(t)
         return self.phys.all_reduce_(total)
 
+    def _shards(self, n: int) -> tuple[list[int], list[int]]:
+        base, extra = divmod(n, self.phys.world)
+        sizes = [base + (1 if j < extra else 0) for j in range(self.phys.world)]
+        return sizes, [sum(sizes[:j]) for j in range(self.phys.world)]
+
+    def start_exchange(self, rank: int, flat: torch.Tensor) -> Exchange | None:
+        """Deterministic sum, started early: send logical `rank`'s flat tensor's piece of shard j to agent j
+        now, while the next hosted worker computes, instead of every hosted rank's at the flush.
+
+        Only where the flush would take `_sum_sharded` and every agent hosts the same number of ranks: then
+        the k-th hosted worker of every agent arrives k-th, and every agent starts the same exchanges in the
+        same order (and nothing else runs on the group before the flush: every other collective waits for
+        a flush). None: the flush sums as before.
+        """
+        m = self.phys.world
+        if m == 1 or len(set(self.counts())) != 1 or flat.numel() < m * SHARD_MIN:
+            return None
+        k = self.counts()[self.phys.rank]
+        sizes, _ = self._shards(flat.numel())
+        me = self.phys.rank
+        recv = flat.new_empty(m * sizes[me])
+        # flat is shard 0's piece, then shard 1's, ...: the send buffer as it is, no copy.
+        work = self.phys.all_to_all_start(recv, flat, [sizes[me]] * m, sizes)
+        return Exchange(rank % k, recv, work, flat.shape, flat.numel())
+
+    def sum_exchanged(self, exchanges: list[Exchange]) -> torch.Tensor:
+        """The sum over all N ranks from every hosted rank's `start_exchange`: the bits of `_sum_sharded`
+        (the same pieces, added over ranks 0, 1, ..., N-1 in that order)."""
+        m, me = self.phys.world, self.phys.rank
+        k = len(exchanges)
+        sizes, _ = self._shards(exchanges[0].numel)
+        for ex in exchanges:
+            self.phys.finish(ex.work)
+        by_slot = sorted(exchanges, key=lambda ex: ex.slot)
+        # logical rank p*k + j: agent p's j-th hosted rank, piece p of exchange j
+        pieces = [by_slot[j].recv[p * sizes[me]:(p + 1) * sizes[me]] for p in range(m) for j in range(k)]
+        shard = pieces[0].clone()
+        for piece in pieces[1:]:
+            shard.add_(piece)
+        if sizes[me] < sizes[0]:
+            shard = torch.cat([shard, shard.new_zeros(sizes[0] - sizes[me])])
+        gathered = self.phys.all_gather(shard)
+        return torch.cat([g[:z] for g, z in zip(gathered, sizes, strict=True)]).view(exchanges[0].shape)
+
     def _sum_sharded(self, hosted: list[torch.Tensor]) -> torch.Tensor:
         """Deterministic sum, each agent reducing one shard: N*P/M + P elements moved per agent instead of
         the N*P of gathering every rank's tensor, and N*P/M additions instead of N*P. Every element is
@@ -98,6 +145,17 @@ class FlushEnv:
         return torch.cat([g[:z] for g, z in zip(gathered, sizes, strict=True)]).view(shape)
 
 
+@dataclass(slots=True)
+class Exchange:
+    """One hosted rank's part of a deterministic sum, on its way (FlushEnv.start_exchange)."""
+
+    slot: int                   # the rank's position among its agent's hosted ranks
+    recv: torch.Tensor          # from each agent, its rank in this slot's piece of this agent's shard
+    work: Any
+    shape: torch.Size
+    numel: int
+
+
 # Below this many elements per agent a deterministic sum gathers whole tensors: one collective instead of
 # two matters more than bytes for small tensors (losses, metrics, the step-boundary vote).
 SHARD_MIN = 4096
@@ -114,7 +172,7 @@ class Collective:
     def signature(self) -> tuple:
         return (self.op,)
 
-    def on_arrive(self, deterministic: bool) -> None:
+    def on_arrive(self, env: FlushEnv) -> None:
         """Runs in the worker's thread when it queues the op, before any other worker runs."""
 
     @classmethod

@@ -102,6 +102,10 @@ class PhysicalGroup:
         self.device = device
         self.spec = spec if spec is not None else group_spec(device)
         self.bytes_reduced = 0  # accounting for benchmarks and tests
+        # Whole-group collectives of the training so far (not point-to-point, not the side group): the
+        # same sequence on every agent, so a position in it names the same moment everywhere
+        # (comm/carried_vote.py).
+        self.collectives = 0
         # Copies of periodic snapshots to another node run on the snapshot writer's thread while training
         # goes on: on a group of their own, so they never interleave with the training's collectives.
         self.side: Any = None
@@ -131,9 +135,38 @@ class PhysicalGroup:
     def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.world > 1:
             self.bytes_reduced += t.numel() * t.element_size()
+            self.collectives += 1
             with _peers():
                 dist.all_reduce(t, op=_OPS[op])
         return t
+
+    def all_reduce_start(self, t: torch.Tensor) -> Any:
+        """Start a sum of `t` over the agents and return at once (gloo runs it on the group's own threads,
+        NCCL on its stream); `finish` waits for it. Started ones complete in the order they were started,
+        which must be the same on every agent, as for any collective."""
+        if self.world == 1:
+            return None
+        self.bytes_reduced += t.numel() * t.element_size()
+        self.collectives += 1
+        with _peers():
+            return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
+
+    def all_to_all_start(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
+                         ) -> Any:
+        """`all_to_all_` started and returned at once, as `all_reduce_start`; `finish` waits for it."""
+        if self.world == 1:
+            out.copy_(t)
+            return None
+        self.bytes_reduced += t.numel() * t.element_size()
+        self.collectives += 1
+        with _peers():
+            return dist.all_to_all_single(out, t, out_splits, in_splits, async_op=True)
+
+    @staticmethod
+    def finish(work: Any) -> None:
+        if work is not None:
+            with _peers():
+                work.wait()
 
     def all_to_all_(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
                     ) -> torch.Tensor:
@@ -142,12 +175,14 @@ class PhysicalGroup:
         if self.world == 1:
             return out.copy_(t)
         self.bytes_reduced += t.numel() * t.element_size()
+        self.collectives += 1
         with _peers():
             dist.all_to_all_single(out, t, out_splits, in_splits)
         return out
 
     def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
         if self.world > 1:
+            self.collectives += 1
             with _peers():
                 dist.broadcast(t, src=src)
         return t
@@ -157,12 +192,15 @@ class PhysicalGroup:
         if self.world == 1:
             return [t]
         out = [torch.empty_like(t) for _ in range(self.world)]
+        if not side:
+            self.collectives += 1
         with _peers():
             dist.all_gather(out, t.contiguous(), group=self.side if side else None)
         return out
 
     def barrier(self) -> None:
         if self.world > 1:
+            self.collectives += 1
             with _peers():
                 dist.barrier(**self.spec.barrier_kwargs())
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from elasticd.agent.comm.collectives import Collective, FlushEnv
-from elasticd.agent.replicated.flat import by_dtype, flatten_grads, unflatten_grads
+from elasticd.agent.comm.collectives import Collective, Exchange, FlushEnv
+from elasticd.agent.replicated.flat import by_dtype, unflatten_grads
 
 if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
@@ -20,17 +20,23 @@ class GradSync(Collective):
 
     op: ClassVar[str] = "grad_sync"
     groups: list[ReplicatedGroup] = field(default_factory=list)
-    # deterministic mode: this rank's own gradients, by (group index, dtype)
+    # deterministic mode: this rank's own gradients, by (group index, dtype), and their exchange with the
+    # other agents, started as this rank arrives (FlushEnv.start_exchange) where the layout allows
     stash: dict[tuple[int, torch.dtype], torch.Tensor] | None = None
+    exchanges: dict[tuple[int, torch.dtype], Exchange | None] | None = None
 
-    def on_arrive(self, deterministic: bool) -> None:
-        if not deterministic:
+    def on_arrive(self, env: FlushEnv) -> None:
+        if not env.deterministic:
             return  # hosted gradients simply accumulate in the shared .grad
-        # Keep each rank's gradient apart so the sum can be done over ranks in a fixed order.
-        self.stash = {}
+        # Keep each rank's gradient apart so the sum can be done over ranks in a fixed order, and send
+        # it on its way while the next hosted worker computes: only the last one's exchange is exposed.
+        # ELASTICD_BUCKET_KB=0 (no overlap, replicated/buckets.py) keeps the whole sum at the flush.
+        early = env.grad_buckets is None or env.grad_buckets.cap > 0
+        self.stash, self.exchanges = {}, {}
         for g in self.groups:
             for dtype, flat in g.ledger.stash(self.rank).items():
                 self.stash[(g.index, dtype)] = flat
+                self.exchanges[(g.index, dtype)] = env.start_exchange(self.rank, flat) if early else None
 
     @classmethod
     def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
@@ -49,12 +55,26 @@ class GradSync(Collective):
                             p.grad.div_(env.workers)
                     g.ledger.after_flush()
             return
+        if not env.deterministic:
+            # Persistent buckets, most of them already reduced while the last worker's backward ran; the
+            # first fp32/fp64 one also carries the agents' step-boundary vote, so a step with a flush needs
+            # no vote of its own (replicated/buckets.py, comm/carried_vote.py).
+            env.grad_buckets.flush(first.groups)
+            for g in first.groups:
+                g.sync_buffers()
+                g.ledger.after_flush()
+            if env.vote is not None:
+                env.vote.end_flush(env.phys.collectives)
+            return
+        # Deterministic mode sums each rank's own buffer in rank order (so it votes apart: appending the
+        # vote there would copy every one).
         for g in first.groups:
             for dtype, params in by_dtype(g.params).items():
-                if env.deterministic:
-                    flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
+                exchanges = [o.exchanges[(g.index, dtype)] for o in ops]  # type: ignore[attr-defined]
+                if all(ex is not None for ex in exchanges):
+                    flat = env.sum_exchanged(exchanges)  # type: ignore[arg-type]
                 else:
-                    flat = env.phys.all_reduce_(flatten_grads(params))
+                    flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
                 flat[: -len(params)].div_(env.workers)
                 unflatten_grads(flat, params)
             g.sync_buffers()

@@ -80,6 +80,9 @@ class ReplicatedGroup:
         if worker is not None:
             worker.touched_grads = True
             self.ledger.after_accumulate(i, worker.rank)
+            buckets = self.runtime.env.grad_buckets
+            if buckets is not None and buckets.armed:
+                buckets.ready(self, i)
 
     def _on_switch(self, outgoing: Worker | None, _incoming: Worker) -> None:
         # The outgoing worker's changes since the runtime last looked: judged before another worker runs.

@@ -26,8 +26,10 @@ def install_backward_hook() -> None:
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
         w = current_worker()
+        if w is not None and w.ctx is not None:
+            w.ctx._rt.before_backward(w)
+        original(*args, **kwargs)
         if w is not None and w.ctx is not None:
             w.ctx._rt.after_backward(w)
 

@@ -1,8 +1,12 @@
 """The step boundary: progress reports, the resize/stop vote, and a worker's snapshot and restore.
 
-At every boundary of `ctx.steps` the agent's first hosted worker reports the step and joins one 1-element
-all-reduce (max of the agents' requests), so every agent stops at the same step without a coordinator
-choosing it. Steps the launcher scheduled a resize after (`--scale-at`, passed down as `hold_at`) are
+At every boundary of `ctx.steps` the agent's first hosted worker reports the step and the agents agree
+on a vote (max of the agents' requests), so every agent stops at the same step without a coordinator
+choosing it. When the last whole-group collective before the boundary was a gradient flush (a step
+with a backward pass and nothing collective after it), the vote already travelled inside that flush,
+cast when the flush began (comm/carried_vote.py); otherwise the boundary votes with a 2-element
+all-reduce (max) of its own. Either way every agent decides at the same point of the collective
+sequence. Steps the launcher scheduled a resize after (`--scale-at`, passed down as `hold_at`) are
 voted for by every agent, so the resize happens exactly there and not one step later when the command
 arrives late. Where the agents stop, each worker saves what it needs to continue (next step, RNG streams,
 loader positions, metrics, `ctx.private` objects, and what it never registered: optimizers, schedulers,
@@ -18,9 +22,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.private import saving
-from elasticd.agent.resize.periodic import FLAG_DUE, FLAG_NONE, PeriodicSnapshots
+from elasticd.agent.resize.periodic import FLAG_BUSY, FLAG_DUE, FLAG_NONE, PeriodicSnapshots
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import carried, loader_tracking, rng
 from elasticd.agent.slicer.loader import ResumableBatches
@@ -63,6 +68,11 @@ class StepBoundary:
         self.hold_at = hold_at          # steps after which a scheduled resize happens (`--scale-at`)
         # [resize/stop vote, periodic snapshot flag]: one all-reduce (max) per step carries both.
         self._vote = torch.zeros(2, dtype=torch.int64)
+        # ... or the same two values carried by the step's gradient flush, cast by `_cast`.
+        self.carried = CarriedVote(levels=(VOTE_STOP, FLAG_BUSY))
+        self.carried.cast = self._cast
+        self._running: int | None = None    # the step the hosted workers are in (None before ctx.steps)
+        self._polled = VOTE_NONE            # control commands read for a carried vote not yet decided
         self._stop_at: int | None = None
         self.periodic: PeriodicSnapshots | None = None   # set by the agent process (it outlives runtimes)
         self._snap_at: int | None = None
@@ -83,6 +93,8 @@ class StepBoundary:
     def begin_steps(self, w: Worker) -> None:
         """First step of `ctx.steps` after a resize: the worker's streams and objects continue where they were."""
         w.entered_steps = True
+        if w.rank == self.rt.hosted[0]:
+            self._running = w.start_step
         if w.loader_tracks is not None:
             w.loader_tracks.new_step()
         if w.restore is not None:
@@ -118,17 +130,18 @@ class StepBoundary:
             # same point of the collective sequence on every agent, so the vote cannot cross another
             # physical collective.
             self._report(w, step)
-            vote = self.rt._poll_control()
-            if step in self.hold_at:
-                vote = max(vote, VOTE_RESIZE)
+            agreed = self.carried.take(step, self.rt.phys.collectives)
+            if agreed is None:
+                self._vote[:] = torch.tensor(self._ballot(step, w.total_steps))
+                # A physical collective: an agent waits here for slower ones, so it counts as flush time.
+                voting = time.perf_counter()
+                self.rt.phys.all_reduce_(self._vote, "max")
+                self.rt.timing.add_flush(time.perf_counter() - voting)
+                agreed = tuple(int(v) for v in self._vote.tolist())
+            self._polled = VOTE_NONE   # every command read so far is in `agreed`
+            self._running = step + 1
+            vote, flag = agreed
             periodic = self.periodic
-            self._vote[0] = vote
-            self._vote[1] = periodic.flag(step, w.total_steps) if periodic is not None else FLAG_NONE
-            # A physical collective: an agent waits here for slower ones, so it counts as flush time.
-            voting = time.perf_counter()
-            self.rt.phys.all_reduce_(self._vote, "max")
-            self.rt.timing.add_flush(time.perf_counter() - voting)
-            vote, flag = (int(v) for v in self._vote.tolist())
             if periodic is not None:
                 periodic.voted(flag)
             if vote != VOTE_NONE:
@@ -145,6 +158,22 @@ class StepBoundary:
             self._capture_periodic(w, step)
         if w.loader_tracks is not None:
             w.loader_tracks.new_step()
+
+    def _ballot(self, step: int, total: int | None) -> tuple[int, int]:
+        """This agent's (resize/stop vote, periodic-snapshot flag) for the boundary after `step`."""
+        self._polled = max(self._polled, self.rt._poll_control())
+        vote = max(self._polled, VOTE_RESIZE) if step in self.hold_at else self._polled
+        periodic = self.periodic
+        return vote, periodic.flag(step, total) if periodic is not None else FLAG_NONE
+
+    def _cast(self) -> tuple[int, tuple[int, int]] | None:
+        """At a gradient flush (in the flushing worker's thread; the baton makes it the only one running):
+        the vote for the boundary that ends the step in progress. A command read here and not decided by
+        this flush's vote (another collective came after it) stays in `_polled` for the next vote."""
+        step = self._running
+        if step is None:
+            return None
+        return step, self._ballot(step, self.rt._workers[self.rt.hosted[0]].total_steps)
 
     def _capture(self, w: Worker, step: int) -> WorkerSnapshot:
         """Everything of `w` a resumed worker needs, in host memory (private and carried state copied)."""

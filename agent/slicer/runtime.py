@@ -26,13 +26,14 @@ from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
+from elasticd.agent.replicated.buckets import BucketedFlush, bucket_bytes
 from elasticd.agent.replicated.grad_sync import GradSync
 from elasticd.agent.replicated.idioms import install as install_idioms
 from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
-from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded
+from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded, WorkerState
 from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
@@ -98,6 +99,8 @@ class Runtime:
         self._cuda = device if device.type == "cuda" else None
         # Reports, the resize vote, snapshots and what resumed workers load (agent/slicer/boundary.py).
         self.boundary = StepBoundary(self)
+        self.env.vote = self.boundary.carried   # a gradient flush carries the next boundary's vote
+        self.env.grad_buckets = BucketedFlush(phys, workers, self.env.vote, bucket_bytes())
         # Called as (outgoing, incoming) at every hand-over, before the incoming worker runs: where
         # private device state is swapped out and in. Outgoing is None at start.
         self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
@@ -262,7 +265,7 @@ class Runtime:
         return w.rank
 
     def enqueue(self, w: Worker, op: Collective, work: Work | None) -> None:
-        op.on_arrive(self.deterministic)
+        op.on_arrive(self.env)
         w.queued.append((op, work))
 
     def drain(self, w: Worker | None) -> None:
@@ -272,6 +275,22 @@ class Runtime:
         if not self._execute(w, self.baton.arrive(w.rank)):
             self._wait_turn(w)
 
+    def before_backward(self, w: Worker) -> None:
+        """A backward pass starts. If it is the last hosted worker's before a gradient flush (every other
+        one waits at a GradSync, and nothing queued would be flushed before it), its gradients' buckets are
+        reduced over the agents as they fill (replicated/buckets.py): every agent starts them in one order."""
+        buckets = self.env.grad_buckets
+        if (self.deterministic or self.phys.world == 1 or not self.groups or w.no_sync_depth > 0 or w.queued
+                or buckets.armed):
+            return
+        for r in self.hosted:
+            if r == w.rank:
+                continue
+            q = self._workers[r].queued
+            if self.baton.state[r] is not WorkerState.WAITING or not q or not isinstance(q[0][0], GradSync):
+                return
+        buckets.arm(self.groups)
+
     def after_backward(self, w: Worker) -> None:
         """The end of a backward pass: averaging gradients is a collective, so the worker yields here."""
         if w.no_sync_depth > 0:
@@ -280,6 +299,8 @@ class Runtime:
         if w.touched_grads and self.groups:
             w.touched_grads = False
             self.enqueue(w, GradSync(w.rank, groups=self.groups), None)
+        elif self.env.grad_buckets.armed:
+            self.env.grad_buckets.disarm()
         for hook in w.backward_hooks:
             hook()
         if len(w.queued) > queued:
