@@ -87,8 +87,8 @@ def test_a_bad_layout_is_a_usage_error_naming_it(args: list[str], why: str, tmp_
 
 
 @pytest.mark.slow
-def test_an_agent_killed_after_a_relayout_recovers_on_the_layout_the_job_had(  # noqa: F811 - the fixture
-        undisturbed: Path, tmp_path: Path) -> None:
+def test_an_agent_killed_after_a_relayout_recovers_on_the_layout_the_job_had(
+        undisturbed: Path, tmp_path: Path) -> None:  # noqa: F811 - `undisturbed` is the imported fixture
     # 4 ranks: 3/1, re-laid out live to 1/3 after step 4; agent 1 (three ranks) killed after 13 steps. The
     # restart restores the newest periodic snapshot onto 1/3 and ends bitwise as the uniform 2/2 run.
     out, summary, log = _kill_during_run(tmp_path, rank=1, after_steps=13, sig=signal.SIGKILL,
