@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_recovery_launcher import STEPS as RECOVERY_STEPS
+from test_recovery_launcher import _kill_during_run, undisturbed  # noqa: F401 - a fixture used below
 from util import JOBS, REFERENCE_WORKERS, Reference, assert_same_run, load_state, rel_diffs
 
 JOB = str(JOBS / "resize_job.py")   # BatchNorm, dropout, AdamW, StepLR, clipping, ctx.private, loader order
@@ -81,3 +84,16 @@ def test_a_bad_layout_is_a_usage_error_naming_it(args: list[str], why: str, tmp_
     proc = subprocess.run([sys.executable, "-m", "elasticd", "run", JOB, "--workers", str(WORKERS), *args],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_an_agent_killed_after_a_relayout_recovers_on_the_layout_the_job_had(
+        undisturbed: Path, tmp_path: Path) -> None:  # noqa: F811 - `undisturbed` is the imported fixture
+    # 4 ranks: 3/1, re-laid out live to 1/3 after step 4; agent 1 (three ranks) killed after 13 steps. The
+    # restart restores the newest periodic snapshot onto 1/3 and ends bitwise as the uniform 2/2 run.
+    out, summary, log = _kill_during_run(tmp_path, rank=1, after_steps=13, sig=signal.SIGKILL,
+                                         args=["--layout", "3,1", "--scale-at", "4:2:1/3", "--snapshot-every", "5"])
+    assert "agent 1 was killed by SIGKILL" in log, log[-3000:]
+    assert [(r["to"], r["blocks"], r["outcome"]) for r in summary["resizes"]] == [(2, [1, 3], "done")]
+    assert summary["blocks"] == [1, 3] and len(summary["recoveries"]) == 1, summary
+    assert_same_run(out, undisturbed, RECOVERY_STEPS, ranks=4, recovered=True)

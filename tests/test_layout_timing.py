@@ -107,9 +107,9 @@ def test_a_slowed_agent_reports_more_compute_per_worker_and_the_fast_one_waits_i
                          c.cmdline()[c.cmdline().index("--rank") + 1] == "1"), None)
 
         slow = wait_until(agent1, 120, what="agent 1 to start")
-        # Runs a third of the time: 3x slower compute on an idle machine. Periods of many scheduler ticks:
+        # Runs a quarter of the time: 4x slower compute on an idle machine. Periods of many scheduler ticks:
         # with short ones a loaded machine's scheduler hands a woken process back most of what it lost.
-        cycler = threading.Thread(target=_duty_cycle, args=(slow, 0.1, 0.05, done), daemon=True)
+        cycler = threading.Thread(target=_duty_cycle, args=(slow, 0.15, 0.05, done), daemon=True)
         cycler.start()
         _, err = launcher.communicate(timeout=540)
         assert launcher.returncode == 0, err[-3000:]
@@ -119,12 +119,14 @@ def test_a_slowed_agent_reports_more_compute_per_worker_and_the_fast_one_waits_i
             launcher.send_signal(signal.SIGTERM)
             launcher.wait(timeout=30)
     agents = json.loads(summary.read_text())["agents"]
-    print(f"slowed agent 1 (run 1/3 of the time): {agents}")
+    print(f"slowed agent 1 (run 1/4 of the time): {agents}")
     fast, slow_t = agents["0"], agents["1"]
     assert fast["hosted"] == slow_t["hosted"] == 2 and fast["steps"] >= 20 and slow_t["steps"] >= 20, agents
     per_fast, per_slow = fast["compute_s"] / fast["hosted"], slow_t["compute_s"] / slow_t["hosted"]
-    # Imposed 3x; loose bounds for a shared, noisy machine.
-    assert 1.6 <= per_slow / per_fast <= 6.0, agents
+    # Imposed 4x; loose bounds for a shared, noisy machine (measured 1.7 for an imposed 3x at load 13: the
+    # cycler's own sleeps overrun and the scheduler favours the woken process). Unslowed, the two agents'
+    # ratio was 1.03 idle and 1.1 at load 14.
+    assert 1.5 <= per_slow / per_fast <= 8.0, agents
     # The agents step in lockstep: the fast one spends the difference waiting in its collectives.
     assert fast["flush_s"] >= 0.5 * (slow_t["compute_s"] - fast["compute_s"]), agents
     assert fast["flush_s"] > slow_t["flush_s"], agents
