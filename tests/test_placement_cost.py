@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import msgpack
 import pytest
@@ -93,6 +94,10 @@ def test_bad_input_is_refused_and_loses_nothing(bad):
     if bad != 0.0:
         with pytest.raises(ValueError):
             m.observe_comm("j", 2, bad, 1)
+    with pytest.raises(ValueError):
+        m.observe_compute("d", 1.0, math.nan, "j")
+    with pytest.raises(ValueError):
+        m.observe_comm("j", 0, 1.0, 1)
     assert m.to_dict() == before
     with pytest.raises(ValueError):
         m.predict_step("j", [])
@@ -136,3 +141,26 @@ def test_gate_needs_a_clear_gain_on_consecutive_checks_and_a_cooldown():
         RelayoutGate(patience=0)
     with pytest.raises(ValueError):
         RelayoutGate.from_dict({"min_gain": 0.1})
+
+
+def test_noise_between_equal_devices_is_not_learned_a_real_slowdown_is():
+    rng = random.Random(4)
+    m = CostModel()
+    devices = [f"n0/{i}" for i in range(6)]
+    for t in range(5):
+        for d in devices:   # +-8% noise on equal devices
+            m.observe_compute(d, 0.5 * (1 + 0.16 * (rng.random() - 0.5)), t, "j")
+    assert {m.speed(d) for d in devices} == {1.0}
+    assert len(set(m.estimates("j", devices).values())) == 1
+    assert m.work("j") == pytest.approx(0.5, rel=0.05)
+    for t in range(5, 10):   # n0/5 now at 3/4 speed: shows on the third report, settles by the fifth
+        for d in devices:
+            slow = 0.5 / 0.75 if d == "n0/5" else 0.5
+            m.observe_compute(d, slow * (1 + 0.16 * (rng.random() - 0.5)), t, "j")
+        if t == 7:
+            assert m.speed("n0/5") < 0.9
+    assert m.speed("n0/5") == pytest.approx(0.75, rel=0.08) and m.speed("n0/0") == 1.0
+    for t in range(10, 13):  # and back to its declared speed once the slowdown is gone
+        for d in devices:
+            m.observe_compute(d, 0.5, t, "j")
+    assert m.speed("n0/5") == 1.0

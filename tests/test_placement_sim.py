@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
 from elasticd.placement import CostModel
-from elasticd.placement.simulate import MIXED, UNIFORM, SimJob, compare, make_trace, simulate
+from elasticd.placement.simulate import MIXED, UNIFORM, Learning, SimJob, compare, make_trace, simulate
 from elasticd.scheduler.policy import JobRequest, NodeView, RunningJob, place, place_grants, rebalance, spread
 
 
@@ -84,15 +85,26 @@ def test_growth_skips_a_device_too_slow_to_help():
 
 def test_the_simulator_is_deterministic_and_every_job_finishes():
     trace = make_trace(3, jobs=30)
-    a, b = simulate(trace, MIXED, True), simulate(trace, MIXED, True)
+    a, b = simulate(trace, MIXED, True, Learning()), simulate(trace, MIXED, True, Learning())
     assert a == b and set(a.jct) == {j.job_id for j in trace}
-    assert all(t >= j.steps * 1.0 for j in trace for t in [a.jct[j.job_id]])   # no job beats 1 worker-step/unit
+    assert all(a.jct[j.job_id] >= j.steps * j.work for j in trace)   # no job beats a speed-1 worker-step
     with pytest.raises(ValueError):
         simulate([*make_trace(0, jobs=3), SimJob("x", 0.0, 64, 20, 20, 5)], MIXED, False)   # 12 devices
 
 
+def test_learned_speeds_match_the_fleet():
+    got = simulate(make_trace(1, jobs=30), MIXED, True, Learning()).speeds
+    assert len(got) == 12
+    for i, want in enumerate((1.0, 0.5, 1 / 3)):
+        # per node: a device can be left mis-learned when a job ends on unlucky reports (three 4x spikes
+        # in five here, on n0/d1), until another job on it reports
+        assert statistics.median(got[f"n{i}/d{d}"] for d in range(4)) == pytest.approx(want, rel=0.12)
+
+
 def test_speed_aware_mean_jct_is_lower_on_a_mixed_fleet_and_equal_on_a_uniform_one():
-    uniform, aware = compare(range(3), MIXED, jobs=40)
-    assert aware < uniform / 1.2      # 2.19x over 20 seeds (README); each of these seeds well above 1.2
-    uniform, aware = compare(range(3), UNIFORM, jobs=40)
-    assert aware == uniform
+    uniform, oracle, learned = compare(range(2), MIXED, jobs=30)
+    # 2.2x / 2.0x over 10 traces of 60 jobs (README); 2.1x / 1.85x on these two
+    assert oracle < uniform / 1.3 and learned < uniform / 1.3
+    uniform, oracle, learned = compare(range(2), UNIFORM, jobs=30)
+    assert oracle == uniform
+    assert learned <= uniform * 1.05   # learning from noisy reports: 2-2.5% above uniform (README)

@@ -117,7 +117,8 @@ def block_sizes(workers: int, devices: list[DeviceKey], costs: CostModel, job_id
         ValueError: on no devices, more devices than workers, or a device listed twice.
     """
     _check(workers, devices)
-    sizes = _optimal_sizes(workers, [costs.estimate(job_id, d) for d in devices])
+    c = costs.estimates(job_id, devices)
+    sizes = _optimal_sizes(workers, [c[d] for d in devices])
     blocks = list(zip(devices, sizes, strict=True))
     return Placement(tuple(blocks), costs.predict_step(job_id, blocks), True)
 
@@ -154,7 +155,7 @@ def _bounds(workers: int, free: list[DeviceKey], min_devices: int, max_devices: 
 def _search(workers: int, free: list[DeviceKey], lo: int, hi: int, costs: CostModel, job_id: str,
             exact: bool) -> Placement:
     """Best placement over M in [lo, hi], trying every M (exact) or the heuristic's candidates."""
-    c = {d: costs.estimate(job_id, d) for d in free}
+    c = costs.estimates(job_id, free)
     fastest = sorted(range(len(free)), key=lambda i: (c[free[i]], i))
     cache: dict[int, Placement] = {}
 

@@ -107,8 +107,8 @@ def spread(count: int, nodes: Sequence[NodeView], costs: CostModel | None = None
     if len(order) < count:
         raise ValueError(f"{count} devices requested, fewer free")
     if costs is not None:
-        speed = {p: costs.estimate(job_id, device_key(*p)) for p in order}
-        order = sorted(order, key=speed.__getitem__)   # stable: ties keep rule 4's order
+        c = costs.estimates(job_id, [device_key(*p) for p in order])
+        order = sorted(order, key=lambda p: c[device_key(*p)])   # stable: ties keep rule 4's order
     picked = set(order[:count])
     return group_by_node([p for p in spread_order(nodes) if p in picked])
 
@@ -237,7 +237,8 @@ def _growth(job: RunningJob, hi: int, views: Sequence[NodeView], costs: CostMode
     """The free devices worth adding to `job` (none when no growth shortens its predicted step)."""
     have = [device_key(*p) for p in job.placed]
     free = spread(min(hi, sum(len(v.free) for v in views) + job.devices) - job.devices, views, costs, job.job_id)
-    free.sort(key=lambda p: costs.estimate(job.job_id, device_key(*p)))   # stable: fastest first
+    c = costs.estimates(job.job_id, [device_key(*p) for p in free])
+    free.sort(key=lambda p: c[device_key(*p)])   # stable: fastest first
     best, take = block_sizes(job.workers, have, costs, job.job_id).predicted_s, 0
     for k in range(1, len(free) + 1):
         step = block_sizes(job.workers, have + [device_key(*p) for p in free[:k]], costs, job.job_id).predicted_s
