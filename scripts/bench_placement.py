@@ -3,14 +3,18 @@
 Cases: N=8 on 2 devices, one at 1/2 speed (arithmetic ceiling of learned over uniform: 8/6 = 1.33), and
 N=12 on 3 devices with speeds 1, 1, 1/3 (uniform 4/4/4 waits 12 units, 5/5/2 takes 6: ceiling 2.0).
 
-How a device is made slower: the benchmark duty-cycles the agent process on it with SIGSTOP/SIGCONT
-(stopped a fraction 1 - speed of every PERIOD_S), found by its device in `elasticd status --json`.
-Nothing tells the scheduler which one is slow in the learned variant. The job (scripts/_benchjob_placement.py)
-spends its worker-steps mostly asleep, standing in for device time, so that 2 or 3 agents on this
-shared 2-core machine do not slow each other down and the uniform runs measure the imposed speeds, not
-core contention. A stopped process's sleep timers still run, so an agent stopped a fraction f of the
-time does somewhat better than speed 1 - f (the fitted speeds in the output show by how much); the
-oracle is given the nominal speeds.
+How a device is made slower (`--slow-by`; nothing tells the scheduler which one is slow in the learned
+variant). The job (scripts/_benchjob_placement.py) spends its worker-steps mostly asleep in 1 ms slices,
+standing in for device time, so that 2 or 3 agents on this shared 2-core machine do not slow each other
+down and the uniform runs measure the imposed speeds, not core contention.
+- `wait` (not yet measured): the job's device time per worker-step is PACE / speed of the device its agent runs
+  on: a device exactly that much slower at the work, and nothing else (the arithmetic ceilings hold).
+- `sigstop` (default): the benchmark duty-cycles the agent process on the slow device with SIGSTOP/SIGCONT (stopped
+  a fraction 1 - speed of every PERIOD_S), found by its device in `elasticd status --json` -- what the
+  end-to-end test does. The agent loses that fraction of wall time whatever it is doing, also while it
+  would only wait for its peers in a collective; once the layout gives it slack, some stops land in that
+  slack and cost nothing, so learned/uniform can exceed the ceilings above (a shared or throttled device
+  behaves so; a slower GPU does not).
 
 Variants, each on a fresh daemon (embedded scheduler, throwaway state dir, CPU devices):
 - uniform: `--no-relayout`, no declared speeds: the layout of before (ceil(N/M) per device);
@@ -62,6 +66,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--window", type=float, default=8.0, help="seconds of steady training measured (default 8)")
     ap.add_argument("--learn", type=float, default=40.0, help="learned: wait at most this long for a re-layout")
     ap.add_argument("--pace", type=float, default=0.02, help="seconds of 'device time' per worker-step")
+    ap.add_argument("--slow-by", choices=("wait", "sigstop"), default="sigstop",
+                    help="impose the slow devices' speeds in the job (wait) or with SIGSTOP/SIGCONT (default sigstop)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"which of {','.join(CASES)} (default both)")
     ap.add_argument("--quick", action="store_true", help="smoke run: one round, first case, short window")
     a = ap.parse_args()
@@ -118,7 +124,9 @@ class Daemon:
         self.out = self.sd / "daemon.out"
         with open(self.out, "wb") as out:
             self.popen = subprocess.Popen(
+                # --spares 0: an agent's command line then names its device (the job reads it, `--slow-by wait`)
                 elasticd_cmd("start", "--cpu-devices", str(devices), "--bind", "none", "--heartbeat", "0.2",
+                             "--spares", "0",
                              "--state-dir", str(self.sd), "--log-level", "INFO", *extra),
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=unpin)
@@ -166,15 +174,17 @@ def one_run(root: Path, case: str, variant: str, a: argparse.Namespace) -> dict[
     d = Daemon(root, len(speeds), *extra)
     cycles: list[DutyCycle] = []
     try:
-        envs = [x for k, v in {"WORKERS": workers, "PACE_S": a.pace}.items()
-                for x in ("--env", f"ELASTICD_BENCH_{k}={v}")]
+        knobs: dict[str, Any] = {"WORKERS": workers, "PACE_S": a.pace}
+        if a.slow_by == "wait":
+            knobs["SPEEDS"] = ",".join(f"{i}={s:.6f}" for i, s in enumerate(speeds) if s < 1.0)
+        envs = [x for k, v in knobs.items() for x in ("--env", f"ELASTICD_BENCH_{k}={v}")]
         m = str(len(speeds))
         job = d.cli("submit", f"{JOB}:train", "--workers", str(workers), "--min-devices", m, "--max-devices", m,
                     "--snapshot-every", "0", *envs).strip()
         info = _wait(lambda: (j := d.job(job))["state"] == "running" and j["step"] >= 2 and j, 300, "the job to train")
         for agent in info["agents"]:
             dev = int(str(agent["device"]).rsplit(":", 1)[-1])
-            if speeds[dev] < 1.0:
+            if speeds[dev] < 1.0 and a.slow_by == "sigstop":
                 cycles.append(DutyCycle(agent["pid"], speeds[dev]))
         for c in cycles:
             c.start()
@@ -228,8 +238,9 @@ def main() -> None:
             rate = median([r["steps_per_s"] for r in runs])
             rows.append([case, variant, f"{rate:.2f}", f"{rate / base:.2f}", str(runs[-1]["blocks"]),
                          ",".join(f"{s:.2f}" for s in runs[-1]["speeds"])])
+    how = "duty-cycled with SIGSTOP/SIGCONT" if a.slow_by == "sigstop" else "waiting pace/speed in the job"
     print(f"speed-aware placement: {a.rounds} round(s), window {a.window:.0f}s, {a.pace * 1000:.0f} ms of device "
-          f"time per worker-step, slow devices duty-cycled with SIGSTOP/SIGCONT; medians; {load_average()}")
+          f"time per worker-step at speed 1, slow devices {how}; medians; {load_average()}")
     print(table(["case", "variant", "steps/s", "vs uniform", "blocks (last run)", "fitted speeds (last run)"], rows))
     for case in a.cases:
         base = median([r["steps_per_s"] for r in got[(case, "uniform")]])

@@ -246,3 +246,15 @@ def test_start_refuses_a_bad_device_speed_with_a_clear_error(tmp_path):
     r = cli("start", "--state-dir", str(tmp_path / "b"), "--cpu-devices", "2", "--bind", "none",
             "--device-speed", "2=0.5")
     assert r.code == 1 and "names device(s) [2]; this node has devices 0,1" in r.err
+
+
+def test_timings_no_agent_would_send_are_skipped_not_raised_on():
+    isl = Island()
+    job = run_two_device_job(isl)
+    bad = [{"hosted": 4, "compute_s": float("inf"), "flush_s": 0.0, "steps": 3, "seq": 1},
+           {"hosted": 4, "compute_s": 0.04, "flush_s": float("nan"), "steps": 3, "seq": 2},
+           {"hosted": 0, "compute_s": 0.04, "flush_s": 0.0, "steps": 3, "seq": 3},
+           {"hosted": 4, "compute_s": "fast", "flush_s": 0.0, "steps": 3, "seq": 4}]
+    for t in bad:
+        isl.report("a", report(job, [agent(0, 0, timing=t), agent(1, 1)], metrics={"total_steps": 1000}))
+    assert isl.s.speeds.costs.worker_step_seconds(device_key("a", "cpu:0"), job) == pytest.approx(0.01)

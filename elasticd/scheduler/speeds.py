@@ -26,6 +26,7 @@ Pure like the state that holds it: `now` is passed in; no sockets, clocks or fil
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,13 +87,13 @@ class Speeds:
                 continue
             self._seen[(job_id, a.pid)] = seq
             hosted, compute, steps = t.get("hosted"), t.get("compute_s"), t.get("steps")
-            if not (isinstance(hosted, int) and hosted > 0 and isinstance(compute, (int, float)) and compute > 0
+            if not (isinstance(hosted, int) and hosted > 0 and _time(compute) and compute > 0
                     and isinstance(steps, int) and steps > 0):
-                continue
+                continue   # a node's report is input: what no agent would send is skipped, not raised on
             key = device_key(node, a.device_id)
             self.costs.observe_compute(key, float(compute) / hosted, now, job_id=job_id)
             flush = t.get("flush_s")
-            if world > 1 and isinstance(flush, (int, float)) and flush >= 0:
+            if world > 1 and _time(flush):
                 self.costs.observe_comm(job_id, world, float(flush), now)
             self._latest.setdefault(job_id, {})[a.rank] = (key, t)
             self._fresh.add(job_id)
@@ -138,7 +139,8 @@ class Speeds:
     def relayout(self, job_id: str, workers: int, placement: list[list[str]], blocks: list[int],
                  now: float) -> Relayout | None:
         """Whether a running job should move to other block sizes on its own devices now. Checked once per
-        round of fresh timings from every agent of the job, so `patience` counts measurements, not ticks."""
+        fresh timing (once every agent of the job has reported one), so `patience` counts measurements, not
+        clock ticks."""
         m = len(placement)
         latest = self._latest.get(job_id, {})
         if m <= 1 or job_id not in self._fresh or len(latest) < m:
@@ -200,3 +202,7 @@ class Speeds:
         """
         costs, gate = d.get("costs"), d.get("gate")
         return cls(CostModel.from_dict(costs) if costs else None, RelayoutGate.from_dict(gate) if gate else None)
+
+
+def _time(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
