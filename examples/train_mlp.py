@@ -10,6 +10,8 @@ when elasticd shrinks or grows it while it runs.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
 
-STEPS = 600
+STEPS = int(os.environ.get("TRAIN_STEPS", "600"))   # the demo asks for more, to resize twice on any machine
 
 
 def synthetic_data(n: int = 8192, features: int = 64, classes: int = 10) -> TensorDataset:
