@@ -20,18 +20,12 @@ Which variant goes first alternates from round to round; figures are medians. Th
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from _benchjob_common import JOB, REPO, BenchError, elasticd_cmd, load_average, median, table, tempdir, unpin
+from _benchdaemon import BenchDaemon, wait_for
+from _benchjob_common import JOB, BenchError, load_average, median, table, tempdir
 
 WORKERS = 4
 FIGURES = ("seconds", "prepare_s", "handover_s")
@@ -48,63 +42,17 @@ def _parse() -> argparse.Namespace:
     return a
 
 
-def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-    return value
-
-
-class Daemon:
-    """`elasticd start` on 2 CPU devices in its own state dir, driven through the CLI."""
+class Daemon(BenchDaemon):
+    """`elasticd start` on 2 CPU devices with SPARES warm spare agents."""
 
     def __init__(self, root: Path, spares: int) -> None:
-        self.sd = root
-        self.sd.mkdir(parents=True)
-        self.out = self.sd / "daemon.out"
-        with open(self.out, "wb") as out:
-            self.popen = subprocess.Popen(
-                elasticd_cmd("start", "--cpu-devices", "2", "--bind", "none", "--spares", str(spares),
-                             "--state-dir", str(self.sd), "--log-level", "INFO"),
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=unpin)
-        _wait(self._serving, 60, "the daemon to serve")
-
-    def _serving(self) -> bool:
-        if self.popen.poll() is not None:
-            raise BenchError(f"the daemon exited with {self.popen.returncode}:\n{self.out.read_text()[-3000:]}")
-        try:
-            return json.loads((self.sd / "daemon.json").read_text()).get("pid") == self.popen.pid
-        except (OSError, ValueError):
-            return False
-
-    def cli(self, *args: str) -> str:
-        r = subprocess.run(elasticd_cmd(*args, "--state-dir", str(self.sd)), cwd=REPO, capture_output=True,
-                           text=True, timeout=60)
-        if r.returncode != 0:
-            raise BenchError(f"elasticd {' '.join(args)}: exit {r.returncode}\n{r.stdout}{r.stderr}\n"
-                             f"daemon log:\n{self.out.read_text()[-3000:]}")
-        return r.stdout
-
-    def job(self, job: str) -> dict[str, Any]:
-        return json.loads(self.cli("status", job, "--json"))["jobs"][0]
+        super().__init__(root, 2, "--spares", str(spares))
 
     def spares_ready(self) -> int:
         try:
             return (self.sd / "spares.log").read_text().count(" ready in ")
         except OSError:
             return 0
-
-    def close(self) -> None:
-        if self.popen.poll() is None:
-            subprocess.run(elasticd_cmd("shutdown", "--state-dir", str(self.sd)), capture_output=True, timeout=60)
-            try:
-                self.popen.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
 
 
 def grow(root: Path, spares: int, width: int) -> dict[str, float]:
@@ -114,11 +62,11 @@ def grow(root: Path, spares: int, width: int) -> dict[str, float]:
         knobs = {"WORKERS": WORKERS, "STEPS": 10**8, "WIDTH": width}
         envs = [x for k, v in knobs.items() for x in ("--env", f"ELASTICD_BENCH_{k}={v}")]
         job = d.cli("submit", f"{JOB}:train", "--workers", str(WORKERS), "--max-devices", "1", *envs).strip()
-        _wait(lambda: (j := d.job(job))["state"] == "running" and j["step"] >= 5, 300, "the job to train")
+        wait_for(lambda: (j := d.job(job))["state"] == "running" and j["step"] >= 5, 300, "the job to train")
         if spares:   # the launch used the first spare; its replacement must be warm, as the pool keeps it
-            _wait(lambda: d.spares_ready() >= 2, 300, "the replacement spare to be ready")
+            wait_for(lambda: d.spares_ready() >= 2, 300, "the replacement spare to be ready")
         d.cli("scale", job, "--devices", "2")
-        info = _wait(lambda: (j := d.job(job))["resizes"] and j["resizing"] is None and j, 300, "the grow")
+        info = wait_for(lambda: (j := d.job(job))["resizes"] and j["resizing"] is None and j, 300, "the grow")
         entry = info["resizes"][-1]
         if entry["outcome"] != "done" or entry["seconds"] is None:
             raise BenchError(f"the grow did not complete: {entry}")

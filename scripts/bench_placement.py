@@ -30,28 +30,23 @@ Variants are interleaved, their order rotating by round; figures are medians ove
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _benchdaemon import BenchDaemon, wait_for
 from _benchjob_common import (
-    REPO,
     SCRIPTS,
     BenchError,
-    elasticd_cmd,
     load_average,
     median,
     table,
     tempdir,
-    unpin,
 )
 
 JOB = SCRIPTS / "_benchjob_placement.py"
@@ -78,15 +73,6 @@ def _parse() -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown case(s) {unknown}; known: {','.join(CASES)}")
     return a
-
-
-def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := pred()):
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-    return value
 
 
 class DutyCycle(threading.Thread):
@@ -117,51 +103,18 @@ class DutyCycle(threading.Thread):
         self.join(timeout=5)
 
 
-class Daemon:
+class Daemon(BenchDaemon):
+    """The bench's daemon: fast heartbeats; --spares 0, so an agent's command line names its device (the job
+    reads it for `--slow-by wait`); a job that ended is an error."""
+
     def __init__(self, root: Path, devices: int, *extra: str) -> None:
-        self.sd = root
-        self.sd.mkdir(parents=True)
-        self.out = self.sd / "daemon.out"
-        with open(self.out, "wb") as out:
-            self.popen = subprocess.Popen(
-                # --spares 0: an agent's command line then names its device (the job reads it, `--slow-by wait`)
-                elasticd_cmd("start", "--cpu-devices", str(devices), "--bind", "none", "--heartbeat", "0.2",
-                             "--spares", "0",
-                             "--state-dir", str(self.sd), "--log-level", "INFO", *extra),
-                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=unpin)
-        _wait(self._serving, 60, "the daemon to serve")
-
-    def _serving(self) -> bool:
-        if self.popen.poll() is not None:
-            raise BenchError(f"the daemon exited with {self.popen.returncode}:\n{self.out.read_text()[-3000:]}")
-        try:
-            return json.loads((self.sd / "daemon.json").read_text()).get("pid") == self.popen.pid
-        except (OSError, ValueError):
-            return False
-
-    def cli(self, *args: str) -> str:
-        r = subprocess.run(elasticd_cmd(*args, "--state-dir", str(self.sd)), cwd=REPO, capture_output=True,
-                           text=True, timeout=60)
-        if r.returncode != 0:
-            raise BenchError(f"elasticd {' '.join(args)}: exit {r.returncode}\n{r.stdout}{r.stderr}\n"
-                             f"daemon log:\n{self.out.read_text()[-3000:]}")
-        return r.stdout
+        super().__init__(root, devices, "--heartbeat", "0.2", "--spares", "0", *extra)
 
     def job(self, job: str) -> dict[str, Any]:
-        info = json.loads(self.cli("status", job, "--json"))["jobs"][0]
+        info = super().job(job)
         if info["state"] in ("failed", "finished", "stopped"):
             raise BenchError(f"job {job} {info['state']}: {info.get('error')}")
         return info
-
-    def close(self) -> None:
-        if self.popen.poll() is None:
-            subprocess.run(elasticd_cmd("shutdown", "--state-dir", str(self.sd)), capture_output=True, timeout=60)
-            try:
-                self.popen.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
 
 
 def one_run(root: Path, case: str, variant: str, a: argparse.Namespace) -> dict[str, Any]:
@@ -181,7 +134,7 @@ def one_run(root: Path, case: str, variant: str, a: argparse.Namespace) -> dict[
         m = str(len(speeds))
         job = d.cli("submit", f"{JOB}:train", "--workers", str(workers), "--min-devices", m, "--max-devices", m,
                     "--snapshot-every", "0", *envs).strip()
-        info = _wait(lambda: (j := d.job(job))["state"] == "running" and j["step"] >= 2 and j, 300, "the job to train")
+        info = wait_for(lambda: (j := d.job(job))["state"] == "running" and j["step"] >= 2 and j, 300, "the job to train", interval=0.2)
         for agent in info["agents"]:
             dev = int(str(agent["device"]).rsplit(":", 1)[-1])
             if speeds[dev] < 1.0 and a.slow_by == "sigstop":
@@ -197,7 +150,7 @@ def one_run(root: Path, case: str, variant: str, a: argparse.Namespace) -> dict[
                 return bool(j["resizing"] is None and any(r.get("blocks_to") and r["outcome"] == "done"
                                                           for r in j["resizes"]))
             try:
-                _wait(relaid, a.learn, "a re-layout")
+                wait_for(relaid, a.learn, "a re-layout", interval=0.2)
                 learned_s = time.monotonic() - t0
             except BenchError:
                 pass   # measured as it is: the learned variant's failure to move shows in its figure
