@@ -14,32 +14,10 @@ Last line: sim_jct_speedup=X.XX (mean JCT uniform / speed-aware learning the spe
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 from elasticd.placement import CostModel, choose
-from elasticd.placement.simulate import MIXED, UNIFORM, compare
-
-
-def heuristic_gap(cases: int, noise: float, seed: int = 1) -> tuple[float, float, float, float]:
-    """(worst gap, mean gap, seconds exact, seconds heuristic) on random jobs with N <= 64."""
-    rng = random.Random(seed)
-    gaps, t_exact, t_heur = [], 0.0, 0.0
-    for _ in range(cases):
-        free = [f"n{i % 4}/{i}" for i in range(rng.randint(2, 64))]
-        n = rng.randint(2, 64)
-        m = CostModel({d: rng.choice([1.0, 0.5, 1 / 3, 0.9, 0.25]) * (1 + noise * (rng.random() - 0.5))
-                       for d in free})
-        a, b = rng.random() * 0.5, rng.random() * rng.choice([0.1, 1.0, 4.0])
-        for k in range(2, min(n, len(free)) + 1, rng.randint(1, 7)):
-            m.observe_comm("j", k, a + b * 2 * (k - 1) / k, 0)
-        t0 = time.perf_counter()
-        exact = choose(n, free, 1, len(free), m, "j", exact=True)
-        t1 = time.perf_counter()
-        heur = choose(n, free, 1, len(free), m, "j", exact=False)
-        t_exact, t_heur = t_exact + t1 - t0, t_heur + time.perf_counter() - t1
-        gaps.append(heur.predicted_s / exact.predicted_s - 1)
-    return max(gaps), sum(gaps) / len(gaps), t_exact, t_heur
+from elasticd.placement.simulate import MIXED, UNIFORM, compare, heuristic_gap
 
 
 def large(n: int) -> tuple[float, float, float]:
@@ -65,7 +43,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.gap:
         for noise in (0.0, 0.05):
-            worst, mean, te, th = heuristic_gap(args.gap, noise)
+            gap = heuristic_gap(args.gap, noise, seed=1)
+            worst, mean, te, th = gap.worst, gap.mean, gap.exact_s, gap.heuristic_s
             print(f"heuristic vs exact, {args.gap} jobs N<=64, speed noise +-{noise / 2:.1%}: worst gap "
                   f"{worst:.2%}, mean {mean:.4%}; search time exact {te:.2f}s heuristic {th:.2f}s")
         for n in (256, 1024):

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass
 
 from elasticd.placement.cost import CostModel, device_key, ring_shape
 from elasticd.placement.hysteresis import RelayoutGate
-from elasticd.placement.placer import block_sizes, uniform_sizes
+from elasticd.placement.placer import block_sizes, choose, uniform_sizes
 from elasticd.scheduler import policy
 
 MIXED = ((1.0, 1.0, 1.0, 1.0), (0.5, 0.5, 0.5, 0.5), (1 / 3, 1 / 3, 1 / 3, 1 / 3))
@@ -210,3 +211,35 @@ def compare(seeds: range, fleet: tuple[tuple[float, ...], ...], jobs: int = 60, 
         runs = (simulate(trace, fleet, False), simulate(trace, fleet, True), simulate(trace, fleet, True, learning))
         sums = [a + r.mean_jct for a, r in zip(sums, runs, strict=True)]
     return sums[0] / len(seeds), sums[1] / len(seeds), sums[2] / len(seeds)
+
+
+@dataclass(frozen=True)
+class HeuristicGap:
+    worst: float        # largest relative excess of the heuristic's predicted step over the exact one
+    mean: float
+    exact_s: float      # seconds spent in each search, over all cases
+    heuristic_s: float
+
+
+def heuristic_gap(cases: int, noise: float, seed: int) -> HeuristicGap:
+    """The heuristic search against the exact one on random jobs with N <= 64 on up to 64 devices of mixed
+    speeds (each off by up to +-noise/2, as fitted speeds are) and a random flush cost per M."""
+    rng = random.Random(seed)
+    gaps, t_exact, t_heur = [], 0.0, 0.0
+    for _ in range(cases):
+        free = [f"n{i % 4}/{i}" for i in range(rng.randint(2, 64))]
+        n = rng.randint(2, 64)
+        m = CostModel({d: rng.choice([1.0, 0.5, 1 / 3, 0.9, 0.25]) * (1 + noise * (rng.random() - 0.5))
+                       for d in free})
+        a, b = rng.random() * 0.5, rng.random() * rng.choice([0.1, 1.0, 4.0])
+        for k in range(2, min(n, len(free)) + 1, rng.randint(1, 7)):
+            m.observe_comm("j", k, a + b * 2 * (k - 1) / k, 0)
+        t0 = time.perf_counter()
+        exact = choose(n, free, 1, len(free), m, "j", exact=True)
+        t1 = time.perf_counter()
+        heur = choose(n, free, 1, len(free), m, "j", exact=False)
+        t_exact, t_heur = t_exact + t1 - t0, t_heur + time.perf_counter() - t1
+        if heur.exact or not exact.exact:
+            raise AssertionError("choose(exact=...) did not run the search it was asked for")
+        gaps.append(heur.predicted_s / exact.predicted_s - 1)
+    return HeuristicGap(max(gaps), sum(gaps) / len(gaps), t_exact, t_heur)
