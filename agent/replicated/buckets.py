@@ -43,7 +43,9 @@ if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
 
 BUCKET_ENV = "ELASTICD_BUCKET_KB"
-# Measured with scripts/bench_multiplex.py (README Figures, #17).
+# Far below DDP's 25 MiB (sized for GPUs) so a small CPU model still gets several buckets. Not yet a measured
+# choice: on the benchmark MLP every cap from 32 KiB to 1 MiB gives the same buckets, and the runs so far were
+# too noisy to rank caps (README Figures, #17).
 DEFAULT_BUCKET_KB = 256
 
 
