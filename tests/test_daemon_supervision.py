@@ -332,3 +332,17 @@ def test_the_agent_that_died_is_the_cause_even_when_a_survivor_is_reaped_first()
     node.core.exited(node.pid["j", 1], -9, died, T0)
     err = node.report("j").error
     assert err["cause"] == "died" and err["rank"] == 1 and "SIGKILL" in err["message"]
+
+
+def test_the_agent_that_died_is_the_cause_even_when_a_survivor_said_so_first():
+    """Agent 1 is SIGKILLed; agent 0 reports its lost group over the control socket before the daemon reaps
+    agent 1. The node reports agent 1's death."""
+    node = Node()
+    idents = running(node)
+    lost = {"message": "PeerLost: a collective of the agents' group failed", "cause": "peer_lost"}
+    assert node.core.agent_message(idents[0], p.AgentFailed(job_id="j", rank=0, error=lost), T0) == (None, [])
+    assert node.report("j").error["cause"] == "peer_lost"
+    died = {"message": "agent 1 was killed by SIGKILL and left no error report", "cause": "died"}
+    node.core.exited(node.pid["j", 1], -9, died, T0)
+    err = node.report("j").error
+    assert err["cause"] == "died" and err["rank"] == 1 and "SIGKILL" in err["message"]

@@ -161,7 +161,8 @@ class Supervision:
         elif agent.standby:
             out += self.resizes.joiner_died(job, agent, code, error)
         elif code != 0 and job.killing is None:
-            if job.error is None:
+            # A survivor's report of its lost group may have arrived (AgentFailed) before this death was reaped.
+            if job.error is None or _first_cause(job, error, code):
                 job.error = dict(error)
             job.error.setdefault("rank", agent.rank)
             out += self.kill(job.job_id, f"agent {agent.rank} failed", now, graceful=False)
