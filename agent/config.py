@@ -84,6 +84,9 @@ class AgentConfig:
     device_type: str = _opt("cpu", "device kind", ("cpu", "cuda"))
     device_index: int = _opt(0, "CUDA ordinal on this node (ignored on CPU); -1: the GPU of the rank a standby "
                                     "agent joins as")
+    cpu_slots: int = _opt(-1, "CPU: pin this agent's threads to a block of cores of its own: 0 = block --rank "
+                               "of --world (every agent on this node), K > 0 = block --device-index of K; "
+                               "-1 = no pinning")
     master_addr: str = _opt("127.0.0.1", "rendezvous address of the physical group")
     master_port: int = _opt(29500, "rendezvous port of the physical group")
     job_id: str = _opt("local", "job id, in logs and reports")

@@ -19,6 +19,7 @@ from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
+from elasticd.agent.cpu_pin import allowed_cores, pin
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.private.registry import attach as attach_private
@@ -84,8 +85,13 @@ def _set_threads(cfg: AgentConfig, device: torch.device, deterministic: bool) ->
     if device.type == "cpu":
         # Agents of one job share the node's cores; deterministic mode pins one thread so that CPU
         # kernels reduce in the same order whatever the number of agents.
-        threads = cfg.threads or (1 if deterministic else max(1, (os.cpu_count() or 1) // cfg.world))
-        torch.set_num_threads(threads)
+        share = max(1, (os.cpu_count() or 1) // cfg.world)
+        if cfg.cpu_slots >= 0 and os.environ.get("ELASTICD_CPU_PIN", "1") != "0":
+            # Slot and slot count follow the rank on a one-node launcher, so a resize re-cuts the blocks.
+            slot, slots = (cfg.rank, cfg.world) if cfg.cpu_slots == 0 else (cfg.device_index, cfg.cpu_slots)
+            if pin(slot, slots):
+                share = max(1, len(allowed_cores()) // slots)   # the block's size
+        torch.set_num_threads(cfg.threads or (1 if deterministic else share))
 
 
 def warm_up() -> None:

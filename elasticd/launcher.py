@@ -139,6 +139,7 @@ class LocalJob:
             # A standby agent's rank and world are placeholders until its join command names them.
             script=os.path.abspath(self.script), func=self.func, workers=self.workers, rank=max(rank, 0), world=world,
             device_type=self.device_type, device_index=launch_device_index(rank, self.device_type), master_port=port, threads=self.threads,
+            cpu_slots=0 if self.device_type == "cpu" else -1,  # every agent is on this node: one block each
             device_memory=self.device_memory, blocks=() if (standby or join_from) else tuple(self.blocks),
             error_file=os.path.join(self._tmp.name,
                                     f"agent{rank}-{self.epoch}-{len(self.spares)}-{len(self.recoveries)}.json"),

@@ -15,7 +15,7 @@ def test_every_field_survives_the_command_line():
                       master_addr="10.0.0.1", master_port=1234, job_id="j1", control="pipe:3,4",
                       error_file="/tmp/e.json", threads=2, join_from=2, standby=True, device_memory=1 << 20,
                       snapshot_dir="/dev/shm/x", restore_epoch=5, hold_at=(3, 9),
-                      snapshot_every="20", restore_latest=True, blocks=(1, 3, 2, 2))
+                      snapshot_every="20", restore_latest=True, blocks=(1, 3, 2, 2), cpu_slots=4)
     defaults = {f.name: f.default for f in dataclasses.fields(AgentConfig)}
     assert all(getattr(cfg, k) != v for k, v in defaults.items()), "the test must set every field"
     assert parse_args(cfg.to_argv()) == cfg

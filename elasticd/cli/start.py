@@ -46,6 +46,10 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
               help="Declared relative speed of this node's devices, the scheduler's guess until it has measured "
                    "them: one value for all (0.5) or INDEX=SPEED per device (0=1.0,1=0.5; others 1.0). Faster "
                    "devices get more of a job's logical workers.")
+@click.option("--pin-cpus/--no-pin-cpus", default=False, show_default=True,
+              help="Bind each CPU device's agent to its own block of this machine's cores (cores / --cpu-devices "
+                   "each): faster hand-overs between logical workers. Off by default because several daemons "
+                   "sharing one machine would each cut the same blocks.")
 @click.option("--relayout/--no-relayout", default=True, show_default=True,
               help="Re-lay running jobs out live (same devices, more logical workers on the faster ones) when "
                    "their devices' measured speeds drift; --no-relayout keeps the layout chosen at launch.")
@@ -78,7 +82,7 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
           log_level: str, agent_command: str | None, spares: int | None, drain_grace: float,
-          metrics: tuple[str, int] | None, device_speed: str | None, relayout: bool, **limits: object) -> None:
+          metrics: tuple[str, int] | None, device_speed: str | None, relayout: bool, pin_cpus: bool, **limits: object) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
@@ -119,7 +123,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                        agent_command=agent_command.split() if agent_command else None, spares=spares,
                        limits=limits_from(limits), drain_grace_s=drain_grace, metrics=metrics,
-                       device_speed=device_speed, relayout=relayout)
+                       device_speed=device_speed, relayout=relayout, pin_cpus=pin_cpus)
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:

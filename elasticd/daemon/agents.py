@@ -83,12 +83,15 @@ class Supervisor:
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
-                 agent_command: list[str] | None = None, spares: int | None = 0) -> None:
-        """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap."""
+                 agent_command: list[str] | None = None, spares: int | None = 0, pin_cpus: bool = False) -> None:
+        """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap.
+        `pin_cpus`: each CPU device's agent is bound to its own block of the machine's cores."""
         self.sd = sd
         self.core = Supervision(devices)
         self.control_endpoint = control_endpoint
         self.host = host
+        cpus = sum(d.type == "cpu" for d in devices)
+        self._cpu_slots = cpus if pin_cpus and cpus else -1
         self.agent_command = agent_command or default_agent_command()
         self._procs: dict[int, _Process] = {}   # by pid, until reaped
         self._next_sample = 0.0
@@ -253,6 +256,7 @@ class Supervisor:
         err_path.unlink(missing_ok=True)
         cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=spawn.rank, world=spawn.world,
                           device_type=dev.type, device_index=dev.index,
+                          cpu_slots=self._cpu_slots if dev.type == "cpu" else -1,
                           master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
                           standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),

@@ -67,6 +67,7 @@ class DaemonConfig:
     metrics: tuple[str, int] | None = None  # the embedded scheduler's metrics and status page (elasticd.observe)
     device_speed: str | None = None        # declared relative device speeds (devices.parse_speeds)
     relayout: bool = True                  # the embedded scheduler's live re-layouts (issue 15)
+    pin_cpus: bool = False                 # CPU agents bound to a block of cores each (agent/cpu_pin.py)
 
 
 
@@ -153,7 +154,7 @@ class NodeDaemon:
             self._close()
             raise
         self.sup = Supervisor(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
-                              spares=cfg.spares)
+                              spares=cfg.spares, pin_cpus=cfg.pin_cpus)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
