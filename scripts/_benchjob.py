@@ -17,7 +17,8 @@ stamps is one whole physical step (every hosted worker's turn plus the flush).
 Knobs (environment, so `elasticd run` needs no extra arguments): ELASTICD_BENCH_WORKERS (N, default 8),
 ELASTICD_BENCH_STEPS (default 40), ELASTICD_BENCH_BATCH (per rank, default 32), ELASTICD_BENCH_WIDTH
 (hidden width, default 512), ELASTICD_BENCH_MODEL (`mlp`, default, or `many`: see `make_model`), ELASTICD_BENCH_OUT (where rank 0 writes its JSON), ELASTICD_BENCH_DEVICE
-(`ideal_run`'s device, default cpu; the elastic function uses `ctx.device`). On a GPU every stamp is
+(`ideal_run`'s device, default cpu; the elastic function uses `ctx.device`), ELASTICD_BENCH_GO (set by
+scripts/_interleave.py: wait for this file before the first step). On a GPU every stamp is
 taken after a `torch.cuda.synchronize()`, in both loops alike: kernels run asynchronously, and a stamp
 at launch time would time the Python, not the step.
 
@@ -120,6 +121,19 @@ def _stamp(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _await_go() -> None:
+    """Under an interleaving driver (scripts/_interleave.py, which sets ELASTICD_BENCH_GO): say this
+    process is ready to step, then wait for the go, so that every job's timed steps start together
+    whatever its start-up cost (imports, process spawns, rendezvous)."""
+    go = os.environ.get("ELASTICD_BENCH_GO")
+    if not go:
+        return
+    with open(f"{go}.ready.{os.getpid()}", "w"):
+        pass
+    while not os.path.exists(go):
+        time.sleep(0.01)
+
+
 def _write(out: dict[str, Any]) -> None:
     path = os.environ.get("ELASTICD_BENCH_OUT")
     if path:
@@ -162,6 +176,7 @@ def _body(ctx: Any) -> None:
         opt.load_state_dict(state["opt"])
         first = state["step"] + 1
     model, opt = ctx.replicate(model, opt)
+    _await_go()
     stamps: list[float] = []
     out: dict[str, Any] = {"threads": torch.get_num_threads()}
     for step in ctx.steps(STEPS):
@@ -205,6 +220,7 @@ def _accum_body(ctx: Any) -> None:
     acc = WORKERS // ctx.world_size
     model = DistributedDataParallel(make_model().to(ctx.device))
     opt = make_optimizer(model)
+    _await_go()
     stamps: list[float] = []
     for step in ctx.steps(STEPS):
         stamps.append(_stamp(ctx.device))

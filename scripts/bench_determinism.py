@@ -9,10 +9,12 @@ the default mode also runs with that same single thread (`elasticd run --threads
 
 All variants run as `elasticd run SCRIPT:FUNC --devices M` on scripts/_benchjob.py (an MLP on synthetic
 data, per-rank batch 32). Each job times its own steps (logical rank 0 stamps every step start), so
-start-up never counts; a run's figure is its median step after --warmup. Variants are interleaved round
-by round (the order rotates) and each ratio is the median over rounds of that round's ratio (paired,
-because the machine is shared and noisy). The deterministic runs must end with bitwise-equal
-parameters on M=1 and M=2 (the digest column).
+start-up never counts. Runs one after another cannot resolve these ratios on a shared machine (a
+neighbour's burst of seconds moves one run by 20-50%), so each round runs every variant at once,
+interleaved (scripts/_interleave.py: set up side by side, then turns of --slice seconds while the others
+are frozen; only steps wholly inside a job's own turns count); a run's figure is its median such step,
+and each ratio is the median over rounds of that round's ratio. The deterministic runs must end with
+bitwise-equal parameters on M=1 and M=2 (the digest column).
 
 The last line is `deterministic_cost=X.XX`: deterministic / default seconds per step at M=2 (default
 threads), the case that pays the all-gather.
@@ -34,11 +36,10 @@ from _benchjob_common import (
     median,
     out_file,
     read_json,
-    run,
-    step_seconds,
     table,
     tempdir,
 )
+from _interleave import Job, compare
 
 
 @dataclass(frozen=True)
@@ -71,14 +72,17 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=8, help="N logical workers (default 8)")
     ap.add_argument("--batch", type=int, default=32, help="per-rank batch (default 32)")
     ap.add_argument("--width", type=int, default=512, help="MLP hidden width (default 512)")
-    ap.add_argument("--steps", type=int, default=40, help="steps per run, warm-up included (default 40)")
+    ap.add_argument("--steps", type=int, default=150,
+                    help="steps per run, warm-up included (default 150: several turns of every variant)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed first steps of each run (default 5)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of every variant (default 3)")
+    ap.add_argument("--slice", type=float, default=1.5,
+                    help="seconds each run gets the machine for, in turns (default 1.5)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: N=4, a small model, few steps, one round (numbers not meaningful)")
     a = ap.parse_args()
     if a.quick:
-        a.workers, a.width, a.steps, a.warmup, a.repeats = 4, 64, 6, 2, 1
+        a.workers, a.width, a.steps, a.warmup, a.repeats, a.slice = 4, 64, 300, 2, 1, 0.2
     if a.steps - a.warmup < 2:
         ap.error("--steps must exceed --warmup by at least 2")
     if a.workers % 2:
@@ -96,8 +100,9 @@ def main() -> None:
     knobs = {"workers": a.workers, "steps": a.steps, "batch": a.batch, "width": a.width}
     with tempdir() as tmp:
         for rnd in range(a.repeats):
+            # The order of turns rotates from round to round.
             order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]
-            got: dict[str, float] = {}
+            jobs = []
             for v in order:
                 path = out_file(tmp, v.key)
                 args = ["run", f"{JOB}:{'train_det' if v.deterministic else 'train'}", "--workers", str(a.workers),
@@ -107,9 +112,10 @@ def main() -> None:
                 env = job_env(**knobs, out=path)
                 if v.at_flush:
                     env["ELASTICD_BUCKET_KB"] = "0"
-                run(elasticd_cmd(*args), env, timeout=900)
-                out = read_json(path)
-                got[v.key] = step_seconds(out["stamps"], a.warmup)
+                jobs.append(Job(v.key, elasticd_cmd(*args), env, path))
+            got = compare(jobs, a.warmup, a.slice)
+            for v, job in zip(order, jobs, strict=True):
+                out = read_json(job.out)
                 times[v.key].append(got[v.key])
                 digests[v.key].add(out["digest"])
                 threads[v.key] = int(out["threads"])

@@ -12,25 +12,31 @@ data, N=8 ranks x 32 samples, SGD with momentum):
   (e) DDP 2 x N/2  the fair anchor for (c): what a user runs on 2 devices instead, 2 gloo processes of
                  DistributedDataParallel (default settings), each accumulating N/2 micro-batches under
                  `no_sync` (`_benchjob.train_accum`), same cores;
-  (f) DDP 1 x N  the fair anchor for (b): 1 DDP process accumulating N micro-batches, pinned to (b)'s core.
+  (f) DDP 1 x N  the fair anchor for (b): 1 DDP process accumulating N micro-batches, pinned to (b)'s core;
+  (b') M=1        (b) again in a process of its own (the script run standalone), on the same core, so that
+                 it can be run side by side with (f).
 
 Each job times its own steps (logical rank 0 stamps every step start), so process start-up, imports and
 rendezvous never count; the first --warmup steps are dropped and a run's figure is the median step.
 The machine is shared and noisy, so runs are paired and the "vs ideal" column is the median of per-pair
 ratios (a noisy moment slows both sides of a ratio): (a) and (b) alternate in --pairs short pairs
-(a b, b a, ...); each run of (c) and (d) is bracketed by two runs of (a). The parameter checksums of all
-variants must agree (same math), and (c) / (d) is printed (the README's Figures: elasticd on 2 devices must be
-faster than DDP with N processes on the same cores). Against the fair anchors, each round runs (c) and (e)
-back to back (alternating which goes first) and (f) between two runs of (b); the ratios are medians of
-those per-round ratios. --sweep N1,N2,... repeats the (c)/(e) pairing for other N (only subprocesses, so
-this process's job module keeps its N); --model-2 many for a second model whose step is dominated by
-per-parameter and communication costs (many small layers); --bucket-kb K1,K2,... for (c) at other gradient
-bucket sizes (ELASTICD_BUCKET_KB, agent/replicated/buckets.py; 0 = the whole flush after backward).
+(a b, b a, ...). Runs one after another cannot resolve the few percent between the subprocess variants
+(a neighbour's burst of seconds moves one run by 20-50%), so (c), (d), (e), (f) and (b') run at once,
+interleaved (scripts/_interleave.py): each is set up, then they take turns of --slice seconds while the
+others are frozen, and only steps wholly inside a job's own turns count; --repeats such rounds, each
+sized for about --interleave-s seconds of stepping per job. The ratios are medians of per-round ratios.
+The parameter checksums must agree (same math: (a) with (b), and the interleaved runs, which take more
+steps, with each other), and (c) / (d) is printed (the README's Figures: elasticd on 2 devices must be
+faster than DDP with N processes on the same cores). --sweep N1,N2,... repeats (c) against (e) for other N
+(only subprocesses, so this process's job module keeps its N); --model-2 many for a second model whose
+step is dominated by per-parameter and communication costs (many small layers); --bucket-kb K1,K2,... for
+(c) at other gradient bucket sizes (ELASTICD_BUCKET_KB, agent/replicated/buckets.py; 0 = the whole flush
+after backward).
 
 (a) and (b) default to 1 torch thread, and this process to one core (--cpu): one device is one core
 here. Two OpenMP threads in one process on a shared 2-core machine stall whenever a neighbour holds a
 core, and unpinned worker threads migrate between cores at every hand-over (cold caches); either would
-measure the neighbours and the OS scheduler instead of the runtime. (c) and (d) get every core.
+measure the neighbours and the OS scheduler instead of the runtime. (c), (d) and (e) get every core.
 
 --profile adds instrumented (b) runs and prints where its extra time per step goes (hand-over, RNG swap,
 thread wake-up, flush, step-boundary vote), measured by wrapping the runtime's methods from here (the
@@ -38,7 +44,7 @@ runtime is not modified), plus two what-ifs paired with (a): (b) without the num
 with the one-agent gradient flush done in place (both leave this job's result unchanged).
 
 The last line is `vs_ddp_accumulation=X.XX`: (c) / (e) seconds per step, elasticd on 2 devices over DDP on
-2 devices with accumulation (goal <= 1.03, issue #17); with (c) or (e) skipped, (b) / (f). Before it,
+2 devices with accumulation (goal <= 1.03, issue #17); with (c) or (e) skipped, (b') / (f). Before it,
 `overhead_vs_ideal=X.XX`: (b) / (a) (goal <= 1.05, README Figures).
 """
 
@@ -65,13 +71,13 @@ from _benchjob_common import (
     median,
     out_file,
     read_json,
-    run,
     step_seconds,
     table,
     tempdir,
 )
+from _interleave import Job, compare
 
-VARIANTS = ("ideal", "m1", "m2", "ddp", "acc2", "acc1")
+VARIANTS = ("ideal", "m1", "m2", "ddp", "acc2", "acc1", "m1p")
 SUBPROCESS = ("m2", "acc2", "ddp", "acc1")
 LABELS = {
     "ideal": "(a) ideal: grad-accumulation loop",
@@ -80,6 +86,7 @@ LABELS = {
     "ddp": "(d) torch DDP, N gloo processes",
     "acc2": "(e) torch DDP 2 procs x N/2 accumulation",
     "acc1": "(f) torch DDP 1 proc x N accumulation",
+    "m1p": "(b') elasticd N on 1 device (own process)",
 }
 
 
@@ -91,7 +98,12 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=40, help="steps per run, warm-up included (default 40)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed first steps of each run (default 5)")
     ap.add_argument("--pairs", type=int, default=10, help="alternating (a)/(b) run pairs (default 10)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of (c) and (d) each (default 3)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds of the interleaved subprocess runs, and of each sweep point (default 3)")
+    ap.add_argument("--interleave-s", type=float, default=10.0,
+                    help="seconds of stepping each interleaved run is sized for (default 10)")
+    ap.add_argument("--slice", type=float, default=1.5,
+                    help="seconds each interleaved run gets the machine for, in turns (default 1.5)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for (a) and (b) in this process (default 1; 0 = torch's default)")
     ap.add_argument("--cpu", type=int, default=None,
@@ -116,6 +128,7 @@ def _parse() -> argparse.Namespace:
     a = ap.parse_args()
     if a.quick:
         a.workers, a.width, a.steps, a.warmup, a.pairs, a.repeats = 4, 64, 6, 2, 2, 1
+        a.interleave_s, a.slice = 0.6, 0.15   # several turns each, or their stepping would not overlap
     if a.steps - a.warmup < 2:
         ap.error("--steps must exceed --warmup by at least 2")
     # Before anything initialises CUDA: the in-process run (b) takes the one visible GPU, or none.
@@ -147,44 +160,65 @@ class Bench:
         self.ideal_times: list[float] = []
         self.gaps: dict[str, list[float]] = defaultdict(list)  # every timed step of every run
 
-    def run(self, variant: str, point: dict[str, Any] | None = None) -> float:
-        """One run of `variant`: its median seconds per step. `point`: a subprocess run at other knobs
-        (workers, model) and environment (`env`), whose time alone is returned (--sweep, --model-2,
-        --bucket-kb)."""
+    def run(self, variant: str) -> float:
+        """One in-process run of (a) "ideal" or (b) "m1": its median seconds per step."""
         path = out_file(self.tmp, variant)
-        point = point or {}
-        n = point.get("workers", self.a.workers)
         if variant == "ideal":
             stamps, check = self.job.ideal_run(self.a.steps, self.a.workers)
             out = {"stamps": stamps, "checksum": check, "threads": torch.get_num_threads()}
         else:
-            if variant == "m1":
-                os.environ["ELASTICD_BENCH_OUT"] = path
-                self.job.train()
-            else:
-                env = job_env(**{**self.knobs, "workers": n, "model": point.get("model", self.a.model)}, out=path)
-                env.update(point.get("env", {}))
-                cpus = None
-                if variant == "m2":
-                    args = ["run", f"{JOB}:train", "--workers", str(n), "--devices", "2"]
-                elif variant == "ddp":
-                    args = ["run", f"{JOB}:train", "--workers", str(n), "--ddp"]
-                else:
-                    args = ["run", f"{JOB}:train_accum", "--workers", "2" if variant == "acc2" else "1", "--ddp"]
-                    if variant == "acc1" and self.a.cpu is not None and self.a.cpu >= 0:
-                        cpus = frozenset({self.a.cpu})  # one device is one core, as for (b)
-                run(elasticd_cmd(*args), env, timeout=900, cpus=cpus)
+            os.environ["ELASTICD_BENCH_OUT"] = path
+            self.job.train()
             out = read_json(path)
-        if point:
-            return step_seconds(out["stamps"], self.a.warmup)  # a sweep point: only its time
-        self.threads[variant] = int(out["threads"])
-        self.checksums[variant].append(float(out["checksum"]))
+        self._record(variant, out)
         seconds = step_seconds(out["stamps"], self.a.warmup)
-        stamps = out["stamps"]
-        self.gaps[variant] += [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][self.a.warmup:]
         if variant == "ideal":
             self.ideal_times.append(seconds)
         return seconds
+
+    def _record(self, variant: str, out: dict[str, Any]) -> None:
+        self.threads[variant] = int(out["threads"])
+        self.checksums[variant].append(float(out["checksum"]))
+        stamps = out["stamps"]
+        self.gaps[variant] += [b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True)][self.a.warmup:]
+
+    def group(self, specs: dict[str, tuple[str, dict[str, Any]]], main: bool = False) -> dict[str, float]:
+        """Subprocess runs interleaved (scripts/_interleave.py): name -> (variant, point); each one's median
+        seconds per clean step. `point`: other knobs (workers, model) and environment (env) than the
+        main run's (--sweep, --model-2, --bucket-kb). `main`: the runs' checksums count (same N and model)."""
+        jobs = []
+        for name, (variant, point) in specs.items():
+            jobs.append(self._job(name, variant, point))
+        got = compare(jobs, self.a.warmup, self.a.slice)
+        if main:
+            for j in jobs:
+                self._record(j.name, read_json(j.out))
+        return got
+
+    def _job(self, name: str, variant: str, point: dict[str, Any]) -> Job:
+        a = self.a
+        n, model = point.get("workers", a.workers), point.get("model", a.model)
+        # Enough steps for about --interleave-s seconds of stepping at (c)'s pace (half (b)'s step, scaled
+        # to N): the jobs must step together for many slices, start-ups aside.
+        per_step = median(self.ideal_times) * n / a.workers / 2
+        steps = max(a.steps, int(a.interleave_s / max(per_step, 1e-4)))
+        path = out_file(self.tmp, name)
+        env = job_env(**{**self.knobs, "workers": n, "model": model, "steps": steps}, out=path)
+        env.update(point.get("env", {}))
+        cpus = ALL_CPUS
+        if variant in ("acc1", "m1p") and a.cpu is not None and a.cpu >= 0:
+            cpus = frozenset({a.cpu})  # one device is one core, as for (b)
+            if a.threads:
+                env["OMP_NUM_THREADS"] = str(a.threads)
+        if variant == "m2":
+            cmd = elasticd_cmd("run", f"{JOB}:train", "--workers", str(n), "--devices", "2")
+        elif variant == "ddp":
+            cmd = elasticd_cmd("run", f"{JOB}:train", "--workers", str(n), "--ddp")
+        elif variant == "m1p":
+            cmd = [sys.executable, str(JOB)]   # standalone: every logical worker in one process
+        else:
+            cmd = elasticd_cmd("run", f"{JOB}:train_accum", "--workers", "2" if variant == "acc2" else "1", "--ddp")
+        return Job(name, cmd, env, path, cpus)
 
 
 def main() -> None:
@@ -204,7 +238,7 @@ def main() -> None:
     sweep = [int(n) for n in a.sweep.split(",") if n.strip()]
     if any(n % 2 for n in sweep) or a.workers % 2 and "acc2" not in skip:
         raise SystemExit("(e) splits N over 2 DDP processes: --workers and --sweep need even N (or --skip acc2)")
-    variants = [v for v in VARIANTS if v not in skip]
+    variants = [v for v in VARIANTS if v not in skip and not (v == "m1p" and "acc1" in skip)]
     times: dict[str, list[float]] = defaultdict(list)
     ratios: dict[str, list[float]] = defaultdict(list)
     m2_vs_ddp: list[float] = []
@@ -234,60 +268,60 @@ def main() -> None:
         # this shared machine gets to a dedicated core. Read before the other variants add (a) steps.
         fast = {v: _quantile(bench.gaps[v], 0.1) for v in ("ideal", "m1")}
         print(f"(a)/(b) pairs: b/a = {' '.join(f'{r:.3f}' for r in ratios['m1'])}", file=sys.stderr, flush=True)
-        # Subprocess variants take seconds to start (not timed), so fewer rounds; each is paired with
-        # an ideal run just before and just after it.
-        for rnd in range(a.repeats):
-            order = [v for v in SUBPROCESS if v in variants]
-            if rnd % 2 and "m2" in order and "acc2" in order:  # (c) and (e) are adjacent: swap who goes first
-                order[0], order[1] = order[1], order[0]
+        # The subprocess variants run at once, frozen and thawed in turns (scripts/_interleave.py): a
+        # neighbour's burst then falls on every variant's slices alike. Each round is one such group.
+        order = [v for v in SUBPROCESS if v in variants] + (["m1p"] if "acc1" in variants else [])
+        for rnd in range(a.repeats if order else 0):
+            got = bench.group({v: (v, {}) for v in order}, main=True)
             for v in order:
-                before = bench.run("ideal")
-                m1_before = bench.run("m1") if v == "acc1" else 0.0
-                got_v = bench.run(v)
-                m1_after = bench.run("m1") if v == "acc1" else 0.0
-                after = bench.run("ideal")
-                times[v].append(got_v)
-                ratios[v].append(got_v / ((before + after) / 2))
-                if v == "acc1":
-                    m1_vs_acc1.append((m1_before + m1_after) / 2 / got_v)
-                print(f"round {rnd + 1}/{a.repeats}: {v} {got_v * 1e3:.1f} ms/step, "
-                      f"ideal {before * 1e3:.1f}/{after * 1e3:.1f}", file=sys.stderr, flush=True)
-            if "m2" in variants and "ddp" in variants:
-                m2_vs_ddp.append(times["m2"][-1] / times["ddp"][-1])
-            if "m2" in variants and "acc2" in variants:
-                m2_vs_acc2.append(times["m2"][-1] / times["acc2"][-1])
-        # The sweep: (c) and (e) back to back at each further N, alternating which goes first.
+                times[v].append(got[v])
+            if "m2" in got and "ddp" in got:
+                m2_vs_ddp.append(got["m2"] / got["ddp"])
+            if "m2" in got and "acc2" in got:
+                m2_vs_acc2.append(got["m2"] / got["acc2"])
+            if "acc1" in got:
+                m1_vs_acc1.append(got["m1p"] / got["acc1"])
+            print(f"round {rnd + 1}/{a.repeats}: " + ", ".join(f"{v} {got[v] * 1e3:.1f}" for v in order)
+                  + " ms/step", file=sys.stderr, flush=True)
+        # The sweep: (c) and (e) interleaved at each further N, model and bucket size.
         for rnd in range(a.repeats if points else 0):
             for label, point in points:
-                pair = ("m2", "acc2") if rnd % 2 == 0 else ("acc2", "m2")
-                got = {v: bench.run(v, {**point, "env": point.get("env", {}) if v == "m2" else {}}) for v in pair}
+                got = bench.group({"m2": ("m2", point), "acc2": ("acc2", {**point, "env": {}})})
                 swept[label].append((got["m2"], got["acc2"]))
                 print(f"sweep round {rnd + 1}/{a.repeats}: {label} (c) {got['m2'] * 1e3:.1f} ms/step, "
                       f"(e) {got['acc2'] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
         profile = _profile(bench) if a.profile else None
 
-    ref = median(bench.checksums["ideal"])
-    drift = {v: max(abs(c - ref) / ref for c in bench.checksums[v]) for v in variants}
+    # The interleaved runs take more steps than (a) and (b): they are checked against each other.
+    ref = {v: median(bench.checksums["ideal"]) for v in ("ideal", "m1")}
+    ref.update({v: median([c for u in variants if u in times and u not in ref for c in bench.checksums[u]] or [0.0])
+                for v in variants if v not in ref})
+    drift = {v: max(abs(c - ref[v]) / ref[v] for c in bench.checksums[v]) for v in variants if bench.checksums[v]}
     rows = [[LABELS[v], str(bench.threads[v]), str(len(times[v])), f"{median(times[v]) * 1e3:.2f}",
              f"{median(ratios[v]):.3f}", f"{min(ratios[v]):.2f}-{max(ratios[v]):.2f}", f"{drift[v]:.1e}"]
-            for v in variants]
+            for v in ("ideal", "m1")]
+    interleaved = [[LABELS[v], str(bench.threads[v]), str(len(times[v])), f"{median(times[v]) * 1e3:.2f}",
+                    f"{drift[v]:.1e}"] for v in variants if v in drift and v not in ("ideal", "m1")]
     print(f"N={a.workers} logical workers, per-rank batch {a.batch}, model {a.model} (width {a.width}) "
           f"({sum(p.numel() for p in bench.job.make_model().parameters()) / 1e6:.2f}M params), "
           f"{a.steps - a.warmup - 1} timed steps per run; (a), (b) pinned to "
           f"{'core ' + str(a.cpu) if a.cpu is not None and a.cpu >= 0 else 'no core'}; {load_average()}")
     print(table(["variant", "threads/proc", "runs", "ms/step", "vs ideal", "range", "checksum Δ"], rows))
+    if interleaved:
+        print(f"run interleaved, {a.repeats} round(s) of {a.slice:g} s slices (median of clean steps per run):")
+        print(table(["variant", "threads/proc", "rounds", "ms/step", "checksum Δ (vs their median)"], interleaved))
     print(f"(b) / (a) on the fastest 10% of steps (p10 of {len(bench.gaps['m1'])} steps each, pairs pooled): "
           f"{fast['m1'] / fast['ideal']:.2f} ({fast['m1'] * 1e3:.2f} / {fast['ideal'] * 1e3:.2f} ms)")
     if m2_vs_ddp:
         print(f"(c) elasticd on 2 devices / (d) torch DDP with {a.workers} processes: {median(m2_vs_ddp):.2f} "
-              f"(median of {len(m2_vs_ddp)} paired rounds; goal < 1: faster than DDP on the same cores)")
+              f"(median of {len(m2_vs_ddp)} interleaved rounds; goal < 1: faster than DDP on the same cores)")
     if m2_vs_acc2:
         print(f"(c) elasticd on 2 devices / (e) DDP 2 processes x {a.workers // 2} accumulation: "
-              f"{median(m2_vs_acc2):.2f} (median of {len(m2_vs_acc2)} paired rounds, range "
+              f"{median(m2_vs_acc2):.2f} (median of {len(m2_vs_acc2)} interleaved rounds, range "
               f"{min(m2_vs_acc2):.2f}-{max(m2_vs_acc2):.2f}; goal <= 1.03)")
     if m1_vs_acc1:
-        print(f"(b) elasticd on 1 device / (f) DDP 1 process x {a.workers} accumulation: "
-              f"{median(m1_vs_acc1):.2f} (median of {len(m1_vs_acc1)} rounds, (f) between two (b) runs; range "
+        print(f"(b') elasticd on 1 device / (f) DDP 1 process x {a.workers} accumulation, both one core: "
+              f"{median(m1_vs_acc1):.2f} (median of {len(m1_vs_acc1)} interleaved rounds; range "
               f"{min(m1_vs_acc1):.2f}-{max(m1_vs_acc1):.2f})")
     if swept:
         print()
@@ -298,9 +332,9 @@ def main() -> None:
     if profile:
         print()
         print(profile)
-    bad = [v for v in variants if drift[v] > 1e-4]
+    bad = [v for v in drift if drift[v] > 1e-4]
     if bad:
-        raise SystemExit(f"variants {bad} computed different parameters than the ideal loop")
+        raise SystemExit(f"variants {bad} computed different parameters than the others (same steps)")
     print(f"overhead_vs_ideal={median(ratios['m1']):.2f}")
     anchor = m2_vs_acc2 or m1_vs_acc1
     if anchor:
