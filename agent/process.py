@@ -19,8 +19,8 @@ from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
-from elasticd.agent.cpu_pin import allowed_cores, pin
 from elasticd.agent.control.channel import ControlChannel, NullControl
+from elasticd.agent.cpu_pin import allowed_cores, pin
 from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.private.registry import attach as attach_private
 from elasticd.agent.resize import fallback
