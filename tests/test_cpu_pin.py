@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from util import JOBS
+from util import JOBS, cli
 
 from elasticd.agent.cpu_pin import core_block
 
@@ -33,6 +33,10 @@ def probe(tmp: Path, scale_at: str, env: dict[str, str]) -> dict[int, list[dict]
     proc = subprocess.run(cmd, env={**os.environ, "ELASTICD_TEST_LOG": str(tmp), **env},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_probe(tmp)
+
+
+def read_probe(tmp: Path) -> dict[int, list[dict]]:
     steps: dict[int, list[dict]] = {}
     for path in tmp.glob("rank*.jsonl"):
         for line in path.read_text().splitlines():
@@ -55,3 +59,14 @@ def test_agents_pin_apart_and_repin_after_a_shrink(tmp_path: Path) -> None:
 def test_pinning_can_be_turned_off(tmp_path: Path) -> None:
     steps = probe(tmp_path, "", {"ELASTICD_CPU_PIN": "0"})
     assert {tuple(r["cores"]) for s in steps.values() for r in s} == {tuple(CORES)}
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="pinning two agents apart needs two cores")
+def test_daemon_pins_its_cpu_devices_agents_with_pin_cpus(cluster, tmp_path: Path) -> None:
+    d = cluster.daemon("node", "--pin-cpus", cpu=2, fake=False)
+    r = cli("submit", str(JOBS / "pin_probe.py"), "--min-devices", "2", "--wait", "--env",
+            f"ELASTICD_TEST_LOG={tmp_path}", "--state-dir", str(d.state_dir), timeout=300)
+    assert r.code == 0, (r.out, r.err, d.output()[-3000:])
+    k = len(CORES) // 2
+    agents = {(r["pid"], tuple(r["cores"]), r["threads"]) for s in read_probe(tmp_path).values() for r in s}
+    assert sorted(a[1:] for a in agents) == [(tuple(CORES[:k]), k), (tuple(CORES[k:2 * k]), k)], agents
