@@ -2,8 +2,9 @@
 
 Deterministic mode sums gradients over logical ranks in a fixed order, independent of M: every worker's
 gradient is stashed apart at the end of its backward (no accumulation into a shared .grad), and at the
-flush the agents all-gather every rank's gradient and add them up in rank order, instead of summing
-locally and all-reducing one buffer. It also pins torch to 1 intra-op thread per agent (so CPU kernels
+flush they are added up along a fixed tree over ranks (agent/comm/rank_tree.py): each agent sums its
+block's subtrees, and the agents reduce those partial sums shard by shard (all-to-all, add, all-gather)
+instead of all-reducing one locally summed buffer. It also pins torch to 1 intra-op thread per agent (so CPU kernels
 reduce in the same order whatever M is; agent/process.py `_set_threads`). To separate the two costs,
 the default mode also runs with that same single thread (`elasticd run --threads 1`).
 
@@ -17,7 +18,7 @@ and each ratio is the median over rounds of that round's ratio. The deterministi
 bitwise-equal parameters on M=1 and M=2 (the digest column).
 
 The last line is `deterministic_cost=X.XX`: deterministic / default seconds per step at M=2 (default
-threads), the case that pays the all-gather.
+threads), the case that pays the exchange.
 """
 
 from __future__ import annotations
@@ -48,14 +49,12 @@ class Variant:
     devices: int
     deterministic: bool
     threads: int = 0  # --threads; 0 = elasticd's default (cores / M, or 1 in deterministic mode)
-    at_flush: bool = False  # ELASTICD_BUCKET_KB=0: every rank's exchange at the flush, none while others compute
 
     @property
     def label(self) -> str:
         mode = "deterministic" if self.deterministic else "default"
         pinned = ", --threads 1" if self.threads else ""
-        late = ", exchange at the flush (ELASTICD_BUCKET_KB=0)" if self.at_flush else ""
-        return f"{mode}, M={self.devices}{pinned}{late}"
+        return f"{mode}, M={self.devices}{pinned}"
 
 
 def _variants(devices: list[int]) -> list[Variant]:
@@ -63,8 +62,7 @@ def _variants(devices: list[int]) -> list[Variant]:
     for m in devices:
         out += [Variant(f"def{m}", m, False), Variant(f"def{m}t1", m, False, threads=1),
                 Variant(f"det{m}", m, True)]
-    # Deterministic M=2 without the exchange overlapped with the next worker's compute (#17): its cost apart.
-    return out + [Variant("det2flush", 2, True, at_flush=True)]
+    return out
 
 
 def _parse() -> argparse.Namespace:
@@ -109,17 +107,13 @@ def main() -> None:
                         "--devices", str(v.devices)]
                 if v.threads:
                     args += ["--threads", str(v.threads)]
-                env = job_env(**knobs, out=path)
-                if v.at_flush:
-                    env["ELASTICD_BUCKET_KB"] = "0"
-                jobs.append(Job(v.key, elasticd_cmd(*args), env, path))
+                jobs.append(Job(v.key, elasticd_cmd(*args), job_env(**knobs, out=path), path))
             got = compare(jobs, a.warmup, a.slice)
             for v, job in zip(order, jobs, strict=True):
                 out = read_json(job.out)
                 times[v.key].append(got[v.key])
                 digests[v.key].add(out["digest"])
                 threads[v.key] = int(out["threads"])
-            ratios[("det2", "det2flush")].append(got["det2"] / got["det2flush"])
             for m in (1, 2):
                 ratios[(f"det{m}", f"def{m}")].append(got[f"det{m}"] / got[f"def{m}"])
                 ratios[(f"det{m}", f"def{m}t1")].append(got[f"det{m}"] / got[f"def{m}t1"])
@@ -138,15 +132,13 @@ def main() -> None:
           f"{a.steps - a.warmup - 1} timed steps x {a.repeats} round(s); {load_average()}")
     print(table(["variant", "threads/agent", "ms/step", "vs default (same M)", "vs default --threads 1",
                  "param digest"], rows))
-    det = digests["det1"] | digests["det2"] | digests["det2flush"]
-    print(f"deterministic mode, M=1 vs M=2 (both exchanges): {'bitwise equal' if len(det) == 1 else 'DIFFERENT'} parameters")
+    det = digests["det1"] | digests["det2"]
+    print(f"deterministic mode, M=1 vs M=2: {'bitwise equal' if len(det) == 1 else 'DIFFERENT'} parameters")
     for m in (1, 2):
         thread_cost = median(ratios[(f"def{m}t1", f"def{m}")])
         reduction_cost = median(ratios[(f"det{m}", f"def{m}t1")])
         print(f"M={m}: deterministic / default = {median(ratios[(f'det{m}', f'def{m}')]):.2f} "
               f"= thread pinning {thread_cost:.2f} x fixed-order reduction {reduction_cost:.2f} (medians)")
-    print(f"M=2 deterministic: exchange while the next worker computes / at the flush = "
-          f"{median(ratios[('det2', 'det2flush')]):.2f} (median of per-round ratios)")
     if len(det) != 1:
         raise SystemExit("deterministic mode gave different parameters on M=1 and M=2")
     print(f"deterministic_cost={median(ratios[('det2', 'def2')]):.2f}")

@@ -1,6 +1,7 @@
-"""The deterministic sum over logical ranks (agent/comm/collectives.py `FlushEnv.sum_over_ranks`) gives the same
-bits on every number of agents, for tensors big enough to be summed shard by shard and for small ones,
-with layouts and sizes that do not divide evenly. Real agent processes, real gloo."""
+"""The deterministic sum over logical ranks (agent/comm/collectives.py `FlushEnv.sum_over_ranks`) gives the
+bits of the rank tree (agent/comm/rank_tree.py) on every number of agents and layout, for tensors big
+enough to be summed shard by shard and for small ones, with sizes that do not divide evenly. Real agent
+processes, real gloo."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ import pytest
 import torch
 
 from elasticd.agent.comm.collectives import SHARD_MIN, FlushEnv
-from elasticd.agent.comm.layout import hosted_ranks
+from elasticd.agent.comm.layout import Layout
+from elasticd.agent.comm.rank_tree import pieces, tree_sum
 from elasticd.ports import free_port
 
 WORKERS = 7
-EVEN_WORKERS = 8                    # start_exchange needs every agent to host as many ranks
-EXCHANGED = (SHARD_MIN * 4 + 3,)    # sharded on 2 and 4 agents, not evenly
 SIZES = [(3, 5), (SHARD_MIN * 3 + 5,), (41, SHARD_MIN // 8 + 1)]   # small, and two sharded (uneven)
 
 
@@ -26,40 +26,24 @@ def rank_tensor(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=g) * torch.logspace(-6, 6, shape[-1])
 
 
-def _agent(rank: int, world: int, port: int, out: str) -> None:
+def _agent(rank: int, world: int, port: int, out: str, blocks: tuple[int, ...]) -> None:
     from elasticd.agent.comm.physical import PhysicalGroup
 
     phys = PhysicalGroup.connect(rank, world, torch.device("cpu"), "127.0.0.1", port)
-    env = FlushEnv(phys, WORKERS, deterministic=True)
+    layout = Layout.of(WORKERS, world, blocks)
+    env = FlushEnv(phys, WORKERS, deterministic=True, layout=layout)
     try:
-        sums = [env.sum_over_ranks([rank_tensor(r, s) for r in hosted_ranks(WORKERS, world, rank)]) for s in SIZES]
+        sums = [env.sum_over_ranks([rank_tensor(r, s) for r in layout.hosted(rank)]) for s in SIZES]
     finally:
         phys.close()
     torch.save(sums, out)
 
 
-def _exchanging_agent(rank: int, world: int, port: int, out: str) -> None:
-    """The gradient flush's deterministic sum in deterministic mode: each hosted rank's flat tensor sent
-    on its way as it arrives (`start_exchange`), summed at the flush (`sum_exchanged`)."""
-    from elasticd.agent.comm.physical import PhysicalGroup
-
-    phys = PhysicalGroup.connect(rank, world, torch.device("cpu"), "127.0.0.1", port)
-    env = FlushEnv(phys, EVEN_WORKERS, deterministic=True)
-    try:
-        ranks = hosted_ranks(EVEN_WORKERS, world, rank)
-        started = [env.start_exchange(r, rank_tensor(r, EXCHANGED).reshape(-1)) for r in ranks]
-        assert all(ex is not None for ex in started), "an even layout of a sharded size must start early"
-        small = env.start_exchange(ranks[0], torch.zeros(world * SHARD_MIN - 1))
-        summed = env.sum_exchanged(started)  # type: ignore[arg-type]
-    finally:
-        phys.close()
-    torch.save({"sum": summed, "small_started": small is not None}, out)
-
-
-def sums_on(tmp: Path, world: int, agent=_agent) -> list:
+def sums_on(tmp: Path, world: int, blocks: tuple[int, ...]) -> list:
     port = free_port("127.0.0.1")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=agent, args=(r, world, port, str(tmp / f"m{world}-{r}.pt"))) for r in range(world)]
+    procs = [ctx.Process(target=_agent, args=(r, world, port, str(tmp / f"m{world}-{r}.pt"), blocks))
+             for r in range(world)]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -68,28 +52,55 @@ def sums_on(tmp: Path, world: int, agent=_agent) -> list:
     return [torch.load(tmp / f"m{world}-{r}.pt") for r in range(world)]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_sum_over_ranks_is_bitwise_the_rank_order_sum_on_any_number_of_agents(tmp_path: Path, world: int) -> None:
-    want = []
-    for shape in SIZES:
-        total = rank_tensor(0, shape).clone()
-        for r in range(1, WORKERS):
-            total.add_(rank_tensor(r, shape))
-        want.append(total)
-    reordered = rank_tensor(WORKERS - 1, SIZES[1]).clone()
-    for r in reversed(range(WORKERS - 1)):
-        reordered.add_(rank_tensor(r, SIZES[1]))
-    assert not torch.equal(reordered, want[1]), "the data must be order-sensitive for this test to have teeth"
-    for agent, got in enumerate(sums_on(tmp_path, world)):
+def tree_order_sum(ranks: range, shape: tuple[int, ...]) -> torch.Tensor:
+    """The reference: halve the ranks (the larger half first), sum each half, add the right to the left."""
+    if len(ranks) == 1:
+        return rank_tensor(ranks[0], shape).clone()
+    mid = (len(ranks) + 1) // 2
+    return tree_order_sum(ranks[:mid], shape).add_(tree_order_sum(ranks[mid:], shape))
+
+
+@pytest.mark.parametrize("world, blocks", [(2, ()), (3, ()), (3, (1, 5, 1))])
+def test_sum_over_ranks_is_bitwise_the_rank_tree_sum_on_any_layout(tmp_path: Path, world: int,
+                                                                  blocks: tuple[int, ...]) -> None:
+    want = [tree_order_sum(range(WORKERS), shape) for shape in SIZES]
+    in_rank_order = rank_tensor(0, SIZES[1]).clone()
+    for r in range(1, WORKERS):
+        in_rank_order.add_(rank_tensor(r, SIZES[1]))
+    assert not torch.equal(in_rank_order, want[1]), "the data must be order-sensitive for this test to have teeth"
+    for agent, got in enumerate(sums_on(tmp_path, world, blocks)):
         for shape, w, g in zip(SIZES, want, got, strict=True):
             assert g.shape == w.shape and torch.equal(g, w), f"agent {agent} of {world}: sum of {shape} differs"
 
 
-@pytest.mark.parametrize("world", [4])
-def test_exchanges_started_as_ranks_arrive_sum_to_the_rank_order_sum(tmp_path: Path, world: int) -> None:
-    want = rank_tensor(0, EXCHANGED).clone()
-    for r in range(1, EVEN_WORKERS):
-        want.add_(rank_tensor(r, EXCHANGED))
-    for agent, got in enumerate(sums_on(tmp_path, world, _exchanging_agent)):
-        assert torch.equal(got["sum"], want), f"agent {agent} of {world}: exchanged sum differs"
-        assert not got["small_started"], "a tensor below the shard size is summed at the flush, as before"
+def test_one_agent_sums_the_same_tree_without_a_group() -> None:
+    env = FlushEnv(_NoGroup(), WORKERS, deterministic=True)  # type: ignore[arg-type]
+    hosted = [rank_tensor(r, SIZES[1]) for r in range(WORKERS)]
+    before = [t.clone() for t in hosted]
+    assert torch.equal(env.sum_over_ranks(hosted), tree_order_sum(range(WORKERS), SIZES[1]))
+    assert all(torch.equal(a, b) for a, b in zip(hosted, before, strict=True)), "the inputs were changed"
+
+
+class _NoGroup:
+    """M=1 needs no collective: a group that fails any call proves none is made."""
+    world, rank = 1, 0
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"one agent called the physical group's {name}")
+
+
+@pytest.mark.parametrize("workers, world", [(8, 2), (7, 2), (8, 4), (64, 2), (12, 4), (5, 2)])
+def test_uniform_blocks_on_two_agents_and_even_powers_of_two_are_whole_subtrees(workers: int, world: int) -> None:
+    layout = Layout.of(workers, world)
+    for lo, size in zip(layout.starts, layout.sizes, strict=True):
+        assert pieces(workers, lo, lo + size) == [(lo, lo + size)]
+
+
+def test_pieces_cut_a_block_into_subtrees_in_rank_order() -> None:
+    # tree over 8: [0,4) [4,8) -> [0,2) [2,4) [4,6) [6,8) -> leaves; the block [1, 7) is cut at every level
+    assert pieces(8, 1, 7) == [(1, 2), (2, 4), (4, 6), (6, 7)]
+    assert pieces(8, 0, 8) == [(0, 8)]
+    with pytest.raises(ValueError):
+        pieces(8, 3, 3)
+    with pytest.raises(KeyError):
+        tree_sum({(0, 4): torch.zeros(1), (5, 8): torch.zeros(1)}, (0, 8))

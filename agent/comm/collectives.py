@@ -3,9 +3,10 @@
 A worker that calls a collective records a pending op and gives up the baton. When every hosted worker
 waits at the same collective, the agent calls the op class's `flush` with the ops in rank order: the
 hosted contributions are pre-combined locally and one physical collective over the M agents finishes
-the job. In deterministic mode reductions are done over logical ranks in rank order, so the result does
-not depend on how ranks are spread over agents: each agent sums one shard of the tensor over all N ranks
-(an all-to-all brings it every rank's piece of its shard), then the summed shards are all-gathered.
+the job. In deterministic mode sums follow a fixed tree over logical ranks (comm/rank_tree.py), so the
+result does not depend on how ranks are spread over agents: each agent adds up the subtrees it hosts
+whole, and only those cross the network (for big tensors shard by shard: an all-to-all brings each agent
+every subtree's piece of its shard, then the summed shards are all-gathered).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.comm.rank_tree import Node, pieces, tree_sum
 
 
 class CollectiveMismatch(RuntimeError):
@@ -62,98 +64,57 @@ class FlushEnv:
 
     def sum_over_ranks(self, hosted: list[torch.Tensor]) -> torch.Tensor:
         """The sum over all N logical ranks of their tensors (each agent passes its hosted ones)."""
-        if self.deterministic and self.phys.world > 1 and hosted[0].numel() >= self.phys.world * SHARD_MIN:
-            return self._sum_sharded(hosted)
         if self.deterministic:
-            every = self.gather_over_ranks(hosted)
-            total = every[0].clone()
-            for t in every[1:]:
-                total.add_(t)
-            return total
+            return self._sum_by_tree(hosted)
         total = hosted[0].clone()
         for t in hosted[1:]:
             total.add_(t)
         return self.phys.all_reduce_(total)
+
+    def _pieces(self, agent: int) -> list[Node]:
+        assert self.layout is not None
+        lo = self.layout.starts[agent]
+        return pieces(self.workers, lo, lo + self.layout.sizes[agent])
 
     def _shards(self, n: int) -> tuple[list[int], list[int]]:
         base, extra = divmod(n, self.phys.world)
         sizes = [base + (1 if j < extra else 0) for j in range(self.phys.world)]
         return sizes, [sum(sizes[:j]) for j in range(self.phys.world)]
 
-    def start_exchange(self, rank: int, flat: torch.Tensor) -> Exchange | None:
-        """Deterministic sum, started early: send logical `rank`'s flat tensor's piece of shard j to agent j
-        now, while the next hosted worker computes, instead of every hosted rank's at the flush.
-
-        Only where the flush would take `_sum_sharded` and every agent hosts the same number of ranks: then
-        the k-th hosted worker of every agent arrives k-th, and every agent starts the same exchanges in the
-        same order (and nothing else runs on the group before the flush: every other collective waits for
-        a flush). None: the flush sums as before.
-        """
-        m = self.phys.world
-        if m == 1 or len(set(self.counts())) != 1 or flat.numel() < m * SHARD_MIN:
-            return None
-        k = self.counts()[self.phys.rank]
-        sizes, _ = self._shards(flat.numel())
-        me = self.phys.rank
-        recv = flat.new_empty(m * sizes[me])
-        # flat is shard 0's piece, then shard 1's, ...: the send buffer as it is, no copy.
-        work = self.phys.all_to_all_start(recv, flat, [sizes[me]] * m, sizes)
-        return Exchange(rank % k, recv, work, flat.shape, flat.numel())
-
-    def sum_exchanged(self, exchanges: list[Exchange]) -> torch.Tensor:
-        """The sum over all N ranks from every hosted rank's `start_exchange`: the bits of `_sum_sharded`
-        (the same pieces, added over ranks 0, 1, ..., N-1 in that order)."""
-        m, me = self.phys.world, self.phys.rank
-        k = len(exchanges)
-        sizes, _ = self._shards(exchanges[0].numel)
-        for ex in exchanges:
-            self.phys.finish(ex.work)
-        by_slot = sorted(exchanges, key=lambda ex: ex.slot)
-        # logical rank p*k + j: agent p's j-th hosted rank, piece p of exchange j
-        pieces = [by_slot[j].recv[p * sizes[me]:(p + 1) * sizes[me]] for p in range(m) for j in range(k)]
-        shard = pieces[0].clone()
-        for piece in pieces[1:]:
-            shard.add_(piece)
-        if sizes[me] < sizes[0]:
-            shard = torch.cat([shard, shard.new_zeros(sizes[0] - sizes[me])])
-        gathered = self.phys.all_gather(shard)
-        return torch.cat([g[:z] for g, z in zip(gathered, sizes, strict=True)]).view(exchanges[0].shape)
-
-    def _sum_sharded(self, hosted: list[torch.Tensor]) -> torch.Tensor:
-        """Deterministic sum, each agent reducing one shard: N*P/M + P elements moved per agent instead of
-        the N*P of gathering every rank's tensor, and N*P/M additions instead of N*P. Every element is
-        still summed over ranks 0, 1, ..., N-1 in that order, so the bits match the unsharded sum."""
+    def _sum_by_tree(self, hosted: list[torch.Tensor]) -> torch.Tensor:
+        """Deterministic sum: added up along the rank tree (comm/rank_tree.py), whose bits do not depend on
+        the layout. Each agent sums its pieces (maximal subtrees of its block) and only those move. Big
+        tensors are reduced shard by shard: agent j gets every agent's pieces of shard j (all-to-all), sums
+        the tree's top over them, and the summed shards are all-gathered; small ones (below SHARD_MIN per
+        agent) gather whole pieces, one collective instead of two."""
         phys, m, me = self.phys, self.phys.world, self.phys.rank
+        self.counts()
         shape, n = hosted[0].shape, hosted[0].numel()
-        counts = self.counts()
-        base, extra = divmod(n, m)
-        sizes = [base + (1 if j < extra else 0) for j in range(m)]
-        starts = [sum(sizes[:j]) for j in range(m)]
-        rows = torch.stack([t.reshape(-1) for t in hosted])
-        # For each agent j: my ranks' pieces of shard j, rank after rank.
-        send = torch.cat([rows[:, a:a + z].reshape(-1) for a, z in zip(starts, sizes, strict=True)])
-        recv = send.new_empty(self.workers * sizes[me])
-        # Agents host contiguous blocks in agent order, so what arrives is in logical-rank order.
-        phys.all_to_all_(recv, send, [c * sizes[me] for c in counts], [len(hosted) * z for z in sizes])
-        pieces = recv.view(self.workers, sizes[me])
-        shard = pieces[0].clone()
-        for piece in pieces[1:]:
-            shard.add_(piece)
+        lo = self.layout.starts[me]  # type: ignore[union-attr]
+        leaves = {(lo + i, lo + i + 1): t for i, t in enumerate(hosted)}
+        mine = [tree_sum(leaves, p) for p in self._pieces(me)]
+        if m == 1:
+            return mine[0]
+        everyone = [self._pieces(a) for a in range(m)]
+        if n < m * SHARD_MIN:
+            kmax = max(len(p) for p in everyone)
+            stack = torch.stack(mine + [mine[0].new_zeros(shape)] * (kmax - len(mine)))
+            parts = phys.all_gather(stack)
+            got = {node: part[i] for nodes, part in zip(everyone, parts, strict=True) for i, node in enumerate(nodes)}
+            return tree_sum(got, (0, self.workers))
+        sizes, starts = self._shards(n)
+        rows = [t.reshape(-1) for t in mine]
+        # For each agent j: my pieces' parts of shard j, piece after piece.
+        send = torch.cat([r[a:a + z] for a, z in zip(starts, sizes, strict=True) for r in rows])
+        recv = send.new_empty(sum(len(p) for p in everyone) * sizes[me])
+        phys.all_to_all_(recv, send, [len(p) * sizes[me] for p in everyone], [len(rows) * z for z in sizes])
+        # What arrives is agent after agent, each one's pieces in rank order.
+        nodes = [node for p in everyone for node in p]
+        shard = tree_sum(dict(zip(nodes, recv.view(len(nodes), sizes[me]), strict=True)), (0, self.workers))
         if sizes[me] < sizes[0]:  # all_gather wants equal sizes: the last shards may be one shorter
             shard = torch.cat([shard, shard.new_zeros(sizes[0] - sizes[me])])
         gathered = phys.all_gather(shard)
         return torch.cat([g[:z] for g, z in zip(gathered, sizes, strict=True)]).view(shape)
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One hosted rank's part of a deterministic sum, on its way (FlushEnv.start_exchange)."""
-
-    slot: int                   # the rank's position among its agent's hosted ranks
-    recv: torch.Tensor          # from each agent, its rank in this slot's piece of this agent's shard
-    work: Any
-    shape: torch.Size
-    numel: int
 
 
 # Below this many elements per agent a deterministic sum gathers whole tensors: one collective instead of

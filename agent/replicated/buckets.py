@@ -22,9 +22,8 @@ views of one buffer share one version counter, and the ledger (replicated/ledger
 in-place change of a gradient from the runtime's by each gradient's own counter. The sums are the same
 fp32 additions as one flat all-reduce; only how gloo splits the buffer differs.
 
-`ELASTICD_BUCKET_KB=0` puts each (group, dtype) in one bucket reduced at the flush (no overlap; in
-deterministic mode it also keeps each rank's exchange at the flush, comm/collectives.py). The value
-must be the same on every agent of a job (it decides how many collectives a flush makes).
+`ELASTICD_BUCKET_KB=0` puts each (group, dtype) in one bucket reduced at the flush (no overlap). The
+value must be the same on every agent of a job (it decides how many collectives a flush makes).
 """
 
 from __future__ import annotations

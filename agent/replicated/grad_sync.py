@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from elasticd.agent.comm.collectives import Collective, Exchange, FlushEnv
+from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.replicated.flat import by_dtype, unflatten_grads
 
 if TYPE_CHECKING:
@@ -20,23 +20,17 @@ class GradSync(Collective):
 
     op: ClassVar[str] = "grad_sync"
     groups: list[ReplicatedGroup] = field(default_factory=list)
-    # deterministic mode: this rank's own gradients, by (group index, dtype), and their exchange with the
-    # other agents, started as this rank arrives (FlushEnv.start_exchange) where the layout allows
+    # deterministic mode: this rank's own gradients, by (group index, dtype), summed over ranks at the flush
     stash: dict[tuple[int, torch.dtype], torch.Tensor] | None = None
-    exchanges: dict[tuple[int, torch.dtype], Exchange | None] | None = None
 
     def on_arrive(self, env: FlushEnv) -> None:
         if not env.deterministic:
             return  # hosted gradients simply accumulate in the shared .grad
-        # Keep each rank's gradient apart so the sum can be done over ranks in a fixed order, and send
-        # it on its way while the next hosted worker computes: only the last one's exchange is exposed.
-        # ELASTICD_BUCKET_KB=0 (no overlap, replicated/buckets.py) keeps the whole sum at the flush.
-        early = env.grad_buckets is None or env.grad_buckets.cap > 0
-        self.stash, self.exchanges = {}, {}
+        # Keep each rank's gradient apart so the sum can follow the fixed rank tree (comm/rank_tree.py).
+        self.stash = {}
         for g in self.groups:
             for dtype, flat in g.ledger.stash(self.rank).items():
                 self.stash[(g.index, dtype)] = flat
-                self.exchanges[(g.index, dtype)] = env.start_exchange(self.rank, flat) if early else None
 
     @classmethod
     def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
@@ -66,15 +60,11 @@ class GradSync(Collective):
             if env.vote is not None:
                 env.vote.end_flush(env.phys.collectives)
             return
-        # Deterministic mode sums each rank's own buffer in rank order (so it votes apart: appending the
-        # vote there would copy every one).
+        # Deterministic mode sums each rank's own buffer along the rank tree (so it votes apart: appending
+        # the vote there would copy every one).
         for g in first.groups:
             for dtype, params in by_dtype(g.params).items():
-                exchanges = [o.exchanges[(g.index, dtype)] for o in ops]  # type: ignore[attr-defined]
-                if all(ex is not None for ex in exchanges):
-                    flat = env.sum_exchanged(exchanges)  # type: ignore[arg-type]
-                else:
-                    flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
+                flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
                 flat[: -len(params)].div_(env.workers)
                 unflatten_grads(flat, params)
             g.sync_buffers()
