@@ -81,6 +81,12 @@ def test_one_agent_sums_the_same_tree_without_a_group() -> None:
     assert all(torch.equal(a, b) for a, b in zip(hosted, before, strict=True)), "the inputs were changed"
 
 
+def test_a_sum_given_fewer_tensors_than_the_agent_hosts_is_an_error_not_a_partial_sum() -> None:
+    env = FlushEnv(_NoGroup(), WORKERS, deterministic=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="3 tensors to a sum over the 7 ranks"):
+        env.sum_over_ranks([rank_tensor(r, (4,)) for r in range(3)])
+
+
 class _NoGroup:
     """M=1 needs no collective: a group that fails any call proves none is made."""
     world, rank = 1, 0

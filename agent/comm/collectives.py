@@ -90,7 +90,9 @@ class FlushEnv:
         phys, m, me = self.phys, self.phys.world, self.phys.rank
         self.counts()
         shape, n = hosted[0].shape, hosted[0].numel()
-        lo = self.layout.starts[me]  # type: ignore[union-attr]
+        lo, k = self.layout.starts[me], self.layout.sizes[me]  # type: ignore[union-attr]
+        if len(hosted) != k:
+            raise ValueError(f"agent {me} passed {len(hosted)} tensors to a sum over the {k} ranks it hosts")
         leaves = {(lo + i, lo + i + 1): t for i, t in enumerate(hosted)}
         mine = [tree_sum(leaves, p) for p in self._pieces(me)]
         if m == 1:
@@ -104,8 +106,9 @@ class FlushEnv:
             return tree_sum(got, (0, self.workers))
         sizes, starts = self._shards(n)
         rows = [t.reshape(-1) for t in mine]
-        # For each agent j: my pieces' parts of shard j, piece after piece.
-        send = torch.cat([r[a:a + z] for a, z in zip(starts, sizes, strict=True) for r in rows])
+        # For each agent j: my pieces' parts of shard j, piece after piece (one piece: itself, no copy).
+        send = rows[0] if len(rows) == 1 else torch.cat(
+            [r[a:a + z] for a, z in zip(starts, sizes, strict=True) for r in rows])
         recv = send.new_empty(sum(len(p) for p in everyone) * sizes[me])
         phys.all_to_all_(recv, send, [len(p) * sizes[me] for p in everyone], [len(rows) * z for z in sizes])
         # What arrives is agent after agent, each one's pieces in rank order.
