@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import io
 import json
 import logging
 import os
@@ -341,7 +342,18 @@ class AgentProcess:
         return None, snap
 
 
+def _whole_lines() -> None:
+    """The agents of a job share one stdout and stderr (the `elasticd run` terminal, a node's job log).
+    Unbuffered (PYTHONUNBUFFERED, which the daemon sets), a print is two writes, its text and then its
+    newline, and another agent's line lands between them. Line buffering makes each line one write (atomic
+    on a pipe up to PIPE_BUF) and still shows it at once; an explicit flush (progress bars) still works."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def run_agent(cfg: AgentConfig) -> int:
+    _whole_lines()
     logging.basicConfig(level=os.environ.get("ELASTICD_LOG_LEVEL", "WARNING"),
                         format=f"%(asctime)s %(levelname)s agent{cfg.rank} %(name)s: %(message)s")
     return AgentProcess(cfg).main()
