@@ -50,14 +50,15 @@ class FlushEnv:
 
     def gather_over_ranks(self, hosted: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every logical rank's tensor, in rank order, from each agent's hosted tensors in rank order."""
-        m = self.phys.world
-        if m == 1:
+        if self.phys.world == 1:
             return hosted
-        counts = self.counts()
-        kmax = max(counts)
-        stack = torch.stack(hosted)
-        if stack.shape[0] < kmax:  # uneven layouts: all_gather wants equal shapes everywhere
-            pad = stack.new_zeros((kmax - stack.shape[0], *stack.shape[1:]))
+        return self._gather(hosted, self.counts())
+
+    def _gather(self, tensors: list[torch.Tensor], counts: list[int] | tuple[int, ...]) -> list[torch.Tensor]:
+        """Every agent's `tensors` (agent p passes counts[p] of one shape), in agent order: one all_gather."""
+        stack = torch.stack(tensors)
+        if stack.shape[0] < max(counts):  # uneven counts: all_gather wants equal shapes everywhere
+            pad = stack.new_zeros((max(counts) - stack.shape[0], *stack.shape[1:]))
             stack = torch.cat([stack, pad])
         parts = self.phys.all_gather(stack)
         return [t for p, part in enumerate(parts) for t in part[: counts[p]]]
@@ -98,21 +99,17 @@ class FlushEnv:
         if m == 1:
             return mine[0]
         everyone = [self._pieces(a) for a in range(m)]
+        nodes = [node for p in everyone for node in p]   # agent after agent, each one's pieces in rank order
         if n < m * SHARD_MIN:
-            kmax = max(len(p) for p in everyone)
-            stack = torch.stack(mine + [mine[0].new_zeros(shape)] * (kmax - len(mine)))
-            parts = phys.all_gather(stack)
-            got = {node: part[i] for nodes, part in zip(everyone, parts, strict=True) for i, node in enumerate(nodes)}
-            return tree_sum(got, (0, self.workers))
+            got = self._gather(mine, [len(p) for p in everyone])
+            return tree_sum(dict(zip(nodes, got, strict=True)), (0, self.workers))
         sizes, starts = self._shards(n)
         rows = [t.reshape(-1) for t in mine]
         # For each agent j: my pieces' parts of shard j, piece after piece (one piece: itself, no copy).
         send = rows[0] if len(rows) == 1 else torch.cat(
             [r[a:a + z] for a, z in zip(starts, sizes, strict=True) for r in rows])
-        recv = send.new_empty(sum(len(p) for p in everyone) * sizes[me])
+        recv = send.new_empty(len(nodes) * sizes[me])
         phys.all_to_all_(recv, send, [len(p) * sizes[me] for p in everyone], [len(rows) * z for z in sizes])
-        # What arrives is agent after agent, each one's pieces in rank order.
-        nodes = [node for p in everyone for node in p]
         shard = tree_sum(dict(zip(nodes, recv.view(len(nodes), sizes[me]), strict=True)), (0, self.workers))
         if sizes[me] < sizes[0]:  # all_gather wants equal sizes: the last shards may be one shorter
             shard = torch.cat([shard, shard.new_zeros(sizes[0] - sizes[me])])
