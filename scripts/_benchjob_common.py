@@ -66,6 +66,15 @@ def elasticd_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "elasticd", *args]
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and everything it started, parents first ([] once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def launcher_agents(launcher_pid: int) -> list[psutil.Process]:
     """The job agents an `elasticd run` started (warm standbys excluded), as ranked in their command lines."""
     try:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psutil
-from _benchjob_common import ALL_CPUS, REPO, BenchError, read_json
+from _benchjob_common import ALL_CPUS, REPO, BenchError, process_tree, read_json
 
 
 @dataclass
@@ -43,17 +43,9 @@ class Job:
     ended: float | None = None
 
 
-def _tree(proc: subprocess.Popen) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(proc.pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _kill(proc: subprocess.Popen) -> None:
     """The job and what it started (agents, DDP ranks): none may outlive a failed benchmark."""
-    for p in reversed(_tree(proc)):
+    for p in reversed(process_tree(proc.pid)):
         try:
             p.kill()
         except psutil.NoSuchProcess:
@@ -62,7 +54,7 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
-    for p in _tree(proc):
+    for p in process_tree(proc.pid):
         try:
             p.send_signal(sig)
         except psutil.NoSuchProcess:

@@ -38,6 +38,7 @@ from _benchjob_common import (
     load_average,
     median,
     out_file,
+    process_tree,
     read_json,
     run,
     table,
@@ -89,10 +90,7 @@ def live(a: argparse.Namespace, tmp: str) -> dict[str, dict[str, float]]:
 
 def _kill_job(proc: subprocess.Popen[bytes]) -> None:
     """Kill the launcher and every agent (its process group), and wait until none of them runs."""
-    try:
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
+    family = process_tree(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 30
