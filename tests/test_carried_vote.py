@@ -1,7 +1,7 @@
 """The step-boundary vote travels inside the gradient flush (agent/comm/carried_vote.py): the encoding gives
 the maximum over agents, a step with a flush costs one whole-group collective instead of two, a step whose
 last collective is not a flush still votes apart, and a resize scheduled at a step still lands at that
-step's boundary. Real agent processes over gloo (`elasticd run`)."""
+step's boundary, in default and in deterministic mode. Real agent processes over gloo (`elasticd run`)."""
 
 from __future__ import annotations
 
@@ -57,27 +57,33 @@ def test_a_vote_outside_its_levels_is_refused() -> None:
         encode((3, 0), LEVELS)
 
 
-def run(tmp: Path, devices: int, scale_at: str = "") -> list[dict]:
+MODES = pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+
+
+def run(tmp: Path, devices: int, deterministic: bool, scale_at: str = "") -> list[dict]:
     out = tmp / f"seen-{devices}-{scale_at or 'none'}.json"
     cmd = [sys.executable, "-m", "elasticd", "run", JOB, "--devices", str(devices)]
     if scale_at:
         cmd += ["--scale-at", scale_at]
-    proc = subprocess.run(cmd, env={**os.environ, "ELASTICD_TEST_OUT": str(out)}, capture_output=True,
-                          text=True, timeout=300)
+    env = {**os.environ, "ELASTICD_TEST_OUT": str(out), "ELASTICD_TEST_DETERMINISTIC": str(int(deterministic))}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_a_step_with_a_flush_votes_inside_it_and_one_without_votes_apart(tmp_path: Path) -> None:
-    seen = run(tmp_path, devices=2)
+@MODES
+def test_a_step_with_a_flush_votes_inside_it_and_one_without_votes_apart(tmp_path: Path, deterministic: bool) -> None:
+    seen = run(tmp_path, devices=2, deterministic=deterministic)
     assert [s["step"] for s in seen] == list(range(12)), seen
     spent = {a["step"]: b["collectives"] - a["collectives"] for a, b in zip(seen, seen[1:], strict=False)}
-    # Step 5 adds a ctx.all_reduce after its flush: flush, all-reduce, then the vote of its own.
+    # Step 5 adds a ctx.all_reduce after its flush: flush, all-reduce, then the vote of its own. (The
+    # model is small, so a deterministic flush or all-reduce is one gather, not an all-to-all and a gather.)
     assert spent == {s: 3 if s == 5 else 1 for s in range(11)}, spent
 
 
-def test_a_resize_scheduled_at_a_step_lands_at_that_boundary(tmp_path: Path) -> None:
-    seen = run(tmp_path, devices=2, scale_at="3:1,5:2")
+@MODES
+def test_a_resize_scheduled_at_a_step_lands_at_that_boundary(tmp_path: Path, deterministic: bool) -> None:
+    seen = run(tmp_path, devices=2, deterministic=deterministic, scale_at="3:1,5:2")
     # Step 3's vote rode its flush, step 5's was apart (its last collective is the ctx.all_reduce).
     assert [s["step"] for s in seen] == list(range(12)), seen
     assert [s["agents"] for s in seen] == [2] * 4 + [1] * 2 + [2] * 6, seen

@@ -20,11 +20,14 @@ def scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         offset += n
 
 
-def flatten_grads(params: list[torch.Tensor]) -> torch.Tensor:
-    """Gradients as one flat fp32-or-native buffer, zeros for missing grads, then one used-flag per param."""
+def flatten_grads(params: list[torch.Tensor], room: int = 0) -> torch.Tensor:
+    """Gradients as one flat fp32-or-native buffer, zeros for missing grads, then one used-flag per param,
+    then `room` zeros (where a flush may carry the step-boundary vote)."""
     dtype = params[0].dtype
     parts = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
     parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
+    if room:
+        parts.append(params[0].new_zeros(room))
     return torch.cat(parts)
 
 

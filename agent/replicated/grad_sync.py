@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from elasticd.agent.comm.carried_vote import CARRIERS
 from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.replicated.flat import by_dtype, unflatten_grads
 
@@ -26,10 +27,12 @@ class GradSync(Collective):
     def on_arrive(self, env: FlushEnv) -> None:
         if not env.deterministic:
             return  # hosted gradients simply accumulate in the shared .grad
-        # Keep each rank's gradient apart so the sum can follow the fixed rank tree (comm/rank_tree.py).
+        # Keep each rank's gradient apart so the sum can follow the fixed rank tree (comm/rank_tree.py),
+        # with room at the end of the vote-carrying dtypes for the step-boundary vote.
         self.stash = {}
+        room = {dtype: env.vote.width for dtype in CARRIERS} if env.vote is not None else {}
         for g in self.groups:
-            for dtype, flat in g.ledger.stash(self.rank).items():
+            for dtype, flat in g.ledger.stash(self.rank, room).items():
                 self.stash[(g.index, dtype)] = flat
 
     @classmethod
@@ -60,12 +63,23 @@ class GradSync(Collective):
             if env.vote is not None:
                 env.vote.end_flush(env.phys.collectives)
             return
-        # Deterministic mode sums each rank's own buffer along the rank tree (so it votes apart: appending
-        # the vote there would copy every one).
+        # Deterministic mode sums each rank's own buffer along the rank tree. The first fp32/fp64 buffer
+        # carries the vote: the first hosted rank's room holds the agent's ballot, every other rank's zeros.
+        vote = env.vote
         for g in first.groups:
             for dtype, params in by_dtype(g.params).items():
-                flat = env.sum_over_ranks([o.stash[(g.index, dtype)] for o in ops])  # type: ignore[attr-defined]
-                flat[: -len(params)].div_(env.workers)
-                unflatten_grads(flat, params)
+                own = [o.stash[(g.index, dtype)] for o in ops]  # type: ignore[attr-defined]
+                room = vote.width if vote is not None and dtype in CARRIERS else 0
+                ballot = vote.ballot(dtype, own[0].device) if room else None
+                if ballot is not None:
+                    own[0][-room:].copy_(ballot)
+                flat = env.sum_over_ranks(own)
+                if ballot is not None:
+                    vote.summed(flat[-room:])  # type: ignore[union-attr]
+                grads = flat[: flat.numel() - room]
+                grads[: -len(params)].div_(env.workers)
+                unflatten_grads(grads, params)
             g.sync_buffers()
             g.ledger.after_flush()
+        if vote is not None:
+            vote.end_flush(env.phys.collectives)

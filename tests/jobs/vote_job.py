@@ -1,4 +1,4 @@
-"""A default-mode job whose logical rank 0 appends, at each step start, how many whole-group collectives its
+"""A job (deterministic when ELASTICD_TEST_DETERMINISTIC=1) whose logical rank 0 appends, at each step start, how many whole-group collectives its
 agent has run and on how many agents it runs (tests/test_carried_vote.py).
 
 Step EXTRA (env ELASTICD_TEST_EXTRA, default 5) reduces its loss with `ctx.all_reduce` after backward, so
@@ -20,7 +20,7 @@ STEPS = 12
 EXTRA = int(os.environ.get("ELASTICD_TEST_EXTRA", "5"))
 
 
-@elasticd.elastic(workers=4)
+@elasticd.elastic(workers=4, deterministic=os.environ.get("ELASTICD_TEST_DETERMINISTIC") == "1")
 def train(ctx):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
