@@ -139,7 +139,8 @@ class GradLedger:
 
     def stash(self, rank: int, room: dict[torch.dtype, int]) -> dict[torch.dtype, torch.Tensor]:
         """Deterministic mode, at rank's switch point: its own gradients as flat buffers by dtype (each with
-        `room[dtype]` zeros at the end, default none); the next rank starts again from the common gradient."""
+        `room[dtype]` zeros at the end; none for a dtype not in `room`); the next rank starts again from the
+        common gradient."""
         self.check(rank)
         out = {dtype: flatten_grads(params, room.get(dtype, 0)) for dtype, params in by_dtype(self.params).items()}
         for p, e in zip(self.params, self.entries, strict=True):

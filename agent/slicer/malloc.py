@@ -11,7 +11,7 @@ workers reached 1.65-1.78x the peak RSS of 1). So:
 - a high trim threshold: a fixed mmap threshold also fixes the trim threshold at 128 KiB, and then every
   free at the top of the heap gave memory back that the next worker faulted in again, page by page
   (N=8, M=1, 0.66M-parameter MLP in deterministic mode: ~7,500 page faults and 2-4 ms of system time a
-  step, 1.5-1.8x the step time with the trim threshold raised).
+  step, and 1.5-1.8x the step time it takes with the trim threshold raised).
 """
 
 from __future__ import annotations
