@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
 
 
+def _room(env: FlushEnv, dtype: torch.dtype) -> int:
+    """Deterministic mode: the zeros at the end of each rank's stash of `dtype`, where the flush may carry
+    the step-boundary vote (comm/carried_vote.py)."""
+    return env.vote.width if env.vote is not None and dtype in CARRIERS else 0
+
+
 @dataclass(slots=True)
 class GradSync(Collective):
     """The end of a backward pass: average the replicated gradients over all N logical ranks."""
@@ -27,12 +33,10 @@ class GradSync(Collective):
     def on_arrive(self, env: FlushEnv) -> None:
         if not env.deterministic:
             return  # hosted gradients simply accumulate in the shared .grad
-        # Keep each rank's gradient apart so the sum can follow the fixed rank tree (comm/rank_tree.py),
-        # with room at the end of the vote-carrying dtypes for the step-boundary vote.
+        # Keep each rank's gradient apart so the sum can follow the fixed rank tree (comm/rank_tree.py).
         self.stash = {}
-        room = {dtype: env.vote.width for dtype in CARRIERS} if env.vote is not None else {}
         for g in self.groups:
-            for dtype, flat in g.ledger.stash(self.rank, room).items():
+            for dtype, flat in g.ledger.stash(self.rank, lambda dtype: _room(env, dtype)).items():
                 self.stash[(g.index, dtype)] = flat
 
     @classmethod
@@ -69,8 +73,8 @@ class GradSync(Collective):
         for g in first.groups:
             for dtype, params in by_dtype(g.params).items():
                 own = [o.stash[(g.index, dtype)] for o in ops]  # type: ignore[attr-defined]
-                room = vote.width if vote is not None and dtype in CARRIERS else 0
-                ballot = vote.ballot(dtype, own[0].device) if room else None
+                room = _room(env, dtype)
+                ballot = vote.ballot(dtype, own[0].device) if room else None  # type: ignore[union-attr]
                 if ballot is not None:
                     own[0][-room:].copy_(ballot)
                 flat = env.sum_over_ranks(own)

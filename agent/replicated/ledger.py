@@ -32,7 +32,7 @@ so the ordered sum over ranks of C + g2_r does not depend on M.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -137,12 +137,11 @@ class GradLedger:
             e.synced = p.grad is not None
             e.base, e.base_taken = None, False
 
-    def stash(self, rank: int, room: dict[torch.dtype, int]) -> dict[torch.dtype, torch.Tensor]:
-        """Deterministic mode, at rank's switch point: its own gradients as flat buffers by dtype (each with
-        `room[dtype]` zeros at the end; none for a dtype not in `room`); the next rank starts again from the
-        common gradient."""
+    def stash(self, rank: int, room: Callable[[torch.dtype], int]) -> dict[torch.dtype, torch.Tensor]:
+        """Deterministic mode, at rank's switch point: its own gradients as flat buffers by dtype, each with
+        `room(dtype)` zeros at the end; the next rank starts again from the common gradient."""
         self.check(rank)
-        out = {dtype: flatten_grads(params, room.get(dtype, 0)) for dtype, params in by_dtype(self.params).items()}
+        out = {dtype: flatten_grads(params, room(dtype)) for dtype, params in by_dtype(self.params).items()}
         for p, e in zip(self.params, self.entries, strict=True):
             self._take_base(p, e)
             p.grad = e.base
