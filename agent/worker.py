@@ -38,6 +38,7 @@ class Worker:
     rng: RngState | None = None
     queued: list[tuple[Collective, Work | None]] = field(default_factory=list)
     touched_grads: bool = False
+    backward_depth: int = 0  # backward passes running in this thread (reentrant checkpointing nests them)
     no_sync_depth: int = 0
     replicate_calls: int = 0
     start_step: int = 0

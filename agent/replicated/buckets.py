@@ -162,7 +162,9 @@ class BucketedFlush:
         if self.armed or not self.cap:
             return   # a backward inside a backward (reentrant checkpointing) keeps the outer one's state
         self._prepare(groups)
-        self.armed = True
+        # Only tail buckets (a small model, or a cap above its size): nothing can start before the flush,
+        # and per-parameter hooks for this pass would cost without buying any overlap.
+        self.armed = any(b.flags is None for b in self._order)
 
     def disarm(self) -> None:
         """The armed backward ends without a flush (it produced no replicated gradient)."""

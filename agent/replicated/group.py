@@ -53,13 +53,15 @@ class ReplicatedGroup:
         self.ledger = GradLedger(named, len(ranks), runtime.deterministic)
         # AccumulateGrad nodes run their pre-hooks only when autograd accumulates into .grad (not for
         # torch.autograd.grad); a parameter holds its node weakly, so keep them for the hooks to stay.
-        self._accumulators = []
         with torch.enable_grad():
-            for i, p in enumerate(self.params):
-                node = p.view_as(p).grad_fn.next_functions[0][0]
-                node.register_prehook(functools.partial(self._before_grad, i))
-                self._accumulators.append(node)
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+            self._accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in self.params]
+        # Per-parameter hooks only where something must happen at the moment autograd accumulates
+        # (deterministic mode's private copies, a gradient bucket to fill, the common average to scale):
+        # otherwise the ledger is brought up to date once per backward pass (`before_backward`,
+        # `after_backward`), which costs a loop instead of two Python calls per parameter per worker.
+        self._pre_handles: list[Any] = []
+        self._post_handles: list[Any] = []
+        self._hook(runtime.deterministic, runtime.deterministic)
         runtime.switch_listeners.append(self._on_switch)
         if self.buffers:
             model.register_forward_pre_hook(self._guard_buffers)
@@ -68,6 +70,38 @@ class ReplicatedGroup:
         # What workers get back from ctx.replicate: views whose updates run once per physical step.
         self.opt_view = ReplicatedOptimizer(self, runtime) if optimizer is not None else None
         self.sched_view = ReplicatedScheduler(self, runtime) if scheduler is not None else None
+
+    def _hook(self, pre: bool, post: bool) -> None:
+        """Register or remove the per-parameter hooks: before accumulation (judge, then scale the common
+        average or copy deterministic mode's base) and after it (note the new version, fill a bucket)."""
+        if pre != bool(self._pre_handles):
+            if pre:
+                self._pre_handles = [node.register_prehook(functools.partial(self._before_grad, i))
+                                     for i, node in enumerate(self._accumulators)]
+            else:
+                for h in self._pre_handles:
+                    h.remove()
+                self._pre_handles = []
+        if post != bool(self._post_handles):
+            if post:
+                self._post_handles = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+                                      for i, p in enumerate(self.params)]
+            else:
+                for h in self._post_handles:
+                    h.remove()
+                self._post_handles = []
+
+    def before_backward(self, rank: int) -> None:
+        """Default mode, a worker's outermost backward pass starts: judge what it changed since the runtime
+        last looked; hook parameters only where this pass must act as gradients arrive (the last flush's
+        average to scale before an accumulation, a gradient bucket to fill and start)."""
+        self.ledger.check(rank)
+        buckets = self.runtime.env.grad_buckets
+        self._hook(self.ledger.any_synced(), buckets is not None and buckets.armed)
+
+    def after_backward(self, rank: int) -> bool:
+        """Default mode, that backward pass ended: whether it accumulated into any of the group's gradients."""
+        return self.ledger.scan(rank)
 
     def _before_grad(self, i: int, _grad_outputs: Any) -> None:
         # Runs where autograd runs (an engine thread on CUDA), so ask the baton, not the thread.

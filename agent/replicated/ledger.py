@@ -89,7 +89,9 @@ class GradLedger:
     def before_accumulate(self, i: int, rank: int) -> None:
         """Autograd is about to add rank's gradient into parameter i's `.grad` (an AccumulateGrad pre-hook)."""
         p, e = self.params[i], self.entries[i]
-        self._judge(i, rank)
+        g = p.grad
+        if p._version != e.param_version or g is not e.grad or (g is not None and g._version != e.grad_version):
+            self._judge(i, rank)
         if self.deterministic:
             self._take_base(p, e)
             if p.grad is not None and p.grad is e.base:  # the common gradient: this rank accumulates into a copy
@@ -104,14 +106,35 @@ class GradLedger:
 
     def after_accumulate(self, i: int, rank: int) -> None:
         """Autograd added rank's gradient (a post-accumulate-grad hook): the new tensor and version are ours."""
-        e = self.entries[i]
+        p, e = self.params[i], self.entries[i]
         e.contributors.add(rank)
-        self._note(self.params[i], e)
+        g = e.grad = p.grad   # _note, inlined: this runs per parameter per worker per step
+        e.grad_version = g._version if g is not None else 0
+        e.param_version = p._version
+
+    def scan(self, rank: int) -> bool:
+        """After `rank`'s backward pass, run without per-parameter hooks: every gradient it changed is
+        autograd's accumulation (user code cannot run between the pass and this call). Whether any was."""
+        changed = False
+        for p, e in zip(self.params, self.entries, strict=True):
+            g = p.grad
+            if g is not None and (g is not e.grad or g._version != e.grad_version):
+                e.contributors.add(rank)
+                e.grad, e.grad_version = g, g._version
+                changed = True
+        return changed
+
+    def any_synced(self) -> bool:
+        """Some gradient holds the last flush's average: scaled before the next accumulation into it."""
+        return any(e.synced for e in self.entries)
 
     def check(self, rank: int) -> None:
         """At a point where `rank` gives the thread back to the runtime: judge what it changed since."""
-        for i in range(len(self.params)):
-            self._judge(i, rank)
+        # At every hand-over, caches cold from the worker's compute: only a changed entry is judged in full.
+        for i, (p, e) in enumerate(zip(self.params, self.entries, strict=True)):
+            g = p.grad
+            if p._version != e.param_version or g is not e.grad or (g is not None and g._version != e.grad_version):
+                self._judge(i, rank)
 
     # -- the flush --------------------------------------------------------------------------------
     def before_flush(self, rank: int, local_only: bool) -> list[bool]:

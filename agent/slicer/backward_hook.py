@@ -27,11 +27,17 @@ def install_backward_hook() -> None:
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> None:
         w = current_worker()
-        if w is not None and w.ctx is not None:
-            w.ctx._rt.before_backward(w)
-        original(*args, **kwargs)
-        if w is not None and w.ctx is not None:
-            w.ctx._rt.after_backward(w)
+        if w is None or w.ctx is None:
+            return original(*args, **kwargs)
+        rt = w.ctx._rt
+        try:
+            rt.before_backward(w)   # may refuse what the worker did to replicated gradients
+            original(*args, **kwargs)
+        except BaseException:
+            rt.backward_raised(w)
+            raise
+        rt.after_backward(w)
+        return None
 
     torch.autograd.backward = backward
     _installed = True

@@ -38,6 +38,7 @@ from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Pr
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.malloc import tune_malloc
+from elasticd.agent.slicer.sched import enter_worker_thread
 from elasticd.agent.timing import StepTiming
 from elasticd.agent.worker import Worker, current_worker, set_current_worker
 from elasticd.protocol.agents import AgentResize, AgentStop
@@ -150,6 +151,7 @@ class Runtime:
     def _body(self, w: Worker) -> None:
         set_current_worker(w)
         enter_thread(self._cuda)  # the current CUDA device is per thread: the main thread's does not carry over
+        enter_worker_thread()  # hand-overs wake without preempting (agent/slicer/sched.py)
         w.sem.acquire()
         if self._aborted:
             return
@@ -279,6 +281,15 @@ class Runtime:
         """A backward pass starts. If it is the last hosted worker's before a gradient flush (every other
         one waits at a GradSync, and nothing queued would be flushed before it), its gradients' buckets are
         reduced over the agents as they fill (replicated/buckets.py): every agent starts them in one order."""
+        w.backward_depth += 1
+        if w.backward_depth > 1:
+            return   # reentrant: the outermost pass keeps the books
+        self._arm_buckets(w)
+        if not self.deterministic:
+            for g in self.groups:
+                g.before_backward(w.rank)
+
+    def _arm_buckets(self, w: Worker) -> None:
         buckets = self.env.grad_buckets
         if (self.deterministic or self.phys.world == 1 or not self.groups or w.no_sync_depth > 0 or w.queued
                 or buckets.armed):
@@ -293,8 +304,8 @@ class Runtime:
 
     def after_backward(self, w: Worker) -> None:
         """The end of a backward pass: averaging gradients is a collective, so the worker yields here."""
-        if w.no_sync_depth > 0:
-            return
+        if not self._close_books(w) or w.no_sync_depth > 0:
+            return   # a reentrant pass ends inside the outer one, which is the switch point
         queued = len(w.queued)
         if w.touched_grads and self.groups:
             w.touched_grads = False
@@ -306,6 +317,21 @@ class Runtime:
         if len(w.queued) > queued:
             self.drain(w)
 
+    def backward_raised(self, w: Worker) -> None:
+        """A backward pass raised (the user may catch it and go on): what it accumulated is on the books."""
+        self._close_books(w)
+
+    def _close_books(self, w: Worker) -> bool:
+        """A backward pass of `w` ended; True if it was the outermost one. Default mode: the gradients it
+        accumulated into are recorded now (no per-parameter hooks ran, see ReplicatedGroup._hook)."""
+        w.backward_depth -= 1
+        if w.backward_depth > 0:
+            return False
+        if not self.deterministic:
+            for g in self.groups:
+                if g.after_backward(w.rank):
+                    w.touched_grads = True
+        return True
 
     def _poll_control(self) -> int:
         vote = VOTE_NONE
