@@ -12,6 +12,7 @@ update"). Buffers follow DDP's `broadcast_buffers=True`: logical rank 0's win.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,22 +75,10 @@ class ReplicatedGroup:
     def _hook(self, pre: bool, post: bool) -> None:
         """Register or remove the per-parameter hooks: before accumulation (judge, then scale the common
         average or copy deterministic mode's base) and after it (note the new version, fill a bucket)."""
-        if pre != bool(self._pre_handles):
-            if pre:
-                self._pre_handles = [node.register_prehook(functools.partial(self._before_grad, i))
-                                     for i, node in enumerate(self._accumulators)]
-            else:
-                for h in self._pre_handles:
-                    h.remove()
-                self._pre_handles = []
-        if post != bool(self._post_handles):
-            if post:
-                self._post_handles = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
-                                      for i, p in enumerate(self.params)]
-            else:
-                for h in self._post_handles:
-                    h.remove()
-                self._post_handles = []
+        self._pre_handles = _toggled(self._pre_handles, pre, lambda: [
+            node.register_prehook(functools.partial(self._before_grad, i)) for i, node in enumerate(self._accumulators)])
+        self._post_handles = _toggled(self._post_handles, post, lambda: [
+            p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i)) for i, p in enumerate(self.params)])
 
     def before_backward(self, rank: int) -> None:
         """Default mode, a worker's outermost backward pass starts: judge what it changed since the runtime
@@ -176,3 +165,14 @@ class ReplicatedGroup:
                 flat = torch.cat([t.reshape(-1) for t in tensors])
                 phys.broadcast_(flat, 0)
                 scatter_back(flat, tensors)
+
+
+def _toggled(handles: list[Any], on: bool, register: Callable[[], list[Any]]) -> list[Any]:
+    """`handles` registered (by `register`) if `on`, else removed; unchanged if already so."""
+    if on == bool(handles):
+        return handles
+    if on:
+        return register()
+    for h in handles:
+        h.remove()
+    return []
