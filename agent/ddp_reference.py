@@ -206,7 +206,12 @@ def _worker(args: argparse.Namespace) -> int:
         # Peers are blocked in collectives with us; tearing the process group down could block too.
         os._exit(1)
     dist.destroy_process_group()
-    return 0
+    # Leave without interpreter finalization: a rank once aborted there ("terminate called without an
+    # active exception", SIGABRT) after its work was done and written, failing a CI benchmark run; gloo
+    # objects torn down while the interpreter goes away are a known source of it (pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --- the launcher --------------------------------------------------------------------------------------
