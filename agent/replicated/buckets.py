@@ -206,10 +206,17 @@ class BucketedFlush:
                 for b in layout.buckets:
                     if b.work is not None:
                         continue
+                    dsts, srcs = [], []
                     for slot, i in enumerate(b.members):
                         if not b.copied[slot]:
                             grad = g.params[i].grad
-                            b.views[slot].copy_(grad) if grad is not None else b.views[slot].zero_()
+                            if grad is not None:
+                                dsts.append(b.views[slot])
+                                srcs.append(grad)
+                            else:
+                                b.views[slot].zero_()
+                    if dsts:
+                        torch._foreach_copy_(dsts, srcs)
                     if b.flags is not None:
                         b.flags.copy_(torch.tensor([g.params[i].grad is not None for i in b.dtype_params],
                                                    dtype=b.flat.dtype))
@@ -228,6 +235,7 @@ class BucketedFlush:
                     if b.cast:
                         assert self.vote is not None and b.ballot is not None
                         self.vote.summed(b.ballot)
+                dsts, srcs = [], []   # copied back in one call, not one per parameter
                 for b in self._layouts[g.index].buckets:
                     if b.flags is None:
                         continue
@@ -239,6 +247,9 @@ class BucketedFlush:
                             continue
                         src, slot = self._layouts[g.index].where[i]
                         if p.grad is not None:
-                            p.grad.copy_(src.views[slot])
+                            dsts.append(p.grad)
+                            srcs.append(src.views[slot])
                         else:
                             p.grad = src.views[slot].clone()
+                if dsts:
+                    torch._foreach_copy_(dsts, srcs)
