@@ -38,7 +38,6 @@ from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Pr
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.malloc import tune_malloc
-from elasticd.agent.slicer.sched import enter_worker_thread
 from elasticd.agent.timing import StepTiming
 from elasticd.agent.worker import Worker, current_worker, set_current_worker
 from elasticd.protocol.agents import AgentResize, AgentStop
@@ -151,7 +150,6 @@ class Runtime:
     def _body(self, w: Worker) -> None:
         set_current_worker(w)
         enter_thread(self._cuda)  # the current CUDA device is per thread: the main thread's does not carry over
-        enter_worker_thread()  # hand-overs wake without preempting (agent/slicer/sched.py)
         w.sem.acquire()
         if self._aborted:
             return
