@@ -7,8 +7,10 @@ only its own; on the shared tensor the same call, made once per hosted worker, w
 the other workers' gradients. This ledger tells the runtime's own changes (autograd accumulating, the
 flush, once-per-step calls such as `optimizer.step`) from a worker's: it records each gradient's and
 parameter's identity and version counter (`t._version`) after every change the runtime makes and compares
-them at the next point where the runtime has the thread (before autograd accumulates, before a flush or
-a once-per-step call, when a worker hands the baton over). Then:
+them at the next point where the runtime has the thread (before autograd accumulates, or in default mode
+when a backward pass starts; before a flush or a once-per-step call, when a worker hands the baton over).
+Autograd's accumulations are recorded as they happen (a post-accumulate hook) or, in default mode, when
+the backward pass returns (`scan`), before user code can run again. Then:
 
 - a worker that set a gradient to `None` (`model.zero_grad()`, a submodule's, `p.grad = None`) cleared
   its logical gradient. If no rank accumulated since the last flush that is the common value: cleared,
