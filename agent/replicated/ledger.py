@@ -91,9 +91,7 @@ class GradLedger:
     def before_accumulate(self, i: int, rank: int) -> None:
         """Autograd is about to add rank's gradient into parameter i's `.grad` (an AccumulateGrad pre-hook)."""
         p, e = self.params[i], self.entries[i]
-        g = p.grad
-        if p._version != e.param_version or g is not e.grad or (g is not None and g._version != e.grad_version):
-            self._judge(i, rank)
+        self._judge(i, rank)
         if self.deterministic:
             self._take_base(p, e)
             if p.grad is not None and p.grad is e.base:  # the common gradient: this rank accumulates into a copy
@@ -108,11 +106,9 @@ class GradLedger:
 
     def after_accumulate(self, i: int, rank: int) -> None:
         """Autograd added rank's gradient (a post-accumulate-grad hook): the new tensor and version are ours."""
-        p, e = self.params[i], self.entries[i]
+        e = self.entries[i]
         e.contributors.add(rank)
-        g = e.grad = p.grad   # _note, inlined: this runs per parameter per worker per step
-        e.grad_version = g._version if g is not None else 0
-        e.param_version = p._version
+        self._note(self.params[i], e)
 
     def scan(self, rank: int) -> bool:
         """After `rank`'s backward pass, run without per-parameter hooks: every gradient it changed is
@@ -132,11 +128,8 @@ class GradLedger:
 
     def check(self, rank: int) -> None:
         """At a point where `rank` gives the thread back to the runtime: judge what it changed since."""
-        # At every hand-over, caches cold from the worker's compute: only a changed entry is judged in full.
-        for i, (p, e) in enumerate(zip(self.params, self.entries, strict=True)):
-            g = p.grad
-            if p._version != e.param_version or g is not e.grad or (g is not None and g._version != e.grad_version):
-                self._judge(i, rank)
+        for i in range(len(self.params)):
+            self._judge(i, rank)
 
     # -- the flush --------------------------------------------------------------------------------
     def before_flush(self, rank: int, local_only: bool) -> list[bool]:
