@@ -18,7 +18,8 @@ Knobs (environment, so `elasticd run` needs no extra arguments): ELASTICD_BENCH_
 ELASTICD_BENCH_STEPS (default 40), ELASTICD_BENCH_BATCH (per rank, default 32), ELASTICD_BENCH_WIDTH
 (hidden width, default 512), ELASTICD_BENCH_MODEL (`mlp`, default, or `many`: see `make_model`), ELASTICD_BENCH_OUT (where rank 0 writes its JSON), ELASTICD_BENCH_DEVICE
 (`ideal_run`'s device, default cpu; the elastic function uses `ctx.device`), ELASTICD_BENCH_GO (set by
-scripts/_interleave.py: wait for this file before the first step). On a GPU every stamp is
+scripts/_interleave.py: wait for this file before the first step), ELASTICD_BENCH_IDEAL=1 (run as a script:
+`ideal_run`, the plain loop, instead of the elastic function). On a GPU every stamp is
 taken after a `torch.cuda.synchronize()`, in both loops alike: kernels run asynchronously, and a stamp
 at launch time would time the Python, not the step.
 
@@ -36,6 +37,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -141,14 +143,17 @@ def _write(out: dict[str, Any]) -> None:
             json.dump(out, f)
 
 
-def ideal_run(steps: int, workers: int) -> tuple[list[float], float]:
+def ideal_run(steps: int, workers: int, ready: Callable[[], None] | None = None) -> tuple[list[float], float]:
     """The plain single-process loop with the same math: N micro-batches, loss/N each, one optimizer step.
 
     Returns `time.perf_counter()` stamps (start of every step, then once after the last) and the final
-    parameter checksum.
+    parameter checksum. `ready` is called once model and optimizer exist (the first optimizer built in a
+    process imports torch._dynamo, seconds), before the first step.
     """
     model = make_model().to(DEVICE)
     opt = make_optimizer(model)
+    if ready is not None:
+        ready()
     stamps = []
     for step in range(steps):
         stamps.append(_stamp(DEVICE))
@@ -241,5 +246,15 @@ train_det = elasticd.elastic(workers=WORKERS, deterministic=True)(_body)
 train_accum = elasticd.elastic(workers=WORKERS)(_accum_body)
 
 
+def _ideal_main() -> None:
+    """`ELASTICD_BENCH_IDEAL=1 python _benchjob.py`: the plain loop as a process of its own, as a user runs
+    it (glibc's malloc settings as they come), timed and written like the elastic function's runs."""
+    stamps, check = ideal_run(STEPS, WORKERS, ready=_await_go)
+    _write({"threads": torch.get_num_threads(), "stamps": stamps, "checksum": check})
+
+
 if __name__ == "__main__":
-    train()
+    if os.environ.get("ELASTICD_BENCH_IDEAL") == "1":
+        _ideal_main()
+    else:
+        train()

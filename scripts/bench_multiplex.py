@@ -14,7 +14,12 @@ data, N=8 ranks x 32 samples, SGD with momentum):
                  `no_sync` (`_benchjob.train_accum`), same cores;
   (f) DDP 1 x N  the fair anchor for (b): 1 DDP process accumulating N micro-batches, pinned to (b)'s core;
   (b') M=1        (b) again in a process of its own (the script run standalone), on the same core, so that
-                 it can be run side by side with (f).
+                 it can be run side by side with (f);
+  (a') plain      (a) as a process of its own on that core, with glibc's malloc settings as they come: the
+                 loop exactly as a user runs it. (a) in this process runs under the malloc settings the
+                 runtime makes for (b) (agent/slicer/malloc.py), so that (b)/(a) is the runtime's own cost;
+                 glibc's defaults give the plain loop page faults the runtime's settings avoid, and
+                 (b')/(a') says what a user sees.
 
 Each job times its own steps (logical rank 0 stamps every step start), so process start-up, imports and
 rendezvous never count; the first --warmup steps are dropped and a run's figure is the median step.
@@ -77,7 +82,9 @@ from _benchjob_common import (
 )
 from _interleave import Job, compare
 
-VARIANTS = ("ideal", "m1", "m2", "ddp", "acc2", "acc1", "m1p")
+from elasticd.agent.slicer.malloc import tune_malloc
+
+VARIANTS = ("ideal", "m1", "m2", "ddp", "acc2", "acc1", "m1p", "plain")
 SUBPROCESS = ("m2", "acc2", "ddp", "acc1")
 LABELS = {
     "ideal": "(a) ideal: grad-accumulation loop",
@@ -87,6 +94,7 @@ LABELS = {
     "acc2": "(e) torch DDP 2 procs x N/2 accumulation",
     "acc1": "(f) torch DDP 1 proc x N accumulation",
     "m1p": "(b') elasticd N on 1 device (own process)",
+    "plain": "(a') (a) as a process of its own",
 }
 
 
@@ -160,6 +168,9 @@ class Bench:
         import _benchjob
 
         self.job = _benchjob
+        # Before (a)'s first run, not only before (b)'s (the runtime sets them once per process): every (a)
+        # run gets the malloc settings every (b) run has, so (b)/(a) is the runtime's own cost.
+        tune_malloc()
         self.threads: dict[str, int] = {}
         self.checksums: dict[str, list[float]] = defaultdict(list)
         self.ideal_times: list[float] = []
@@ -211,7 +222,7 @@ class Bench:
         env = job_env(**{**self.knobs, "workers": n, "model": model, "steps": steps}, out=path)
         env.update(point.get("env", {}))
         cpus = ALL_CPUS
-        if variant in ("acc1", "m1p") and a.cpu is not None and a.cpu >= 0:
+        if variant in ("acc1", "m1p", "plain") and a.cpu is not None and a.cpu >= 0:
             cpus = frozenset({a.cpu})  # one device is one core, as for (b)
             if a.threads:
                 env["OMP_NUM_THREADS"] = str(a.threads)
@@ -221,6 +232,9 @@ class Bench:
             cmd = elasticd_cmd("run", f"{JOB}:train", "--workers", str(n), "--ddp")
         elif variant == "m1p":
             cmd = [sys.executable, str(JOB)]   # standalone: every logical worker in one process
+        elif variant == "plain":
+            cmd = [sys.executable, str(JOB)]
+            env["ELASTICD_BENCH_IDEAL"] = "1"
         else:
             cmd = elasticd_cmd("run", f"{JOB}:train_accum", "--workers", "2" if variant == "acc2" else "1", "--ddp")
         return Job(name, cmd, env, path, cpus)
@@ -243,12 +257,13 @@ def main() -> None:
     sweep = [int(n) for n in a.sweep.split(",") if n.strip()]
     if any(n % 2 for n in sweep) or a.workers % 2 and "acc2" not in skip:
         raise SystemExit("(e) splits N over 2 DDP processes: --workers and --sweep need even N (or --skip acc2)")
-    variants = [v for v in VARIANTS if v not in skip and not (v == "m1p" and "acc1" in skip)]
+    variants = [v for v in VARIANTS if v not in skip and not (v in ("m1p", "plain") and "acc1" in skip)]
     times: dict[str, list[float]] = defaultdict(list)
     ratios: dict[str, list[float]] = defaultdict(list)
     m2_vs_ddp: list[float] = []
     m2_vs_acc2: list[float] = []
     m1_vs_acc1: list[float] = []
+    m1_vs_plain: list[float] = []
     swept: dict[str, list[tuple[float, float]]] = defaultdict(list)
     points: list[tuple[str, dict[str, Any]]] = [(f"{a.model} N={n}", {"workers": n}) for n in sweep]
     models = [a.model] + ([a.model_2] if a.model_2 else [])
@@ -275,7 +290,7 @@ def main() -> None:
         print(f"(a)/(b) pairs: b/a = {' '.join(f'{r:.3f}' for r in ratios['m1'])}", file=sys.stderr, flush=True)
         # The subprocess variants run at once, frozen and thawed in turns (scripts/_interleave.py): a
         # neighbour's burst then falls on every variant's slices alike. Each round is one such group.
-        order = [v for v in SUBPROCESS if v in variants] + (["m1p"] if "acc1" in variants else [])
+        order = [v for v in SUBPROCESS if v in variants] + (["m1p", "plain"] if "acc1" in variants else [])
         for rnd in range(a.repeats if order else 0):
             got = bench.group({v: (v, {}) for v in order}, main=True)
             for v in order:
@@ -286,6 +301,7 @@ def main() -> None:
                 m2_vs_acc2.append(got["m2"] / got["acc2"])
             if "acc1" in got:
                 m1_vs_acc1.append(got["m1p"] / got["acc1"])
+                m1_vs_plain.append(got["m1p"] / got["plain"])
             print(f"round {rnd + 1}/{a.repeats}: " + ", ".join(f"{v} {got[v] * 1e3:.1f}" for v in order)
                   + " ms/step", file=sys.stderr, flush=True)
         # The sweep: (c) and (e) interleaved at each further N, model and bucket size.
@@ -328,6 +344,9 @@ def main() -> None:
         print(f"(b') elasticd on 1 device / (f) DDP 1 process x {a.workers} accumulation, both one core: "
               f"{median(m1_vs_acc1):.2f} (median of {len(m1_vs_acc1)} interleaved rounds; range "
               f"{min(m1_vs_acc1):.2f}-{max(m1_vs_acc1):.2f})")
+        print(f"(b') elasticd on 1 device / (a') the plain loop as its own process, both one core: "
+              f"{median(m1_vs_plain):.2f} (range {min(m1_vs_plain):.2f}-{max(m1_vs_plain):.2f}; (b)/(a) above is "
+              f"the same against the loop under the runtime's malloc settings)")
     if swept:
         print()
         rows = [[str(n), f"{median([c for c, _ in got]) * 1e3:.2f}", f"{median([e for _, e in got]) * 1e3:.2f}",
