@@ -4,7 +4,8 @@ by setting DDP's `require_backward_grad_sync` per micro-step instead of `no_sync
 `param_groups` every iteration, dropout and batches drawn from each rank's own seeded global RNG, rank 0
 saving the model at the end. Run unchanged under `torch.distributed.run` and `elasticd run`.
 
-Arguments: `--iters=K --accum=A --out=PATH` (A must divide by the world size).
+Arguments: `--iters=K --accum=A --out=PATH [--init=PATH]` (A must divide by the world size; `--init`: rank 0
+also saves the model before training, for tests to see that it moved).
 """
 
 import math
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-config = {"iters": 12, "accum": 8, "out": "final.pt", "lr": 3e-3, "clip": 0.5}
+config = {"iters": 12, "accum": 8, "out": "final.pt", "init": "", "lr": 3e-3, "clip": 0.5}
 for arg in sys.argv[1:]:
     key, val = arg[2:].split("=", 1)
     config[key] = type(config[key])(val)
@@ -60,6 +61,8 @@ def get_batch():
 torch.manual_seed(0)   # the same initial model on every rank, as DDP's broadcast would make it anyway
 model = TinyLM()
 torch.manual_seed(1337 + rank)
+if rank == 0 and config["init"]:
+    torch.save(model.state_dict(), config["init"])
 optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
 scaler = torch.amp.GradScaler("cuda", enabled=False)   # float16 off on CPU: every call passes through
 if ddp:
