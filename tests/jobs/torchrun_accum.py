@@ -93,3 +93,9 @@ if rank == 0:
     torch.save(raw_model.state_dict(), config["out"])
 if ddp:
     destroy_process_group()
+    if "elasticd" not in sys.modules:
+        # Real torchrun only (under elasticd this thread is one worker of an agent): leave without interpreter
+        # finalization, where torch's gloo teardown once aborted a rank in CI ("terminate called without an
+        # active exception") after every result was written; agent/ddp_reference.py does the same.
+        sys.stdout.flush()
+        os._exit(0)

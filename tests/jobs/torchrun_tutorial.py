@@ -10,6 +10,7 @@ present (so a restarted run resumes), `destroy_process_group`. Tests run it unch
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -108,3 +109,9 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="final.pt")
     parser.add_argument("--info", default="")
     main(parser.parse_args())
+    if "elasticd" not in sys.modules:
+        # Real torchrun only (under elasticd this thread is one worker of an agent): leave without interpreter
+        # finalization, where torch's gloo teardown can abort a rank after every result is written
+        # ("terminate called without an active exception"); agent/ddp_reference.py does the same.
+        sys.stdout.flush()
+        os._exit(0)
