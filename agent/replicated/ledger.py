@@ -34,6 +34,7 @@ so the ordered sum over ranks of C + g2_r does not depend on M.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 
 import torch
@@ -50,18 +51,18 @@ class ReplicatedStateError(RuntimeError):
 
 
 class _Entry:
-    """The runtime's last known state of one replicated parameter and its gradient."""
+    """What the runtime knows of one replicated parameter beyond its tensors' identities and versions."""
 
-    __slots__ = ("base", "base_taken", "contributors", "grad", "grad_version", "param_version", "synced")
+    __slots__ = ("base", "base_taken", "contributors", "synced")
 
     def __init__(self) -> None:
-        self.grad: torch.Tensor | None = None  # the tensor .grad should be (held: a dropped one comes back)
-        self.grad_version = 0
-        self.param_version = 0
         self.contributors: set[int] = set()    # ranks whose backward accumulated into it in this window
         self.synced = False                    # holds the last flush's average, not a sum over hosted ranks
         self.base: torch.Tensor | None = None  # deterministic mode: the common gradient every rank starts from
         self.base_taken = False
+
+
+_version = operator.attrgetter("_version")
 
 
 class GradLedger:
@@ -74,19 +75,39 @@ class GradLedger:
         self.hosted = hosted
         self.deterministic = deterministic
         self.entries = [_Entry() for _ in self.params]
+        # The runtime's last known state, one list per field so that "did anything change?" is a few C-level
+        # list operations (`_unchanged`) rather than a Python call per parameter: it is asked several times
+        # per hand-over, right after a worker's compute has pushed the interpreter out of the caches.
+        self.grads: list[torch.Tensor | None] = []   # what .grad should be (held: a dropped one comes back)
+        self.grad_versions: list[int] = []
+        self.param_versions: list[int] = []
         self.record()
 
     # -- the runtime's own changes ----------------------------------------------------------------
     def record(self) -> None:
         """After the runtime changed gradients or parameters (a flush, a once-per-step call): the new truth."""
-        for p, e in zip(self.params, self.entries, strict=True):
-            self._note(p, e)
+        grads = [p.grad for p in self.params]
+        self.grads = grads
+        self.grad_versions = [0 if g is None else g._version for g in grads]
+        self.param_versions = list(map(_version, self.params))
+        for e, g in zip(self.entries, grads, strict=True):
+            if g is None:   # cleared (zero_grad): the next accumulation starts a sum, nothing to scale
+                e.synced = False
 
-    @staticmethod
-    def _note(p: torch.Tensor, e: _Entry) -> None:
-        e.grad = p.grad
-        e.grad_version = p.grad._version if p.grad is not None else 0
-        e.param_version = p._version
+    def _note(self, i: int) -> None:
+        p = self.params[i]
+        g = p.grad
+        self.grads[i] = g
+        self.grad_versions[i] = 0 if g is None else g._version
+        self.param_versions[i] = p._version
+
+    def _unchanged(self) -> bool:
+        """Every parameter and gradient is as the runtime last recorded it (the common case, checked fast)."""
+        if list(map(_version, self.params)) != self.param_versions:
+            return False
+        grads = [p.grad for p in self.params]
+        return (all(map(operator.is_, grads, self.grads))
+                and [0 if g is None else g._version for g in grads] == self.grad_versions)
 
     def before_accumulate(self, i: int, rank: int) -> None:
         """Autograd is about to add rank's gradient into parameter i's `.grad` (an AccumulateGrad pre-hook)."""
@@ -96,29 +117,30 @@ class GradLedger:
             self._take_base(p, e)
             if p.grad is not None and p.grad is e.base:  # the common gradient: this rank accumulates into a copy
                 p.grad = p.grad.clone()
-                self._note(p, e)
+                self._note(i)
         elif e.synced:
             e.synced = False
             if p.grad is not None:
                 with torch.no_grad():
                     p.grad.mul_(self.hosted)  # the common average, once per hosted rank: see the module doc
-                self._note(p, e)
+                self._note(i)
 
     def after_accumulate(self, i: int, rank: int) -> None:
         """Autograd added rank's gradient (a post-accumulate-grad hook): the new tensor and version are ours."""
-        e = self.entries[i]
-        e.contributors.add(rank)
-        self._note(self.params[i], e)
+        self.entries[i].contributors.add(rank)
+        self._note(i)
 
     def scan(self, rank: int) -> bool:
         """After `rank`'s backward pass, run without per-parameter hooks: every gradient it changed is
         autograd's accumulation (user code cannot run between the pass and this call). Whether any was."""
+        grads = [p.grad for p in self.params]
+        versions = [0 if g is None else g._version for g in grads]
+        known, known_versions = self.grads, self.grad_versions
         changed = False
-        for p, e in zip(self.params, self.entries, strict=True):
-            g = p.grad
-            if g is not None and (g is not e.grad or g._version != e.grad_version):
-                e.contributors.add(rank)
-                e.grad, e.grad_version = g, g._version
+        for i, g in enumerate(grads):
+            if g is not None and (g is not known[i] or versions[i] != known_versions[i]):
+                self.entries[i].contributors.add(rank)
+                known[i], known_versions[i] = g, versions[i]
                 changed = True
         return changed
 
@@ -128,6 +150,8 @@ class GradLedger:
 
     def check(self, rank: int) -> None:
         """At a point where `rank` gives the thread back to the runtime: judge what it changed since."""
+        if self._unchanged():
+            return
         for i in range(len(self.params)):
             self._judge(i, rank)
 
@@ -149,10 +173,10 @@ class GradLedger:
 
     def after_flush(self) -> None:
         """The flush wrote every rank's average: a new window starts from it."""
-        for p, e in zip(self.params, self.entries, strict=True):
-            self._note(p, e)
+        self.record()
+        for g, e in zip(self.grads, self.entries, strict=True):
             e.contributors.clear()
-            e.synced = p.grad is not None
+            e.synced = g is not None
             e.base, e.base_taken = None, False
 
     def stash(self, rank: int, room: Callable[[torch.dtype], int]) -> dict[torch.dtype, torch.Tensor]:
@@ -160,10 +184,10 @@ class GradLedger:
         `room(dtype)` zeros at the end; the next rank starts again from the common gradient."""
         self.check(rank)
         out = {dtype: flatten_grads(params, room(dtype)) for dtype, params in by_dtype(self.params).items()}
-        for p, e in zip(self.params, self.entries, strict=True):
+        for i, (p, e) in enumerate(zip(self.params, self.entries, strict=True)):
             self._take_base(p, e)
             p.grad = e.base
-            self._note(p, e)
+            self._note(i)
         return out
 
     def common_grads(self) -> list[torch.Tensor | None]:
@@ -189,16 +213,16 @@ class GradLedger:
     # -- a worker's own changes -------------------------------------------------------------------
     def _judge(self, i: int, rank: int) -> None:
         p, e, name = self.params[i], self.entries[i], self.names[i]
-        if p._version != e.param_version:
+        if p._version != self.param_versions[i]:
             raise ReplicatedStateError(
                 f"elasticd: logical rank {rank} changed replicated parameter '{name}' in place outside "
                 f"the step of the optimizer ctx.replicate returned (e.g. `with torch.no_grad(): p.mul_(...)`, "
                 f"`p.copy_(...)`, nn.init after ctx.replicate, stepping the original optimizer). Hosted workers share one copy of it, so each of them would apply the change "
                 f"again. Make it part of the optimizer (e.g. its weight_decay), do it before ctx.replicate, or "
                 f"keep such a model private to each worker (DistributedDataParallel inside the function).")
-        g = p.grad
-        if g is e.grad:
-            if g is None or g._version == e.grad_version:
+        g, known = p.grad, self.grads[i]
+        if g is known:
+            if g is None or g._version == self.grad_versions[i]:
                 return
             raise ReplicatedStateError(
                 f"elasticd: logical rank {rank} changed the gradient of replicated parameter '{name}' in place "
@@ -220,6 +244,6 @@ class GradLedger:
         if e.contributors:
             # Other hosted workers accumulated since the last flush: this worker's call is the one the
             # first of them made before accumulating. Give back what they accumulated.
-            p.grad = e.grad
+            p.grad = known
             return
-        e.grad, e.grad_version, e.synced = None, 0, False  # nobody accumulated yet: cleared for everyone, once
+        self.grads[i], self.grad_versions[i], e.synced = None, 0, False  # nobody accumulated: cleared for all, once
