@@ -40,6 +40,9 @@ class Worker:
     touched_grads: bool = False
     backward_depth: int = 0  # backward passes running in this thread (reentrant checkpointing nests them)
     no_sync_depth: int = 0
+    # No user code ran since the runtime last judged this worker's changes to replicated state (set at the end
+    # of a backward pass, whose accumulations the runtime has just recorded; cleared when the worker runs on).
+    judged: bool = False
     replicate_calls: int = 0
     start_step: int = 0
     total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar

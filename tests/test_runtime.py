@@ -75,6 +75,36 @@ def test_each_worker_keeps_its_own_random_streams_across_switches() -> None:
         assert got[r] == _draws() + _draws(), f"rank {r} saw another worker's random stream"
 
 
+def test_a_worker_that_draws_leaves_the_streams_of_those_that_do_not_where_they_were() -> None:
+    # Every worker starts from one object holding the process's streams, and a hand-over where no stream
+    # moved swaps nothing: a worker that draws must get streams of its own, the others keep the start.
+    got: dict[int, list[float]] = {}
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        ctx.barrier()  # hand-overs where nothing moved
+        out = [float(torch.rand(1))] if ctx.rank != 1 else []
+        ctx.barrier()
+        if ctx.rank == 2:
+            out.append(float(np.random.rand()))
+        ctx.barrier()
+        out += _draws()
+        got[ctx.rank] = out
+
+    torch.manual_seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    train()
+    for r in range(3):
+        torch.manual_seed(7)
+        random.seed(7)
+        np.random.seed(7)
+        want = [float(torch.rand(1))] if r != 1 else []
+        if r == 2:
+            want.append(float(np.random.rand()))
+        assert got[r] == want + _draws(), f"rank {r} did not draw from its own streams"
+
+
 def test_numpy_streams_stay_exact_when_workers_share_a_seed_and_cached_gaussians() -> None:
     # Same seed everywhere: the raw generator bytes coincide across workers, which is exactly where a
     # hand-over may skip numpy's get/set_state; randn's cached second Gaussian must still follow its worker.

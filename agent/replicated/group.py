@@ -108,8 +108,9 @@ class ReplicatedGroup:
                 buckets.ready(self, i)
 
     def _on_switch(self, outgoing: Worker | None, _incoming: Worker) -> None:
-        # The outgoing worker's changes since the runtime last looked: judged before another worker runs.
-        if outgoing is not None:
+        # The outgoing worker's changes since the runtime last looked: judged before another worker runs
+        # (not again when it leaves straight from a backward pass the runtime has just recorded).
+        if outgoing is not None and not outgoing.judged:
             self.ledger.check(outgoing.rank)
 
     def _guard_buffers(self, _module: torch.nn.Module, _args: Any) -> None:

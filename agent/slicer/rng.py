@@ -53,25 +53,34 @@ def _numpy_random() -> Any | None:
 
 
 def _numpy_key(np_random: Any) -> bytes | None:
-    """The global generator's raw MT19937 state (2500 bytes, ~1 us) where numpy exposes it.
+    """The global generator's raw MT19937 state (2500 bytes, ~0.1 us) where numpy exposes it.
 
     `get_state`/`set_state` cost ~100 us each and most jobs never draw from numpy, so a hand-over
     skips them when these bytes show the state did not move. The bytes leave out the cached Gaussian
     of `randn`, which is why a skip also requires that none is cached (`has_gauss == 0`): making one
     needs fresh draws, which would change the bytes.
     """
-    try:
-        bit_generator = np_random.mtrand._rand._bit_generator
-        if bit_generator is not _np_state[0]:
-            # The state lives inside the generator object, so its address holds while we keep a reference;
-            # `.ctypes` builds a fresh object each time (~10 us of a hand-over, caches cold after compute).
-            _np_state[:] = [bit_generator, bit_generator.ctypes.state_address]
-        return ctypes.string_at(_np_state[1], 2500)
-    except (AttributeError, TypeError):
-        return None
+    raw = _np_state[1]
+    if raw is None:
+        try:
+            bit_generator = np_random.mtrand._rand._bit_generator
+            # Looked up once: the global generator keeps its bit generator for life (`seed`, `set_state` and
+            # unpickling write into it), and the state lives inside that object, so its address holds while
+            # we keep a reference. The lookups and `.ctypes` cost ~10 us of a hand-over (caches cold).
+            raw = _raw(bit_generator.ctypes.state_address)
+        except (AttributeError, TypeError):
+            return None
+        _np_state[:] = [bit_generator, raw]
+    return raw.raw
 
 
-_np_state: list[Any] = [None, 0]   # numpy's global bit generator and the address of its MT19937 state
+def _raw(address: int) -> Any:
+    """The 2500 bytes of an MT19937 state at `address`, as a ctypes array read in place: `.raw` copies
+    them in one C call, where `ctypes.string_at` goes through Python code and a foreign-function call."""
+    return (ctypes.c_char * 2500).from_address(address)
+
+
+_np_state: list[Any] = [None, None]   # numpy's global bit generator and its MT19937 state (see _raw)
 
 
 def _python_key_offset() -> int | None:
@@ -89,10 +98,11 @@ def _python_key_offset() -> int | None:
 
 
 _PY_OFFSET = _python_key_offset() if sys.implementation.name == "cpython" else None
+_py_state: list[Any] = [None, None]   # `random`'s module-level generator and its state (see _raw)
 
 
 def _python_key() -> tuple[bytes, Any] | None:
-    """`random`'s raw generator bytes (~1 us) and its cached Gaussian.
+    """`random`'s raw generator bytes (~0.1 us) and its cached Gaussian.
 
     `random.getstate()` builds a 625-int tuple (~27 us) and `setstate` ~7 us; with a few hand-overs per
     worker per step that was ~2% of a small step, for a stream most jobs never draw from. `gauss()` can
@@ -101,28 +111,55 @@ def _python_key() -> tuple[bytes, Any] | None:
     if _PY_OFFSET is None:
         return None
     inst = random._inst  # type: ignore[attr-defined]  # the module-level functions' generator
-    return ctypes.string_at(id(inst) + _PY_OFFSET, 2500), inst.gauss_next
+    if inst is not _py_state[0]:
+        _py_state[:] = [inst, _raw(id(inst) + _PY_OFFSET)]   # held, so the address stays its
+    return _py_state[1].raw, inst.gauss_next
 
 
 def _no_cached_gauss(numpy_state: Any) -> bool:
     return numpy_state is not None and numpy_state[3] == 0
 
 
+_torch_get = torch.default_generator.get_state
+_torch_set = torch.default_generator.set_state
+_byte_arrays: dict[int, Any] = {}
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two contiguous CPU byte tensors (generator states) hold the same bytes. Read in place through ctypes:
+    `torch.equal` goes through the dispatcher, ~8 us of a hand-over where caches are cold after compute."""
+    n = a.numel()
+    if n != b.numel():
+        return False
+    array = _byte_arrays.get(n)
+    if array is None:
+        array = _byte_arrays[n] = ctypes.c_char * n
+    return bool(array.from_address(a.data_ptr()).raw == array.from_address(b.data_ptr()).raw)
+
+
 def capture(cuda_device: torch.device | None = None, prev: RngState | None = None) -> RngState:
-    """The live streams. `prev`: what this worker's streams were when it got the baton."""
+    """The live streams. `prev`: what this worker's streams were when it got the baton; returned itself
+    when no stream moved since (most hand-overs of most jobs), which lets `restore` skip everything."""
     np_random = _numpy_random()
     numpy_state, key = None, None
+    np_unmoved = np_random is None and (prev is None or prev.numpy is None)
     if np_random is not None:
         key = _numpy_key(np_random)
-        unmoved = prev is not None and key is not None and key == prev.numpy_key
-        numpy_state = prev.numpy if unmoved and _no_cached_gauss(prev.numpy) else np_random.get_state()
+        np_unmoved = (prev is not None and key is not None and key == prev.numpy_key
+                      and _no_cached_gauss(prev.numpy))
+        numpy_state = prev.numpy if np_unmoved and prev is not None else np_random.get_state()
     py_key = _python_key()
     py_unmoved = prev is not None and py_key is not None and py_key == prev.python_key
+    torch_cpu = _torch_get()
+    cuda = torch.cuda.get_rng_state(cuda_device) if cuda_device is not None else None
+    if (prev is not None and np_unmoved and py_unmoved and _same_bytes(torch_cpu, prev.torch_cpu)
+            and (cuda is None or (prev.cuda is not None and torch.equal(cuda, prev.cuda)))):
+        return prev
     return RngState(
-        torch_cpu=torch.get_rng_state(),
+        torch_cpu=torch_cpu,
         python=prev.python if py_unmoved and prev is not None else random.getstate(),
         numpy=numpy_state,
-        cuda=torch.cuda.get_rng_state(cuda_device) if cuda_device is not None else None,
+        cuda=cuda,
         numpy_key=key,
         python_key=py_key,
     )
@@ -130,7 +167,9 @@ def capture(cuda_device: torch.device | None = None, prev: RngState | None = Non
 
 def restore(state: RngState, cuda_device: torch.device | None = None, live: RngState | None = None) -> None:
     """Make `state` the live streams. `live`: the streams just captured from the outgoing worker."""
-    torch.set_rng_state(state.torch_cpu)
+    if state is live:
+        return   # the same streams, unmoved since both workers last had them (capture returned them)
+    _torch_set(state.torch_cpu)
     if not (live is not None and state.python_key is not None and live.python_key == state.python_key):
         random.setstate(state.python)
     np_random = _numpy_random()

@@ -122,10 +122,12 @@ class Runtime:
         Raises:
             WorkerFailed: a worker raised (every other hosted worker has been unwound).
         """
+        # One object for every worker: a hand-over where no stream moved finds both workers' streams are
+        # it and swaps nothing (rng.capture returns it unchanged; a worker that draws gets its own).
         initial = rng.capture(self._cuda)
         threads = []
         for r, w in self._workers.items():
-            w.rng = rng.RngState.from_dict(initial.to_dict())
+            w.rng = initial
             w.ctx = WorkerContext(self, w)
             w.env = worker_env.variables_for(r, self.workers)
             self.boundary.prepare(w)
@@ -224,7 +226,8 @@ class Runtime:
         live = None
         if me is not None:
             me.rng = live = rng.capture(self._cuda, prev=me.rng)
-        rng.restore(nxt.rng, self._cuda, live=live)
+        if nxt.rng is not live:   # else no stream moved: both workers' streams are the live ones
+            rng.restore(nxt.rng, self._cuda, live=live)
         for listener in self.switch_listeners:
             listener(me, nxt)
         nxt.handover = record_handover(self._cuda)  # nxt's stream waits on it, in nxt's thread
@@ -274,6 +277,7 @@ class Runtime:
             raise RuntimeError("elasticd: a collective handle was waited on outside its worker")
         if not self._execute(w, self.baton.arrive(w.rank)):
             self._wait_turn(w)
+        w.judged = False
 
     def before_backward(self, w: Worker) -> None:
         """A backward pass starts. If it is the last hosted worker's before a gradient flush (every other
@@ -313,6 +317,7 @@ class Runtime:
         for hook in w.backward_hooks:
             hook()
         if len(w.queued) > queued:
+            w.judged = True   # the pass's accumulations are on the books, and no user code ran since
             self.drain(w)
 
     def backward_raised(self, w: Worker) -> None:
