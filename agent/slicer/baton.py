@@ -66,6 +66,8 @@ class Baton:
         self.state: dict[int, WorkerState] = {r: WorkerState.RUNNABLE for r in self.order}
         self.seq: dict[int, int] = {r: 0 for r in self.order}  # collectives completed per worker
         self.holder: int | None = None
+        # Who may take the baton after each rank, in turn: the ranks after it, then the ones before it and itself.
+        self._after = {r: self.order[i + 1:] + self.order[: i + 1] for i, r in enumerate(self.order)}
 
     def start(self) -> Action:
         self.holder = self.order[0]
@@ -97,9 +99,7 @@ class Baton:
         return Run(self.holder)
 
     def _next_after(self, rank: int) -> Action:
-        i = self.order.index(rank)
-        rotated = self.order[i + 1:] + self.order[: i + 1]
-        for r in rotated:
+        for r in self._after[rank]:
             if self.state[r] is WorkerState.RUNNABLE:
                 self.holder = r
                 return Run(r)
