@@ -42,11 +42,12 @@ if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
 
 BUCKET_ENV = "ELASTICD_BUCKET_KB"
-# Far below DDP's 25 MiB (sized for GPUs) so a small CPU model still gets several buckets. Measured on 2 CPU
-# cores (interleaved runs, N=8 and N=32 on 2 agents): 0, 32, 256 and 1024 KiB within 2-6% of each other in no
-# consistent order, because an early all-reduce has no idle core to run on. Where overlap can pay (a GPU's
-# communication stream) the cap is unmeasured (README Figures, #17).
-DEFAULT_BUCKET_KB = 256
+# DDP's own default (`bucket_cap_mb=25`). A small cap buys overlap only where the all-reduce has something
+# to run on while backward computes (a GPU's communication stream, an idle core); on CPU agents pinned to a
+# core each bucket is one more collective on the critical path. Measured on 2 CPU cores (session 12, N=8 on
+# 2 agents against DDP 2 processes x 4 accumulation, 3 interleaved rounds): 0.66M-parameter MLP 1.00x at
+# 25 MiB (one bucket) and 1.01x at 0, against 1.10x at 256 KiB (three buckets).
+DEFAULT_BUCKET_KB = 25 * 1024
 
 
 def bucket_bytes(environ: dict[str, str] | None = None) -> int:
