@@ -189,6 +189,24 @@ def test_logical_collectives_over_hosted_workers() -> None:
                           "max": 2.0, "avg": 1.5}
 
 
+def test_a_gradient_changed_after_backward_is_judged_at_the_next_hand_over() -> None:
+    # A worker that leaves straight from backward is not checked again at the switch (its accumulations were
+    # just recorded); once it runs on, the next hand-over must check it, here a barrier's.
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        model = torch.nn.Linear(4, 2)
+        model = ctx.replicate(model)
+        model(torch.ones(2, 4)).sum().backward()
+        if ctx.rank == 1:
+            model.weight.grad.mul_(2.0)
+        ctx.barrier()
+
+    with pytest.raises(WorkerFailed) as info:
+        train()
+    assert info.value.rank == 1
+    assert "changed the gradient of replicated parameter 'weight' in place" in info.value.message
+
+
 def test_a_raising_worker_reports_its_rank_and_traceback() -> None:
     @elasticd.elastic(workers=4)
     def train(ctx):
