@@ -66,3 +66,15 @@ def test_the_overlapped_flush_gives_the_parameters_of_one_flush_after_backward(t
     assert int(got["1"].pop("early")) > 0, "no bucket was started while backward ran"
     differ = [k for k in got["0"] if not torch.equal(got["0"][k], got["1"][k])]
     assert not differ, f"overlapped flush changed {differ}"
+
+
+@pytest.mark.timeout(300)
+def test_an_error_caught_inside_an_overlapped_backward_stops_the_run_with_why(tmp_path: Path) -> None:
+    """tests/jobs/caught_backward.py: the last hosted worker of each agent raises inside backward after its
+    first bucket's all-reduce started, and the job catches it. The run must end at once, naming the cause
+    and why it cannot go on (this agent's share of the started sum is already in flight)."""
+    run = cli("run", str(JOBS / "caught_backward.py"), "--workers", "4", "--devices", "2",
+              env={"ELASTICD_TEST_WORKERS": "4", BUCKET_ENV: "1"}, timeout=240)
+    assert run.code != 0, run.output
+    assert "Flaky: a batch the job chooses to skip" in run.output, run.output
+    assert "raised after 1 of its gradient buckets' all-reduce had started" in run.output, run.output

@@ -173,6 +173,18 @@ class BucketedFlush:
             raise RuntimeError("elasticd: gradient buckets were started but no flush follows (a runtime bug)")
         self.armed = False
 
+    def abandon(self, quiet: bool = False) -> None:
+        """The armed backward raised. Before any bucket started, nothing left this agent and the worker may
+        go on (a caught error); after, the other agents sum what this one can no longer match. `quiet`:
+        the error is already the runtime's own refusal, which says more than this would."""
+        started = sum(b.work is not None for b in self._order)
+        self.armed = False
+        if started and not quiet:
+            raise RuntimeError(
+                f"elasticd: a backward pass raised after {started} of its gradient buckets' all-reduce had "
+                f"started on every agent, so this agent cannot finish the step in step with the others (the "
+                f"error above is the cause)")
+
     def ready(self, g: ReplicatedGroup, i: int) -> None:
         """Autograd finished parameter i's gradient in the armed backward (a post-accumulate-grad hook)."""
         layout = self._layouts.get(g.index)

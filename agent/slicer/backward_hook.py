@@ -33,8 +33,8 @@ def install_backward_hook() -> None:
         try:
             rt.before_backward(w)   # may refuse what the worker did to replicated gradients
             original(*args, **kwargs)
-        except BaseException:
-            rt.backward_raised(w)
+        except BaseException as e:
+            rt.backward_raised(w, e)
             raise
         rt.after_backward(w)
         return None

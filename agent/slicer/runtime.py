@@ -29,6 +29,7 @@ from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.replicated.buckets import BucketedFlush, bucket_bytes
 from elasticd.agent.replicated.grad_sync import GradSync
 from elasticd.agent.replicated.idioms import install as install_idioms
+from elasticd.agent.replicated.ledger import ReplicatedStateError
 from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.slicer import rng
@@ -320,9 +321,10 @@ class Runtime:
             w.judged = True   # the pass's accumulations are on the books, and no user code ran since
             self.drain(w)
 
-    def backward_raised(self, w: Worker) -> None:
+    def backward_raised(self, w: Worker, error: BaseException) -> None:
         """A backward pass raised (the user may catch it and go on): what it accumulated is on the books."""
-        self._close_books(w)
+        if self._close_books(w) and self.env.grad_buckets.armed:
+            self.env.grad_buckets.abandon(quiet=isinstance(error, ReplicatedStateError))
 
     def _close_books(self, w: Worker) -> bool:
         """A backward pass of `w` ended; True if it was the outermost one. Default mode: the gradients it
