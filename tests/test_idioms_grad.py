@@ -94,3 +94,23 @@ def test_other_changes_of_replicated_state_are_refused(idiom: str) -> None:
         run = elasticd_run("grad_refused", devices, env={"ELASTICD_TEST_IDIOM": idiom})
         assert run.code != 0, f"{idiom} on {devices} devices exited 0:\n{run.output}"
         assert "ReplicatedStateError" in run.output and REFUSED[idiom] in run.output, run.output
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_references_taken_before_replicate_train_the_shared_model(devices: int,
+                                                                   ddp_reference: Callable[[str], Reference],
+                                                                   tmp_path: Path) -> None:
+    """tests/jobs/held_refs.py: a submodule held for an auxiliary loss and a head held for logging."""
+    ref = ddp_reference("held_refs")
+    out = tmp_path / "final.pt"
+    assert_like_ddp("held_refs", ref, elasticd_run("held_refs", devices, out), out, f"N=4 M={devices}")
+
+
+@pytest.mark.timeout(300)
+def test_a_gradient_into_a_parameter_held_from_before_replicate_is_refused(tmp_path: Path) -> None:
+    run = elasticd_run("held_refs", 1, tmp_path / "final.pt", env={"ELASTICD_TEST_PENALTY": "1"})
+    assert run.code != 0, run.output
+    assert "logical rank 1's backward accumulated a gradient into parameter '4.bias' as it was before ctx.replicate" \
+        in run.output, run.output   # rank 0's model is the shared copy; the last layer's gradient comes first
+    assert not (tmp_path / "final.pt").exists()

@@ -23,6 +23,7 @@ from torch.amp.grad_scaler import OptState
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.idioms import ORIGINAL_CLIPS
 from elasticd.agent.replicated.once import OncePerStep
+from elasticd.agent.replicated.share import share_into
 
 if TYPE_CHECKING:
     from elasticd.agent.resize.snapshot import GroupSnapshot
@@ -84,6 +85,8 @@ class ReplicatedState:
             self.groups.append(group)
             self._params.update({id(p): group for p in group.params})
         group = self.groups[index]
+        if model is not group.model:
+            share_into(model, group.model, w.rank)
         if optimizer is not None and group.optimizer is not None and optimizer is not group.optimizer:
             # This worker's own optimizer is set aside, but schedulers it built over it before this call
             # keep stepping it and report its learning rate: after a resize it is new and at its initial
