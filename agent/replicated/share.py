@@ -23,6 +23,8 @@ from elasticd.agent.replicated.ledger import ReplicatedStateError
 
 def share_into(own: torch.nn.Module, shared: torch.nn.Module, rank: int) -> None:
     """Point `own` (a worker's model passed to ctx.replicate) at `shared`, which must be built alike."""
+    if isinstance(own, torch.jit.ScriptModule):
+        return   # its attributes are fixed by the compiler; it stays set aside, as before
     mine = dict(own.named_modules(remove_duplicate=False))
     theirs = dict(shared.named_modules(remove_duplicate=False))
     if mine.keys() != theirs.keys():
