@@ -46,9 +46,10 @@ def _share_slots(module: torch.nn.Module, other: torch.nn.Module, kind: str, pat
                          f"{sorted(ours)}, the first worker's {sorted(theirs)}: every worker must build the same model")
     for name, mine in list(ours.items()):
         shared = theirs[name]
-        if mine is shared or mine is None or shared is None:
-            if (mine is None) != (shared is None):
-                raise ValueError(f"ctx.replicate: '{_join(path, name)}' is None on one worker only")
+        if (mine is None) != (shared is None):
+            raise ValueError(f"ctx.replicate: '{_join(path, name)}' is None on logical rank {rank} or on the first "
+                             f"worker only: every worker must build the same model")
+        if mine is None or mine is shared:
             continue
         if mine.shape != shared.shape or mine.dtype != shared.dtype:
             raise ValueError(f"ctx.replicate: logical rank {rank}'s '{_join(path, name)}' is {tuple(mine.shape)} "
