@@ -169,7 +169,7 @@ class BucketedFlush:
 
     def disarm(self) -> None:
         """The armed backward ends without a flush (it produced no replicated gradient)."""
-        if any(b.work is not None for b in self._order):
+        if self._started():
             raise RuntimeError("elasticd: gradient buckets were started but no flush follows (a runtime bug)")
         self.armed = False
 
@@ -177,13 +177,17 @@ class BucketedFlush:
         """The armed backward raised. Before any bucket started, nothing left this agent and the worker may
         go on (a caught error); after, the other agents sum what this one can no longer match. `quiet`:
         the error is already the runtime's own refusal, which says more than this would."""
-        started = sum(b.work is not None for b in self._order)
+        started = self._started()
         self.armed = False
         if started and not quiet:
             raise RuntimeError(
                 f"elasticd: a backward pass raised after {started} of its gradient buckets' all-reduce had "
                 f"started on every agent, so this agent cannot finish the step in step with the others (the "
                 f"error above is the cause)")
+
+    def _started(self) -> int:
+        """Buckets of this flush whose all-reduce has started."""
+        return sum(b.work is not None for b in self._order)
 
     def ready(self, g: ReplicatedGroup, i: int) -> None:
         """Autograd finished parameter i's gradient in the armed backward (a post-accumulate-grad hook)."""
