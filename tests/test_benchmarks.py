@@ -22,6 +22,7 @@ LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script, name", [
     ("bench_multiplex.py", "vs_ddp_accumulation"),
+    ("bench_handover.py", "handover_overhead"),
     ("bench_determinism.py", "deterministic_cost"),
     ("bench_resize.py", "resize_seconds"),
     ("bench_daemon_grow.py", "daemon_grow_ratio"),
@@ -40,8 +41,8 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     assert math.isfinite(float(m.group(2))) and float(m.group(2)) > 0
 
 
-@pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_determinism.py", "bench_resize.py",
-                                    "bench_daemon_grow.py", "bench_torchrun_mode.py"])
+@pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py",
+                                    "bench_resize.py", "bench_daemon_grow.py", "bench_torchrun_mode.py"])
 def test_help_explains(script: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "-h"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
