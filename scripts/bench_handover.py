@@ -20,9 +20,9 @@ all timed steps of all rounds. Variants, one after another in each round (the or
   plain      the plain loop paired with itself (the method's own bias: should read 1.00).
 
 What the pairing cannot take out: both sides share the core's caches, and each is slowed by what the other
-left there. The plain step right after N threads' turns takes longer than after another plain step (the
-"plain ms/step" column; in one run 22 ms in the plain row, 26 after bare threads, 29 after elasticd's
-workers), and so does the workers' step after the plain one. The ratio is therefore low-noise but not the
+left there. The plain step right after N threads' turns can take longer than after another plain step (the
+"plain ms/step" column: 22 / 26 / 29 ms in the plain / threads / elasticd rows of one run, 26.4 / 27.0 / 27.6
+in another), and so can the workers' step after the plain one. The ratio is therefore low-noise but not the
 absolute cost: it tells one version of the runtime from another (an A/B at the same step reads within
 about +-0.02 per round), and the threads row says how much of it any thread-based time-slicer pays.
 bench_multiplex.py's separate runs stay the absolute figures.
@@ -165,18 +165,12 @@ def run_threads(steps: int, workers: int) -> tuple[Paired, float]:
 
 
 def run_plain(steps: int, workers: int) -> tuple[Paired, float]:
-    paired = Paired(workers)
-    model = bj.make_model()
-    opt = bj.make_optimizer(model)
+    paired, other = Paired(workers), Paired(workers)
     for step in range(steps):
         paired.step(step)
-        opt.zero_grad()
-        for r in range(workers):
-            x, y = bj.batch(r, step, workers)
-            paired.backward(F.cross_entropy(model(x), y) / workers)
-        opt.step()
+        other.step(step)
     paired.end = time.perf_counter()
-    return paired, bj.checksum(model)
+    return paired, bj.checksum(other.model)
 
 
 RUNS = {"elasticd": run_elasticd, "threads": run_threads, "plain": run_plain}
