@@ -157,13 +157,20 @@ def ideal_run(steps: int, workers: int, ready: Callable[[], None] | None = None)
     stamps = []
     for step in range(steps):
         stamps.append(_stamp(DEVICE))
-        opt.zero_grad()
-        for r in range(workers):
-            x, y = batch(r, step, workers)
-            (F.cross_entropy(model(x.to(DEVICE)), y.to(DEVICE)) / workers).backward()
-        opt.step()
+        plain_step(model, opt, step, workers)
     stamps.append(_stamp(DEVICE))
     return stamps, checksum(model)
+
+
+def plain_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, workers: int,
+               backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward) -> None:
+    """One step of the plain loop: N micro-batches, loss/N each, one optimizer step. `backward`: how the
+    loss is backpropagated (bench_handover.py passes torch's own, bypassing the runtime's wrapper)."""
+    opt.zero_grad()
+    for r in range(workers):
+        x, y = batch(r, step, workers)
+        backward(F.cross_entropy(model(x.to(DEVICE)), y.to(DEVICE)) / workers)
+    opt.step()
 
 
 def _body(ctx: Any) -> None:

@@ -23,8 +23,8 @@ What the pairing cannot take out: both sides share the core's caches, and each i
 left there. The plain step right after N threads' turns can take longer than after another plain step (the
 "plain ms/step" column: 22 / 26 / 29 ms in the plain / threads / elasticd rows of one run, 26.4 / 27.0 / 27.6
 in another), and so can the workers' step after the plain one. The ratio is therefore low-noise but not the
-absolute cost: it tells one version of the runtime from another (an A/B at the same step reads within
-about +-0.02 per round), and the threads row says how much of it any thread-based time-slicer pays.
+absolute cost: it tells one version of the runtime from another (its per-round medians agree within
+about +-0.01), and the threads row says how much of it any thread-based time-slicer pays.
 bench_multiplex.py's separate runs stay the absolute figures.
 
 Everything runs in this process, pinned to one core (--cpu, default the last), one torch thread, under the
@@ -86,11 +86,7 @@ class Paired:
 
     def step(self, step: int) -> None:
         start = time.perf_counter()
-        self.opt.zero_grad()
-        for r in range(self.workers):
-            x, y = bj.batch(r, step, self.workers)
-            self.backward(F.cross_entropy(self.model(x), y) / self.workers)
-        self.opt.step()
+        bj.plain_step(self.model, self.opt, step, self.workers, self.backward)
         self.spans.append((start, time.perf_counter()))
 
     def ratios(self, warmup: int) -> list[float]:
@@ -199,19 +195,19 @@ def main() -> None:
             checks[v] = check
             print(f"round {i + 1}/{a.rounds} {v}: median ratio {per_round[v][-1]:.3f}", file=sys.stderr, flush=True)
     reference = bj.checksum(Paired(bj.WORKERS).model)   # the initial parameters: every variant must move them
+    drift = {v: abs(checks[v] - checks["elasticd"]) / abs(checks["elasticd"]) for v in a.variants}
     rows = []
     for v in a.variants:
         q1, _, q3 = statistics.quantiles(ratios[v], n=4)
         rows.append([v, f"{statistics.median(plain_ms[v]):.2f}", f"{statistics.median(ratios[v]):.3f}",
                      f"{q1:.3f}-{q3:.3f}", " ".join(f"{r:.3f}" for r in per_round[v]),
-                     f"{abs(checks[v] - checks['elasticd']) / abs(checks['elasticd']):.1e}"])
+                     f"{drift[v]:.1e}"])
     print(f"N={bj.WORKERS} logical workers, per-rank batch {bj.BATCH}, model {bj.MODEL} (width {bj.WIDTH}), "
           f"{a.steps - a.warmup} timed steps x {a.rounds} round(s) per variant, pinned to core {cpu}, "
           f"{load_average()}")
     print(table(["variant", "plain ms/step", "median ratio", "p25-p75", "per round", "checksum Δ"], rows))
     if any(checks[v] == reference for v in a.variants):
         raise SystemExit("a variant left the parameters where they started: it did not train")
-    drift = {v: abs(checks[v] - checks["elasticd"]) / abs(checks["elasticd"]) for v in a.variants}
     if max(drift.values()) > 1e-5:   # fp32 round-off of a different summation order is ~1e-7
         raise SystemExit(f"the variants did not compute the same parameters (relative checksum drift {drift})")
     print(f"handover_overhead={statistics.median(ratios['elasticd']):.2f}")
