@@ -18,10 +18,13 @@ import ast
 import builtins
 import json
 import os
+import random
 import sys
 import time
 import types
 from typing import Any
+
+from elasticd.agent.compat import per_rank_singletons
 
 # The script's own arguments, as a JSON list, in the agents' environment: one carrier for `elasticd run`
 # (the launcher sets it) and `elasticd submit` (a job's --env reaches agents and warm spares alike).
@@ -85,12 +88,14 @@ class ScriptMain:
         if script_dir not in sys.path:
             sys.path.insert(0, script_dir)  # `from datautils import ...` next to the script, as `python script.py`
         sys.argv = [self.path, *self.args]  # read-only for the workers: argparse parses it once per worker
+        per_rank_singletons.install()  # @hydra.main's run state, per worker as it is per process
 
     def fn(self, ctx: Any) -> None:
         worker = ctx._w
         worker.dist_initialized = False  # a torchrun script initializes its process group itself
         if ctx.rank == 0:
             worker.backward_hooks.append(StepCounter(ctx._rt))
+        fresh_streams()
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,
                                __cached__=None)
@@ -99,6 +104,29 @@ class ScriptMain:
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
+
+
+# torch's seed of its CPU generator in a process that never seeded it, in torch versions that use a constant
+TORCH_CONSTANT_SEED = 67280421310721
+
+
+def fresh_streams() -> None:
+    """Seed the calling worker's global random streams as a process that torchrun starts finds them.
+
+    Python seeds `random`, numpy its global generator, and this torch its CPU generator from the OS at
+    start-up, so under torchrun every rank of a script that never seeds draws numbers of its own (synthetic
+    batches, dropout masks, a `random_split`). The agent's streams, which a worker inherits, are one
+    process's: without this the ranks of an agent would all draw the same numbers. A torch that starts
+    from a constant seed starts every rank from it, as it does here. A script that seeds is unaffected.
+    """
+    import torch  # here, not at the top: the CLI imports this module before anything heavy
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    if torch.initial_seed() != TORCH_CONSTANT_SEED:
+        torch.seed()
 
 
 class StepCounter:

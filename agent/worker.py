@@ -68,6 +68,8 @@ class Worker:
     env: dict[str, str | None] | None = None
     dist_initialized: bool | None = None
     dist_backend: str | None = None
+    # Library singletons that are per process under torchrun, per worker here (agent/compat/per_rank_singletons.py).
+    singletons: dict[Any, Any] = field(default_factory=dict)
     handover: Any = None  # CUDA: the event the previous worker recorded when it handed over (slicer/device.py)
 
 
