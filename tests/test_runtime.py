@@ -165,6 +165,35 @@ def test_python_random_streams_stay_exact_when_workers_share_a_seed_and_cached_g
         assert got[r] == want, f"rank {r}'s random stream was disturbed by a hand-over"
 
 
+def test_streams_of_their_own_stay_exact_across_hand_overs_that_write_generator_bytes_in_place() -> None:
+    # Workers seeded apart (torchrun mode's fresh streams are this case): a hand-over writes the incoming
+    # worker's Mersenne Twister bytes in place instead of set_state/setstate, unless a cached Gaussian is
+    # held on either side, which must then follow its worker too.
+    got: dict[int, list[float]] = {}
+
+    def draws(rank: int) -> list[float]:
+        out = [float(np.random.rand()), random.random()]
+        if rank != 1:
+            out += [float(np.random.randn()), random.gauss(0.0, 1.0)]  # each caches a second Gaussian
+        return out
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        np.random.seed(40 + ctx.rank)
+        random.seed(50 + ctx.rank)
+        out = []
+        for _ in range(3):
+            out += draws(ctx.rank)
+            ctx.barrier()
+        got[ctx.rank] = out
+
+    train()
+    for r in range(3):
+        np.random.seed(40 + r)
+        random.seed(50 + r)
+        assert got[r] == draws(r) + draws(r) + draws(r), f"rank {r} saw another worker's stream"
+
+
 def test_logical_collectives_over_hosted_workers() -> None:
     got: dict[int, dict] = {}
 
