@@ -18,7 +18,6 @@ import ast
 import builtins
 import json
 import os
-import random
 import sys
 import time
 import types
@@ -106,27 +105,18 @@ class ScriptMain:
                 raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
 
 
-# torch's seed of its CPU generator in a process that never seeded it, in torch versions that use a constant
-TORCH_CONSTANT_SEED = 67280421310721
-
-
 def fresh_streams() -> None:
-    """Seed the calling worker's global random streams as a process that torchrun starts finds them.
+    """Seed the calling worker's `random` and numpy streams from the OS, as a process torchrun starts has them.
 
-    Python seeds `random`, numpy its global generator, and this torch its CPU generator from the OS at
-    start-up, so under torchrun every rank of a script that never seeds draws numbers of its own (synthetic
-    batches, dropout masks, a `random_split`). The agent's streams, which a worker inherits, are one
-    process's: without this the ranks of an agent would all draw the same numbers. A torch that starts
-    from a constant seed starts every rank from it, as it does here. A script that seeds is unaffected.
+    Under torchrun every rank of a script that never seeds draws numbers of its own (synthetic batches,
+    dropout masks, a `random_split`). The runtime gives each worker streams of its own where nothing in the
+    agent seeded or drew from the process's before the run (agent/slicer/rng.py); a torchrun-mode worker
+    is a fresh process whatever the agent did, so its `random` and numpy are reseeded here too. torch's
+    the runtime decides from its seed alone, which draws leave alone.
     """
-    import torch  # here, not at the top: the CLI imports this module before anything heavy
+    from elasticd.agent.slicer import rng  # here, not at the top: the CLI imports this module before torch
 
-    random.seed()
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed()
-    if torch.initial_seed() != TORCH_CONSTANT_SEED:
-        torch.seed()
+    rng.seed_from_os(rng.Unseeded(torch=False, python=True, numpy=True))
 
 
 class StepCounter:

@@ -191,3 +191,59 @@ def restore(state: RngState, cuda_device: torch.device | None = None, live: RngS
                 np_random.set_state(state.numpy)
     if cuda_device is not None and state.cuda is not None:
         torch.cuda.set_rng_state(state.cuda, cuda_device)
+
+
+# -- streams of a worker's own --------------------------------------------------------------------------
+# torch's seed of its CPU generator in a process that never seeded it, in torch versions that use a constant
+# (this one seeds from the OS, as Python does `random` and numpy its global generator).
+TORCH_CONSTANT_SEED = 67280421310721
+
+
+def _numpy_fingerprint() -> tuple[bytes, Any] | None:
+    np_random = _numpy_random()
+    if np_random is None:
+        return None
+    state = np_random.get_state()
+    return state[1].tobytes() + state[2].to_bytes(4, "little", signed=True), state[3:]
+
+
+# The process's streams before any user code ran (this module is imported before the user's script).
+_START = (torch.initial_seed(), random.getstate(), _numpy_fingerprint())
+
+
+@dataclass(frozen=True, slots=True)
+class Unseeded:
+    """Which of the process's global streams no user code has seeded (nor drawn from, for `random` and
+    numpy, whose seeding leaves no trace but their state) since the agent started."""
+
+    torch: bool
+    python: bool
+    numpy: bool
+
+    def __bool__(self) -> bool:
+        return self.torch or self.python or self.numpy
+
+
+def unseeded() -> Unseeded:
+    return Unseeded(torch=torch.initial_seed() == _START[0] != TORCH_CONSTANT_SEED,
+                    python=random.getstate() == _START[1],
+                    numpy=_START[2] is not None and _numpy_fingerprint() == _START[2])
+
+
+def seed_from_os(which: Unseeded) -> None:
+    """Seed the live streams in `which` as a fresh process finds them: from the OS."""
+    if which.python:
+        random.seed()
+    if which.numpy and _numpy_random() is not None:
+        _numpy_random().seed()
+    if which.torch:
+        torch.seed()   # CPU and every CUDA device, as this torch's fresh process
+
+
+def own_streams(base: RngState, which: Unseeded, cuda_device: torch.device | None = None) -> RngState:
+    """`base` with the streams in `which` seeded from the OS: what a worker starts with where a DDP process
+    would start with its own numbers. The live streams are `base` again afterwards."""
+    seed_from_os(which)
+    mine = capture(cuda_device)
+    restore(base, cuda_device)
+    return mine

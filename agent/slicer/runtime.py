@@ -126,9 +126,13 @@ class Runtime:
         # One object for every worker: a hand-over where no stream moved finds both workers' streams are
         # it and swaps nothing (rng.capture returns it unchanged; a worker that draws gets its own).
         initial = rng.capture(self._cuda)
+        # Streams the user's code never seeded: under DDP each process draws numbers of its own from them
+        # (an unseeded dropout mask, synthetic batch or shuffle), so each fresh worker gets its own here.
+        # Seeded ones stay the process's: a seed set once per process gives every rank the same stream.
+        unseeded = rng.unseeded()
         threads = []
         for r, w in self._workers.items():
-            w.rng = initial
+            w.rng = rng.own_streams(initial, unseeded, self._cuda) if unseeded else initial
             w.ctx = WorkerContext(self, w)
             w.env = worker_env.variables_for(r, self.workers)
             self.boundary.prepare(w)
