@@ -32,6 +32,7 @@ from elasticd.agent.resize.periodic import PeriodicSnapshots, latest_complete
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.script import load_target
 from elasticd.agent.script_main import script_args
+from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.device import set_deterministic
 from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
@@ -144,6 +145,7 @@ class AgentProcess:
                 # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
                 # must bind the worker-aware class (agent/compat/torch_dist.py), in the script and in its helpers.
                 install_torch_dist()
+                rng.mark_start()  # the process's random streams before the script can seed them
                 self.ef = load_target(self.cfg.script, self.cfg.func, script_args())
             except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
                 _report(self.cfg, self.control, None, f"cannot load {self.cfg.script}: {type(e).__name__}: {e}",

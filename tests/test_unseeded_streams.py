@@ -11,6 +11,9 @@ streams where nothing seeded the process's (agent/slicer/rng.py). Against the re
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +24,16 @@ RANKS = 4
 
 
 def distinct(tmp: Path, env: dict[str, str], *how: str) -> dict[str, int]:
-    out = tmp / "-".join(how)
-    r = cli("run", *how, SCRIPT, env={**env, "UNSEEDED_OUT": str(out)}, timeout=240)
-    assert r.code == 0, r.output
+    """How many different values the 4 ranks drew, per stream, run `how`: CLI arguments, or `python`."""
+    out = tmp / ("-".join(how) or "standalone")
+    env = {**env, "UNSEEDED_OUT": str(out)}
+    if how == ("python",):   # the decorated function called in the script's own process
+        run = subprocess.run([sys.executable, SCRIPT], env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=240)
+        assert run.returncode == 0, run.stdout + run.stderr
+    else:
+        r = cli("run", *how, SCRIPT, env=env, timeout=240)
+        assert r.code == 0, r.output
     draws = [json.loads(Path(f"{out}{rank}.json").read_text()) for rank in range(RANKS)]
     return {k: len({json.dumps(d[k]) for d in draws}) for k in draws[0]}
 
@@ -34,6 +44,8 @@ def test_unseeded_streams_are_per_rank_and_seeded_ones_shared_as_under_ddp(tmp_p
     ddp = distinct(tmp_path, env, "--ddp")
     ours = distinct(tmp_path, env, "--devices", "2")   # two ranks per agent: each pair shares a process
     assert ours == ddp, (ours, ddp)
+    standalone = distinct(tmp_path, env, "python")
+    assert standalone == ddp, (standalone, ddp)
     if top:
         assert set(ours.values()) == {1}, ours
     else:   # a torch that starts every process from a constant seed would read 1 for torch, in both

@@ -207,8 +207,20 @@ def _numpy_fingerprint() -> tuple[bytes, Any] | None:
     return state[1].tobytes() + state[2].to_bytes(4, "little", signed=True), state[3:]
 
 
-# The process's streams before any user code ran (this module is imported before the user's script).
-_START = (torch.initial_seed(), random.getstate(), _numpy_fingerprint())
+# The process's streams before the user's code could seed them, taken by mark_start.
+_START: tuple[int, Any, tuple[bytes, Any] | None] | None = None
+
+
+def mark_start() -> None:
+    """Remember the process's streams as they are now, before any user code runs (idempotent).
+
+    Called as an agent process starts, and by `import elasticd` where torch is already imported (the
+    script's own process, for a decorated function called directly). Where it was never called before
+    the user's code ran, nothing counts as unseeded: workers share the process's streams.
+    """
+    global _START
+    if _START is None:
+        _START = (torch.initial_seed(), random.getstate(), _numpy_fingerprint())
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +237,8 @@ class Unseeded:
 
 
 def unseeded() -> Unseeded:
+    if _START is None:
+        return Unseeded(torch=False, python=False, numpy=False)
     return Unseeded(torch=torch.initial_seed() == _START[0] != TORCH_CONSTANT_SEED,
                     python=random.getstate() == _START[1],
                     numpy=_START[2] is not None and _numpy_fingerprint() == _START[2])

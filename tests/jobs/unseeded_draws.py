@@ -25,3 +25,7 @@ def train(ctx) -> None:
     draws["torch_after"] = torch.rand(1).item()
     with open(f"{os.environ['UNSEEDED_OUT']}{ctx.rank}.json", "w") as f:
         json.dump(draws, f)
+
+
+if __name__ == "__main__":
+    train()   # `python unseeded_draws.py`: every worker in this process
