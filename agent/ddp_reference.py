@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elasticd.agent import module_command
+from elasticd.agent.script_main import script_args
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -196,7 +197,7 @@ def _worker(args: argparse.Namespace) -> int:
     store = dist.TCPStore("127.0.0.1", args.store_port, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
     try:
-        sys.argv = [args.script]
+        sys.argv = [args.script, *script_args()]   # as `python SCRIPT ARGS` (elasticd run --ddp passes ARGS)
         body, deterministic = _body(find_function(load_script(args.script), args.func))
         body(NativeContext(args.rank, args.world, deterministic))
     except BaseException:

@@ -26,8 +26,7 @@ def load_target(script: str, func: str | None, args: list[str]) -> ElasticFuncti
         raise ScriptError(f"no such script: {script}")
     if func is None and is_torchrun_script(path):
         return ScriptMain(path, args)
-    if args:
-        sys.argv = [path, *args]  # as `python script.py ARGS` would have them
+    sys.argv = [path, *args]  # as `python script.py ARGS` has them (not the agent's own command line)
     return load_function(script, func)
 
 

@@ -57,6 +57,31 @@ def is_torchrun_script(path: str) -> bool:
     return True
 
 
+def declared_workers(path: str, func: str | None) -> int | None:
+    """N as the script's decorator spells it (`@elasticd.elastic(workers=8)`, a literal), read from the source.
+
+    The CLI needs N before any agent starts; importing the script for it would run its top level in the
+    CLI's process, once more than the run does. None when the source does not say (N computed, several
+    decorated functions and no FUNC): the caller then imports it.
+    """
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    found: list[int | None] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or (func and node.name != func):
+            continue
+        for deco in node.decorator_list:
+            target = deco.func if isinstance(deco, ast.Call) else None
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+            if name != "elastic":
+                continue
+            args = [k.value for k in deco.keywords if k.arg == "workers"] + deco.args[:1]
+            value = args[0] if args else None
+            ok = isinstance(value, ast.Constant) and type(value.value) is int
+            found.append(value.value if ok else None)
+    return found[0] if len(found) == 1 else None
+
+
 def script_args(environ: Any = None) -> list[str]:
     raw = (os.environ if environ is None else environ).get(ARGS_VAR, "")
     if not raw:

@@ -13,8 +13,10 @@ from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_E
 from elasticd.cli import EXIT_USAGE
 
 
-def resolve_target(target: str, workers: int | None) -> tuple[str, str | None, int]:
-    """SCRIPT[:FUNC] and --workers -> (script, func, N), N from the script's decorator when not given.
+def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...] = ()) -> tuple[str, str | None, int]:
+    """SCRIPT[:FUNC] and --workers -> (script, func, N), N from the script's decorator when not given:
+    read from its source where it is a literal, else by importing the script here, with `sys.argv` as
+    `python SCRIPT ARGS` gives it (a script that parses its arguments at the top must see its own).
 
     Raises:
         click.UsageError: no such script, or no unambiguous @elastic function in it.
@@ -26,12 +28,23 @@ def resolve_target(target: str, workers: int | None) -> tuple[str, str | None, i
         raise click.UsageError(f"{script} has no @elasticd.elastic function: it runs as under torchrun "
                                f"(torchrun mode), with N given by --workers N (torchrun's --nproc_per_node)")
     if workers is None:
+        from elasticd.agent.script_main import declared_workers
+
+        try:
+            workers = declared_workers(script, func)
+        except SyntaxError as e:
+            raise click.UsageError(f"{script} does not parse: {e}") from None
+    if workers is None:
         from elasticd.agent.script import ScriptError, load_function
 
+        argv = sys.argv
+        sys.argv = [os.path.abspath(script), *script_args]
         try:
             workers = load_function(script, func).workers
         except ScriptError as e:
             raise click.UsageError(str(e)) from None
+        finally:
+            sys.argv = argv
     return script, func, workers
 
 
@@ -122,7 +135,7 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     In torchrun mode a --scale-at STEP counts logical rank 0's backward passes, and a resize restarts the
     agents at the new size to resume from the script's own checkpoint, as torchrun does.
     """
-    script, func, workers = resolve_target(target, workers)
+    script, func, workers = resolve_target(target, workers, script_args)
     torchrun = func is None and torchrun_mode(script)
     if devices > workers:
         click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
@@ -142,14 +155,6 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(workers),
                script, *script_args]
         sys.exit(subprocess.call(cmd))
-    if ddp:
-        from elasticd.agent.ddp_reference import run_native_ddp
-
-        sys.exit(run_native_ddp(script, func, workers))
-    from elasticd.launcher import run_local
-
-    if snapshot_dir:
-        os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
     env = None
     if script_args:
         import json
@@ -157,6 +162,14 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
         from elasticd.agent.script_main import ARGS_VAR
 
         env = {ARGS_VAR: json.dumps(list(script_args))}
+    if ddp:
+        from elasticd.agent.ddp_reference import run_native_ddp
+
+        sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
+    from elasticd.launcher import run_local
+
+    if snapshot_dir:
+        os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
     sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
                        device_memory=device_memory or 0, scale_at=schedule, summary=summary,
                        snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,

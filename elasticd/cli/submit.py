@@ -76,7 +76,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     why = L.bad_text("--name", name, L.MAX_NAME)
     if why:
         raise click.BadParameter(why, param_hint="--name")
-    script, func, workers = resolve_target(target, workers)
+    script, func, workers = resolve_target(target, workers, script_args)
     if not 1 <= workers <= L.MAX_WORKERS:
         raise click.UsageError(f"{target} asks for {workers} workers; at most {L.MAX_WORKERS} are allowed")
     hi = max_devices or workers
