@@ -112,7 +112,7 @@ def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
     assert seen["spare"]["cwd"] == seen["cold"]["cwd"] == str(job_cwd)
     assert seen["spare"]["stdin"] == seen["cold"]["stdin"] == os.devnull
     for how, (_proc, argv, log) in runs.items():
-        assert seen[how]["argv"] == [str(REPO / "agent" / "__main__.py"), *argv]
+        assert seen[how]["argv"] == [str(script)], argv   # as `python probe.py` (no ARGS) has it
         assert log.read_text().splitlines()[-2:] == ["probe imported", "probe trained; malloc tuned: True"]
     del seen["spare"]["env"]["PROBE_OUT"], seen["cold"]["env"]["PROBE_OUT"]
     assert seen["spare"]["env"] == seen["cold"]["env"]

@@ -144,9 +144,11 @@ def test_killed_agent_restarts_the_job_from_its_checkpoint(torchrun_reference: d
                                                            tmp_path: Path) -> None:
     """SIGKILL of an agent once the first snapshot exists: an infrastructure failure, not the user's, so
     the job restarts on its devices and resumes from that snapshot, as torchrun with restarts would."""
+    hold = tmp_path / "release"   # the first run waits after its first snapshot until this exists
     proc = subprocess.Popen([sys.executable, "-m", "elasticd", "run", "--workers", "4", "--devices", "2", str(SCRIPT),
                              *tutorial_args(tmp_path, "final.pt")], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TUTORIAL_HOLD": str(hold)})
     try:
         wait_until(lambda: (tmp_path / "snapshot.pt").exists() or proc.poll() is not None, timeout=RUN_TIMEOUT,
                    what="the first epoch's snapshot")
@@ -154,6 +156,7 @@ def test_killed_agent_restarts_the_job_from_its_checkpoint(torchrun_reference: d
         victim = next(p for p in _agent_pids(proc.pid) if "--rank" in p.cmdline() and
                       p.cmdline()[p.cmdline().index("--rank") + 1] == "1")
         victim.send_signal(signal.SIGKILL)
+        hold.touch()
         out, err = proc.communicate(timeout=RUN_TIMEOUT)
     finally:
         kill_session(proc.pid)

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -78,7 +79,17 @@ class Trainer:
             self._run_epoch(epoch)
             if self.rank == 0:
                 self._save_snapshot(epoch)
+                hold_after_first_snapshot(epoch, self.epochs_run)
             dist.barrier()  # every rank sees the epoch's snapshot before the next one starts
+
+
+def hold_after_first_snapshot(epoch, first):
+    # Set by tests that kill an agent mid-run: the first run (not a restart) waits after its first snapshot
+    # until that file exists, so the kill cannot land after the last step, however loaded the machine.
+    hold = os.environ.get("TUTORIAL_HOLD")
+    if hold and epoch == first and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        while not os.path.exists(hold):
+            time.sleep(0.02)
 
 
 def main(args):
