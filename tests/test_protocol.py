@@ -230,16 +230,16 @@ def test_pipe_control_refuses_what_is_no_command(line, code):
 
 ROGUE_JOB = '''
 import os
-import sys
 
 import torch
 
 import elasticd
 
-# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it
-# (the launcher loads this file too, to read the worker count: it has no pipe).
-if "--control" in sys.argv:
-    _, events = sys.argv[sys.argv.index("--control") + 1].removeprefix("pipe:").split(",")
+# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it.
+# The agent's command line, not the script's sys.argv (that is [rogue.py], as under `python rogue.py`).
+argv = open("/proc/self/cmdline", "rb").read().decode().split("\\0")
+if "--control" in argv:
+    _, events = argv[argv.index("--control") + 1].removeprefix("pipe:").split(",")
     os.write(int(events), b'{"v": VERSION, "op": "launch_missiles"}\\n')
 
 
