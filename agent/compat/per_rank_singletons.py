@@ -9,8 +9,8 @@ written for torchrun use, so its run-state singletons resolve per worker thread 
 (`ConfigStore`, `Plugins`, filled once at import) stay shared, as they hold the same in every process.
 
 Patched when the module is first imported (a `sys.meta_path` finder), or at once if it already is; only in
-torchrun mode: an `@elastic` script runs `hydra.main` once per agent, outside the workers, and its workers
-read that one run's config (`HydraConfig.get()`), as they do today.
+torchrun mode: an `@elastic` script's agents import it as a module, so Hydra's state there is whatever its
+top level made once per agent (a `compose`d config, README), which its workers share as they read it.
 """
 
 from __future__ import annotations
