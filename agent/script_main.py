@@ -46,15 +46,18 @@ def is_torchrun_script(path: str) -> bool:
     Raises:
         SyntaxError: the script does not parse (the user's error, with its line).
     """
+    return not any(isinstance(node, ast.Call) and _called_name(node) == "elastic" for node in ast.walk(_parse(path)))
+
+
+def _parse(path: str) -> ast.Module:
     with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), filename=path)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            target = node.func
-            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-            if name == "elastic":
-                return False
-    return True
+        return ast.parse(f.read(), filename=path)
+
+
+def _called_name(call: ast.Call) -> str | None:
+    """`elastic` for `elastic(...)` and `elasticd.elastic(...)` alike."""
+    target = call.func
+    return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
 
 
 def declared_workers(path: str, func: str | None) -> int | None:
@@ -64,16 +67,12 @@ def declared_workers(path: str, func: str | None) -> int | None:
     CLI's process, once more than the run does. None when the source does not say (N computed, several
     decorated functions and no FUNC): the caller then imports it.
     """
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), filename=path)
     found: list[int | None] = []
-    for node in ast.walk(tree):
+    for node in ast.walk(_parse(path)):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or (func and node.name != func):
             continue
         for deco in node.decorator_list:
-            target = deco.func if isinstance(deco, ast.Call) else None
-            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
-            if name != "elastic":
+            if not (isinstance(deco, ast.Call) and _called_name(deco) == "elastic"):
                 continue
             args = [k.value for k in deco.keywords if k.arg == "workers"] + deco.args[:1]
             value = args[0] if args else None

@@ -25,7 +25,7 @@ RANKS = 4
 
 def distinct(tmp: Path, env: dict[str, str], *how: str) -> dict[str, int]:
     """How many different values the 4 ranks drew, per stream, run `how`: CLI arguments, or `python`."""
-    out = tmp / ("-".join(how) or "standalone")
+    out = tmp / "-".join(how)
     env = {**env, "UNSEEDED_OUT": str(out)}
     if how == ("python",):   # the decorated function called in the script's own process
         run = subprocess.run([sys.executable, SCRIPT], env={**os.environ, **env}, capture_output=True, text=True,

@@ -248,8 +248,9 @@ def seed_from_os(which: Unseeded) -> None:
     """Seed the live streams in `which` as a fresh process finds them: from the OS."""
     if which.python:
         random.seed()
-    if which.numpy and _numpy_random() is not None:
-        _numpy_random().seed()
+    np_random = _numpy_random()
+    if which.numpy and np_random is not None:
+        np_random.seed()
     if which.torch:
         torch.seed()   # CPU and every CUDA device, as this torch's fresh process
 
