@@ -336,6 +336,7 @@ def test_a_cuda_index_in_a_worker_means_the_agents_device() -> None:
     assert cuda_ranks.mapped("cuda:2", torch.device("cuda", 0)) == torch.device("cuda", 0)
     assert cuda_ranks.mapped(torch.float16, torch.device("cuda", 0)) is torch.float16
     assert cuda_ranks.mapped(True, torch.device("cuda", 0)) is True
+    worker_env.install()   # the per-worker os.environ the body reads LOCAL_RANK from (idempotent)
     cuda_ranks.install(torch.device("cpu"))
     try:
         got: dict[str, object] = {}
