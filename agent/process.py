@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from elasticd.agent import proc_name
 from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup, shares_devices
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
@@ -145,6 +146,7 @@ class AgentProcess:
                 # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
                 # must bind the worker-aware class (agent/compat/torch_dist.py), in the script and in its helpers.
                 install_torch_dist()
+                proc_name.set_name(self.cfg.rank, self.cfg.standby)
                 rng.mark_start()  # the process's random streams before the script can seed them
                 self.ef = load_target(self.cfg.script, self.cfg.func, script_args())
             except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
@@ -245,6 +247,7 @@ class AgentProcess:
             self.cfg, rank=join.rank, world=join.world, join_from=join.join_from,
             master_addr=join.master_addr, master_port=join.master_port, standby=False, blocks=())
         self.device = _device(self.cfg)  # a CUDA standby's GPU follows the rank it joins as
+        proc_name.set_name(join.rank, False)
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True
 
@@ -328,6 +331,7 @@ class AgentProcess:
                               "seconds": time.monotonic() - started, "step": self._stopped_at,
                               "blocks": str(new)})
         self.control.renumber(rank)
+        proc_name.set_name(rank, left)
         if left:
             if command.standby:
                 self.cfg = dataclasses.replace(cfg, standby=True)

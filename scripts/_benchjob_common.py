@@ -20,6 +20,8 @@ from typing import Any
 
 import psutil
 
+from elasticd.agent import proc_name
+
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 JOB = SCRIPTS / "_benchjob.py"
@@ -76,25 +78,15 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 
 def launcher_agents(launcher_pid: int) -> list[psutil.Process]:
-    """The job agents an `elasticd run` started (warm standbys excluded), as ranked in their command lines."""
-    try:
-        kids = psutil.Process(launcher_pid).children()
-    except psutil.NoSuchProcess:
-        return []
-    out = []
-    for c in kids:
-        try:
-            cmd = c.cmdline()
-        except psutil.NoSuchProcess:
-            continue
-        if "--rank" in cmd and "--standby" not in cmd:
-            out.append(c)
-    return out
+    """The job agents an `elasticd run` started (warm standbys excluded), named by rank (agent/proc_name.py)."""
+    return [p for rank, p in proc_name.agents_under(launcher_pid) if rank is not None]
 
 
 def rank_of(agent: psutil.Process) -> int:
-    cmd = agent.cmdline()
-    return int(cmd[cmd.index("--rank") + 1])
+    rank = proc_name.rank_of(agent.name())
+    if rank is None:
+        raise BenchError(f"process {agent.pid} is not a job's agent (named {agent.name()!r})")
+    return rank
 
 
 def out_file(tmp: str, name: str) -> str:

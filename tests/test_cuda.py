@@ -17,11 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import torch.nn.functional as F
 from util import JOBS, assert_same_run, max_rel_diff, wait_until
+
+from elasticd.agent.proc_name import agents_under
 
 pytestmark = [
     pytest.mark.cuda,
@@ -160,7 +161,7 @@ def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> 
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_until(lambda: "agents told to hand over" in (out / "stderr").read_text(), 300, what="the go")
-        joiner = next(c for c in psutil.Process(proc.pid).children() if "--standby" in c.cmdline())
+        joiner = next(p for r, p in agents_under(proc.pid) if r is None or r >= 2)
         joiner.suspend()
         hold.unlink()
         wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,

@@ -20,6 +20,7 @@ from util import JOBS, wait_until
 
 from elasticd import protocol as p
 from elasticd.agent.control.zmq_channel import ZmqControl
+from elasticd.agent.proc_name import agents_under
 from elasticd.agent.timing import StepTiming, clean_timing, merge_timing
 
 
@@ -102,9 +103,7 @@ def test_a_slowed_agent_reports_more_compute_per_worker_and_the_fast_one_waits_i
     done = threading.Event()
     try:
         def agent1() -> psutil.Process | None:
-            kids = psutil.Process(launcher.pid).children()
-            return next((c for c in kids if "--rank" in c.cmdline() and
-                         c.cmdline()[c.cmdline().index("--rank") + 1] == "1"), None)
+            return next((p for r, p in agents_under(launcher.pid) if r == 1), None)
 
         slow = wait_until(agent1, 120, what="agent 1 to start")
         # Runs a quarter of the time: 4x slower compute on an idle machine. Periods of many scheduler ticks:

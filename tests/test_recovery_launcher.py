@@ -15,6 +15,8 @@ import psutil
 import pytest
 from util import JOBS, assert_same_run, consumed, wait_until
 
+from elasticd.agent.proc_name import agents_under
+
 JOB = str(JOBS / "resize_job.py")
 STEPS = 40
 
@@ -39,8 +41,8 @@ def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _agent(launcher: subprocess.Popen, rank: int) -> psutil.Process:
-    return next(c for c in psutil.Process(launcher.pid).children()
-                if "--rank" in c.cmdline() and c.cmdline()[c.cmdline().index("--rank") + 1] == str(rank))
+    return wait_until(lambda: next((p for r, p in agents_under(launcher.pid) if r == rank), None), 120,
+                      what=f"agent {rank}")
 
 
 def _steps_done(out: Path) -> int:

@@ -16,6 +16,8 @@ import pytest
 import torch
 from util import JOBS, assert_same_run, consumed, max_rel_diff, wait_until
 
+from elasticd.agent.proc_name import agents_under
+
 JOB = str(JOBS / "resize_job.py")
 STEPS = 40
 
@@ -88,7 +90,8 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
     try:
         wait_until(lambda: "agents told to hand over" in (out / "stderr").read_text(), 300, what="the go")
         # The warm joiners got their join command; freeze one so that the group cannot re-form.
-        joiner = next(c for c in psutil.Process(proc.pid).children() if "--standby" in c.cmdline())
+        # Ranks 2 and 3 are the joiners (named "elasticd spare" until their join command renamed them).
+        joiner = next(p for r, p in agents_under(proc.pid) if r is None or r >= 2)
         joiner.suspend()
         hold.unlink()
         wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,

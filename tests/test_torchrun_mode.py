@@ -17,7 +17,6 @@ import sys
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,6 +24,7 @@ from util import JOBS, cli, kill_session, load_state, rel_diff, wait_until
 
 import elasticd
 from elasticd.agent.compat import cuda_ranks, worker_env
+from elasticd.agent.proc_name import agents_under
 from elasticd.agent.slicer.runtime import WorkerFailed
 from elasticd.agent.worker import Worker, set_current_worker
 
@@ -128,17 +128,6 @@ def test_accumulation_by_require_backward_grad_sync_matches_torchrun(tmp_path: P
     assert all(rel_diff(initial[k], reference[k]) > 1e-3 for k in initial), "the reference did not train"
 
 
-def _agent_pids(session: int) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if os.getsid(p.pid) == session and "elasticd.agent" in " ".join(p.info["cmdline"] or []):
-                found.append(p)
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
-            continue
-    return found
-
-
 @pytest.mark.timeout(600)
 def test_killed_agent_restarts_the_job_from_its_checkpoint(torchrun_reference: dict[str, torch.Tensor],
                                                            tmp_path: Path) -> None:
@@ -153,8 +142,8 @@ def test_killed_agent_restarts_the_job_from_its_checkpoint(torchrun_reference: d
         wait_until(lambda: (tmp_path / "snapshot.pt").exists() or proc.poll() is not None, timeout=RUN_TIMEOUT,
                    what="the first epoch's snapshot")
         assert proc.poll() is None, "the job ended before an agent could be killed"
-        victim = next(p for p in _agent_pids(proc.pid) if "--rank" in p.cmdline() and
-                      p.cmdline()[p.cmdline().index("--rank") + 1] == "1")
+        victim = wait_until(lambda: next((p for r, p in agents_under(proc.pid) if r == 1), None), 60,
+                            what="agent 1")
         victim.send_signal(signal.SIGKILL)
         hold.touch()
         out, err = proc.communicate(timeout=RUN_TIMEOUT)
