@@ -38,6 +38,7 @@ from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.resize import parts
 from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.agent.timing import clean_timing, merge_timing
+from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, ResizePlan, RollBack
 from elasticd.torchrun_restart import recoverable, relaunch
@@ -49,7 +50,7 @@ HERE = "local"   # the one place of a local job's layout, in the resize plan's t
 @dataclass(eq=False)
 class _Agent:
     rank: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     commands: int          # our end of the command pipe
     events: int            # our end of the event pipe
     error_file: str
@@ -130,6 +131,9 @@ class LocalJob:
         self.restarts = 0      # torchrun mode: agent restarts so far (resizes and recoveries)
         self.torchrun_recoveries = 0   # torchrun mode: restarts after an agent died (bounded by max_restarts)
         self._restarting: Resize | None = None   # torchrun mode: the restart waiting for its first step
+        # Agents are forked from one process that imported torch once (elasticd/forked.py); started at
+        # run(), so that it imports while the launcher sets up.
+        self._forks: ForkServer | None = None
 
     # -- processes ----------------------------------------------------------------------------
     def _spawn(self, rank: int, world: int, port: int, join_from: int = 0, standby: bool = False) -> _Agent:
@@ -148,8 +152,12 @@ class LocalJob:
             hold_at=self._hold_at, snapshot_every=self.snapshot_every,
             restore_latest=bool(self.recoveries) and not (standby or join_from or self._restore_epoch),
         )
-        proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env={**os.environ, **(self.env or {})},
-                                pass_fds=(cmd_r, ev_w))
+        env = {**os.environ, **(self.env or {})}
+        proc: subprocess.Popen | ForkedProcess | None = None
+        if self._forks is not None:
+            proc = self._forks.spawn(cfg.to_argv(), env, (cmd_r, ev_w))
+        if proc is None:
+            proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env=env, pass_fds=(cmd_r, ev_w))
         os.close(cmd_r)
         os.close(ev_w)
         agent = _Agent(rank, proc, cmd_w, ev_r, cfg.error_file or "")
@@ -501,6 +509,8 @@ class LocalJob:
     def run(self) -> int:
         """Run to completion: 0, or 1 if an agent failed (its error already printed)."""
         try:
+            if supported():
+                self._forks = ForkServer({**os.environ, **(self.env or {})})
             port = free_port()
             for rank in range(self.devices):
                 self._spawn(rank, self.devices, port)
@@ -550,6 +560,8 @@ class LocalJob:
                 except OSError:
                     pass
             self._sel.close()
+            if self._forks is not None:
+                self._forks.close()
             self._tmp.cleanup()
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)

@@ -1,0 +1,196 @@
+"""`python -m elasticd.agent.forkserver FD`: imports torch once, then forks `elasticd run`'s agents.
+
+An agent started cold pays an interpreter, the torch import and torch's lazy first-optimizer imports
+(~4.5 s of CPU on an idle core of this project's machines) before it runs a line of the job; `elasticd run`
+on M devices paid that M times at start, again for each joiner of a grow, and again for every agent of a
+recovery or a torchrun-mode restart. This process pays it once (the same preload as a daemon's spare,
+agent/spare.py) and forks each agent from there, as multiprocessing's forkserver does: a fork of a process
+that has imported torch but never computed anything with more than one thread is safe, and no CUDA is
+touched before a child knows its device.
+
+The launcher (elasticd/forked.py) talks to it over a SOCK_SEQPACKET socket pair, one JSON message each way:
+    -> {"argv": [...], "env": {...}, "cwd": "...", "fds": [3+ targets]}  with SCM_RIGHTS [0, 1, 2, *fds]
+    <- {"pid": N} with SCM_RIGHTS [pidfd]    or    {"error": "..."}
+    <- {"exit": N, "code": C}                 (the child ended; C as subprocess.Popen.returncode)
+The child is this process's child (it reaps them and reports their codes), so an agent's parent is this
+server: when the launcher goes, the socket's end of file ends the server, and its agents see their parent
+change as they would see the launcher's.
+
+A child takes on what a cold `python -P -m elasticd.agent ARGV` started by the launcher would have had:
+the launcher's stdio and the passed fds at the numbers ARGV names, nothing else open, the job's env, cwd,
+sys.path and sys.argv, random streams drawn from the OS (a fork copies the server's), Python's default
+SIGINT handling; it exits through the interpreter's normal shutdown (threads joined, atexit run). What
+only takes effect at interpreter start cannot be taken on: the launcher starts agents whose environment
+differs there cold (`startup_differences`, elasticd/daemon/spares.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import selectors
+import signal
+import socket
+import sys
+import traceback
+
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 64
+
+
+def _request(data: bytes) -> dict:
+    job = json.loads(data)
+    ok = (isinstance(job, dict) and isinstance(job.get("argv"), list) and all(isinstance(a, str) for a in job["argv"])
+          and isinstance(job.get("env"), dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in job["env"].items())
+          and isinstance(job.get("cwd"), str) and isinstance(job.get("fds"), list)
+          and all(isinstance(f, int) and f > 2 for f in job["fds"]))
+    if not ok:
+        raise ValueError(f"malformed request: {data[:200]!r}")
+    return job
+
+
+def _send(sock: socket.socket, msg: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(msg).encode()
+    try:
+        if fds:
+            socket.send_fds(sock, [data], fds)
+        else:
+            sock.send(data)
+    except OSError:
+        pass   # the launcher is gone; the end of file on the next read ends this server
+
+
+class Server:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ)
+        self.children: dict[int, int] = {}   # pid -> our pidfd of it
+
+    def serve(self) -> tuple[dict, list[int]] | None:
+        """Serve until the launcher closes the socket (None). In a forked child, return its request and
+        fds instead, with everything of the server's closed."""
+        _send(self.sock, {"ready": os.getpid()})
+        while True:
+            for key, _ in self.sel.select():
+                if key.fileobj is self.sock:
+                    data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, MAX_FDS)
+                    if not data:
+                        return None
+                    child = self._fork(data, fds)
+                    if child is not None:
+                        return child
+                else:
+                    self._reap(key.data, key.fileobj)
+
+    def _fork(self, data: bytes, fds: list[int]) -> tuple[dict, list[int]] | None:
+        try:
+            job = _request(data)
+            if len(fds) != 3 + len(job["fds"]):
+                raise ValueError(f"{len(fds)} descriptors for {3 + len(job['fds'])} places")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+        except Exception as e:   # noqa: BLE001 - any refusal is the launcher's to report; this server goes on
+            for fd in fds:
+                os.close(fd)
+            _send(self.sock, {"error": f"{type(e).__name__}: {e}"})
+            return None
+        if pid == 0:
+            self.sel.close()
+            self.sock.close()
+            for pidfd in self.children.values():
+                os.close(pidfd)
+            return job, fds
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[pid] = pidfd
+        self.sel.register(pidfd, selectors.EVENT_READ, pid)
+        _send(self.sock, {"pid": pid}, [pidfd])
+        return None
+
+    def _reap(self, pid: int, pidfd: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        self.sel.unregister(pidfd)
+        os.close(pidfd)
+        del self.children[pid]
+        _send(self.sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _place_fds(fds: list[int], targets: list[int]) -> None:
+    """Put stdio and the passed fds where the agent's argv expects them, and close everything else."""
+    import fcntl
+
+    # Above every number in play first, so that no dup2 below overwrites a descriptor still to be placed.
+    high = max([*targets, *fds, 2]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for src, dst in zip(moved, [0, 1, 2, *targets], strict=True):
+        os.dup2(src, dst)   # inheritable, as Popen's pass_fds leaves them
+    keep = {0, 1, 2, *targets}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass   # the listing's own descriptor, closed by now
+
+
+def _fresh_streams() -> None:
+    """Draw the child's global random streams from the OS, as a fresh interpreter does (a fork copies
+    the server's). torch keeps a constant start seed where this torch uses one."""
+    import numpy
+    import torch
+
+    from elasticd.agent.slicer.rng import TORCH_CONSTANT_SEED
+
+    random.seed()
+    numpy.random.seed()
+    if torch.initial_seed() != TORCH_CONSTANT_SEED:
+        torch.seed()
+
+
+def _become(job: dict, fds: list[int]) -> None:
+    from elasticd.agent.spare import job_sys_path
+
+    _place_fds(fds, job["fds"])
+    # Python rebuilds its stdio objects around fds 0-2 only at start; these still wrap the same numbers.
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    sys.path[:] = job_sys_path(os.getcwd(), job["env"].get("PYTHONPATH", ""))
+    import elasticd.agent.__main__
+
+    sys.argv = [elasticd.agent.__main__.__file__, *job["argv"]]
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _fresh_streams()
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    from elasticd.agent.spare import _preload
+
+    _preload()
+    # Ctrl-C in the launcher's terminal reaches this process group: the launcher decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    child = Server(sock).serve()
+    if child is None:
+        return 0
+    job, fds = child
+    try:
+        _become(job, fds)
+    except BaseException:   # noqa: BLE001 - a child that cannot become its agent fails as a cold one would
+        traceback.print_exc()
+        return 1
+    from elasticd.agent.__main__ import main as agent_main
+
+    return agent_main(job["argv"])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,211 @@
+"""Start `elasticd run`'s agents by forking one warm process (agent/forkserver.py) instead of cold.
+
+`ForkServer.spawn` returns a `ForkedProcess`, which the launcher handles as the `subprocess.Popen` it
+would otherwise have (poll, wait, send_signal, kill, pid, returncode), or None: start that agent cold.
+It says None where a fork could not give the agent what a cold start would: the job's environment differs
+from the server's in a variable read only at interpreter start, the platform has no pidfds or descriptor
+passing, the server failed to start, or `ELASTICD_FORKSERVER=0`.
+
+Signals go through a pidfd, never a bare pid: the server reaps its children at once, so a pid alone
+could name a process that took a dead agent's number.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from elasticd.agent import module_command
+from elasticd.daemon.spares import startup_differences
+
+log = logging.getLogger(__name__)
+
+ENABLE_VAR = "ELASTICD_FORKSERVER"
+READY_TIMEOUT_S = 600.0   # the server imports torch: seconds, minutes on a badly overloaded machine
+MAX_MESSAGE = 1 << 20
+# The server died under its children: they see their parent change and stop, with codes we never learn.
+LOST_CODE = 1
+
+
+def supported() -> bool:
+    return (sys.platform == "linux" and hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+            and hasattr(socket, "send_fds") and os.environ.get(ENABLE_VAR, "1") != "0")
+
+
+class ForkedProcess:
+    """An agent forked by the server: the part of `subprocess.Popen`'s interface the launcher uses."""
+
+    def __init__(self, server: ForkServer, args: list[str], pid: int, pidfd: int) -> None:
+        self.args = args
+        self.pid = pid
+        self.returncode: int | None = None
+        self._server = server
+        self._pidfd: int | None = pidfd
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._server.pump(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._server.pump(min(left, 1.0))
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None and self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            except ProcessLookupError:
+                pass   # exited; its code is on its way
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """One fork server for one launcher: started at once (it imports torch meanwhile), used at the first
+    spawn, closed with `close` (its end of file ends it)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+        self.broken = ""   # why no more forks: the launcher starts agents cold from then on
+        self._ready = False
+        self._children: dict[int, ForkedProcess] = {}
+        self._replies: list[tuple[dict, list[int]]] = []
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        self._proc = subprocess.Popen([*module_command("elasticd.agent.forkserver"), str(theirs.fileno())],
+                                      env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int]) -> ForkedProcess | None:
+        if self.broken:
+            return None
+        differ = startup_differences(dict(env), self.env)
+        if differ:
+            log.info("starting an agent cold: %s differ from the fork server's environment and only take "
+                     "effect when an interpreter starts", ", ".join(differ))
+            return None
+        if not self._ready and not self._await("ready", READY_TIMEOUT_S):
+            return None
+        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "fds": list(pass_fds)}
+        stdio = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+        try:
+            socket.send_fds(self._sock, [json.dumps(request).encode()], [*stdio, *pass_fds])
+        except OSError as e:
+            self._break(f"could not reach it ({e})")
+            return None
+        finally:
+            for mine, fd in zip(stdio, (0, 1, 2), strict=True):
+                if mine != fd:
+                    os.close(mine)
+        reply = self._await("pid", READY_TIMEOUT_S)
+        if reply is None:
+            return None
+        msg, fds = reply
+        proc = ForkedProcess(self, list(argv), int(msg["pid"]), fds[0])
+        self._children[proc.pid] = proc
+        return proc
+
+    def pump(self, timeout: float) -> None:
+        """Take in what the server said within `timeout` seconds: children's exits, replies."""
+        if self.broken:
+            self._reap_orphans()
+            return
+        wait = max(timeout, 0.0)
+        while select.select([self._sock], [], [], wait)[0]:
+            wait = 0.0
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self._sock, MAX_MESSAGE, 4)
+            except OSError as e:
+                self._break(f"its socket failed ({e})")
+                return
+            if not data:
+                self._break("it exited")
+                return
+            msg = json.loads(data)
+            if "exit" in msg:
+                child = self._children.pop(int(msg["exit"]), None)
+                if child is not None:
+                    child._ended(int(msg["code"]))
+            else:
+                self._replies.append((msg, fds))
+
+    def _await(self, key: str, timeout_s: float) -> tuple[dict, list[int]] | None:
+        deadline = time.monotonic() + timeout_s
+        while not self.broken:
+            if self._replies:
+                msg, fds = self._replies.pop(0)
+                if key in msg:
+                    self._ready = True
+                    return msg, fds
+                for fd in fds:
+                    os.close(fd)
+                if "error" in msg:
+                    log.warning("the fork server refused an agent (%s); starting it cold", msg["error"])
+                    return None
+                self._break(f"it sent {msg!r} where {key!r} was due")
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._break(f"no {key!r} from it in {timeout_s:.0f}s")
+                return None
+            self.pump(min(left, 1.0))
+        return None
+
+    def _break(self, why: str) -> None:
+        if not self.broken:
+            self.broken = why
+            log.warning("elasticd fork server: %s; agents start cold from now on", why)
+            if self._proc.poll() is None:
+                self._proc.kill()
+
+    def _reap_orphans(self) -> None:
+        for pid, child in list(self._children.items()):
+            fd = child._pidfd
+            if fd is None or select.select([fd], [], [], 0)[0]:
+                del self._children[pid]
+                child._ended(LOST_CODE)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the server (its agents should be gone by now: those still running see their parent go)."""
+        self._sock.close()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        for child in self._children.values():
+            if child._pidfd is not None:
+                os.close(child._pidfd)
+                child._pidfd = None
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,119 @@
+"""`elasticd run`'s agents forked from one warm process (agent/forkserver.py, elasticd/forked.py).
+
+A forked agent must be what a cold `python -m elasticd.agent` would have been: the launcher's pipes at the
+numbers its argv names, its own name, exit codes and signals as for a Popen child, and a job whose result
+is bitwise the cold start's. Real processes throughout: the server imports torch, the agents run the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from util import JOBS, cli, wait_until
+
+from elasticd import protocol as p
+from elasticd.agent.config import AgentConfig
+from elasticd.agent.control.pipe_channel import LineReader
+from elasticd.agent.proc_name import STANDBY, agents_under
+from elasticd.forked import ForkServer, supported
+
+pytestmark = pytest.mark.skipif(not supported(), reason="needs Linux pidfds and descriptor passing")
+JOB = str(JOBS / "resize_job.py")  # BatchNorm, dropout, AdamW, StepLR, clipping, ctx.private
+
+
+def _read_event(fd: int, timeout_s: float) -> p.Message:
+    reader = LineReader(p.EVENTS)
+    got: list[p.Message] = []
+
+    def one() -> bool:
+        if select.select([fd], [], [], 0.5)[0]:
+            got.extend(reader.feed(os.read(fd, 65536)))
+        return bool(got)
+
+    wait_until(one, timeout_s, what="the forked agent's first event")
+    return got[0]
+
+
+@pytest.fixture
+def server():
+    s = ForkServer(dict(os.environ))
+    yield s
+    s.close()
+
+
+def test_a_forked_standby_talks_on_its_pipes_is_named_and_dies_as_a_popen_child(server: ForkServer,
+                                                                                tmp_path: Path) -> None:
+    cmd_r, cmd_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    cfg = AgentConfig(script=JOB, workers=4, rank=0, world=1, control=f"pipe:{cmd_r},{ev_w}", standby=True,
+                      error_file=str(tmp_path / "err.json"))
+    env = {**os.environ, "ELASTICD_TEST_WORKERS": "4"}
+    proc = server.spawn(cfg.to_argv(), env, (cmd_r, ev_w))
+    assert proc is not None, server.broken
+    os.close(cmd_r)
+    os.close(ev_w)
+    try:
+        hello = _read_event(ev_r, 300)
+        assert isinstance(hello, p.AgentHello) and hello.info["pid"] == proc.pid, hello
+        child = psutil.Process(proc.pid)
+        assert child.ppid() == server._proc.pid   # forked by the server, not started cold
+        assert child.name() == STANDBY
+        assert [(r, c.pid) for r, c in agents_under(os.getpid())] == [(None, proc.pid)]
+        assert proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        proc.kill()   # a dead agent is not signalled again (its pid may be someone else's by now)
+    finally:
+        os.close(cmd_w)
+        os.close(ev_r)
+
+
+def test_exit_codes_come_back_and_startup_variables_start_cold(server: ForkServer) -> None:
+    usage = server.spawn(["--no-such-option"], dict(os.environ), ())
+    assert usage is not None and usage.wait(timeout=300) == 2   # argparse's usage error, as in a cold agent
+    # OpenMP reads its thread count when the library loads: a fork cannot take a different one on.
+    assert server.spawn(["--help"], {**os.environ, "OMP_NUM_THREADS": "3"}, ()) is None
+    helped = server.spawn(["--help"], dict(os.environ), ())
+    assert helped is not None and helped.wait(timeout=60) == 0
+
+
+def _run(tmp: Path, name: str, env: dict[str, str]) -> dict[str, torch.Tensor]:
+    out = tmp / name
+    out.mkdir()
+    env = {**os.environ, **env, "ELASTICD_TEST_WORKERS": "4", "ELASTICD_TEST_STEPS": "12",
+           "ELASTICD_TEST_DETERMINISTIC": "1", "ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt")}
+    proc = subprocess.run([sys.executable, "-m", "elasticd", "run", JOB, "--devices", "2", "--scale-at", "5:1"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out / "final.pt")
+
+
+@pytest.mark.slow
+def test_forked_agents_compute_bitwise_what_cold_ones_do(tmp_path: Path) -> None:
+    forked = _run(tmp_path, "forked", {})
+    cold = _run(tmp_path, "cold", {"ELASTICD_FORKSERVER": "0"})
+    assert forked.keys() == cold.keys()
+    for name, value in forked.items():
+        assert torch.equal(value, cold[name]), f"{name}: forked agents differ from cold ones"
+
+
+def test_each_forked_agent_starts_with_streams_of_its_own(tmp_path: Path) -> None:
+    """A fork copies the server's random streams; a fresh interpreter draws its own from the OS. What the
+    script's top level draws unseeded (once per agent) must differ between agents, as between processes."""
+    out = tmp_path / "draws"
+    run = cli("run", str(JOBS / "top_level_draws.py"), "--devices", "2", env={"DRAWS_OUT": str(out)}, timeout=240)
+    assert run.code == 0, run.output
+    draws = [json.loads(Path(f"{out}{rank}.json").read_text()) for rank in range(4)]
+    assert draws[0] == draws[1] and draws[2] == draws[3]   # ranks 0-1 on agent 0, 2-3 on agent 1
+    assert all(draws[0][k] != draws[2][k] for k in draws[0]), draws
