@@ -229,18 +229,23 @@ def test_pipe_control_refuses_what_is_no_command(line, code):
 
 
 ROGUE_JOB = '''
+import fcntl
 import os
 
 import torch
 
 import elasticd
 
-# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it.
-# The agent's command line, not the script's sys.argv (that is [rogue.py], as under `python rogue.py`).
-argv = open("/proc/self/cmdline", "rb").read().decode().split("\\0")
-if "--control" in argv:
-    _, events = argv[argv.index("--control") + 1].removeprefix("pipe:").split(",")
-    os.write(int(events), b'{"v": VERSION, "op": "launch_missiles"}\\n')
+# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it:
+# the one write end of a pipe it holds besides stdout and stderr.
+for name in os.listdir("/proc/self/fd"):
+    fd = int(name)
+    try:
+        pipe = fd > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+        if pipe and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+            os.write(fd, b'{"v": VERSION, "op": "launch_missiles"}\\n')
+    except OSError:
+        pass   # the listing's own descriptor
 
 
 @elasticd.elastic(workers=1)
