@@ -156,17 +156,10 @@ def _fresh_streams() -> None:
 
 
 def _become(job: dict, fds: list[int]) -> None:
-    from elasticd.agent.spare import job_sys_path
+    from elasticd.agent.spare import take_on
 
-    _place_fds(fds, job["fds"])
-    # Python rebuilds its stdio objects around fds 0-2 only at start; these still wrap the same numbers.
-    os.chdir(job["cwd"])
-    os.environ.clear()
-    os.environ.update(job["env"])
-    sys.path[:] = job_sys_path(os.getcwd(), job["env"].get("PYTHONPATH", ""))
-    import elasticd.agent.__main__
-
-    sys.argv = [elasticd.agent.__main__.__file__, *job["argv"]]
+    _place_fds(fds, job["fds"])   # sys.stdout and sys.stderr wrap fds 1 and 2, now the launcher's
+    take_on(job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _fresh_streams()
 

@@ -91,6 +91,12 @@ def _become(job: dict) -> None:
         os.dup2(src, dst)
     os.close(out)
     os.close(null)
+    take_on(job)
+
+
+def take_on(job: dict) -> None:
+    """The job's cwd, environment, sys.path and sys.argv, as `python -m elasticd.agent ARGV` started in
+    that cwd with that environment would have them (also a forked agent's, agent/forkserver.py)."""
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
