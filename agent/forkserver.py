@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import selectors
 import signal
 import socket
@@ -40,13 +39,10 @@ MAX_FDS = 64
 
 
 def _request(data: bytes) -> dict:
+    from elasticd.agent.spare import is_job
+
     job = json.loads(data)
-    ok = (isinstance(job, dict) and isinstance(job.get("argv"), list) and all(isinstance(a, str) for a in job["argv"])
-          and isinstance(job.get("env"), dict) and all(isinstance(k, str) and isinstance(v, str)
-                                                       for k, v in job["env"].items())
-          and isinstance(job.get("cwd"), str) and isinstance(job.get("fds"), list)
-          and all(isinstance(f, int) and f > 2 for f in job["fds"]))
-    if not ok:
+    if not (is_job(job) and isinstance(job.get("fds"), list) and all(isinstance(f, int) and f > 2 for f in job["fds"])):
         raise ValueError(f"malformed request: {data[:200]!r}")
     return job
 
@@ -144,15 +140,11 @@ def _place_fds(fds: list[int], targets: list[int]) -> None:
 def _fresh_streams() -> None:
     """Draw the child's global random streams from the OS, as a fresh interpreter does (a fork copies
     the server's). torch keeps a constant start seed where this torch uses one."""
-    import numpy
     import torch
 
-    from elasticd.agent.slicer.rng import TORCH_CONSTANT_SEED
+    from elasticd.agent.slicer import rng
 
-    random.seed()
-    numpy.random.seed()
-    if torch.initial_seed() != TORCH_CONSTANT_SEED:
-        torch.seed()
+    rng.seed_from_os(rng.Unseeded(torch=torch.initial_seed() != rng.TORCH_CONSTANT_SEED, python=True, numpy=True))
 
 
 def _become(job: dict, fds: list[int]) -> None:

@@ -38,6 +38,10 @@ def rank_of(name: str) -> int | None:
     return None
 
 
+def is_agent(name: str) -> bool:
+    return name == STANDBY or rank_of(name) is not None
+
+
 def agents_under(pid: int) -> list[tuple[int | None, psutil.Process]]:
     """The agents below a launcher (or daemon) process, directly or through its fork server, each with the
     rank its name gives (None: a standby). An agent's DataLoader workers inherit its name; their parent is
@@ -61,6 +65,6 @@ def agents_under(pid: int) -> list[tuple[int | None, psutil.Process]]:
             parent = k.ppid()
         except psutil.Error:
             continue
-        if (name == STANDBY or rank_of(name) is not None) and not names.get(parent, "").startswith("elasticd "):
+        if is_agent(name) and not is_agent(names.get(parent, "")):
             out.append((rank_of(name), k))
     return out

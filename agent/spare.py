@@ -70,13 +70,17 @@ def job_sys_path(cwd: str, pythonpath: str) -> list[str]:
     return [*head, *new, *(p for p in rest if p not in new)]
 
 
+def is_job(job: object) -> bool:
+    """Whether `job` has what `take_on` reads, of the right types: argv, env and cwd."""
+    return (isinstance(job, dict) and isinstance(job.get("argv"), list) and all(isinstance(a, str) for a in job["argv"])
+            and isinstance(job.get("env"), dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in job["env"].items())
+            and isinstance(job.get("cwd"), str))
+
+
 def _assignment(line: bytes) -> dict:
     job = json.loads(line)
-    ok = (isinstance(job, dict) and isinstance(job.get("argv"), list) and all(isinstance(a, str) for a in job["argv"])
-          and isinstance(job.get("env"), dict) and all(isinstance(k, str) and isinstance(v, str)
-                                                       for k, v in job["env"].items())
-          and isinstance(job.get("cwd"), str) and isinstance(job.get("log"), str))
-    if not ok:
+    if not (is_job(job) and isinstance(job.get("log"), str)):
         raise ValueError(f"malformed assignment: {line[:200]!r}")
     return job
 

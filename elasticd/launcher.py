@@ -152,7 +152,7 @@ class LocalJob:
             hold_at=self._hold_at, snapshot_every=self.snapshot_every,
             restore_latest=bool(self.recoveries) and not (standby or join_from or self._restore_epoch),
         )
-        env = {**os.environ, **(self.env or {})}
+        env = self._agent_env()
         proc: subprocess.Popen | ForkedProcess | None = None
         if self._forks is not None:
             proc = self._forks.spawn(cfg.to_argv(), env, (cmd_r, ev_w))
@@ -165,6 +165,9 @@ class LocalJob:
             self.agents[rank] = agent
         self._sel.register(ev_r, selectors.EVENT_READ, agent)
         return agent
+
+    def _agent_env(self) -> dict[str, str]:
+        return {**os.environ, **(self.env or {})}
 
     def _top_up_spares(self) -> None:
         """Keep enough warm standby agents for the largest grow still in the schedule, so a grow waits
@@ -510,7 +513,7 @@ class LocalJob:
         """Run to completion: 0, or 1 if an agent failed (its error already printed)."""
         try:
             if supported():
-                self._forks = ForkServer({**os.environ, **(self.env or {})})
+                self._forks = ForkServer(self._agent_env())
             port = free_port()
             for rank in range(self.devices):
                 self._spawn(rank, self.devices, port)
