@@ -22,7 +22,10 @@ from cluster import status, wait_state
 from test_resize_daemon import FAKE_SCRIPT, JOB, job_env, submit
 from util import assert_same_run, cli, wait_until
 
-STEPS = 80   # paced at 0.1 s per logical step until released: >= 16 s on 2 devices, so the drain lands mid-run
+# Paced at 0.1 s per logical step until released: >= 40 s on 2 devices, so the drain lands mid-run even when
+# it has to start its joiners cold on a loaded machine (a grow onto a node that just joined took 7.9 s here
+# unloaded; at 80 steps, a 16 s window, CI's job once finished before its drain had moved it).
+STEPS = 200
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +174,8 @@ def test_a_job_wholly_on_the_drained_node_grows_onto_the_other_then_leaves_it(cl
     wait_until(lambda: node_row(sd, "a")["draining"]["drained"], 120, interval=0.1, what="a to drain")
     drain_s = time.monotonic() - t0
     info = status(sd, job)["jobs"][0]
-    assert info["nodes"] == ["b"] and info["devices"] == 2, info
+    assert info["nodes"] == ["b"] and info["devices"] == 2, (info["state"], info["step"], info["resizes"],
+                                                             info["history"])
     assert [(x["from"], x["to"], x["outcome"]) for x in info["resizes"]] == [(2, 4, "done"), (4, 2, "done")]
     (out / "release").touch()
     wait_state(sd, job, "finished", timeout=180)
