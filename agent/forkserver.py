@@ -8,8 +8,13 @@ agent/spare.py) and forks each agent from there, as multiprocessing's forkserver
 that has imported torch but never computed anything with more than one thread is safe, and no CUDA is
 touched before a child knows its device.
 
+A node daemon keeps one too, to fork its spares from (elasticd/daemon/spares.py).
+
 The launcher (elasticd/forked.py) talks to it over a SOCK_SEQPACKET socket pair, one JSON message each way:
     -> {"argv": [...], "env": {...}, "cwd": "...", "fds": [3+ targets]}  with SCM_RIGHTS [0, 1, 2, *fds]
+       optionally with "session": true (the child starts a session, as Popen's start_new_session),
+       "death_signal": SIG (it gets SIG when this server ends, as PR_SET_PDEATHSIG) and "spare": true (it
+       becomes a daemon's spare, agent/spare.py: it waits for its job on stdin instead of running argv)
     <- {"pid": N} with SCM_RIGHTS [pidfd]    or    {"error": "..."}
     <- {"exit": N, "code": C}                 (the child ended; C as subprocess.Popen.returncode)
 The child is this process's child (it reaps them and reports their codes), so an agent's parent is this
@@ -21,7 +26,7 @@ the launcher's stdio and the passed fds at the numbers ARGV names, nothing else 
 sys.path and sys.argv, random streams drawn from the OS (a fork copies the server's), Python's default
 SIGINT handling; it exits through the interpreter's normal shutdown (threads joined, atexit run). What
 only takes effect at interpreter start cannot be taken on: the launcher starts agents whose environment
-differs there cold (`startup_differences`, elasticd/daemon/spares.py).
+differs there cold (elasticd/startup_env.py).
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ def _request(data: bytes) -> dict:
     from elasticd.agent.spare import is_job
 
     job = json.loads(data)
-    if not (is_job(job) and isinstance(job.get("fds"), list) and all(isinstance(f, int) and f > 2 for f in job["fds"])):
+    if not (is_job(job) and isinstance(job.get("fds"), list) and all(isinstance(f, int) and f > 2 for f in job["fds"])
+            and isinstance(job.get("spare", False), bool) and isinstance(job.get("session", False), bool)
+            and isinstance(job.get("death_signal", 0), int)):
         raise ValueError(f"malformed request: {data[:200]!r}")
     return job
 
@@ -147,10 +154,24 @@ def _fresh_streams() -> None:
     rng.seed_from_os(rng.Unseeded(torch=torch.initial_seed() != rng.TORCH_CONSTANT_SEED, python=True, numpy=True))
 
 
-def _become(job: dict, fds: list[int]) -> None:
+def _die_with(parent: int, sig: int) -> None:
+    """Ask the kernel to send `sig` when this server, our parent, ends (as a daemon's agents are asked
+    about the daemon, elasticd/daemon/agents.py); exit if it has ended already."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig)   # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(70)
+
+
+def _become(job: dict, fds: list[int], parent: int) -> None:
     from elasticd.agent.spare import take_on
 
     _place_fds(fds, job["fds"])   # sys.stdout and sys.stderr wrap fds 1 and 2, now the launcher's
+    if job.get("session"):
+        os.setsid()   # as Popen's start_new_session: a signal to the process group reaches its children only
+    if job.get("death_signal"):
+        _die_with(parent, job["death_signal"])
     take_on(job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _fresh_streams()
@@ -163,6 +184,7 @@ def main(argv: list[str]) -> int:
     _preload()
     # Ctrl-C in the launcher's terminal reaches this process group: the launcher decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server = os.getpid()
     child = Server(sock).serve()
     if child is None:
         # The launcher is done with us: nothing here needs an orderly shutdown, which with torch loaded
@@ -172,10 +194,14 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     job, fds = child
     try:
-        _become(job, fds)
+        _become(job, fds, server)
     except BaseException:   # noqa: BLE001 - a child that cannot become its agent fails as a cold one would
         traceback.print_exc()
         return 1
+    if job.get("spare"):
+        from elasticd.agent.spare import serve
+
+        return serve("forked ready in 0.0s")
     from elasticd.agent.__main__ import main as agent_main
 
     return agent_main(job["argv"])

@@ -11,7 +11,7 @@ runs the same entry (agent/__main__.py). Its pid is the agent's pid.
 
 What cannot be changed after start-up stays the spare's: variables read when the interpreter or a
 native library starts (PYTHON*, LD_*, MALLOC_*, OpenMP/MKL threads, CUDA_VISIBLE_DEVICES, ...). The
-daemon starts agents of jobs that set those cold instead (`startup_differences` in elasticd/daemon/spares.py).
+daemon starts agents of jobs that set those cold instead (elasticd/startup_env.py).
 
 Nothing here may initialise CUDA before the assignment: which device the agent gets is not known yet,
 and a context created on the wrong device (or before CUDA_VISIBLE_DEVICES applies) cannot be undone.
@@ -113,7 +113,16 @@ def take_on(job: dict) -> None:
 def main() -> int:
     started = time.monotonic()
     _preload()
-    print(f"elasticd spare pid {os.getpid()} ready in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    return serve(f"ready in {time.monotonic() - started:.1f}s")
+
+
+def serve(ready: str) -> int:
+    """Wait for one assignment, then be that agent (a cold spare after `_preload`; a daemon's fork server's
+    child, agent/forkserver.py, right after the fork)."""
+    from elasticd.agent import proc_name
+
+    proc_name.set_name(0, standby=True)
+    print(f"elasticd spare pid {os.getpid()} {ready}", file=sys.stderr, flush=True)
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0   # the daemon closed the pipe: no job for this spare

@@ -21,10 +21,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO
 
 from elasticd.agent import module_command
-from elasticd.daemon.spares import startup_differences
+from elasticd.startup_env import startup_differences
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class ForkedProcess:
         self.args = args
         self.pid = pid
         self.returncode: int | None = None
+        self.stdin: IO[bytes] | None = None   # as Popen's stdin=PIPE: set by whoever passed the pipe's other end
         self._server = server
         self._pidfd: int | None = pidfd
 
@@ -70,6 +72,13 @@ class ForkedProcess:
             self._server.pump(min(left, 1.0))
         return self.returncode
 
+    def exited(self) -> bool:
+        """Whether it has ended (its code may not have been reported yet): until then its pid, and its
+        process group if it leads one, are its own, and a signal to them cannot reach another process."""
+        if self.returncode is not None or self._pidfd is None:
+            return True
+        return bool(select.select([self._pidfd], [], [], 0)[0])
+
     def send_signal(self, sig: int) -> None:
         if self.returncode is None and self._pidfd is not None:
             try:
@@ -88,19 +97,44 @@ class ForkServer:
     """One fork server for one launcher: started at once (it imports torch meanwhile), used at the first
     spawn, closed with `close` (its end of file ends it)."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], *, cwd: str | None = None, stdout: IO[bytes] | None = None,
+                 wrap: Callable[[list[str]], list[str]] = list, session: bool = False,
+                 reply_timeout_s: float = READY_TIMEOUT_S) -> None:
+        """The server runs `wrap(command)` in `cwd` with `env`, its output to `stdout` (default: ours),
+        in a session of its own if `session`. A fork it does not report within `reply_timeout_s` breaks it."""
         self.env = dict(env)
+        self.reply_timeout_s = reply_timeout_s
         self.broken = ""   # why no more forks: the launcher starts agents cold from then on
         self._ready = False
         self._children: dict[int, ForkedProcess] = {}
         self._replies: list[tuple[dict, list[int]]] = []
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
-        self._proc = subprocess.Popen([*module_command("elasticd.agent.forkserver"), str(theirs.fileno())],
-                                      env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(wrap([*module_command("elasticd.agent.forkserver"), str(theirs.fileno())]),
+                                      env=self.env, cwd=cwd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                      stdout=stdout, stderr=None if stdout is None else subprocess.STDOUT,
+                                      start_new_session=session)
         theirs.close()
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int]) -> ForkedProcess | None:
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def ready(self) -> bool:
+        """Whether it has imported torch and takes requests; never waits (a daemon's loop asks)."""
+        if not self._ready and not self.broken:
+            self.pump(0.0)
+            if self._replies and "ready" in self._replies[0][0]:
+                self._replies.pop(0)
+                self._ready = True
+        return self._ready and not self.broken
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int], *,
+              stdio: Sequence[int] | None = None, cwd: str | None = None,
+              options: Mapping[str, object] | None = None) -> ForkedProcess | None:
+        """Fork an agent running `argv` with `env` in `cwd` (default: ours), `pass_fds` at their own numbers
+        and `stdio` (default: ours) as its 0, 1 and 2; `options` are the request's optional fields
+        (agent/forkserver.py). Waits for the server to be ready. None: start it cold."""
         if self.broken:
             return None
         differ = startup_differences(dict(env), self.env)
@@ -110,18 +144,22 @@ class ForkServer:
             return None
         if not self._ready and not self._await("ready", READY_TIMEOUT_S):
             return None
-        request = {"argv": list(argv), "env": dict(env), "cwd": os.getcwd(), "fds": list(pass_fds)}
-        stdio = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+        request = {"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(), "fds": list(pass_fds),
+                   **(options or {})}
+        if stdio is None:
+            stdio = mine = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+        else:
+            mine = []
         try:
             socket.send_fds(self._sock, [json.dumps(request).encode()], [*stdio, *pass_fds])
         except OSError as e:
             self._break(f"could not reach it ({e})")
             return None
         finally:
-            for mine, fd in zip(stdio, (0, 1, 2), strict=True):
-                if mine != fd:
-                    os.close(mine)
-        reply = self._await("pid", READY_TIMEOUT_S)
+            for fd in mine:
+                if fd > 2:
+                    os.close(fd)
+        reply = self._await("pid", self.reply_timeout_s)
         if reply is None:
             return None
         msg, fds = reply

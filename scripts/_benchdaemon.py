@@ -27,7 +27,7 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
 class BenchDaemon:
     """`elasticd start --cpu-devices N --bind none START_ARGS...` in `root` (created), its log in daemon.out."""
 
-    def __init__(self, root: Path, devices: int, *start_args: str) -> None:
+    def __init__(self, root: Path, devices: int, *start_args: str, env: dict[str, str] | None = None) -> None:
         self.sd = root
         self.sd.mkdir(parents=True)
         self.out = self.sd / "daemon.out"
@@ -36,7 +36,7 @@ class BenchDaemon:
                 elasticd_cmd("start", "--cpu-devices", str(devices), "--bind", "none", *start_args,
                              "--state-dir", str(self.sd), "--log-level", "INFO"),
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=unpin)
+                preexec_fn=unpin, env={**os.environ, **(env or {})})
         wait_for(self._serving, 60, "the daemon to serve")
 
     def _serving(self) -> bool:

@@ -40,6 +40,7 @@ class Proc:
     popen: subprocess.Popen | None = None
     log: Path | None = None
     known_children: set[int] = field(default_factory=set)
+    env: dict[str, str] = field(default_factory=dict)   # on top of ours
 
     def start(self) -> Proc:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -47,7 +48,7 @@ class Proc:
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen([sys.executable, "-m", "elasticd", *self.argv], stdout=out,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO),
-                                          start_new_session=True)
+                                          env={**os.environ, **self.env}, start_new_session=True)
         wait_until(self._ready, 30, what=f"{self.info_name} in {self.state_dir} to serve (log: {self.log})")
         return self
 
@@ -124,9 +125,10 @@ class Cluster:
         self.root = root
         self.procs: list[Proc] = []
 
-    def daemon(self, name: str = "node", *extra: str, cpu: int = 2, fake: bool = True) -> Proc:
+    def daemon(self, name: str = "node", *extra: str, cpu: int = 2, fake: bool = True,
+               env: dict[str, str] | None = None) -> Proc:
         sd = self.root / name
-        proc = Proc(daemon_argv(sd, *extra, cpu=cpu, fake=fake), sd, "daemon.json")
+        proc = Proc(daemon_argv(sd, *extra, cpu=cpu, fake=fake), sd, "daemon.json", env=env or {})
         self.procs.append(proc)
         return proc.start()
 

@@ -22,8 +22,10 @@ from cluster import Proc, status, wait_state
 from test_resize_daemon import JOB, job_env, submit, wait_resized
 from util import assert_same_run, cli, wait_until
 
-from elasticd.daemon.spares import SparePool, startup_differences
+from elasticd.agent.proc_name import STANDBY
+from elasticd.daemon.spares import SparePool
 from elasticd.ports import free_port
+from elasticd.startup_env import startup_differences
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_SCRIPT = str(REPO / "tests" / "jobs" / "fake_agent.py")
@@ -61,8 +63,9 @@ def idle_spares(d: Proc, sd: Path) -> set[int]:
 
 
 def _is_spare(proc: psutil.Process) -> bool:
+    """A spare names itself so (agent/spare.py), cold or forked; so does a standby agent, which has a job."""
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE and "elasticd.agent.spare" in proc.cmdline()
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.name() == STANDBY
     except psutil.Error:
         return False
 
@@ -127,9 +130,12 @@ def test_only_interpreter_start_up_variables_keep_a_job_off_the_spares():
     assert startup_differences({"PATH": "/bin", "PYTHONPATH": "/repo"}, spare) == ["OMP_NUM_THREADS"]
 
 
-def test_spares_that_keep_dying_are_restarted_with_a_growing_delay(tmp_path, caplog):
+@pytest.mark.parametrize("fork", [False, True], ids=["cold", "fork-server-dies-too"])
+def test_spares_that_keep_dying_are_restarted_with_a_growing_delay(tmp_path, caplog, fork):
     # An interpreter that cannot find its standard library dies at once, like a spare on a broken install.
-    pool = SparePool(1, {**os.environ, "PYTHONHOME": str(tmp_path / "nowhere")}, tmp_path, tmp_path / "spares.log")
+    # So does the fork server: the pool starts spares cold then, which die in turn.
+    pool = SparePool(1, {**os.environ, "PYTHONHOME": str(tmp_path / "nowhere")}, tmp_path, tmp_path / "spares.log",
+                     fork=fork)
     started: set[int] = set()
     end = time.monotonic() + 4.0
     try:
@@ -140,16 +146,25 @@ def test_spares_that_keep_dying_are_restarted_with_a_growing_delay(tmp_path, cap
         wait_until(four_seconds_of_replenishing, 10, interval=0.01)
     finally:
         pool.shutdown(2.0)
+        pool.close()
     # restarts after 1 s, then 2 s, then 4 s; a restart loop would have started hundreds
     assert 2 <= len(started) <= 4, started
     assert "before it was used" in caplog.text and "next spare in 2s" in caplog.text
+    assert ("elasticd fork server: it exited; agents start cold from now on" in caplog.text) == fork
 
 
 @pytest.mark.slow
-def test_a_launch_runs_on_a_pre_started_spare_and_computes_what_a_cold_run_does(cluster, tmp_path, cold_run):
-    d = cluster.daemon(cpu=1, fake=False)
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "cold"])
+def test_a_launch_runs_on_a_pre_started_spare_and_computes_what_a_cold_run_does(cluster, tmp_path, cold_run, forked):
+    d = cluster.daemon(cpu=1, fake=False, env={} if forked else {"ELASTICD_FORKSERVER": "0"})
     sd = d.state_dir
     spares = wait_until(lambda: idle_spares(d, sd), 60, what="a spare agent")
+    # forked from the daemon's fork server, which imported torch once; or started cold, each importing it
+    (spare,) = spares
+    parent = psutil.Process(spare).parent()
+    assert parent is not None
+    assert ("elasticd.agent.forkserver" in parent.cmdline()) == forked, parent.cmdline()
+    assert ("forked ready in" in (sd / "spares.log").read_text()) == forked
     out = tmp_path / "out"
     out.mkdir()
     (out / "release").touch()

@@ -8,7 +8,7 @@ resize snapshots.
 
 One agent process per (job, device), each in its own session so that a signal to its process group
 reaches any child it started. Agents are started through a prelude that makes the kernel stop them if
-the daemon dies.
+the daemon dies (a forked spare's through its fork server, which is started so, elasticd/daemon/spares.py).
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ from typing import Any
 
 import psutil
 
+from elasticd import forked
 from elasticd import protocol as p
 from elasticd.agent import module_command
 from elasticd.agent.config import AgentConfig
 from elasticd.agent.resize import parts as saved_parts
 from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
-from elasticd.daemon.spares import SparePool
+from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
 from elasticd.daemon.statedir import StateDir
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
+from elasticd.forked import ForkedProcess
 from elasticd.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -73,7 +75,7 @@ def _agent_env(job_env: dict[str, str]) -> dict[str, str]:
 class _Process:
     """What the shell holds of one agent until it is reaped."""
 
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess
     ps: psutil.Process | None
     log_path: Path
     error_path: Path
@@ -100,7 +102,7 @@ class Supervisor:
         own = self.agent_command == default_agent_command()
         limit = len(devices) if spares is None else spares
         self.spares = SparePool(limit if own else 0, _agent_env({}), sd.root, sd.root / "spares.log",
-                                wrap=with_death_signal)
+                                wrap=with_death_signal, fork=forked.supported())
         if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
         sweep_snapshots(sd.snapshot_root, time.time())
@@ -178,15 +180,23 @@ class Supervisor:
         """Stop every agent now (SIGTERM, then SIGKILL after `timeout_s`) and reap them."""
         self.spares.shutdown(timeout_s)
         for agent in self.core.live():
-            _signal_group(agent.pid, signal.SIGTERM)
+            self._signal(agent.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for pid, proc in self._procs.items():
             try:
                 proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(pid, signal.SIGKILL)
+                self._signal(pid, signal.SIGKILL)
                 proc.popen.wait()
+        self.spares.close()
         shutil.rmtree(self.sd.snapshot_root, ignore_errors=True)
+
+    def _signal(self, pid: int, sig: int) -> None:
+        proc = self._procs.get(pid)
+        if proc is None:
+            signal_pid_group(pid, sig)
+        else:
+            signal_group(proc.popen, sig)
 
     # --- the snapshots kept for falling back (agent/resize/fallback.py) --------------------------
 
@@ -226,7 +236,7 @@ class Supervisor:
                     given_up.add(a.job_id)
                     queue += self.core.spawn_failed(a, str(e), now)
             elif isinstance(a, Signal):
-                _signal_group(a.pid, _SIGNALS[a.sig])
+                self._signal(a.pid, _SIGNALS[a.sig])
             elif isinstance(a, Send):
                 sends.append((a.identity, a.msg))
             elif isinstance(a, Report):
@@ -273,7 +283,7 @@ class Supervisor:
         self._procs[popen.pid] = _Process(popen, ps, log_path, err_path)
         return popen.pid
 
-    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen:
+    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen | ForkedProcess:
         env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id})
         cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else str(self.sd.root)
         with open(log_path, "ab") as out:
@@ -331,13 +341,6 @@ def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
     # the user's error as far as anyone can tell, so the scheduler recovers the job (cause "died").
     return {"message": f"agent {rank} {how} and left no error report (killed? out of memory?)",
             "cause": "died", "exitcode": code, "log_tail": _tail(proc.log_path)}
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tail(path: Path, limit: int = 4000) -> str:

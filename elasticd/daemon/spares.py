@@ -9,12 +9,24 @@ device finds all its joiners warm, and the one kept on a busy node is warm for t
 shrink (a spare started when the shrink frees a device takes seconds to warm up). A taken spare is
 replaced at once while that rule wants it.
 
-Every spare is started from the daemon's loop thread, like the agents: PR_SET_PDEATHSIG fires when the
-thread that forked the child ends, so a helper thread would kill its spares when it finished.
+Spares are forked from one fork server per daemon (agent/forkserver.py, elasticd/forked.py), which pays
+the interpreter and torch once: a spare is then ready in milliseconds instead of seconds, the one that
+replaces a taken spare no longer takes a core from the training for seconds, and idle spares share the
+server's memory until they write to it. Each is a session leader that gets SIGTERM when the server ends,
+and the server gets it when the daemon ends (the same PR_SET_PDEATHSIG prelude as agents). Until the
+server is ready no spare is started (an agent started meanwhile starts cold); without pidfds or with
+`ELASTICD_FORKSERVER=0`, or once the server has failed, spares start cold, each `python -m
+elasticd.agent.spare` importing torch itself.
 
-Costs: each idle spare holds an interpreter with torch imported (a few hundred MB of RSS) and a core for
-a few seconds while it starts. Spares that keep dying before they are used are restarted with a
-growing delay (logged), not in a loop.
+Every spare, and the fork server, is started from the daemon's loop thread, like the agents:
+PR_SET_PDEATHSIG fires when the thread that forked the child ends, so a helper thread would kill its
+spares when it finished.
+
+Costs: the fork server holds an interpreter with torch imported (a few hundred MB of RSS) for the
+daemon's life; each idle spare shares most of that (a cold one holds its own and a core for a few seconds
+while it starts). Spares that keep dying before they are used are restarted with a growing delay
+(logged), not in a loop. A forked agent depends on the server: if the server is killed, its agents get
+SIGTERM and their jobs recover as from any agent's death.
 """
 
 from __future__ import annotations
@@ -30,19 +42,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticd.agent import module_command
+from elasticd.forked import ForkedProcess, ForkServer
+from elasticd.startup_env import startup_differences
 
 log = logging.getLogger(__name__)
 
-# Read when an interpreter or a native library starts, so a spare cannot take them on afterwards: the
-# Python runtime's own settings, the dynamic loader, glibc malloc, OpenMP/BLAS thread pools, locale,
-# which devices CUDA/ROCm enumerate, and torch's import-time switches.
-_STARTUP_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "BLIS_",
-                     "VECLIB_", "NUMEXPR_", "CUDA_", "HIP_", "ROCR_", "TORCH_", "PYTORCH_", "LC_")
-_STARTUP_NAMES = frozenset({"GLIBC_TUNABLES", "LANG", "LANGUAGE", "TZ", "TMPDIR"})
 # An assignment goes into an empty pipe whose capacity is at least this on Linux; larger ones start cold
 # rather than risk a write that waits for the spare.
 _MAX_ASSIGNMENT = 60 * 1024
 MAX_BACKOFF_S = 60.0
+FORK_REPLY_TIMEOUT_S = 10.0   # the daemon's loop waits this long at most for a fork (milliseconds when well)
 HEALTHY_S = 60.0   # a spare that lived this long and then died does not count towards a crash loop
 
 
@@ -50,16 +59,9 @@ def spare_command() -> list[str]:
     return module_command("elasticd.agent.spare")
 
 
-def startup_differences(env: dict[str, str], spare_env: dict[str, str]) -> list[str]:
-    """Variables that only take effect at interpreter start and differ between a job's env and a spare's."""
-    keys = env.keys() | spare_env.keys()
-    return sorted(k for k in keys if (k in _STARTUP_NAMES or k.startswith(_STARTUP_PREFIXES))
-                  and env.get(k) != spare_env.get(k))
-
-
 @dataclass(eq=False, slots=True)
 class Spare:
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess
     started: float
 
 
@@ -68,21 +70,25 @@ class SparePool:
     thread-safe: the daemon's loop owns it (see the module docstring)."""
 
     def __init__(self, limit: int, env: dict[str, str], cwd: Path, log_path: Path,
-                 wrap: Callable[[list[str]], list[str]] = list) -> None:
+                 wrap: Callable[[list[str]], list[str]] = list, fork: bool = False) -> None:
         """`env`: what a spare starts with (an agent's env without the job's); `wrap(command)` adds the
-        death-signal prelude agents are started with; `log_path` takes spares' output until assigned."""
+        death-signal prelude agents are started with; `log_path` takes spares' output until assigned;
+        `fork`: fork spares from one fork server instead of starting each cold (module docstring)."""
         self.limit = limit
         self.size = limit
         self.env = env
         self.cwd = cwd
         self.log_path = log_path
         self._wrap = wrap
+        self._fork = fork
+        self._server: ForkServer | None = None
         self.spares: list[Spare] = []
         self._failures = 0
         self._not_before = 0.0
         if limit:
+            how = "forked from one fork server" if fork else " ".join(spare_command()[1:])
             log.info("keeping a spare agent process warm per idle device, at most %d (%s); their output until "
-                     "used: %s", limit, " ".join(spare_command()[1:]), log_path)
+                     "used: %s", limit, how, log_path)
 
     def pids(self) -> list[int]:
         return [s.popen.pid for s in self.spares]
@@ -103,16 +109,54 @@ class SparePool:
             _kill(surplus.popen)
         now = time.monotonic()
         while len(self.spares) < self.size and now >= self._not_before:
+            server = self._fork_server()
+            if server is not None and not server.ready():
+                return   # still importing torch: spares are forked once it is up, cold ones only if it fails
+            popen = self._forked(server) if server is not None else None
+            if popen is None:
+                try:
+                    with open(self.log_path, "ab") as out:
+                        popen = subprocess.Popen(self._wrap(spare_command()), stdin=subprocess.PIPE, stdout=out,
+                                                 stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
+                                                 start_new_session=True)   # its own group, as an agent's
+                except OSError as e:
+                    self._failed(f"cannot start a spare agent: {e}")
+                    return
+            self.spares.append(Spare(popen, now))
+            log.debug("spare agent pid %d %s", popen.pid, "forked" if isinstance(popen, ForkedProcess) else "starting")
+
+    def _fork_server(self) -> ForkServer | None:
+        """The fork server (started at the first call, from the loop's thread as spares are); None when
+        spares start cold, or the server failed (it logged why)."""
+        if not self._fork:
+            return None
+        if self._server is None:
             try:
                 with open(self.log_path, "ab") as out:
-                    popen = subprocess.Popen(self._wrap(spare_command()), stdin=subprocess.PIPE, stdout=out,
-                                             stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
-                                             start_new_session=True)   # its own group, as an agent's
+                    self._server = ForkServer(self.env, cwd=str(self.cwd), stdout=out, wrap=self._wrap, session=True,
+                                              reply_timeout_s=FORK_REPLY_TIMEOUT_S)
             except OSError as e:
-                self._failed(f"cannot start a spare agent: {e}")
-                return
-            self.spares.append(Spare(popen, now))
-            log.debug("spare agent pid %d starting", popen.pid)
+                log.warning("cannot start the spares' fork server (%s); spares start cold", e)
+                self._fork = False
+                return None
+            log.info("spares' fork server pid %d starting", self._server.pid)
+        return None if self._server.broken else self._server
+
+    def _forked(self, server: ForkServer) -> ForkedProcess | None:
+        """A spare forked from `server`, reading its assignment from a pipe as a cold one does; None: the
+        server failed (it logged why), start one cold."""
+        read, write = os.pipe()
+        try:
+            with open(self.log_path, "ab") as out:
+                proc = server.spawn([], self.env, [], stdio=[read, out.fileno(), out.fileno()], cwd=str(self.cwd),
+                                    options={"spare": True, "session": True, "death_signal": int(signal.SIGTERM)})
+        finally:
+            os.close(read)
+        if proc is None:
+            os.close(write)
+            return None
+        proc.stdin = os.fdopen(write, "wb")
+        return proc
 
     def take(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path, who: str
              ) -> subprocess.Popen | None:
@@ -183,7 +227,7 @@ class SparePool:
         """Stop every spare: SIGTERM (they only wait on a pipe), SIGKILL after `timeout_s`."""
         spares, self.spares, self.size, self.limit = self.spares, [], 0, 0
         for s in spares:
-            _signal(s.popen.pid, signal.SIGTERM)
+            signal_group(s.popen, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for s in spares:
             try:
@@ -193,13 +237,25 @@ class SparePool:
             if s.popen.stdin is not None:
                 s.popen.stdin.close()
 
+    def close(self) -> None:
+        """End the fork server, once no agent forked from it runs any more (they would get SIGTERM)."""
+        if self._server is not None:
+            self._server.close()
 
-def _kill(popen: subprocess.Popen) -> None:
-    _signal(popen.pid, signal.SIGKILL)
+
+def _kill(popen: subprocess.Popen | ForkedProcess) -> None:
+    signal_group(popen, signal.SIGKILL)
     popen.wait()
 
 
-def _signal(pid: int, sig: int) -> None:
+def signal_group(popen: subprocess.Popen | ForkedProcess, sig: int) -> None:
+    """Signal the process group an agent or spare leads (its session: a signal reaches its children too).
+    A forked one is reaped by its server as soon as it ends, after which its pid can be another process's."""
+    if not (isinstance(popen, ForkedProcess) and popen.exited()):
+        signal_pid_group(popen.pid, sig)
+
+
+def signal_pid_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
