@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from cluster import Proc, status, wait_state
 from test_resize_daemon import JOB, job_env, submit, wait_resized
 from util import assert_same_run, cli, wait_until
 
+from elasticd.agent import module_command
 from elasticd.agent.proc_name import STANDBY
 from elasticd.daemon.spares import SparePool
 from elasticd.ports import free_port
@@ -75,6 +75,8 @@ def assert_same_as_cold(out: Path, cold: Path) -> None:
 
 
 def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
+    """A cold spare and a forked one (from a pool's fork server), each given the job as the daemon gives it,
+    against the agent the daemon would start cold: same sys.path, cwd, argv, environment and stdin."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     job_cwd, spare_cwd = tmp_path / "job", tmp_path / "spare"
@@ -82,11 +84,15 @@ def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
     spare_cwd.mkdir()
     # a relative PYTHONPATH entry resolves against the cwd the interpreter starts in: the job's, not the spare's
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(REPO), "rel"])}
-    spare = subprocess.Popen([sys.executable, "-m", "elasticd.agent.spare"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    spare = subprocess.Popen(module_command("elasticd.agent.spare"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, cwd=spare_cwd, env=env, start_new_session=True)
+    pool = SparePool(1, env, spare_cwd, tmp_path / "spares.log", fork=True)
     runs = {}
     try:
-        for how in ("spare", "cold"):
+        log_text = (tmp_path / "spares.log").read_text
+        wait_until(lambda: pool.replenish() or "forked ready in" in log_text(), 120, interval=0.05,
+                   what="a forked spare")
+        for how in ("spare", "forked", "cold"):
             argv = ["--script", str(script), "--workers", "1", "--rank", "0", "--world", "1",
                     "--master-port", str(free_port("127.0.0.1")), "--job-id", how]
             job_env = {**env, "PROBE_OUT": str(tmp_path / f"{how}.json")}
@@ -96,9 +102,12 @@ def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
                                               "log": str(log)}).encode() + b"\n")
                 spare.stdin.close()
                 proc = spare
+            elif how == "forked":
+                proc = pool.take(argv, job_env, str(job_cwd), log, "probe")
+                assert proc is not None
             else:
                 with open(log, "ab") as out:
-                    proc = subprocess.Popen([sys.executable, "-m", "elasticd.agent", *argv], stdin=subprocess.DEVNULL,
+                    proc = subprocess.Popen([*module_command(), *argv], stdin=subprocess.DEVNULL,
                                             stdout=out, stderr=subprocess.STDOUT, cwd=job_cwd, env=job_env)
             runs[how] = (proc, argv, log)
         for proc, _argv, log in runs.values():
@@ -109,16 +118,20 @@ def test_a_spare_runs_an_agent_as_python_m_agent_would(tmp_path):
                 proc.kill()
         if spare.poll() is None:
             spare.kill()
+        pool.shutdown(5.0)
+        pool.close()
     seen = {how: json.loads((tmp_path / f"{how}.json").read_text()) for how in runs}
-    assert seen["spare"]["path"] == seen["cold"]["path"]
-    assert str(job_cwd / "rel") in seen["spare"]["path"]
-    assert seen["spare"]["cwd"] == seen["cold"]["cwd"] == str(job_cwd)
-    assert seen["spare"]["stdin"] == seen["cold"]["stdin"] == os.devnull
+    for how in ("spare", "forked"):
+        assert seen[how]["path"] == seen["cold"]["path"], how
+        assert seen[how]["cwd"] == seen["cold"]["cwd"] == str(job_cwd), how
+        assert seen[how]["stdin"] == seen["cold"]["stdin"] == os.devnull, how
+    assert str(job_cwd / "rel") in seen["cold"]["path"]
     for how, (_proc, argv, log) in runs.items():
         assert seen[how]["argv"] == [str(script)], argv   # as `python probe.py` (no ARGS) has it
         assert log.read_text().splitlines()[-2:] == ["probe imported", "probe trained; malloc tuned: True"]
-    del seen["spare"]["env"]["PROBE_OUT"], seen["cold"]["env"]["PROBE_OUT"]
-    assert seen["spare"]["env"] == seen["cold"]["env"]
+    for how in runs:
+        del seen[how]["env"]["PROBE_OUT"]
+    assert seen["spare"]["env"] == seen["forked"]["env"] == seen["cold"]["env"]
 
 
 def test_only_interpreter_start_up_variables_keep_a_job_off_the_spares():
