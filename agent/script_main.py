@@ -156,7 +156,11 @@ class StepCounter:
 
     def __call__(self) -> None:
         self.step += 1
-        self._rt.control.step(self.step, {})
+        # Restarted after a failure (a daemon's recovery): the step elasticd restarted it at, which a torchrun
+        # script's restart always is (what it skips is its own checkpoint's doing), so that the recovery is
+        # recorded once the restarted job steps, as an @elastic job's is.
+        resumed = self._rt.boundary.resumed_from
+        self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed})
         if self.step in self._rt.boundary.hold_at:
             self._hold()
 

@@ -367,6 +367,56 @@ def test_submit_runs_the_tutorial_script_with_its_args(cluster, torchrun_referen
     assert elastic.code == 2 and "torchrun mode" in elastic.err, elastic.output
 
 
+RESTARTED = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    out = sys.argv[1]
+    open(os.path.join(out, f"rank{dist.get_rank()}.restart{os.environ['TORCHELASTIC_RESTART_COUNT']}"), "w").close()
+    model = DDP(torch.nn.Linear(2, 1))
+    while True:   # a step a pass (the backward) until the test releases every rank at once
+        model(torch.ones(1, 2)).sum().backward()
+        flag = torch.tensor([float(os.path.exists(os.path.join(out, "release")))])
+        dist.all_reduce(flag)
+        if flag.item():
+            break
+        time.sleep(0.02)
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_agent_restarts_a_torchrun_job_under_the_daemon_which_counts_the_restart(cluster, tmp_path: Path):
+    """As torchrun restarts its workers: every rank starts again with TORCHELASTIC_RESTART_COUNT one higher,
+    and the recovery is in the job's record once the restarted job steps."""
+    from cluster import wait_state
+    from test_resize_daemon import job_info
+
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = d.state_dir
+    sub = cli("submit", str(script), "--workers", "2", "--min-devices", "2", "--state-dir", str(sd), str(tmp_path),
+              cwd=tmp_path)
+    assert sub.code == 0, sub.output
+    job = sub.out.strip()
+    wait_until(lambda: job_info(sd, job)["step"] >= 3, 120, what="the job to step")
+    assert {f.name for f in tmp_path.glob("rank*.restart*")} == {"rank0.restart0", "rank1.restart0"}
+    victim = next(p for r, p in agents_under(d.pid) if r == 1)
+    victim.kill()
+    info = wait_until(lambda: (i := job_info(sd, job))["recoveries"] and i, 120, what="the recovery to be recorded")
+    (rec,) = info["recoveries"]
+    assert "killed by SIGKILL" in rec["cause"] and rec["resumed_from"] == 0 and rec["devices"] == 2, rec
+    assert {f.name for f in tmp_path.glob("rank*.restart1")} == {"rank0.restart1", "rank1.restart1"}
+    (tmp_path / "release").touch()
+    assert wait_state(sd, job, ("finished", "failed"), timeout=120)["state"] == "finished"
+
+
 @pytest.mark.timeout(300)
 def test_scale_of_a_running_torchrun_job_is_refused(cluster, tmp_path: Path) -> None:
     from cluster import wait_state

@@ -39,7 +39,8 @@ def torchrun_variables(rank: int, world: int, master_addr: str, master_port: int
     }
 
 
-# Set by `elasticd run` on the agents it restarts (a resize or recovery of a torchrun-mode job).
+# Set on the agents of a restarted job: by `elasticd run` (a resize or recovery of a torchrun-mode job), and
+# by the scheduler after a recovery.
 RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.agent.compat.worker_env import RESTARTS_VAR
 from elasticd.agent.resize.every import Every
 from elasticd.scheduler import policy
 from elasticd.scheduler.actions import Send
@@ -488,9 +489,15 @@ class SchedulerState:
             world=len(job.placement),
             placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
                         if n == node],
-            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=job.spec.env,
+            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
             snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks)))
+
+    @staticmethod
+    def _env(job: Job) -> dict[str, str]:
+        """The agents' environment: the job's, and after a restart its count, which a torchrun script reads
+        as TORCHELASTIC_RESTART_COUNT (agent/compat/worker_env.py), as torchrun's restarted workers do."""
+        return {**job.spec.env, RESTARTS_VAR: str(job.restarts)} if job.restarts else job.spec.env
 
     def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[Send], list[str]]:
         out: list[Send] = []
