@@ -164,3 +164,26 @@ def test_noise_between_equal_devices_is_not_learned_a_real_slowdown_is():
         for d in devices:
             m.observe_compute(d, 0.5, t, "j")
     assert m.speed("n0/5") == 1.0
+
+
+def test_a_learned_slowdown_expires_after_the_device_has_been_silent_for_stale_s():
+    m = CostModel({"n/2": 0.8}, stale_s=600)
+    for t in range(3):   # n/2 and n/3 measured 2x slower than n/0 under one job
+        for d, c in (("n/0", 0.1), ("n/1", 0.1), ("n/2", 0.2), ("n/3", 0.2)):
+            m.observe_compute(d, c, t, "j")
+    assert m.speed("n/2") == pytest.approx(0.5) and m.speed("n/3") == pytest.approx(0.5)
+    m.forget_job("j")
+    for t in range(10, 610, 100):   # n/3 keeps running another job (2x slower than its partner), n/2 is idle
+        m.observe_compute("n/3", 0.4, t, "k")
+        m.observe_compute("n/0", 0.2, t, "k")
+    assert m.expire(601) == {}   # 599 s of silence: kept
+    assert m.expire(602) == {"n/2": pytest.approx(0.5)}
+    assert m.speed("n/2") == 0.8                       # back to its declared speed, not to 1.0
+    assert m.speed("n/3") == pytest.approx(0.5)        # still reporting: still learned
+    back = CostModel.from_dict(m.to_dict())
+    assert back.stale_s == 600 and back.to_dict() == m.to_dict()
+    older = {k: v for k, v in m.to_dict().items() if k != "stale_s"}   # saved before stale_s existed
+    assert CostModel.from_dict(older).stale_s == 600
+    with pytest.raises(ValueError):
+        CostModel(stale_s=0)
+

@@ -258,3 +258,38 @@ def test_timings_no_agent_would_send_are_skipped_not_raised_on():
     for t in bad:
         isl.report("a", report(job, [agent(0, 0, timing=t), agent(1, 1)], metrics={"total_steps": 1000}))
     assert isl.s.speeds.costs.worker_step_seconds(device_key("a", "cpu:0"), job) == pytest.approx(0.01)
+
+
+def test_a_device_learned_slow_by_a_finished_job_is_grown_onto_once_its_slowdown_expires():
+    """What a short job on loaded shared cores taught: one of the devices it frees is 2.2x slower (scheduling
+    noise). The preempted job does not grow back onto it (no shorter step predicted) until that device has
+    been silent for the model's stale_s; then it does, at the next tick."""
+    from test_resize_scheduler import complete as complete_resize
+    from test_resize_scheduler import running_job
+
+    isl = Island()
+    isl.hello("a", 4)
+    low = running_job(isl, workers=4, lo=1, hi=4)
+    high, out = isl.submit(workers=2, lo=2, hi=2, prio=5)
+    complete_resize(isl, "a", low, 1, 2, 4)
+    isl.report("a", report(high, [agent(0, 2), agent(1, 3)], master_port=9))
+    for seq in range(1, 5):
+        isl.now += 0.1
+        isl.report("a", report(high, [agent(r, 2 + r, timing={"hosted": 1, "compute_s": c, "steps": 5, "seq": seq,
+                                                              "flush_s": 0.001})
+                                      for r, c in ((0, 0.010), (1, 0.022))], step=seq))
+    assert isl.s.speeds.speed("a", "cpu:3") < 0.5
+    out = isl.report("a", report(high, [agent(0, 2, False), agent(1, 3, False)], state="ended"))
+    assert isl.state(high) is JobState.FINISHED and of(out, p.PrepareResize) == []
+    silent_since, stale = isl.now, isl.s.speeds.costs.stale_s
+    preps: list = []
+    while not preps and isl.now - silent_since < 2 * stale:   # heartbeats go on (the low job's agents), every 10 s
+        isl.now += 10
+        out = isl.report("a", report(low, [agent(0, 0), agent(1, 1)]))
+        preps = of(out + isl.tick(0), p.PrepareResize)
+        assert preps == [] or isl.now - silent_since >= stale
+    ((_, prep),) = preps
+    assert isl.now - silent_since < stale + 10
+    assert prep.job_id == low and prep.world == 4 and isl.s.speeds.speed("a", "cpu:3") == 1.0
+    assert isl.s.jobs[low].resize.why == "policy: grow into freed devices"
+

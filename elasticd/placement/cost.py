@@ -20,6 +20,13 @@ them would give equal devices unequal blocks and take extra devices for gains th
 trace simulator, +-10% report noise cost 16% mean JCT on a uniform fleet without the band). A slowdown
 smaller than the band is not worth a re-layout anyway (the re-layout gate asks for 10%).
 
+Why a learned slowdown expires (after `stale_s`, 10 minutes by default, without a report from the device):
+what slowed a device (a neighbour on a shared core, throttling, scheduling noise around very short steps)
+may be gone by the time it is idle, and nothing idle is measured, so a slowdown kept forever would keep
+growths and new jobs off a healthy device for good. Forgotten, the device is back at its declared speed; if
+it is still slow, the next job on it teaches so again within three reports and the re-layout gate moves
+work off it.
+
 Why the flush cost is read from the lower part of the reports: a physical collective ends for every agent
 when the last one arrives, so an agent that got there early reports its wait for the straggler as flush
 time. The agent that arrived last reports the collective alone, and it is the lowest of a round's M
@@ -36,6 +43,7 @@ DeviceKey = str   # "NODE_ID/DEVICE", e.g. "n1/cpu:0": see device_key
 FORMAT = 1
 WINDOW = 5
 DEADBAND = 0.10
+STALE_S = 600.0
 
 
 def device_key(node: str, device: str) -> DeviceKey:
@@ -89,13 +97,14 @@ class CostModel:
     """
 
     def __init__(self, priors: dict[DeviceKey, float] | None = None, window: int = WINDOW,
-                 deadband: float = DEADBAND) -> None:
+                 deadband: float = DEADBAND, stale_s: float = STALE_S) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if not (math.isfinite(deadband) and 0 <= deadband < 1):
             raise ValueError(f"deadband must be in [0, 1), got {deadband}")
         self.window = window
         self.deadband = float(deadband)
+        self.stale_s = _positive("stale_s", stale_s)
         self._priors: dict[DeviceKey, float] = {}
         self._speeds: dict[DeviceKey, float] = {}                 # learned relative speeds
         self._compute: dict[str, dict[DeviceKey, list[float]]] = {}  # job -> device -> recent s/worker-step
@@ -142,8 +151,17 @@ class CostModel:
         size = self.window * int(devices)   # a round brings one report per agent
         _push(self._comm.setdefault(str(job_id), {}).setdefault(int(devices), []), value, size)
 
+    def expire(self, now: float) -> dict[DeviceKey, float]:
+        """Forget the learned speeds of devices that have not reported for `stale_s` (module docstring);
+        returns what was forgotten (device -> the speed it had)."""
+        now = _finite("now", now)
+        gone = {d: v for d, v in self._speeds.items() if now - self._seen.get(d, now) >= self.stale_s}
+        for d in gone:
+            del self._speeds[d]
+        return gone
+
     def forget_job(self, job_id: str) -> None:
-        """Drop what is specific to a finished job; the device speeds it taught are kept."""
+        """Drop what is specific to a finished job; the device speeds it taught are kept (until `expire`)."""
         self._compute.pop(job_id, None)
         self._comm.pop(job_id, None)
         for device in [d for d, j in self._last_job.items() if j == job_id]:
@@ -238,7 +256,8 @@ class CostModel:
     # -- persistence ---------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT, "window": self.window, "deadband": self.deadband, "priors": dict(self._priors), "speeds": dict(self._speeds),
+            "format": FORMAT, "window": self.window, "deadband": self.deadband, "stale_s": self.stale_s,
+            "priors": dict(self._priors), "speeds": dict(self._speeds),
             "compute": {j: {d: list(w) for d, w in ws.items()} for j, ws in self._compute.items()},
             "comm": {j: {str(m): list(w) for m, w in ws.items()} for j, ws in self._comm.items()},
             "last_job": dict(self._last_job), "seen": dict(self._seen),
@@ -252,7 +271,8 @@ class CostModel:
         try:
             if d.get("format") != FORMAT:
                 raise ValueError(f"cost model format {d.get('format')!r}, this version reads {FORMAT}")
-            model = cls(window=int(d["window"]), deadband=float(d.get("deadband", DEADBAND)))  # older saves
+            model = cls(window=int(d["window"]), deadband=float(d.get("deadband", DEADBAND)),  # older saves
+                        stale_s=float(d.get("stale_s", STALE_S)))
             for device, speed in d["priors"].items():
                 model.set_prior(device, speed)
             model._speeds = {str(k): _positive("speed", v) for k, v in d["speeds"].items()}

@@ -109,6 +109,16 @@ class Speeds:
             del self._seen[key]
         self.dirty = True
 
+    def expire(self, now: float) -> bool:
+        """Learned slowdowns of devices idle for a while go (elasticd/placement/cost.py says why). True if
+        any went: placements and growths may now take those devices."""
+        gone = self.costs.expire(now)
+        for device, speed in gone.items():
+            log.info("device %s: its learned speed %.2f expired after %.0fs without a report; back to its declared "
+                     "%.2f", device, speed, self.costs.stale_s, self.costs.speed(device))
+            self.dirty = True
+        return bool(gone)
+
     def relaid(self, job_id: str) -> None:
         """The job's layout changed: timings of the old one say nothing about the new one's waits."""
         self._latest.pop(job_id, None)

@@ -326,6 +326,8 @@ class SchedulerState:
                 out += self.end_job(job, JobState.FAILED, now, "agents did not start within "
                                     f"{self.cfg.start_timeout_s:.0f}s",
                                     error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
+        if self.speeds.expire(now):
+            self._resched = True
         out += self.resizes.tick(now)
         out += self.drains.tick(now)
         out += self._relayouts(now)
