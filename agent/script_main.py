@@ -156,9 +156,9 @@ class StepCounter:
 
     def __call__(self) -> None:
         self.step += 1
-        # Restarted after a failure (a daemon's recovery): the step elasticd restarted it at, which a torchrun
-        # script's restart always is (what it skips is its own checkpoint's doing), so that the recovery is
-        # recorded once the restarted job steps, as an @elastic job's is.
+        # After a restart (a daemon's recovery) the boundary holds the step elasticd restarted the job at: 0
+        # for a torchrun script, whose checkpoint decides what it skips. Reported with every step, as an
+        # @elastic job's boundary does, so that the scheduler records the recovery once the job steps.
         resumed = self._rt.boundary.resumed_from
         self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed})
         if self.step in self._rt.boundary.hold_at:
