@@ -182,7 +182,9 @@ class SparePool:
                 self._failures = 0
                 self.replenish()
                 return spare.popen
-        log.info("%s: cold start: no spare agent ready", who)
+        starting = self._server is not None and not self._server.broken and not self._server.ready()
+        log.info("%s: cold start: no spare agent ready%s", who,
+                 " (the spares' fork server is still importing torch)" if starting else "")
         self.replenish()
         return None
 
