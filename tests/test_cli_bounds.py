@@ -96,3 +96,14 @@ def test_status_escapes_control_characters():
         assert not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) <= 0x9f for c in text), repr(text)
         assert "\\x1b]0;owned\\x07" in text
     assert "line \\x1b" in render_job(info)   # tracebacks keep their lines, lose their escapes
+
+
+def test_submit_wait_shows_a_finished_job_s_progress_whole():
+    from elasticd.cli.submit import _progress
+
+    def info(state: str, step: int) -> p.JobInfo:
+        return p.JobInfo(job_id="j1", name="", state=state, workers=2, devices=1, min_devices=1, max_devices=2,
+                         priority=0, nodes=["a"], step=step, metrics={"total_steps": 5})
+
+    assert "[###################.....] 4/5" in _progress(info("running", 4))   # the last step under way
+    assert "[########################] 5/5" in _progress(info("finished", 4))

@@ -142,8 +142,10 @@ def _progress(info) -> str:
     width = 24
     total = info.metrics.get("total_steps") if isinstance(info.metrics.get("total_steps"), int) else None
     if total:
-        done = min(width, int(width * info.step / max(1, total)))
-        bar = f"[{'#' * done}{'.' * (width - done)}] {info.step}/{total}"
+        # `step` is the index of the latest step reported, so a finished job's reads total - 1: show it whole
+        step = total if info.state == "finished" else info.step
+        done = min(width, int(width * step / max(1, total)))
+        bar = f"[{'#' * done}{'.' * (width - done)}] {step}/{total}"
     else:
         bar = f"step {info.step}"
     loss = info.metrics.get("loss")
