@@ -108,9 +108,11 @@ class Proc:
                 pass
 
 
-def daemon_argv(state_dir: Path, *extra: str, cpu: int = 2, fake: bool = True, heartbeat: float = 0.1) -> list[str]:
-    argv = ["start", "--state-dir", str(state_dir), "--cpu-devices", str(cpu), "--heartbeat", str(heartbeat),
-            "--node-timeout", "5", "--log-level", "DEBUG", *extra]
+def daemon_argv(state_dir: Path, *extra: str, cpu: int | None = 2, fake: bool = True,
+                heartbeat: float = 0.1) -> list[str]:
+    """`cpu`: that many CPU devices; None: the daemon's default (every CUDA device, else one CPU device)."""
+    argv = ["start", "--state-dir", str(state_dir), *(["--cpu-devices", str(cpu)] if cpu else []),
+            "--heartbeat", str(heartbeat), "--node-timeout", "5", "--log-level", "DEBUG", *extra]
     if "--scheduler" not in extra and "--bind" not in extra:
         argv += ["--bind", "tcp://127.0.0.1:0"]
     if fake:
@@ -125,7 +127,7 @@ class Cluster:
         self.root = root
         self.procs: list[Proc] = []
 
-    def daemon(self, name: str = "node", *extra: str, cpu: int = 2, fake: bool = True,
+    def daemon(self, name: str = "node", *extra: str, cpu: int | None = 2, fake: bool = True,
                env: dict[str, str] | None = None) -> Proc:
         sd = self.root / name
         proc = Proc(daemon_argv(sd, *extra, cpu=cpu, fake=fake), sd, "daemon.json", env=env or {})

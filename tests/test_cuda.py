@@ -140,6 +140,31 @@ def test_resize_2_1_2_with_two_agents_on_one_gpu(det_m1: Path, tmp_path: Path) -
     assert peak(out, 0)["max_memory_allocated"] <= peak(det_m1, 0)["max_memory_allocated"] + slack
 
 
+def test_a_daemon_job_on_a_forked_spare_is_bitwise_the_elasticd_run_one(det_m1: Path, cluster, tmp_path: Path) -> None:
+    """A node daemon on the GPU machine (its devices: every CUDA device) forks its spares from a server that
+    imported torch without initialising CUDA; the job's agent, one such spare, creates its context on
+    cuda:0 after the fork and ends bitwise as the agent `elasticd run` forked for det_m1."""
+    from cluster import wait_state
+    from test_resize_daemon import submit
+
+    d = cluster.daemon(cpu=None, fake=False)
+    sd = d.state_dir
+    spares_log = sd / "spares.log"
+    wait_until(lambda: spares_log.exists() and "forked ready in" in spares_log.read_text(), 180,
+               what="a spare forked from the daemon's fork server")
+    out = tmp_path / "daemon"
+    out.mkdir()
+    env = {"ELASTICD_TEST_WORKERS": str(WORKERS), "ELASTICD_TEST_STEPS": str(STEPS), "ELASTICD_TEST_LOG": str(out),
+           "ELASTICD_TEST_OUT": str(out / "final.pt"), "ELASTICD_TEST_PRIVATE_MB": str(PRIVATE_MB),
+           "ELASTICD_TEST_DETERMINISTIC": "1"}
+    job = submit(sd, str(JOB), env, "--workers", str(WORKERS), "--max-devices", "1")
+    info = wait_state(sd, job, ("finished", "failed"), timeout=RUN_TIMEOUT)
+    assert info["state"] == "finished", (info["error"], d.output()[-3000:])
+    (agent,) = info["agents"]
+    assert f"started on spare agent pid {agent['pid']}" in d.output(), d.output()[-3000:]
+    assert_bitwise(out, det_m1)
+
+
 def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> None:
     """tests/test_resize_launcher.py's roll-back, on the GPU: a joiner freezes during the hand-over of a 2 -> 4 grow,
     every agent is stopped and the job restarts on 2 agents with --restore-epoch from the snapshot on
