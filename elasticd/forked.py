@@ -1,13 +1,15 @@
-"""Start `elasticd run`'s agents by forking one warm process (agent/forkserver.py) instead of cold.
+"""Start agents by forking one warm process (agent/forkserver.py) instead of cold: `elasticd run`'s
+agents, and a node daemon's spares (elasticd/daemon/spares.py).
 
-`ForkServer.spawn` returns a `ForkedProcess`, which the launcher handles as the `subprocess.Popen` it
+`ForkServer.spawn` returns a `ForkedProcess`, which the caller handles as the `subprocess.Popen` it
 would otherwise have (poll, wait, send_signal, kill, pid, returncode), or None: start that agent cold.
 It says None where a fork could not give the agent what a cold start would: the job's environment differs
 from the server's in a variable read only at interpreter start, the platform has no pidfds or descriptor
 passing, the server failed to start, or `ELASTICD_FORKSERVER=0`.
 
 Signals go through a pidfd, never a bare pid: the server reaps its children at once, so a pid alone
-could name a process that took a dead agent's number.
+could name a process that took a dead agent's number. A signal to a forked process's group (the daemon's
+agents lead their own) is sent only while `exited` says, from the pidfd, that the process still runs.
 """
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """One fork server for one launcher: started at once (it imports torch meanwhile), used at the first
-    spawn, closed with `close` (its end of file ends it)."""
+    """One fork server for one launcher or daemon: started at once (it imports torch meanwhile), used at
+    the first spawn, closed with `close` (its end of file ends it)."""
 
     def __init__(self, env: Mapping[str, str], *, cwd: str | None = None, stdout: IO[bytes] | None = None,
                  wrap: Callable[[list[str]], list[str]] = list, session: bool = False,
