@@ -4,23 +4,25 @@
 #     bash scripts/gpu_check.sh
 #
 # 1. scripts/setup.sh into .venv-gpu with a CUDA build of torch 2.13 (pip line below; pick the wheel
-#    index matching the driver with TORCH_CUDA_INDEX, default cu128; TORCH_PIP_ARGS overrides it all);
+#    index matching the driver with TORCH_CUDA_INDEX, default cu128; TORCH_PIP_ARGS overrides it all).
+#    On a machine with no route to a package index whose python already holds a CUDA build of torch,
+#    GPU_CHECK_PY=python3 installs elasticd into that python instead, offline, taking what it lacks
+#    (pyzmq, say) from the wheels in GPU_CHECK_WHEELS;
 # 2. `pytest -m cuda` (tests/test_cuda.py: equivalence with the CPU run, deterministic bits, per-worker
 #    CUDA RNG, --device-memory swapping with and without a side stream, resize 2->1->2 on one GPU, the
 #    roll-back with --restore-epoch; peak device memory printed per run);
 # 3. the benchmarks that take a device, on cuda:0: multiplexing overhead, swap vs memcpy with pinned
 #    buffers, live resize;
-# then one summary table. Every step runs under `timeout` (10 minutes); logs go to $GPU_CHECK_LOGS
-# (default gpu-check-logs/). Exit status: 0 only if every step passed.
+# then one summary table. Every step runs under `timeout` (STEP_TIMEOUT, 10 minutes; BENCH_TIMEOUT for
+# each benchmark); GPU_CHECK_PYTEST_ARGS adds to pytest's (-n 4 runs the tests side by side). Logs go to
+# $GPU_CHECK_LOGS (default gpu-check-logs/). Exit status: 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${GPU_CHECK_LOGS:-gpu-check-logs}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-600}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-$STEP_TIMEOUT}"
 mkdir -p "$LOGS"
-export VENV=.venv-gpu
-export TORCH_PIP_ARGS="${TORCH_PIP_ARGS:-torch==2.13.0 --index-url https://download.pytorch.org/whl/${TORCH_CUDA_INDEX:-cu128}}"
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"   # the tests and benchmarks are for one GPU
-PY="$VENV/bin/python"
 
 names=() results=() secs=() figures=()
 step() {  # step NAME FIGURE_KEY COMMAND...: run under timeout, log, remember status and the KEY=value figure
@@ -44,13 +46,27 @@ step() {  # step NAME FIGURE_KEY COMMAND...: run under timeout, log, remember st
     return $rc
 }
 
-step "setup (CUDA torch)" "" bash scripts/setup.sh
+if [ -n "${GPU_CHECK_PY:-}" ]; then
+    PY=$GPU_CHECK_PY
+    # shellcheck disable=SC2086  # the --find-links pair is wanted as two words, or none
+    step "install (offline)" "" "$PY" -m pip install --quiet --no-index --no-build-isolation \
+        ${GPU_CHECK_WHEELS:+--find-links "$GPU_CHECK_WHEELS"} -e .
+else
+    export VENV=.venv-gpu
+    export TORCH_PIP_ARGS="${TORCH_PIP_ARGS:-torch==2.13.0 --index-url https://download.pytorch.org/whl/${TORCH_CUDA_INDEX:-cu128}}"
+    PY="$VENV/bin/python"
+    step "setup (CUDA torch)" "" bash scripts/setup.sh
+fi
 step "torch sees a GPU" "" "$PY" -c "
 import torch, sys
 ok = torch.cuda.is_available()
-print(torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if ok else 'NO GPU VISIBLE')
+import zmq, elasticd
+print(torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if ok else 'NO GPU VISIBLE',
+      'pyzmq', zmq.__version__, 'elasticd', elasticd.__file__)
 sys.exit(0 if ok else 1)"
-step "pytest -m cuda" "" "$PY" -m pytest -m cuda -q -s -rs --timeout=600 tests/test_cuda.py
+# shellcheck disable=SC2086  # GPU_CHECK_PYTEST_ARGS is a list of pytest arguments
+step "pytest -m cuda" "" "$PY" -m pytest -m cuda -q -s -rs --timeout=600 ${GPU_CHECK_PYTEST_ARGS:-} tests/test_cuda.py
+STEP_TIMEOUT=$BENCH_TIMEOUT
 step "bench multiplex" "overhead_vs_ideal" "$PY" scripts/bench_multiplex.py --device cuda --threads 0 --cpu -1
 step "bench swap" "swap_vs_memcpy" "$PY" scripts/bench_swap.py --device cuda --mb 512 --slots 32
 step "bench resize" "resize_seconds" "$PY" scripts/bench_resize.py --device-type cuda --repeats 2
