@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,83 @@ def test_a_budget_too_small_for_one_worker_fails_naming_the_rank() -> None:
         run_here(job, 3, 6000)
     assert info.value.rank == 1
     assert DeviceMemoryError.__name__ in info.value.message
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_a_finished_runtime_and_its_private_and_replicated_state_are_freed_once_dropped(deterministic: bool) -> None:
+    """What an agent relies on at a resize (agent/process.py drops the segment's runtime, then collects):
+    nothing keeps a finished runtime, its workers' private tensors or its model alive. A module-level
+    runtime -> store map did, and so did deterministic mode's autograd-node hooks (held in C++), so every
+    resize leaked a whole segment's device state."""
+    refs: list[weakref.ref] = []
+
+    def job(ctx: Any) -> None:
+        model = torch.nn.Linear(8, 4)
+        model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        mine = ctx.private(torch.zeros(4096))
+        refs.extend([weakref.ref(mine), weakref.ref(model.weight)])
+        for _ in ctx.steps(3):
+            opt.zero_grad()
+            model(torch.ones(2, 8) + mine[:8]).sum().backward()
+            opt.step()
+            mine.add_(1)
+
+    runtime = Runtime(job, 2, hosted_ranks(2, 1, 0), PhysicalGroup(0, 1, CPU), CPU, deterministic)
+    attach(runtime, 4096 * 4 + 10_000)  # room for one worker's private state: the store swaps
+    runtime.run()
+    assert runtime.private_store.stats.bytes_moved > 0
+    dropped = weakref.ref(runtime)
+    del runtime
+    gc.collect()
+    assert dropped() is None, [type(r).__name__ for r in gc.get_referrers(dropped())]
+    assert len(refs) == 4 and all(r() is None for r in refs)
+
+
+SEGMENTS_JOB = """
+import gc
+import os
+
+import torch
+
+import elasticd
+from elasticd.agent.slicer.runtime import Runtime
+
+
+@elasticd.elastic(workers=4, deterministic=os.environ["JOB_DETERMINISTIC"] == "1")
+def train(ctx):
+    model = torch.nn.Linear(8, 4)
+    model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    mine = ctx.private(torch.zeros(16384))
+    gc.collect()
+    alive = sum(isinstance(o, Runtime) for o in gc.get_objects())
+    with open(os.path.join(os.environ["JOB_OUT"], f"alive-{os.getpid()}-{ctx.rank}"), "a") as f:
+        f.write(f"{alive}\\n")
+    for step in ctx.steps(9):
+        opt.zero_grad()
+        model(torch.ones(2, 8) + mine[:8]).sum().backward()
+        opt.step()
+        mine.add_(1)
+"""
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_each_resize_frees_the_segment_before_it(tmp_path: Path, deterministic: bool) -> None:
+    """2 -> 1 -> 2 agents: every registration of private state, in every segment on every agent, finds
+    exactly one runtime alive in its process: the old segments' models and private tensors were freed.
+    Deterministic mode hooks every parameter's autograd node, whose hooks live in C++ (found on a GPU:
+    each resize kept the finished segment's device state, agent/replicated/group.py `_weakly`)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(SEGMENTS_JOB))
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "elasticd", "run", str(script), "--devices", "2", "--scale-at", "3:1,6:2"]
+    env = {**os.environ, "JOB_OUT": str(out), "JOB_DETERMINISTIC": "1" if deterministic else "0"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = {f.name: f.read_text().split() for f in out.iterdir()}
+    segments = sum(len(c) for c in counts.values())
+    assert segments == 12, counts  # 4 ranks in each of the 3 segments
+    assert all(c == "1" for v in counts.values() for c in v), counts
 
 
 JOB = """

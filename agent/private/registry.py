@@ -395,15 +395,12 @@ class PrivateStore:
         return None
 
 
-_stores: weakref.WeakKeyDictionary[Any, PrivateStore] = weakref.WeakKeyDictionary()
-
-
 def attach(runtime: Runtime, budget: int | None = None, *, dedup: bool = True, prefetch: bool = True) -> PrivateStore:
     """The private-state store of `runtime`, created (with its switch and end listeners) on first use.
 
     `budget` is the device's `--device-memory` in bytes; None = the default policy (module docstring).
     """
-    store = _stores.get(runtime)
+    store: PrivateStore | None = runtime.private_store
     if store is not None:
         if budget is not None and budget != store.budget:
             raise RuntimeError(f"private state of this runtime already has a budget of {store.budget} bytes")
@@ -413,7 +410,7 @@ def attach(runtime: Runtime, budget: int | None = None, *, dedup: bool = True, p
 
         budget = default_budget(runtime.device)
     store = PrivateStore(runtime.device, budget, dedup=dedup, prefetch=prefetch, runtime=runtime)
-    _stores[runtime] = store
+    runtime.private_store = store
     runtime.switch_listeners.append(store.on_switch)
     runtime.end_listeners.append(store.on_end)
     log.info("private state on %s: budget %s", runtime.device, "none" if budget is None else f"{budget} bytes")

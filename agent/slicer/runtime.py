@@ -108,6 +108,10 @@ class Runtime:
         # Called when the workers stop: after the run, and when one fails before the others unwind through
         # user code (swapped-out private state must be back in the user's tensors by then). Idempotent.
         self.end_listeners: list[Callable[[], None]] = []
+        # The ctx.private store (agent/private/registry.py `attach`), held by the runtime it belongs to:
+        # a module-level map from runtime to store kept every finished segment alive, since the store
+        # reaches its runtime through the workers it records.
+        self.private_store: Any = None
         install_backward_hook()
         tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
