@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from util import JOBS, assert_same_run, max_rel_diff, wait_until
+from util import JOBS, assert_same_run, cli, max_rel_diff, wait_until
 
 from elasticd.agent.proc_name import agents_under
 
@@ -46,10 +46,10 @@ def run_job(tmp: Path, name: str, devices: int = 1, device_type: str = "cuda", e
     full_env = {"ELASTICD_TEST_WORKERS": str(WORKERS), "ELASTICD_TEST_STEPS": str(STEPS),
                 "ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt"),
                 "ELASTICD_TEST_PRIVATE_MB": str(PRIVATE_MB), **(env or {})}
-    cli = ["run", str(job), "--workers", str(WORKERS), "--devices", str(devices), "--device-type", device_type,
-           "--summary", str(out / "summary.json"), *args]
-    run = cli(*cli, env=full_env, timeout=RUN_TIMEOUT)
-    assert run.code == 0, f"`elasticd {' '.join(cli)}` exited {run.code}:\n{run.output[-5000:]}"
+    argv = ["run", str(job), "--workers", str(WORKERS), "--devices", str(devices), "--device-type", device_type,
+            "--summary", str(out / "summary.json"), *args]
+    run = cli(*argv, env=full_env, timeout=RUN_TIMEOUT)
+    assert run.code == 0, f"`elasticd {' '.join(argv)}` exited {run.code}:\n{run.output[-5000:]}"
     if job == JOB:
         peaks = {r: peak(out, r) for r in range(WORKERS)}
         print(f"{name}: {run.seconds:.1f}s, peak device memory by rank's agent (MiB): "
@@ -138,6 +138,33 @@ def test_resize_2_1_2_with_two_agents_on_one_gpu(det_m1: Path, tmp_path: Path) -
     assert_bitwise(out, det_m1)
     slack = PRIVATE_MB * 2**20  # one rank's private tensor; a device copy of the snapshot would be 4
     assert peak(out, 0)["max_memory_allocated"] <= peak(det_m1, 0)["max_memory_allocated"] + slack
+
+
+def test_device_memory_is_the_private_state_plus_one_blas_workspace(det_m1: Path) -> None:
+    """N hosted workers hold one cuBLAS workspace between them, not one each (a worker thread's handle gets
+    its own; agent/slicer/device.py frees the outgoing worker's), and swapping a slot out takes no
+    temporary near its size (the dedup checksum's column sums once took twice the slot). The autograd
+    engine's device thread, which runs every worker's backward, has a handle and a workspace of its own."""
+    private = WORKERS * PRIVATE_MB * 2**20
+    room = (2 * (32 + 1) + 16) * 2**20  # forward's and backward's cuBLAS(Lt) workspaces, activations, rounding
+    got = peak(det_m1, 0)["max_memory_allocated"]
+    assert got <= private + room, f"peak {got / 2**20:.1f} MiB: private state {private / 2**20:.0f} MiB + more"
+
+
+def test_the_swap_checksum_of_a_slot_takes_little_device_memory_and_matches_the_cpu_one() -> None:
+    from elasticd.agent.private.swap_cuda import cuda_checksum
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    data = torch.randint(0, 256, (PRIVATE_MB * 2**20 + 77,), dtype=torch.uint8, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = cuda_checksum(data)
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra <= 4 * 2**20, f"the checksum of a {PRIVATE_MB} MiB slot took {extra / 2**20:.1f} MiB more"
+    assert got == cuda_checksum(data.cpu())  # the same int64 sums, exact on both devices
+    data[12345] ^= 1
+    assert cuda_checksum(data) != got
 
 
 def test_a_daemon_job_on_a_forked_spare_is_bitwise_the_elasticd_run_one(det_m1: Path, cluster, tmp_path: Path) -> None:

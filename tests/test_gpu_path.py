@@ -114,3 +114,14 @@ def test_deterministic_mode_on_cuda_fixes_kernels_cublas_workspace_and_cudnn(glo
     mine = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}  # the other reproducible setting, exported by the user
     set_deterministic(torch.device("cuda", 0), True, environ=mine)
     assert mine == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+
+
+@pytest.mark.parametrize("rows", [1, 63, 64, 65, 200, 8192, 8193, 40000])
+def test_the_cuda_checksum_sums_columns_in_groups_to_exactly_the_plain_sum(rows: int) -> None:
+    """agent/private/swap_cuda.py sums a slot's columns in groups of rows (the plain `sum(dim=0)` took a
+    CUDA buffer twice the slot's size); int64 sums wrap, so any grouping must give the same bits."""
+    from elasticd.agent.private.swap_cuda import _ROW, column_sums
+
+    g = torch.Generator().manual_seed(rows)
+    bulk = torch.randint(-2**62, 2**62, (rows, _ROW), dtype=torch.int64, generator=g)
+    assert torch.equal(column_sums(bulk), bulk.sum(dim=0))

@@ -1,8 +1,8 @@
 """Slots of a CUDA device: pinned host buffers, copies on a side stream, events for ordering.
 
-NOT RUN HERE: the development machine has no GPU, so this file has only been read, not executed. It follows
-the rules the CUDA caching allocator and stream semantics impose, with the same interface as
-`elasticd.agent.private.swap.CpuMover`:
+Run on an H200 in session 18 (tests/test_cuda.py: swapping bitwise equal to an unbudgeted run, also
+under a side stream). It follows the rules the CUDA caching allocator and stream semantics impose, with
+the same interface as `elasticd.agent.private.swap.CpuMover`:
 
 - The workers' kernels run on the device's current stream of their thread (the default stream unless the
   user sets one). A copy on the side stream first waits for that stream, so it reads what the outgoing
@@ -32,6 +32,7 @@ import torch
 from elasticd.agent.private.swap import Slot, weights
 
 _ROW = 512
+_GROUP_ROWS = 64
 
 
 def default_budget(device: torch.device) -> int:
@@ -41,15 +42,15 @@ def default_budget(device: torch.device) -> int:
 
 
 def cuda_checksum(data: torch.Tensor) -> int:
-    """Row and column sums of the int64 view, each weighted by position (CUDA has no int64 `mv`); two
-    reductions without a temporary the size of the slot, one device-to-host read."""
+    """Row and column sums of the int64 view, each weighted by position (CUDA has no int64 `mv`), with no
+    temporary near the size of the slot, and one device-to-host read."""
     n = data.numel()
     rows = n // (8 * _ROW)
     parts = [torch.tensor(n, dtype=torch.int64, device=data.device)]
     if rows:
         bulk = data[: rows * 8 * _ROW].view(torch.int64).view(rows, _ROW)
         parts.append((bulk.sum(dim=1) * weights(rows, 3, data.device)).sum())
-        parts.append((bulk.sum(dim=0) * weights(_ROW, 1, data.device)).sum())
+        parts.append((column_sums(bulk) * weights(_ROW, 1, data.device)).sum())
     rest = data[rows * 8 * _ROW:]
     if rest.numel():
         parts.append((rest.to(torch.int64) * weights(rest.numel(), 5, data.device)).sum())
@@ -57,6 +58,25 @@ def cuda_checksum(data: torch.Tensor) -> int:
     for v in torch.stack(parts).tolist():
         h = ((h * 0x100000001B3) ^ v) & ((1 << 64) - 1)
     return h
+
+
+def column_sums(bulk: torch.Tensor) -> torch.Tensor:
+    """`bulk.sum(dim=0)` of a (rows, _ROW) int64 tensor, in two stages.
+
+    One reduction of many rows to _ROW outputs makes torch's CUDA kernel split each column over many
+    blocks through a global buffer: measured on an H200, 64 MiB of it for a 32 MiB slot, twice the state
+    being swapped out. Groups of rows summed first leave enough outputs for one block each, and the small
+    (groups, _ROW) result is summed after. Integer sums wrap, so the grouping does not change the result.
+    """
+    rows = bulk.shape[0]
+    group = max(_GROUP_ROWS, rows // _ROW)  # at most _ROW groups: the intermediate stays <= 2 MiB
+    whole = rows - rows % group
+    sums = torch.zeros(_ROW, dtype=torch.int64, device=bulk.device)
+    if whole:
+        sums += bulk[:whole].view(whole // group, group, _ROW).sum(dim=1).sum(dim=0)
+    if whole < rows:
+        sums += bulk[whole:].sum(dim=0)
+    return sums
 
 
 class CudaMover:

@@ -1,6 +1,6 @@
 """What a worker thread must do about its CUDA device: select it, and order its work after a hand-over.
 
-NOT RUN HERE (no GPU on the development machine); written to torch's documented semantics:
+Written to torch's documented semantics, and run on an H200 in session 18 (tests/test_cuda.py):
 
 - The current CUDA device and the current stream are per thread. `torch.cuda.set_device` in the agent's
   main thread does not reach the worker threads, which would otherwise allocate on and launch to GPU 0:
@@ -37,10 +37,23 @@ def enter_thread(device: torch.device | None) -> None:
 
 
 def record_handover(device: torch.device | None) -> Any:
-    """In the outgoing thread, once the hand-over's own work is queued: an event on its current stream."""
+    """In the outgoing thread, once the hand-over's own work is queued: an event on its current stream.
+
+    The outgoing worker's cuBLAS workspace goes back to the caching allocator here. Every worker thread has
+    a cuBLAS handle of its own and torch keeps a workspace per handle and stream (32 MiB on an H200), so N
+    hosted workers held N workspaces, unaccounted by --device-memory, though one computes at a time. The
+    next worker's first matmul takes a workspace of the same size again, from the allocator's cache on
+    the same stream (a free is stream-ordered, so a kernel still using the block finishes first). The size
+    is unchanged, so cuBLAS picks the same algorithms and deterministic results stay bitwise.
+    """
     if device is None or device.type != "cuda":
         return None
+    _clear_blas_workspaces()
     return torch.cuda.current_stream(device).record_event()
+
+
+# torch's own API for it (its test harness calls it between tests); absent from builds without CUDA.
+_clear_blas_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)
 
 
 def wait_handover(device: torch.device | None, event: Any) -> None:
@@ -60,8 +73,8 @@ def set_deterministic(device: torch.device, deterministic: bool,
                       environ: MutableMapping[str, str] | None = None) -> None:
     """Deterministic mode's per-process switches for a CUDA device (CPU: threads are pinned elsewhere).
 
-    Only in deterministic mode: every worker thread gets its own cuBLAS handle and workspace, so a larger
-    fixed workspace costs N times its size. A value the user exported is kept.
+    Only in deterministic mode. A value of CUBLAS_WORKSPACE_CONFIG the user exported is kept (one workspace
+    of that size is held at a time: `record_handover` frees the outgoing worker's).
     """
     if device.type != "cuda" or not deterministic:
         return

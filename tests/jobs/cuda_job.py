@@ -9,7 +9,9 @@ is per thread).
 
 Env: ELASTICD_TEST_WORKERS (4), ELASTICD_TEST_STEPS (12), ELASTICD_TEST_DETERMINISTIC (0/1),
 ELASTICD_TEST_DROPOUT (0.3), ELASTICD_TEST_STREAM (1: compute under `torch.cuda.stream(s)`),
-ELASTICD_TEST_PRIVATE_MB (32: each rank's private tensor, which --device-memory makes swap).
+ELASTICD_TEST_PRIVATE_MB (32: each rank's private tensor, which --device-memory makes swap),
+ELASTICD_TEST_MEMORY_HISTORY (a path: rank 0 dumps its agent's CUDA allocation history there, with the
+stack of every allocation, for `torch.cuda.memory._snapshot` readers; recording starts at import).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ STREAM = os.environ.get("ELASTICD_TEST_STREAM", "0") == "1"
 PRIVATE_MB = int(os.environ.get("ELASTICD_TEST_PRIVATE_MB", "32"))
 BATCH = 16
 NOISE_SEED = 1000  # + rank: every rank's CUDA stream differs, so a stream shared between workers shows
+HISTORY = os.environ.get("ELASTICD_TEST_MEMORY_HISTORY")
+if HISTORY:
+    torch.cuda.memory._record_memory_history(max_entries=500_000)
 
 
 @elasticd.elastic(workers=WORKERS, deterministic=DETERMINISTIC)
@@ -72,6 +77,8 @@ def train(ctx) -> None:
     peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
     with open(os.path.join(log_dir, f"peak{ctx.rank}.json"), "w") as f:
         json.dump({"max_memory_allocated": peak, "swap": stats(ctx).as_dict()}, f)
+    if HISTORY and ctx.rank == 0:
+        torch.cuda.memory._dump_snapshot(HISTORY)
     if ctx.rank == 0:
         torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, os.environ["ELASTICD_TEST_OUT"])
 
