@@ -28,6 +28,7 @@ LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
     ("bench_daemon_grow.py", "daemon_grow_ratio"),
     ("bench_recovery.py", "recovery_seconds"),
     ("bench_torchrun_mode.py", "torchrun_mode_vs_torchrun"),
+    ("bench_resize_memory.py", "rss_last_vs_first_resize"),
 ])
 def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--quick"], cwd=REPO,
@@ -42,7 +43,8 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py",
-                                    "bench_resize.py", "bench_daemon_grow.py", "bench_torchrun_mode.py"])
+                                    "bench_resize.py", "bench_daemon_grow.py", "bench_torchrun_mode.py",
+                                    "bench_resize_memory.py"])
 def test_help_explains(script: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "-h"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
