@@ -36,8 +36,9 @@ _GROUP_ROWS = 64
 
 
 def default_budget(device: torch.device) -> int:
-    """Without --device-memory: 90% of the device for replicated plus private state. Activations and the
-    allocator's slack are not accounted, hence the margin; pass --device-memory for a tighter bound."""
+    """Without --device-memory: 90% of the device for replicated plus private state. Activations, cuBLAS
+    workspaces and the allocator's slack are not accounted, hence the margin; pass --device-memory for a
+    tighter bound."""
     return int(torch.cuda.get_device_properties(device).total_memory * 0.9)
 
 
