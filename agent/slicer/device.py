@@ -73,8 +73,9 @@ def set_deterministic(device: torch.device, deterministic: bool,
                       environ: MutableMapping[str, str] | None = None) -> None:
     """Deterministic mode's per-process switches for a CUDA device (CPU: threads are pinned elsewhere).
 
-    Only in deterministic mode. A value of CUBLAS_WORKSPACE_CONFIG the user exported is kept (one workspace
-    of that size is held at a time: `record_handover` frees the outgoing worker's).
+    Only in deterministic mode. A value of CUBLAS_WORKSPACE_CONFIG the user exported is kept (workspaces of
+    that size are held by the running worker's thread and the autograd engine's, not by every worker:
+    `record_handover` frees the outgoing worker's).
     """
     if device.type != "cuda" or not deterministic:
         return

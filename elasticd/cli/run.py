@@ -113,7 +113,8 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="Per-device budget for replicated plus worker-private state (ctx.private); private "
                    "state beyond it is swapped to host memory between turns. Activations, cuBLAS "
-                   "workspaces (one held at a time, 32 MiB on Hopper) and allocator slack come on top.")
+                   "workspaces (the running worker's and autograd's, 32 MiB each on Hopper) and allocator "
+                   "slack come on top.")
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), default="",
               help="Where each resize's snapshot is kept until a step completed after it, so a resize that "
                    "fails half-way restarts from it (default: a private directory in /dev/shm, host memory).")
