@@ -140,7 +140,7 @@ def test_resize_2_1_2_with_two_agents_on_one_gpu(det_m1: Path, tmp_path: Path) -
     assert peak(out, 0)["max_memory_allocated"] <= peak(det_m1, 0)["max_memory_allocated"] + slack
 
 
-def test_device_memory_is_the_private_state_plus_one_blas_workspace(det_m1: Path) -> None:
+def test_device_memory_is_the_private_state_plus_blas_workspaces_not_one_per_worker(det_m1: Path) -> None:
     """N hosted workers hold one cuBLAS workspace between them, not one each (a worker thread's handle gets
     its own; agent/slicer/device.py frees the outgoing worker's), and swapping a slot out takes no
     temporary near its size (the dedup checksum's column sums once took twice the slot). The autograd
