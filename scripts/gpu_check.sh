@@ -11,8 +11,8 @@
 # 2. `pytest -m cuda` (tests/test_cuda.py: equivalence with the CPU run, deterministic bits, per-worker
 #    CUDA RNG, --device-memory swapping with and without a side stream, resize 2->1->2 on one GPU, the
 #    roll-back with --restore-epoch; peak device memory printed per run);
-# 3. the benchmarks that take a device, on cuda:0: multiplexing overhead, swap vs memcpy with pinned
-#    buffers, live resize;
+# 3. the benchmarks that take a device, on cuda:0: multiplexing overhead (with and without freeing each
+#    outgoing worker's cuBLAS workspace), swap vs memcpy with pinned buffers, live resize;
 # then one summary table. Every step runs under `timeout` (STEP_TIMEOUT, 10 minutes; BENCH_TIMEOUT for
 # each benchmark); GPU_CHECK_PYTEST_ARGS adds to pytest's (-n 4 runs the tests side by side). Logs go to
 # $GPU_CHECK_LOGS (default gpu-check-logs/). Exit status: 0 only if every step passed.
@@ -67,7 +67,14 @@ sys.exit(0 if ok else 1)"
 # shellcheck disable=SC2086  # GPU_CHECK_PYTEST_ARGS is a list of pytest arguments
 step "pytest -m cuda" "" "$PY" -m pytest -m cuda -q -s -rs --timeout=600 ${GPU_CHECK_PYTEST_ARGS:-} tests/test_cuda.py
 STEP_TIMEOUT=$BENCH_TIMEOUT
-step "bench multiplex" "overhead_vs_ideal" "$PY" scripts/bench_multiplex.py --device cuda --threads 0 --cpu -1
+# Twice each way, alternating: freeing the outgoing worker's cuBLAS workspace at every hand-over (the
+# default) against keeping every worker's (ELASTICD_KEEP_BLAS_WORKSPACES=1); session 18's one round each
+# could not tell them apart from the noise.
+for round in 1 2; do
+    step "bench multiplex $round" "overhead_vs_ideal" "$PY" scripts/bench_multiplex.py --device cuda --threads 0 --cpu -1
+    step "bench multiplex kept $round" "overhead_vs_ideal" env ELASTICD_KEEP_BLAS_WORKSPACES=1 \
+        "$PY" scripts/bench_multiplex.py --device cuda --threads 0 --cpu -1
+done
 step "bench swap" "swap_vs_memcpy" "$PY" scripts/bench_swap.py --device cuda --mb 512 --slots 32
 step "bench resize" "resize_seconds" "$PY" scripts/bench_resize.py --device-type cuda --repeats 2
 

@@ -52,8 +52,14 @@ def record_handover(device: torch.device | None) -> Any:
     return torch.cuda.current_stream(device).record_event()
 
 
+def _keep_blas_workspaces() -> None:
+    pass
+
+
 # torch's own API for it (its test harness calls it between tests); absent from builds without CUDA.
-_clear_blas_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)
+# ELASTICD_KEEP_BLAS_WORKSPACES=1 keeps every worker's, for scripts/gpu_check.sh to time the difference.
+_clear_blas_workspaces = (_keep_blas_workspaces if os.environ.get("ELASTICD_KEEP_BLAS_WORKSPACES") == "1"
+                          else getattr(torch._C, "_cuda_clearCublasWorkspaces", _keep_blas_workspaces))
 
 
 def wait_handover(device: torch.device | None, event: Any) -> None:
