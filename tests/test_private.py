@@ -229,7 +229,11 @@ from elasticd.agent.slicer.runtime import Runtime
 @elasticd.elastic(workers=4, deterministic=os.environ["JOB_DETERMINISTIC"] == "1")
 def train(ctx):
     model = torch.nn.Linear(8, 4)
-    model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if os.environ["JOB_DDP"] == "1":   # a torch DDP model inside the function: elasticd's logical DDP
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
     mine = ctx.private(torch.zeros(16384))
     gc.collect()
     alive = sum(isinstance(o, Runtime) for o in gc.get_objects())
@@ -243,18 +247,21 @@ def train(ctx):
 """
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-def test_each_resize_frees_the_segment_before_it(tmp_path: Path, deterministic: bool) -> None:
+@pytest.mark.parametrize(("deterministic", "ddp"), [(False, False), (True, False), (False, True)],
+                         ids=["default", "deterministic", "ddp-inside"])
+def test_each_resize_frees_the_segment_before_it(tmp_path: Path, deterministic: bool, ddp: bool) -> None:
     """2 -> 1 -> 2 agents: every registration of private state, in every segment on every agent, finds
     exactly one runtime alive in its process: the old segments' models and private tensors were freed.
     Deterministic mode hooks every parameter's autograd node, whose hooks live in C++ (found on a GPU:
-    each resize kept the finished segment's device state, agent/replicated/group.py `_weakly`)."""
+    each resize kept the finished segment's device state); so does a DDP model's post-accumulate-grad hook
+    (agent/replicated/weak_hooks.py)."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SEGMENTS_JOB))
     out = tmp_path / "out"
     out.mkdir()
     cmd = [sys.executable, "-m", "elasticd", "run", str(script), "--devices", "2", "--scale-at", "3:1,6:2"]
-    env = {**os.environ, "JOB_OUT": str(out), "JOB_DETERMINISTIC": "1" if deterministic else "0"}
+    env = {**os.environ, "JOB_OUT": str(out), "JOB_DETERMINISTIC": "1" if deterministic else "0",
+           "JOB_DDP": "1" if ddp else "0"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = {f.name: f.read_text().split() for f in out.iterdir()}

@@ -22,7 +22,6 @@ swapped in; only temporary flat buffers cross the flush.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.utils._pytree import tree_map_only
 
 from elasticd.agent.replicated.flat import by_dtype, flatten_grads, scatter_back, unflatten_grads
+from elasticd.agent.replicated.weak_hooks import weakly
 from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:
@@ -78,15 +78,14 @@ class LogicalDDP(torch.nn.Module):
         self._expect_sync = False  # a forward asked for the next backward to average gradients
         self._touched = False      # a backward since the last check accumulated into our parameters
         for p in self._params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
+            p.register_post_accumulate_grad_hook(weakly(self._on_grad))
         if init_sync:
             states = [p for n, p in module.named_parameters() if n not in self._ignored]
             if init_buffers:
                 states += self._sync_buffers_list()
             self._broadcast_from_rank0(states)
         _register_private(self._ctx, module)
-        me = weakref.ref(self)  # the worker's hook list must not keep a dropped model alive
-        worker.backward_hooks.append(lambda: _call_after_backward(me))
+        worker.backward_hooks.append(weakly(self._after_backward))  # a dropped model must be let go
 
     # -- forward: DDP's buffer sync and its decision whether the next backward averages ------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -161,12 +160,6 @@ class LogicalDDP(torch.nn.Module):
                 work.wait()
             for flat, ts in zip(flats, groups, strict=True):
                 scatter_back(flat, ts)
-
-
-def _call_after_backward(ref: weakref.ref[LogicalDDP]) -> None:
-    model = ref()
-    if model is not None:
-        model._after_backward()
 
 
 def _check_options(process_group: Any, options: dict[str, Any]) -> None:

@@ -11,8 +11,6 @@ update"). Buffers follow DDP's `broadcast_buffers=True`: logical rank 0's win.
 
 from __future__ import annotations
 
-import functools
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +20,7 @@ from elasticd.agent.replicated.flat import by_dtype, scatter_back
 from elasticd.agent.replicated.ledger import GradLedger
 from elasticd.agent.replicated.once import OncePerStep
 from elasticd.agent.replicated.views import ReplicatedOptimizer, ReplicatedScheduler
+from elasticd.agent.replicated.weak_hooks import weakly
 from elasticd.agent.resize.snapshot import GroupSnapshot
 
 if TYPE_CHECKING:
@@ -77,9 +76,9 @@ class ReplicatedGroup:
         """Register or remove the per-parameter hooks: before accumulation (judge, then scale the common
         average or copy deterministic mode's base) and after it (note the new version, fill a bucket)."""
         self._pre_handles = _toggled(self._pre_handles, pre, lambda: [
-            node.register_prehook(_weakly(self._before_grad, i)) for i, node in enumerate(self._accumulators)])
+            node.register_prehook(weakly(self._before_grad, i)) for i, node in enumerate(self._accumulators)])
         self._post_handles = _toggled(self._post_handles, post, lambda: [
-            p.register_post_accumulate_grad_hook(_weakly(self._on_grad, i)) for i, p in enumerate(self.params)])
+            p.register_post_accumulate_grad_hook(weakly(self._on_grad, i)) for i, p in enumerate(self.params)])
 
     def before_backward(self, rank: int) -> None:
         """Default mode, a worker's outermost backward pass starts: judge what it changed since the runtime
@@ -178,18 +177,3 @@ def _toggled(handles: list[Any], on: bool, register: Callable[[], list[Any]]) ->
     for h in handles:
         h.remove()
     return []
-
-
-def _weakly(method: Callable[..., Any], *args: Any) -> Callable[..., Any]:
-    """`functools.partial(method, *args)` holding the method's object weakly, for hooks torch keeps in C++.
-
-    An autograd node keeps its pre-hooks in C++, where Python's collector cannot follow them: a hook that
-    held the group strongly made group -> node -> hook -> group a cycle the collector cannot free, so every
-    resize in deterministic mode kept the whole finished segment (model, optimizer, private state) alive.
-    """
-    return functools.partial(_call_weakly, weakref.WeakMethod(method), args)
-
-
-def _call_weakly(ref: weakref.WeakMethod, args: tuple[Any, ...], *rest: Any) -> Any:
-    method = ref()
-    return None if method is None else method(*args, *rest)
