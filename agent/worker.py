@@ -49,11 +49,12 @@ class Worker:
     metrics: dict[str, Any] = field(default_factory=dict)
     loaders: list[ResumableBatches] = field(default_factory=list)
     private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
-    # Optimizers, LR schedulers and GradScalers this worker's thread built, in creation order, and the ids
-    # of those ctx.replicate / ctx.private carry themselves (agent/slicer/carried.py).
+    # Optimizers, LR schedulers, GradScalers and model averages/copies this worker's thread built, in creation
+    # order, and the ids of those ctx.replicate / ctx.private carry themselves (agent/slicer/carried.py).
     created: list[Any] = field(default_factory=list)
     registered: set[int] = field(default_factory=set)
     carried_restore: CarriedRestore | None = None  # resuming: their saved states, until the first boundary
+    constructing: int = 0   # inside such an object's constructor: the copies it makes are part of it
     loader_tracks: LoaderTracks | None = None      # plain DataLoader iterators (agent/slicer/loader_tracking.py)
     entered_steps: bool = False                    # ctx.steps has started in this run of the function
     # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped

@@ -76,7 +76,7 @@ def test_scale_at_resizes_after_the_step_asked_for_and_the_summary_says_so(forgo
 def test_a_state_no_snapshot_can_hold_fails_the_resize_naming_the_object(tmp_path: Path) -> None:
     run = _run("forgot_unsavable", tmp_path, "--devices", "2", "--scale-at", "3:1")
     assert run.code == 1, run.output
-    assert "RuleLR (object #3 of the optimizers/schedulers/scalers logical rank" in run.output, run.output
+    assert "RuleLR (object #3 of the optimizers/schedulers/scalers/model copies logical rank" in run.output, run.output
     assert "'rule'" in run.output and "function" in run.output, run.output
 
 

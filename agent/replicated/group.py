@@ -65,8 +65,8 @@ class ReplicatedGroup:
         self._hook(runtime.deterministic, runtime.deterministic)
         runtime.switch_listeners.append(self._on_switch)
         if self.buffers:
-            model.register_forward_pre_hook(self._guard_buffers)
-            model.register_forward_hook(self._restore_buffers)
+            model.register_forward_pre_hook(_ThisModelOnly(self._guard_buffers))
+            model.register_forward_hook(_ThisModelOnly(self._restore_buffers))
         self._saved_buffers: list[torch.Tensor] | None = None
         # What workers get back from ctx.replicate: views whose updates run once per physical step.
         self.opt_view = ReplicatedOptimizer(self, runtime) if optimizer is not None else None
@@ -177,3 +177,33 @@ def _toggled(handles: list[Any], on: bool, register: Callable[[], list[Any]]) ->
     for h in handles:
         h.remove()
     return []
+
+
+class _ThisModelOnly:
+    """A forward hook of the replicated model that a copy of the model does not inherit.
+
+    `copy.deepcopy(model)` (an EMA, `AveragedModel`) copies the module's hook dicts: a bound method there
+    deep-copied the whole group, process group included, which cannot be copied, and the copy's forward
+    would have guarded the replicated buffers. A copy, or a pickle, gets a hook that does nothing instead.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __deepcopy__(self, _memo: dict[int, Any]) -> _NoHook:
+        return _NoHook()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return _NoHook, ()
+
+
+class _NoHook:
+    """What a copy of the replicated model has where the original has a `_ThisModelOnly` hook."""
+
+    def __call__(self, *_args: Any) -> None:
+        return None

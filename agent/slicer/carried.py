@@ -1,18 +1,29 @@
-"""Optimizers, LR schedulers and GradScalers a worker made but never registered, carried across resizes.
+"""Optimizers, LR schedulers, GradScalers and model averages a worker made but never registered, carried
+across resizes.
 
-Users write `opt = AdamW(...)`, `sched = StepLR(opt, ...)`, `scaler = GradScaler(...)` and never pass them
-to `ctx.replicate` / `ctx.private`. Under DDP nothing is lost; here the function is re-entered after a
-resize and would build them again from scratch (Adam's moments gone, the LR back to its start). So their
-construction is hooked: made inside a worker thread, each is remembered in that worker's creation order,
-its `state_dict()` goes into the worker's snapshot, and on re-entry the k-th saved state is loaded into the
-k-th object the rank creates, which must be of the same type. Loading waits for the start of `ctx.steps`:
-by then the function has built them all, and a scheduler's constructor (which sets the LR) cannot undo it.
-An object whose state a snapshot cannot hold fails the resize with an error naming it.
+Users write `opt = AdamW(...)`, `sched = StepLR(opt, ...)`, `scaler = GradScaler(...)`, an EMA as
+`AveragedModel(model, ...)` or `copy.deepcopy(model)`, and never pass them to `ctx.replicate` /
+`ctx.private`. Under DDP nothing is lost; here the function is re-entered after a resize and would build
+them again from scratch (Adam's moments gone, the LR back to its start, the EMA back to the current
+weights). So their construction is hooked: made inside a worker thread, each is remembered in that
+worker's creation order, its `state_dict()` goes into the worker's snapshot, and on re-entry the k-th
+saved state is loaded into the k-th object the rank creates, which must be of the same type. Loading waits
+for the start of `ctx.steps`: by then the function has built them all, and a scheduler's constructor (which
+sets the LR) cannot undo it. An object whose state a snapshot cannot hold fails the resize with an error
+naming it.
+
+Deep copies of modules are tracked when made before `ctx.steps` began (an EMA copy, made before or after
+`ctx.replicate`): the function makes them again on re-entry. A copy made inside the loop (a best-so-far
+model) is a plain variable, as documented for those; so are copies made outside a worker thread.
 """
 
 from __future__ import annotations
 
+import copy
+import copyreg
 import functools
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +44,8 @@ class NotCarried(RuntimeError):
 
 def _kinds() -> list[tuple[str, type]]:
     return [("optimizer", torch.optim.Optimizer), ("LR scheduler", torch.optim.lr_scheduler.LRScheduler),
-            ("LR scheduler", torch.optim.lr_scheduler.ReduceLROnPlateau), ("GradScaler", torch.amp.GradScaler)]
+            ("LR scheduler", torch.optim.lr_scheduler.ReduceLROnPlateau), ("GradScaler", torch.amp.GradScaler),
+            ("averaged model", torch.optim.swa_utils.AveragedModel)]
 
 
 def kind_of(obj: Any) -> str:
@@ -45,7 +57,8 @@ def kind_of(obj: Any) -> str:
 
 def describe(obj_type: str, rank: int, index: int) -> str:
     """How errors name an object: its type, and which object the rank created it as (1-based)."""
-    return f"{obj_type} (object #{index + 1} of the optimizers/schedulers/scalers logical rank {rank} created)"
+    return (f"{obj_type} (object #{index + 1} of the optimizers/schedulers/scalers/model copies logical rank {rank} "
+            f"created)")
 
 
 def _hook(cls: type) -> None:
@@ -61,7 +74,12 @@ def _hook(cls: type) -> None:
         outermost = w is not None and not any(o is self for o in w.created[-1:])
         if outermost and w is not None:
             w.created.append(self)
-        original(self, *args, **kwargs)
+            w.constructing += 1   # AveragedModel deep-copies its model: that copy is part of this object
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            if outermost and w is not None:
+                w.constructing -= 1
         if outermost and w is not None and w.entered_steps and w.carried_restore is not None:
             # Made after the start of ctx.steps on a resumed worker: load its saved state now.
             w.carried_restore.created(w, self)
@@ -82,6 +100,48 @@ def install() -> None:
         if cls.__module__.startswith("torch.") or cls in (c for _, c in _kinds()):
             _hook(cls)
             todo.extend(cls.__subclasses__())
+    _install_module_deepcopy()
+
+
+class _Copy:
+    """A module a worker deep-copied before its loop (see the module docstring), held weakly: tracking a copy
+    the function dropped must not keep it alive. Its slot stays, so that creation order still matches."""
+
+    __slots__ = ("ref", "type_name")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.ref = weakref.ref(module)
+        self.type_name = f"copy of a {type(module).__qualname__}"
+
+
+_copying = threading.local()   # inside a tracked module's deep copy: its submodules are part of it
+
+
+def _module_deepcopy(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Module:
+    """What `copy.deepcopy` does for a module (it defines no __deepcopy__ of its own), and remembers the
+    copies a worker makes before its loop."""
+    w = current_worker()
+    track = w is not None and not w.entered_steps and w.constructing == 0 and not getattr(_copying, "active", False)
+    if track:
+        _copying.active = True
+    try:
+        reductor = copyreg.dispatch_table.get(type(self))
+        rv = reductor(self) if reductor is not None else self.__reduce_ex__(4)
+        y = copy._reconstruct(self, memo, *rv)  # type: ignore[attr-defined]  # deepcopy's own path
+    finally:
+        if track:
+            _copying.active = False
+    if track and w is not None and (y._parameters or y._buffers or y._modules):
+        w.created.append(_Copy(y))
+    return y
+
+
+def _install_module_deepcopy() -> None:
+    # Only where torch leaves Module.__deepcopy__ undefined and `copy` has the reconstruction step deepcopy
+    # uses for it; a subclass with a __deepcopy__ of its own (fx's GraphModule) keeps it and is not tracked.
+    if "__deepcopy__" in vars(torch.nn.Module) or not hasattr(copy, "_reconstruct"):
+        return
+    torch.nn.Module.__deepcopy__ = _module_deepcopy  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,19 +156,24 @@ class _Registered:
 
 
 def _type_name(obj: Any) -> str:
-    return obj.type_name if isinstance(obj, _Registered) else type(obj).__qualname__
+    return obj.type_name if isinstance(obj, (_Registered, _Copy)) else type(obj).__qualname__
+
+
+def _target(obj: Any) -> Any:
+    """The object itself (None: a dropped copy)."""
+    return obj.ref() if isinstance(obj, _Copy) else obj
 
 
 def _carried_elsewhere(w: Worker, obj: Any) -> bool:
     # w.registered: objects the replicated state keeps (and so keeps alive) and carries itself.
-    return isinstance(obj, _Registered) or id(obj) in w.registered
+    return isinstance(obj, _Registered) or id(_target(obj)) in w.registered
 
 
 def mark_registered(w: Worker, *objs: Any) -> None:
     """`ctx.replicate` / `ctx.private` carry these themselves: keep their slot in the order, save nothing."""
     for obj in objs:
         for k, made in enumerate(w.created):
-            if obj is not None and made is obj:
+            if obj is not None and _target(made) is obj:
                 w.created[k] = _Registered(type(obj).__qualname__)
 
 
@@ -121,10 +186,11 @@ def save(w: Worker) -> list[dict[str, Any]]:
     out = []
     for k, obj in enumerate(w.created):
         entry: dict[str, Any] = {"type": _type_name(obj), "state": None}
-        if not _carried_elsewhere(w, obj):
-            name = describe(type(obj).__qualname__, w.rank, k)
+        target = _target(obj)
+        if target is not None and not _carried_elsewhere(w, obj):
+            name = describe(_type_name(obj), w.rank, k)
             try:
-                state = obj.state_dict()
+                state = target.state_dict()
             except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the resize fails
                 raise NotCarried(f"cannot carry the {name} across the resize: its state_dict() raised "
                                  f"{type(e).__name__}: {e}") from e
@@ -179,11 +245,12 @@ class CarriedRestore:
             raise NotCarried(
                 f"after the resize logical rank {self.rank} created a {_type_name(obj)} where it had "
                 f"created the {describe(entry['type'], self.rank, k)} before; elasticd matches them by creation "
-                f"order, so the function must create the same optimizers, schedulers and scalers in the same order "
-                f"every time it runs")
+                f"order, so the function must create the same optimizers, schedulers, scalers and model copies in the "
+                f"same order every time it runs")
         self.loaded += 1
-        if entry["state"] and not _carried_elsewhere(w, obj):  # {}: a disabled GradScaler, nothing to load
-            obj.load_state_dict(entry["state"])
+        target = _target(obj)
+        if entry["state"] and target is not None and not _carried_elsewhere(w, obj):  # {}: a disabled GradScaler
+            target.load_state_dict(entry["state"])
 
     def check_complete(self) -> None:
         """At the first step boundary after resuming: a saved state no object took would be lost silently."""
@@ -192,5 +259,5 @@ class CarriedRestore:
         if left:
             raise NotCarried(
                 f"the {left[0]} had state before the resize, but the re-entered function did not create it again "
-                f"by the first step after it ({len(left)} such object(s)). Create optimizers, schedulers and "
-                f"scalers before `ctx.steps`, or pass them to ctx.private")
+                f"by the first step after it ({len(left)} such object(s)). Create optimizers, schedulers, scalers and "
+                f"model averages before `ctx.steps`, or pass them to ctx.private")

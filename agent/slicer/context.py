@@ -95,7 +95,7 @@ class WorkerContext:
         optimizer, just the model. Gradients are averaged over all N logical ranks at the end of each
         backward; `optimizer.step()`, `zero_grad()` and `lr_scheduler.step()` run once per physical step.
         """
-        mark_registered(self._w, optimizer, lr_scheduler)  # carried by the replicated group, not per worker
+        mark_registered(self._w, model, optimizer, lr_scheduler)  # carried by the replicated group, not per worker
         return self._rt.replicated.replicate(self._w, model, optimizer, lr_scheduler)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

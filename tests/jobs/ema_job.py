@@ -1,0 +1,69 @@
+"""A model average (EMA) the function builds itself and never registers, as DDP scripts keep one.
+
+ELASTICD_TEST_EMA picks how: `averaged` — torch's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn)`
+made after `ctx.replicate` (its `n_averaged` counter is state too); `copy` — `copy.deepcopy(model)` made
+before `ctx.replicate` (timm's order: the EMA before the DDP wrap) and updated by hand, buffers included.
+Each rank updates its own average every step, as each DDP process does.
+A resize re-enters the function, which builds the average again from the current weights: it must get its
+state back. Rank 0 writes the model and the average (`ema.` keys) to $ELASTICD_TEST_OUT.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from _jobstate import classification_data, save_state
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import DataLoader, DistributedSampler
+
+import elasticd
+
+WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
+DETERMINISTIC = os.environ.get("ELASTICD_TEST_DETERMINISTIC", "0") == "1"
+VARIANT = os.environ.get("ELASTICD_TEST_EMA", "averaged")
+STEPS = 20
+DECAY = 0.8   # short memory, so that an average restarted at a resize is far from the true one by the end
+
+
+@elasticd.elastic(workers=WORKERS, deterministic=DETERMINISTIC)
+def train(ctx) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4)).to(ctx.device)
+    if ctx.rank == 0:
+        save_state(model, "ELASTICD_TEST_INIT")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if VARIANT == "copy":
+        ema = copy.deepcopy(model)
+    model, opt = ctx.replicate(model, opt)
+    if VARIANT == "averaged":
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(DECAY), use_buffers=True)
+    ds = classification_data(31)
+    sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
+    batches = ctx.batches(DataLoader(ds, batch_size=16, sampler=sampler))
+    for _ in ctx.steps(STEPS):
+        x, y = next(batches)
+        loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if VARIANT == "copy":
+            with torch.no_grad():
+                for e, p in zip(ema.state_dict().values(), model.state_dict().values(), strict=True):
+                    if e.is_floating_point():
+                        e.mul_(DECAY).add_(p, alpha=1 - DECAY)
+        else:
+            ema.update_parameters(model)
+    if ctx.rank == 0:
+        average = ema.module if isinstance(ema, AveragedModel) else ema
+        extra = {f"ema.{k.removeprefix('module.')}": v.detach().cpu().clone() for k, v in average.state_dict().items()}
+        if isinstance(ema, AveragedModel):
+            extra["ema.n_averaged"] = ema.n_averaged.detach().cpu().clone()
+        save_state(model, "ELASTICD_TEST_OUT", extra=extra)
+
+
+if __name__ == "__main__":
+    train()

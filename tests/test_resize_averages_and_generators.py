@@ -1,0 +1,88 @@
+"""Model averages and random generators the function keeps in its own variables survive live resizes.
+
+DDP scripts keep an EMA of their model per process (torch's `AveragedModel`, or a `copy.deepcopy` of the
+model updated by hand) and seed generators of their own. A resize re-enters the function, which builds
+them again: before they were carried, a 2 -> 1 -> 2 run ended with exit 0 and an average ~1e-2 away from
+DDP's (tests/jobs/ema_job.py keeps a short memory so that a restarted average shows), and a model 0.2 away
+when its batches came from its own generators. Real agents over gloo against real DDP (`elasticd run
+--ddp`), and bitwise against the unscaled run in deterministic mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from util import JOBS, REFERENCE_WORKERS, CliResult, cli, load_state, rel_diffs
+
+TOLERANCE = 1e-5  # as tests/test_equivalence.py: fp32 reordering of the gradient sum, nothing more
+
+
+def _run(out: Path, variant: str, *args: str, deterministic: bool = False) -> CliResult:
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS), "ELASTICD_TEST_OUT": str(out),
+           "ELASTICD_TEST_EMA": variant, "ELASTICD_TEST_DETERMINISTIC": "1" if deterministic else "0"}
+    run = cli("run", str(JOBS / "ema_job.py"), "--workers", str(REFERENCE_WORKERS), *args, env=env, timeout=400)
+    assert run.code == 0, run.output
+    return run
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("variant", ["averaged", "copy"])
+def test_a_model_average_never_registered_survives_resizes_as_under_ddp(variant: str, tmp_path: Path) -> None:
+    _run(tmp_path / "ddp.pt", variant, "--ddp")
+    run = _run(tmp_path / "scaled.pt", variant, "--devices", "2", "--scale-at", "5:1,10:2")
+    assert "resized 2 -> 1 devices" in run.output and "resized 1 -> 2 devices" in run.output, run.output
+    want, got = load_state(tmp_path / "ddp.pt"), load_state(tmp_path / "scaled.pt")
+    averages = [k for k in want if k.startswith("ema.")]
+    assert averages, "the job saved no average"
+    if variant != "copy":
+        assert got["ema.n_averaged"] == want["ema.n_averaged"] == 20, "AveragedModel's count restarted"
+    # The average must be more than the model itself, or equality would prove nothing about carrying it.
+    apart = rel_diffs({k: want[k] for k in averages if k != "ema.n_averaged"},
+                      {k: want[k.removeprefix("ema.")] for k in averages if k != "ema.n_averaged"})
+    assert max(apart.values()) > 100 * TOLERANCE, apart
+    too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+    assert not too_far, f"the {variant} average (or the model) differs from DDP after the resizes: {too_far}"
+
+
+@pytest.mark.timeout(900)
+def test_a_model_average_is_bitwise_the_unscaled_run_in_deterministic_mode(tmp_path: Path) -> None:
+    _run(tmp_path / "unscaled.pt", "averaged", "--devices", "2", deterministic=True)
+    _run(tmp_path / "scaled.pt", "averaged", "--devices", "2", "--scale-at", "5:1,10:2", deterministic=True)
+    want, got = load_state(tmp_path / "unscaled.pt"), load_state(tmp_path / "scaled.pt")
+    assert want.keys() == got.keys()
+    differ = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not differ, f"not bitwise the unscaled run: {differ}"
+
+
+def test_deep_copies_outside_workers_are_plain_copies() -> None:
+    """elasticd gives nn.Module a __deepcopy__ (to see a worker's copies): elsewhere it must be deepcopy's own."""
+    from elasticd.agent.slicer import carried
+
+    carried.install()
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    model.tag = [1, 2]
+    twin = copy.deepcopy({"m": model, "again": model})
+    assert twin["m"] is twin["again"] and twin["m"] is not model and twin["m"].tag == [1, 2]
+    assert twin["m"].tag is not model.tag
+    for (name, a), (_, b) in zip(model.state_dict().items(), twin["m"].state_dict().items(), strict=True):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), name
+
+
+@pytest.mark.timeout(900)
+def test_generators_in_the_functions_variables_keep_their_streams_across_resizes(tmp_path: Path) -> None:
+    """torch, numpy (new and legacy) and `random` generators a rank seeds itself (tests/jobs/local_rngs.py)."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    args = ["run", str(JOBS / "local_rngs.py"), "--workers", str(REFERENCE_WORKERS)]
+    ddp = cli(*args, "--ddp", env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
+    assert ddp.code == 0, ddp.output
+    scaled = cli(*args, "--devices", "2", "--scale-at", "5:1,10:2",
+                 env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "scaled.pt")}, timeout=400)
+    assert scaled.code == 0, scaled.output
+    assert "resized 1 -> 2 devices" in scaled.output, scaled.output
+    diffs = rel_diffs(load_state(tmp_path / "ddp.pt"), load_state(tmp_path / "scaled.pt"))
+    too_far = {k: d for k, d in diffs.items() if d > TOLERANCE}
+    assert not too_far, f"a generator started over at a resize: {too_far}"
