@@ -8,6 +8,7 @@ only need to ask "which worker is this thread?", so that question lives here, be
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -85,3 +86,21 @@ def set_current_worker(w: Worker) -> None:
 def current_worker() -> Worker | None:
     """The worker whose thread this is (None outside worker threads)."""
     return getattr(_tls, "worker", None)
+
+
+_runtimes: weakref.WeakSet[Any] = weakref.WeakSet()   # this process's runtimes (agent/slicer/runtime.py)
+
+
+def register_runtime(runtime: Any) -> None:
+    _runtimes.add(runtime)
+
+
+def worker_in_backward() -> Worker | None:
+    """The worker that holds the baton of a runtime in this process while it runs a backward pass. Autograd
+    runs the backward pass of CUDA tensors on a device thread of its own: code called from there (a hook,
+    an autograd.Function's backward) has no current worker, and belongs to this one."""
+    for rt in list(_runtimes):
+        w = rt.backward_owner()
+        if w is not None:
+            return w
+    return None

@@ -226,3 +226,11 @@ def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> 
     summary = json.loads((out / "summary.json").read_text())
     assert [(r["from"], r["to"], r["outcome"]) for r in summary["resizes"]] == [(2, 4, "rolled back")]
     assert_same_run(out, ref, steps, ranks=WORKERS)
+
+
+def test_sync_batch_norm_fails_loudly_instead_of_reducing_over_the_agents(tmp_path: Path) -> None:
+    """SyncBatchNorm's backward all-reduces on autograd's device thread (agent/compat/torch_dist.py)."""
+    argv = ["run", str(JOBS / "sync_bn.py"), "--workers", str(WORKERS), "--devices", "2", "--device-type", "cuda"]
+    run = cli(*argv, env={"ELASTICD_TEST_WORKERS": str(WORKERS), **SHARED_GPU}, timeout=RUN_TIMEOUT)
+    assert run.code == 1, run.output[-5000:]
+    assert "was called from a thread of its own during logical rank" in run.output, run.output[-5000:]

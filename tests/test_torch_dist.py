@@ -8,6 +8,7 @@ devices. In process: what the patches must and must not change.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -193,6 +194,48 @@ def test_other_groups_are_not_supported_inside_workers() -> None:
     train()
     assert sorted(errors) == ["all_reduce", "ddp", "get_rank", "new_group"], errors
     assert all("elasticd" in msg for msg in errors.values()), errors
+
+
+class _CommunicatesInBackward(torch.autograd.Function):
+    """SyncBatchNorm's pattern: an all_reduce in backward, run the way autograd runs a CUDA backward pass, on
+    a thread that is no worker's (autograd's device thread; a plain thread here, where autograd runs a CPU
+    pass on the caller's)."""
+
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        raised: list[BaseException] = []
+
+        def communicate() -> None:
+            try:
+                dist.all_reduce(grad.clone())
+            except BaseException as e:  # noqa: BLE001 - handed back to the backward pass below
+                raised.append(e)
+
+        t = threading.Thread(target=communicate)
+        t.start()
+        t.join()
+        if raised:
+            raise raised[0]
+        return grad
+
+
+def test_a_collective_from_another_thread_during_backward_fails_loudly() -> None:
+    """It would reach the agents' own group (M agents, not N ranks) and could not wait for the other workers."""
+    def train(ctx):
+        model = ctx.replicate(nn.Linear(3, 1))
+        _CommunicatesInBackward.apply(model(torch.ones(2, 3))).sum().backward()
+
+    runtime = Runtime(train, 2, hosted_ranks(2, 1, 0), PhysicalGroup(0, 1, CPU), CPU)
+    with pytest.raises(WorkerFailed) as failed:
+        runtime.run()
+    assert "torch.distributed.all_reduce was called from a thread of its own during logical rank 0's backward" \
+        in failed.value.message, failed.value.message
+    assert "SyncBatchNorm" in failed.value.message
+    assert not dist.is_initialized()   # after the run, other threads get torch's own answers again
 
 
 def test_outside_workers_the_real_torch_distributed_answers() -> None:

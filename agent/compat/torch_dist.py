@@ -38,7 +38,7 @@ import torch.nn.parallel.distributed as ddp_module
 from elasticd.agent.comm.collectives import AllGather
 from elasticd.agent.compat.logical_ddp import LogicalDDP
 from elasticd.agent.slicer.context import Work
-from elasticd.agent.worker import current_worker
+from elasticd.agent.worker import current_worker, worker_in_backward
 
 if TYPE_CHECKING:
     from elasticd.agent.slicer.context import WorkerContext
@@ -87,6 +87,7 @@ def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def patched(*args: Any, **kwargs: Any) -> Any:
             ctx = _ctx()
             if ctx is None:
+                _refuse_inside_backward(name)
                 return original(*args, **kwargs)
             if ctx._w.dist_initialized is False and name not in _WITHOUT_GROUP:
                 # torch's own answer outside an initialized world (before init, after destroy)
@@ -99,6 +100,20 @@ def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return impl
 
     return register
+
+
+def _refuse_inside_backward(name: str) -> None:
+    """A call from a thread that is no worker's while a worker's backward pass runs: autograd's CUDA device
+    thread, running a backward function that communicates (SyncBatchNorm's all_reduce). It would reach the
+    agents' own group, over M agents instead of N ranks, and cannot wait for the other hosted workers: their
+    backward passes need that same thread. Loudly, rather than a sum over the wrong ranks."""
+    w = worker_in_backward()
+    if w is not None:
+        raise RuntimeError(
+            f"elasticd: torch.distributed.{name} was called from a thread of its own during logical rank {w.rank}'s "
+            f"backward pass (autograd runs a CUDA backward pass on a device thread; SyncBatchNorm and autograd "
+            f"Functions that communicate in backward do this). Collectives inside a backward pass are not supported: "
+            f"use BatchNorm instead of SyncBatchNorm, or communicate before or after backward")
 
 
 class _DeliverWork(Work):

@@ -40,7 +40,7 @@ from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.malloc import tune_malloc
 from elasticd.agent.timing import StepTiming
-from elasticd.agent.worker import Worker, current_worker, set_current_worker
+from elasticd.agent.worker import Worker, current_worker, register_runtime, set_current_worker
 from elasticd.protocol.agents import AgentResize, AgentStop
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,7 @@ class Runtime:
         install_backward_hook()
         tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
+        register_runtime(self)  # a backward pass on autograd's device thread is still its worker's
         worker_env.install()  # os.environ["RANK"], ["LOCAL_RANK"], ... per worker thread, as torchrun sets them
         if device.type == "cuda":
             cuda_ranks.install(device)  # set_device(local_rank), model.to(local_rank): the agent's GPU
@@ -345,6 +346,13 @@ class Runtime:
                 if g.after_backward(w.rank):
                     w.touched_grads = True
         return True
+
+    def backward_owner(self) -> Worker | None:
+        """The running worker while it is inside a backward pass (None once the run ended or failed)."""
+        w = self.current
+        if w is None or self._aborted or self.outcome != "running" or w.backward_depth <= 0:
+            return None
+        return w
 
     def _poll_control(self) -> int:
         vote = VOTE_NONE
