@@ -127,6 +127,8 @@ def _module_deepcopy(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     try:
         reductor = copyreg.dispatch_table.get(type(self))
         rv = reductor(self) if reductor is not None else self.__reduce_ex__(4)
+        if isinstance(rv, str):
+            return self   # deepcopy's rule: a reduction to a global name is the object itself
         y = copy._reconstruct(self, memo, *rv)  # type: ignore[attr-defined]  # deepcopy's own path
     finally:
         if track:
