@@ -73,10 +73,11 @@ def test_deep_copies_outside_workers_are_plain_copies() -> None:
 
 
 @pytest.mark.timeout(900)
-def test_generators_in_the_functions_variables_keep_their_streams_across_resizes(tmp_path: Path) -> None:
-    """torch, numpy (new and legacy) and `random` generators a rank seeds itself (tests/jobs/local_rngs.py)."""
+def test_generators_and_counters_in_the_functions_variables_go_on_across_resizes(tmp_path: Path) -> None:
+    """torch, numpy (new and legacy) and `random` generators a rank seeds itself, and the plain values its loop
+    changes: an iteration counter setting the LR, a loss history, a best loss (tests/jobs/function_locals.py)."""
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
-    args = ["run", str(JOBS / "local_rngs.py"), "--workers", str(REFERENCE_WORKERS)]
+    args = ["run", str(JOBS / "function_locals.py"), "--workers", str(REFERENCE_WORKERS)]
     ddp = cli(*args, "--ddp", env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
     assert ddp.code == 0, ddp.output
     scaled = cli(*args, "--devices", "2", "--scale-at", "5:1,10:2",
@@ -85,4 +86,4 @@ def test_generators_in_the_functions_variables_keep_their_streams_across_resizes
     assert "resized 1 -> 2 devices" in scaled.output, scaled.output
     diffs = rel_diffs(load_state(tmp_path / "ddp.pt"), load_state(tmp_path / "scaled.pt"))
     too_far = {k: d for k, d in diffs.items() if d > TOLERANCE}
-    assert not too_far, f"a generator started over at a resize: {too_far}"
+    assert not too_far, f"a generator or a variable started over at a resize: {too_far}"

@@ -27,7 +27,7 @@ from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.private import saving
 from elasticd.agent.resize.periodic import FLAG_BUSY, FLAG_DUE, FLAG_NONE, PeriodicSnapshots
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
-from elasticd.agent.slicer import carried, loader_tracking, local_rngs, rng
+from elasticd.agent.slicer import carried, function_locals, loader_tracking, rng
 from elasticd.agent.slicer.loader import ResumableBatches
 from elasticd.agent.worker import Worker
 
@@ -102,12 +102,12 @@ class StepBoundary:
             w.metrics.update(w.restore.metrics)
         if w.carried_restore is not None:
             w.carried_restore.begin_steps(w)
-        if w.restore is not None:
-            local_rngs.restore(self._thread_entry, w.restore.extras.get("local_rngs", {}))
+        w.loop_start = function_locals.begin(
+            self._thread_entry, w.restore.extras.get("function_locals") if w.restore is not None else None)
 
     @property
     def _thread_entry(self) -> Any:
-        """Where a worker's thread enters the runtime: the frames above it are the function's (local_rngs)."""
+        """Where a worker's thread enters the runtime: the frames above it are the function's (function_locals)."""
         return type(self.rt)._body.__code__
 
     def restore_private(self, w: Worker, obj: Any) -> None:
@@ -189,7 +189,7 @@ class StepBoundary:
             loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
             extras={"private": [saving.save(obj) for obj in w.private],
                     "carried": carried.save(w),
-                    "local_rngs": local_rngs.save(self._thread_entry),
+                    "function_locals": function_locals.save(self._thread_entry, w.loop_start),
                     "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else [],
                     **self.rt.replicated.worker_extras(w)},
         )

@@ -14,7 +14,7 @@ naming it.
 
 Deep copies of modules are tracked when made before `ctx.steps` began (an EMA copy, made before or after
 `ctx.replicate`): the function makes them again on re-entry. A copy made inside the loop (a best-so-far
-model) is a plain variable, as documented for those; so are copies made outside a worker thread.
+model) is not carried, as documented; nor are copies made outside a worker thread.
 """
 
 from __future__ import annotations

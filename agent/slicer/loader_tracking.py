@@ -12,8 +12,9 @@ position, so the next batch is the one DDP would have loaded. A loader that can 
 
 An iterator that was already dropped (a finished `for` loop, an evaluation pass) or exhausted at the
 snapshot is not resumed: the next iteration starts a fresh one, with the generators where they were.
-Since the user's own epoch counter is a plain variable that restarts at the resize, a resumed loader's
-sampler refuses a later `set_epoch` that does not move past the epoch it was resumed in.
+An epoch counter that a `for` statement drives (`for epoch in range(E)`) restarts at the resize with its
+iterator (function_locals.py carries plain values, not iterators), so a resumed loader's sampler refuses a
+later `set_epoch` that does not move past the epoch it was resumed in.
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def _guard_epoch(sampler: Any, resumed: int, index: int) -> None:
         if epoch <= resumed:
             raise RuntimeError(
                 f"elasticd resumed DataLoader #{index + 1} of this rank in epoch {resumed} after a resize, and now "
-                f"its sampler is set to epoch {epoch}: the epoch counter in your loop is a plain variable that "
-                f"started again when the function was re-entered, so this would repeat data DDP would not. "
+                f"its sampler is set to epoch {epoch}: the epoch counter in your loop (a `for` over a range or a "
+                f"count) started again when the function was re-entered, so this would repeat data DDP would not. "
                 f"Derive the epoch from ctx.step (e.g. ctx.step // len(loader)) or use ctx.batches(loader)")
         del sampler.set_epoch  # back to the class's method: the check holds until the epoch moves on
         original(sampler, epoch)

@@ -1,9 +1,11 @@
-"""Random generators the function keeps in its own variables (agent/slicer/local_rngs.py).
+"""What the function keeps in its own variables (agent/slicer/function_locals.py).
 
 A `torch.Generator`, a numpy `default_rng`, a legacy `RandomState` and a `random.Random`, each seeded per
 rank before the loop and drawn from every step (input noise, a random subset of the batch): under DDP each
-keeps its stream for the life of the process. The loop runs in a helper the function calls, so the
-generators sit in two frames. Rank 0 writes the model to $ELASTICD_TEST_OUT.
+keeps its stream for the life of the process. So do plain values the loop changes: an iteration counter
+setting the learning rate by hand (nanoGPT's `get_lr(iter_num)`), a loss history, a best-so-far loss. The
+loop runs in a helper the function calls, so these sit in two frames. Rank 0 writes the model to
+$ELASTICD_TEST_OUT.
 """
 
 from __future__ import annotations
@@ -36,14 +38,23 @@ def train(ctx) -> None:
     x_all, y_all = classification_data(7).tensors
 
     def loop(noise: torch.Generator) -> None:
+        iter_num, best = 0, float("inf")
+        history: list[float] = []
         for _ in ctx.steps(STEPS):
+            for group in opt.param_groups:
+                group["lr"] = 0.1 * 0.8 ** iter_num
             idx = torch.from_numpy(pick.choice(len(x_all), size=16, replace=False))
-            x = x_all[idx] + 0.1 * torch.randn(16, 16, generator=noise)
+            x = x_all[idx] + 0.1 / (1 + len(history)) * torch.randn(16, 16, generator=noise)
             x = x * float(legacy.uniform(0.5, 1.5)) * (1.0 if coin.random() < 0.7 else -1.0)
+            if history and history[-1] > best:
+                x = 0.5 * x
             loss = F.cross_entropy(model(x), y_all[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
+            history.append(loss.item())
+            best = min(best, history[-1])
+            iter_num += 1
 
     loop(noise)
     if ctx.rank == 0:

@@ -1,0 +1,239 @@
+"""What the function keeps in its own local variables, carried across resizes by name.
+
+A DDP process keeps its variables for life; here the function is re-entered after a resize, so what it
+made before the loop is made again and the loop's changes to it are gone: a different result, exit 0.
+A snapshot is taken in the worker's own thread, at a step boundary of `ctx.steps`, with the function's
+frames on the stack, and a resumed worker reaches the start of `ctx.steps` through the same frames. So:
+
+- **Random generators** (`torch.Generator()`, `np.random.default_rng`, `np.random.RandomState`,
+  `random.Random`): their states are saved under (frame, name), and the generators the re-entered frames
+  hold under the same names get them back. Names, not creation order: torch and the standard library make
+  generators of their own (`RandomSampler`, `tempfile`), which would shift any count.
+- **Plain values** (numbers, strings, None, and lists/tuples/dicts of them: a step counter driving the LR,
+  a best-so-far metric, early-stopping patience, a loss history): one the loop changed gets its value at
+  the snapshot back, if the re-entered function starts it from the same value as before (a value that
+  depends on the layout, such as how many ranks share the device, is left as the new run made it). A
+  list or dict is refilled in place, so that what else holds it sees the same object; a number or string
+  is rebound. Not the targets of `for` statements: their iterator, not the variable, decides the next value.
+
+Not seen: what objects or closures hold (`self.step` of a trainer), tensors, and names a frame binds only
+inside the loop (made again there anyway). The process-wide streams (`torch.manual_seed`, `random.seed`,
+`np.random.seed`) are carried by agent/slicer/rng.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dis
+import functools
+import random
+import sys
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+
+_OURS = str(Path(__file__).resolve().parents[1])   # the agent package: its frames are not the function's
+
+
+def _numpy() -> Any | None:
+    return sys.modules.get("numpy")   # a job that never imported numpy holds no numpy generator
+
+
+def _kind(obj: Any) -> str | None:
+    if isinstance(obj, torch.Generator):
+        return "torch"
+    if isinstance(obj, random.Random) and obj is not random._inst:  # type: ignore[attr-defined]
+        return "random"
+    np = _numpy()
+    if np is not None:
+        if isinstance(obj, np.random.Generator):
+            return "numpy"
+        if isinstance(obj, np.random.RandomState) and obj is not np.random.mtrand._rand:
+            return "numpy_legacy"
+    return None
+
+
+def _get(kind: str, obj: Any) -> Any:
+    if kind == "torch":
+        return obj.get_state()
+    if kind == "random":
+        return list(obj.getstate())
+    if kind == "numpy":
+        return _plain(obj.bit_generator.state)
+    return _plain(obj.get_state(legacy=False))
+
+
+def _set(kind: str, obj: Any, state: Any) -> None:
+    if kind == "torch":
+        obj.set_state(state)
+    elif kind == "random":
+        version, internal, gauss = state
+        obj.setstate((version, tuple(internal), gauss))
+    elif kind == "numpy":
+        obj.bit_generator.state = _unplain(state)
+    else:
+        obj.set_state(_unplain(state))
+
+
+def _plain(x: Any) -> Any:
+    """numpy's state dicts hold arrays (MT19937's key); snapshots hold tensors, numbers, strings, lists, dicts."""
+    np = _numpy()
+    if np is not None and isinstance(x, np.ndarray):
+        return {"ndarray": x.tolist(), "dtype": str(x.dtype)}
+    if isinstance(x, np.integer if np is not None else ()):
+        return int(x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def _unplain(x: Any) -> Any:
+    if isinstance(x, dict):
+        if set(x) == {"ndarray", "dtype"}:
+            np = _numpy()
+            assert np is not None, "a numpy generator's state, with numpy gone"
+            return np.asarray(x["ndarray"], dtype=x["dtype"])
+        return {k: _unplain(v) for k, v in x.items()}
+    return x
+
+
+def _frames(stop: CodeType) -> list[FrameType]:
+    """The function's frames in this thread, outermost first: everything above the worker's entry (`stop`,
+    the runtime's thread body) that is not the agent's own code. Empty outside a worker's thread."""
+    frames: list[FrameType] = []
+    f = sys._getframe(1)
+    while f is not None and f.f_code is not stop:
+        if not f.f_code.co_filename.startswith(_OURS):
+            frames.append(f)
+        f = f.f_back
+    return frames[::-1] if f is not None else []
+
+
+def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
+    """'frame index:function:name' -> (kind, generator) for every generator in the function's locals."""
+    found = {}
+    for i, frame in enumerate(frames):
+        for name, value in frame.f_locals.items():
+            kind = _kind(value)
+            if kind is not None:
+                found[_key(i, frame, name)] = (kind, value)
+    return found
+
+
+def _key(i: int, frame: FrameType, name: str) -> str:
+    return f"{i}:{frame.f_code.co_qualname}:{name}"
+
+
+_MAX_ITEMS = 100_000   # a bigger container (every prediction of an epoch) is not copied into each snapshot
+
+
+def _is_plain(x: Any, budget: list[int]) -> bool:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return True
+    if isinstance(x, (list, tuple)):
+        return all(_is_plain(v, budget) for v in x)
+    if isinstance(x, dict):
+        return all(isinstance(k, (str, int)) and _is_plain(v, budget) for k, v in x.items())
+    return False
+
+
+def _copy(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_copy(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_copy(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _copy(v) for k, v in x.items()}
+    return x
+
+
+@functools.lru_cache(maxsize=256)
+def _for_targets(code: CodeType) -> frozenset[str]:
+    """Names a `for` statement of `code` binds (`for step, (x, y) in ...`)."""
+    names: set[str] = set()
+    ins = list(dis.get_instructions(code))
+    for i, op in enumerate(ins):
+        if op.opname != "FOR_ITER":
+            continue
+        pending = 1   # values the target still has to take off the stack
+        for nxt in ins[i + 1:]:
+            if nxt.opname in ("UNPACK_SEQUENCE", "UNPACK_EX"):
+                pending += (nxt.arg if nxt.opname == "UNPACK_SEQUENCE" else (nxt.arg & 0xFF) + (nxt.arg >> 8) + 1) - 1
+            elif nxt.opname in ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL"):
+                names.add(nxt.argval)
+                pending -= 1
+            else:
+                break
+            if pending == 0:
+                break
+    return frozenset(names)
+
+
+def _values(frames: list[FrameType]) -> dict[str, Any]:
+    """'frame index:function:name' -> a copy of each plain value in the function's locals."""
+    found = {}
+    for i, frame in enumerate(frames):
+        skip = _for_targets(frame.f_code)
+        for name, value in frame.f_locals.items():
+            if name not in skip and _is_plain(value, [_MAX_ITEMS]):
+                found[_key(i, frame, name)] = _copy(value)
+    return found
+
+
+def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
+    """Set local variables of a frame further up this thread's stack."""
+    if sys.version_info >= (3, 13):
+        for name, value in values.items():
+            frame.f_locals[name] = value   # PEP 667: a write-through proxy
+        return
+    local = frame.f_locals   # a snapshot of the fast locals, written back below
+    local.update(values)
+    ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+
+
+class LoopStart:
+    """The plain values a worker's function held when its `ctx.steps` began, for the next snapshot."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+
+def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
+    """At the start of ctx.steps (in the worker's thread): for a resumed worker (`saved`: its snapshot's
+    entry), give the generators their states and the loop's plain values back; note where this run starts."""
+    frames = _frames(stop)
+    start = LoopStart(_values(frames))
+    if saved:
+        for key, (kind, obj) in _held(frames).items():
+            entry = saved.get("generators", {}).get(key)
+            if entry is not None and entry["kind"] == kind:
+                _set(kind, obj, entry["state"])
+        was, now = saved.get("start", {}), saved.get("values", {})
+        todo: dict[int, dict[str, Any]] = {}
+        for key, value in now.items():
+            if key in start.values and key in was and start.values[key] == was[key] and value != was[key]:
+                i, _, name = key.split(":", 2)
+                live = frames[int(i)].f_locals[name]
+                # A list or dict is refilled in place: whatever else holds it (a logger, a closure) keeps seeing it.
+                if isinstance(live, list) and isinstance(value, list):
+                    live[:] = _copy(value)
+                elif isinstance(live, dict) and isinstance(value, dict):
+                    live.clear()
+                    live.update(_copy(value))
+                else:
+                    todo.setdefault(int(i), {})[name] = _copy(value)
+        for i, values in todo.items():
+            _rebind(frames[i], values)
+    return start
+
+
+def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
+    """What a resumed worker's `begin` needs, from the function's frames now (in the worker's thread)."""
+    frames = _frames(stop)
+    return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
+            "start": start.values if start is not None else {}, "values": _values(frames)}

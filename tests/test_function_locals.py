@@ -1,0 +1,94 @@
+"""agent/slicer/function_locals.py in process: what a resumed function gets back of its own variables.
+
+The end-to-end case (real agents, a resize, against DDP) is tests/test_resize_averages_and_generators.py;
+these pin the rules: loop-changed plain values come back, `for` targets and layout-dependent values do not,
+generators get their states, and a frame further up the stack can be written (cells included).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from elasticd.agent.slicer import function_locals as fl
+
+
+def _entry(fn: Any, *args: Any) -> Any:
+    """Stands in for the runtime's thread entry: the frames above it are 'the function'."""
+    return fn(*args)
+
+
+STOP = _entry.__code__
+
+
+def _job(saved: dict | None, hosted: int, out: dict) -> None:
+    step_count, history, label = 0, [], "warm"
+    holder = SimpleNamespace(history=history)   # not plain: left alone, and must keep seeing `history`
+    gen = torch.Generator().manual_seed(1)
+    rng = np.random.default_rng(2)
+    coin = random.Random(3)
+    start = fl.begin(STOP, saved)   # where ctx.steps begins
+    out["resumed"] = (step_count, list(history), label, hosted)
+    out["shared"] = holder.history is history and holder.history == history
+    out["draws"] = (torch.rand(1, generator=gen).item(), float(rng.random()), coin.random())
+    for epoch in range(2):   # a for target: its iterator decides, not the snapshot
+        step_count += 1
+        history.append(float(epoch))
+    label = "main"
+    hosted += 10             # changed, but it started from another value in the resumed run
+    out["saved"] = fl.save(STOP, start)
+
+
+def test_a_resumed_function_gets_back_what_its_loop_changed_and_nothing_else() -> None:
+    first: dict = {}
+    _entry(_job, None, 2, first)
+    assert first["resumed"] == (0, [], "warm", 2)
+    again: dict = {}
+    _entry(_job, first["saved"], 4, again)    # another layout: 4 ranks share the device now
+    step_count, history, label, hosted = again["resumed"]
+    assert (step_count, history, label) == (2, [0.0, 1.0], "main")
+    assert hosted == 4, "a value the new run started differently must stay the new run's"
+    assert again["shared"], "a list must be refilled in place, not replaced"
+    # Each generator continued where the first run's was at the snapshot, not from its seed.
+    assert again["draws"] != first["draws"]
+    gen = torch.Generator().manual_seed(1)
+    rng = np.random.default_rng(2)
+    coin = random.Random(3)
+    torch.rand(1, generator=gen), rng.random(), coin.random()   # the first run's draws
+    assert again["draws"] == (torch.rand(1, generator=gen).item(), float(rng.random()), coin.random())
+    assert "epoch" not in " ".join(first["saved"]["values"])
+
+
+def test_for_targets_are_found_through_unpacking() -> None:
+    def loop() -> list[int]:
+        seen = []
+        for a, (b, c) in enumerate([(1, (2, 3))]):
+            seen += [a, b, c]
+        for x in range(2):
+            seen.append(x)
+        y = len(seen)   # a plain assignment, not a target
+        return [y]
+
+    assert fl._for_targets(loop.__code__) == {"a", "b", "c", "x"}
+    assert loop() == [5]
+
+
+def test_a_frame_up_the_stack_can_be_rebound_cells_included() -> None:
+    def outer() -> tuple[int, int]:
+        n, shared = 0, 0
+
+        def reads() -> int:
+            return shared
+
+        def write() -> None:
+            fl._rebind(sys._getframe(1), {"n": 5, "shared": 7})
+
+        write()
+        return n, reads()
+
+    assert outer() == (5, 7)
