@@ -29,17 +29,24 @@ STOP = _entry.__code__
 def _job(saved: dict | None, hosted: int, out: dict) -> None:
     step_count, history, label = 0, [], "warm"
     holder = SimpleNamespace(history=history)   # not plain: left alone, and must keep seeing `history`
+    data = torch.arange(4.0)
+    view = data[:2]          # a view of the data: restoring it must never write into `data`
+    weight = torch.ones(2, requires_grad=True)   # autograd's: carried by the model, not here
     gen = torch.Generator().manual_seed(1)
     rng = np.random.default_rng(2)
     coin = random.Random(3)
     start = fl.begin(STOP, saved)   # where ctx.steps begins
     out["resumed"] = (step_count, list(history), label, hosted)
     out["shared"] = holder.history is history and holder.history == history
+    out["tensors"] = (view.tolist(), data.tolist(), weight.tolist())
     out["draws"] = (torch.rand(1, generator=gen).item(), float(rng.random()), coin.random())
     for epoch in range(2):   # a for target: its iterator decides, not the snapshot
         step_count += 1
         history.append(float(epoch))
     label = "main"
+    view = data[2:]
+    with torch.no_grad():
+        weight.mul_(3)
     hosted += 10             # changed, but it started from another value in the resumed run
     out["saved"] = fl.save(STOP, start)
 
@@ -54,6 +61,7 @@ def test_a_resumed_function_gets_back_what_its_loop_changed_and_nothing_else() -
     assert (step_count, history, label) == (2, [0.0, 1.0], "main")
     assert hosted == 4, "a value the new run started differently must stay the new run's"
     assert again["shared"], "a list must be refilled in place, not replaced"
+    assert again["tensors"] == ([2.0, 3.0], [0.0, 1.0, 2.0, 3.0], [1.0, 1.0])
     # Each generator continued where the first run's was at the snapshot, not from its seed.
     assert again["draws"] != first["draws"]
     gen = torch.Generator().manual_seed(1)

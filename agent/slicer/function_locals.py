@@ -9,16 +9,18 @@ frames on the stack, and a resumed worker reaches the start of `ctx.steps` throu
   `random.Random`): their states are saved under (frame, name), and the generators the re-entered frames
   hold under the same names get them back. Names, not creation order: torch and the standard library make
   generators of their own (`RandomSampler`, `tempfile`), which would shift any count.
-- **Plain values** (numbers, strings, None, and lists/tuples/dicts of them: a step counter driving the LR,
+- **Plain values and tensors of its own** (numbers, strings, None, lists/tuples/dicts of them, and tensors
+  autograd does not record, up to 64 MiB each: a step counter driving the LR, a prefetched batch,
   a best-so-far metric, early-stopping patience, a loss history): one the loop changed gets its value at
   the snapshot back, if the re-entered function starts it from the same value as before (a value that
   depends on the layout, such as how many ranks share the device, is left as the new run made it). A
-  list or dict is refilled in place, so that what else holds it sees the same object; a number or string
-  is rebound. Not the targets of `for` statements: their iterator, not the variable, decides the next value.
+  list or dict is refilled in place, so that what else holds it sees the same object; a number, string or
+  tensor is rebound (a tensor is never written in place: the new run's may be a view of its dataset).
+  Not the targets of `for` statements: their iterator, not the variable, decides the next value.
 
-Not seen: what objects or closures hold (`self.step` of a trainer), tensors, and names a frame binds only
-inside the loop (made again there anyway). The process-wide streams (`torch.manual_seed`, `random.seed`,
-`np.random.seed`) are carried by agent/slicer/rng.py.
+Not seen: what objects or closures hold (`self.step` of a trainer), tensors in containers, and names a
+frame binds only inside the loop (made again there anyway). The process-wide streams (`torch.manual_seed`,
+`random.seed`, `np.random.seed`) are carried by agent/slicer/rng.py.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import dis
 import functools
 import random
 import sys
+import zlib
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -196,18 +199,49 @@ def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
     ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
 
-class LoopStart:
-    """The plain values a worker's function held when its `ctx.steps` began, for the next snapshot."""
+_MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into each snapshot
 
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.values = values
+
+def _tensors(frames: list[FrameType]) -> dict[str, torch.Tensor]:
+    """Tensors the function's locals hold that are its own data (a prefetched batch, a running sum): not
+    parameters or anything autograd records, which the model, optimizer and private state carry."""
+    found = {}
+    for i, frame in enumerate(frames):
+        skip = _for_targets(frame.f_code)
+        for name, value in frame.f_locals.items():
+            if (name not in skip and isinstance(value, torch.Tensor) and not value.requires_grad
+                    and value.layout == torch.strided and value.numel() * value.element_size() <= _MAX_TENSOR_BYTES):
+                found[_key(i, frame, name)] = value
+    return found
+
+
+def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
+    host = t.detach().to("cpu").contiguous().reshape(-1)
+    return tuple(t.shape), str(t.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
+
+
+class LoopStart:
+    """What a worker's function held when its `ctx.steps` began, for the next snapshot."""
+
+    def __init__(self, frames: list[FrameType]) -> None:
+        self.values = _values(frames)
+        tensors = _tensors(frames)
+        self.tensor_prints = {key: _fingerprint(t) for key, t in tensors.items()}
+        # Which tensors the loop replaced or wrote: another object, or a moved version counter.
+        self.tensor_ids = {key: (id(t), t._version) for key, t in tensors.items()}
+        self._held = tensors   # keeps those ids from being reused by other tensors
+
+    def changed_tensors(self, frames: list[FrameType]) -> dict[str, torch.Tensor]:
+        return {key: t for key, t in _tensors(frames).items()
+                if key in self.tensor_ids and self.tensor_ids[key] != (id(t), t._version)}
 
 
 def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
     """At the start of ctx.steps (in the worker's thread): for a resumed worker (`saved`: its snapshot's
-    entry), give the generators their states and the loop's plain values back; note where this run starts."""
+    entry), give the generators their states and the loop's plain values and tensors back; note where
+    this run starts."""
     frames = _frames(stop)
-    start = LoopStart(_values(frames))
+    start = LoopStart(frames)
     if saved:
         for key, (kind, obj) in _held(frames).items():
             entry = saved.get("generators", {}).get(key)
@@ -227,6 +261,14 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
                     live.update(_copy(value))
                 else:
                     todo.setdefault(int(i), {})[name] = _copy(value)
+        printed = saved.get("tensor_start", {})
+        live_tensors = _tensors(frames)
+        for key, value in saved.get("tensors", {}).items():
+            live = live_tensors.get(key)
+            if live is not None and key in printed and start.tensor_prints[key] == tuple(printed[key]):
+                # Rebound, never written in place: the new run's tensor may be a view of its dataset.
+                i, _, name = key.split(":", 2)
+                todo.setdefault(int(i), {})[name] = value.to(live.device)
         for i, values in todo.items():
             _rebind(frames[i], values)
     return start
@@ -235,5 +277,8 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
 def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
     """What a resumed worker's `begin` needs, from the function's frames now (in the worker's thread)."""
     frames = _frames(stop)
+    changed = start.changed_tensors(frames) if start is not None else {}
     return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
-            "start": start.values if start is not None else {}, "values": _values(frames)}
+            "start": start.values if start is not None else {}, "values": _values(frames),
+            "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
+            "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()}}

@@ -3,8 +3,9 @@
 A `torch.Generator`, a numpy `default_rng`, a legacy `RandomState` and a `random.Random`, each seeded per
 rank before the loop and drawn from every step (input noise, a random subset of the batch): under DDP each
 keeps its stream for the life of the process. So do plain values the loop changes: an iteration counter
-setting the learning rate by hand (nanoGPT's `get_lr(iter_num)`), a loss history, a best-so-far loss. The
-loop runs in a helper the function calls, so these sit in two frames. Rank 0 writes the model to
+setting the learning rate by hand (nanoGPT's `get_lr(iter_num)`), a loss history, a best-so-far loss, and
+a tensor: the batch indices drawn at the end of each step for the next (nanoGPT's prefetch). The loop runs
+in a helper the function calls, so these sit in two frames. Rank 0 writes the model to
 $ELASTICD_TEST_OUT.
 """
 
@@ -37,18 +38,22 @@ def train(ctx) -> None:
     coin = random.Random(40 + ctx.rank)
     x_all, y_all = classification_data(7).tensors
 
+    def batch() -> torch.Tensor:
+        return torch.from_numpy(pick.choice(len(x_all), size=16, replace=False))
+
     def loop(noise: torch.Generator) -> None:
         iter_num, best = 0, float("inf")
         history: list[float] = []
+        idx = batch()   # nanoGPT's prefetch: each step takes the batch drawn at the end of the one before
         for _ in ctx.steps(STEPS):
             for group in opt.param_groups:
                 group["lr"] = 0.1 * 0.8 ** iter_num
-            idx = torch.from_numpy(pick.choice(len(x_all), size=16, replace=False))
             x = x_all[idx] + 0.1 / (1 + len(history)) * torch.randn(16, 16, generator=noise)
             x = x * float(legacy.uniform(0.5, 1.5)) * (1.0 if coin.random() < 0.7 else -1.0)
             if history and history[-1] > best:
                 x = 0.5 * x
             loss = F.cross_entropy(model(x), y_all[idx])
+            idx = batch()
             opt.zero_grad()
             loss.backward()
             opt.step()
