@@ -278,7 +278,10 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
     """What a resumed worker's `begin` needs, from the function's frames now (in the worker's thread)."""
     frames = _frames(stop)
     changed = start.changed_tensors(frames) if start is not None else {}
+    was = start.values if start is not None else {}
+    # Only what the loop changed: a file list or a config held in a local is not copied into every snapshot.
+    now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
     return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
-            "start": start.values if start is not None else {}, "values": _values(frames),
+            "start": {key: was[key] for key in now}, "values": now,
             "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
             "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()}}
