@@ -274,3 +274,31 @@ def test_a_rank_returning_early_while_others_wait_is_an_error_not_a_hang() -> No
         train()
     assert "returned from the function while ranks [0, 2] wait" in info.value.message
 
+
+
+ACCUM_STEPS = 8   # a script's top-level setting, as nanoGPT's gradient_accumulation_steps
+
+
+def test_a_function_that_assigns_a_module_global_fails_before_it_runs() -> None:
+    """`global ACCUM_STEPS; ACCUM_STEPS //= world` would divide once per hosted worker (agent/slicer/shared_globals.py)."""
+    ran: list[int] = []
+
+    @elasticd.elastic(workers=2)
+    def train(ctx):
+        def setup() -> None:
+            global ACCUM_STEPS
+            ACCUM_STEPS //= ctx.world_size
+        ran.append(ctx.rank)
+        setup()
+
+    with pytest.raises(WorkerFailed) as failed:
+        train()
+    assert "train() assigns the module global(s) ACCUM_STEPS" in failed.value.message, failed.value.message
+    assert ran == [] and ACCUM_STEPS == 8
+
+    @elasticd.elastic(workers=2)
+    def reads(ctx):
+        ran.append(ACCUM_STEPS // ctx.world_size)   # reading one is what every rank does alike: fine
+
+    reads()
+    assert ran == [4, 4]

@@ -32,7 +32,7 @@ from elasticd.agent.replicated.idioms import install as install_idioms
 from elasticd.agent.replicated.ledger import ReplicatedStateError
 from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
-from elasticd.agent.slicer import rng
+from elasticd.agent.slicer import rng, shared_globals
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded, WorkerState
 from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
@@ -167,6 +167,7 @@ class Runtime:
             return
         wait_handover(self._cuda, w.handover)
         try:
+            shared_globals.refuse(self.fn)
             w.result = self.fn(w.ctx)
             if w.queued:  # async collectives never waited on still complete, as in torch.distributed
                 self.drain(w)
