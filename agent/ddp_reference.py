@@ -196,6 +196,8 @@ def _worker(args: argparse.Namespace) -> int:
     timeout = timedelta(seconds=args.pg_timeout)
     store = dist.TCPStore("127.0.0.1", args.store_port, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
+    destroy = dist.destroy_process_group
+    _group_given(args.rank, args.world)
     try:
         sys.argv = [args.script, *script_args()]   # as `python SCRIPT ARGS` (elasticd run --ddp passes ARGS)
         body, deterministic = _body(find_function(load_script(args.script), args.func))
@@ -206,13 +208,41 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         # Peers are blocked in collectives with us; tearing the process group down could block too.
         os._exit(1)
-    dist.destroy_process_group()
+    destroy()
     # Leave without interpreter finalization: a rank once aborted there ("terminate called without an
     # active exception", SIGABRT) after its work was done and written, failing a CI benchmark run; gloo
     # objects torn down while the interpreter goes away are a known source of it (pytorch#179291).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _group_given(rank: int, world: int) -> None:
+    """A function ported from a torchrun script starts its own process group (`init_process_group(backend=...)`
+    from the environment torchrun sets, which each rank here gets too). The group exists already, since
+    `ctx`'s collectives need it, so its own call only checks what it asks for, as elasticd's logical one
+    does, and its `destroy_process_group` leaves the group to the end of the rank."""
+    import torch.distributed.distributed_c10d as c10d
+
+    def init_process_group(*args: Any, world_size: int = -1, rank: int = -1, **kwargs: Any) -> None:
+        if world_size not in (-1, world) or rank not in (-1, given):
+            raise ValueError(f"init_process_group(world_size={world_size}, rank={rank}) in rank {given} of a "
+                             f"{world}-process reference run")
+
+    def destroy_process_group(group: Any = None) -> None:
+        return None
+
+    given = rank
+    for module in (dist, c10d):
+        module.init_process_group = init_process_group  # type: ignore[assignment]
+        module.destroy_process_group = destroy_process_group  # type: ignore[assignment]
+
+
+def _torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """What torchrun --nproc_per_node=world sets for a rank: a function ported from a torchrun script reads it."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "elasticd-ddp"}
 
 
 # --- the launcher --------------------------------------------------------------------------------------
@@ -243,7 +273,7 @@ def run_native_ddp(
                    "--pg-timeout", str(timeout)]
             if func:
                 cmd += ["--func", func]
-            proc = subprocess.Popen(cmd, env=child_env)
+            proc = subprocess.Popen(cmd, env={**child_env, **_torchrun_env(rank, workers, store.port)})
             procs.append(proc)
             # One waiter thread per rank turns process exits into queue events the launcher blocks on.
             threading.Thread(target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True).start()

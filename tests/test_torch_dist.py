@@ -335,3 +335,22 @@ def test_an_object_collective_fails_a_real_run_with_its_name() -> None:
     assert run.code == 1, run.output
     assert "NotImplementedError: elasticd: torch.distributed.all_gather_object is not supported" in run.output
     assert "logical rank 0" in run.output
+
+
+@pytest.mark.timeout(600)
+def test_a_function_ported_from_torchrun_sees_torchruns_environment_in_both_runners(tmp_path: Path) -> None:
+    """`elasticd run --ddp` is the reference users compare with: each rank gets the variables torchrun sets,
+    and the function's own init_process_group / destroy_process_group work there as they do under elasticd."""
+    seen = {}
+    for name in ("native", "elasticd"):
+        out = tmp_path / name
+        out.mkdir()
+        if name == "native":
+            native_run("env_ranks", {"ELASTICD_TEST_OUT": str(out)})
+        else:
+            elasticd_run("env_ranks", 2, {"ELASTICD_TEST_OUT": str(out)})
+        seen[name] = {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(REFERENCE_WORKERS)}
+    want = {r: {"rank": r, "world": REFERENCE_WORKERS, "local_rank": r, "get_rank": r, "ctx_rank": r,
+                "sum_of_ranks": 6.0} for r in range(REFERENCE_WORKERS)}
+    assert seen["native"] == want
+    assert seen["elasticd"] == want
