@@ -30,6 +30,7 @@ import dis
 import functools
 import random
 import sys
+import weakref
 import zlib
 from pathlib import Path
 from types import CodeType, FrameType
@@ -227,13 +228,18 @@ class LoopStart:
         self.values = _values(frames)
         tensors = _tensors(frames)
         self.tensor_prints = {key: _fingerprint(t) for key, t in tensors.items()}
-        # Which tensors the loop replaced or wrote: another object, or a moved version counter.
-        self.tensor_ids = {key: (id(t), t._version) for key, t in tensors.items()}
-        self._held = tensors   # keeps those ids from being reused by other tensors
+        # Which tensors the loop replaced or wrote: another object, or a moved version counter. Held weakly:
+        # a batch the loop rebinds must not stay alive (on the device) for the whole run.
+        self.tensor_ids = {key: (weakref.ref(t), t._version) for key, t in tensors.items()}
 
     def changed_tensors(self, frames: list[FrameType]) -> dict[str, torch.Tensor]:
-        return {key: t for key, t in _tensors(frames).items()
-                if key in self.tensor_ids and self.tensor_ids[key] != (id(t), t._version)}
+        changed = {}
+        for key, t in _tensors(frames).items():
+            if key in self.tensor_ids:
+                ref, version = self.tensor_ids[key]
+                if ref() is not t or t._version != version:
+                    changed[key] = t
+        return changed
 
 
 def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
