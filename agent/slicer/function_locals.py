@@ -139,9 +139,11 @@ def _is_plain(x: Any, budget: list[int]) -> bool:
         return False
     if x is None or isinstance(x, (bool, int, float, str)):
         return True
-    if isinstance(x, (list, tuple)):
+    # Containers of exactly these types: a copy of a namedtuple or a defaultdict would come back as
+    # another type.
+    if type(x) in (list, tuple):
         return all(_is_plain(v, budget) for v in x)
-    if isinstance(x, dict):
+    if type(x) is dict:
         return all(isinstance(k, (str, int)) and _is_plain(v, budget) for k, v in x.items())
     return False
 
