@@ -100,3 +100,32 @@ def test_a_frame_up_the_stack_can_be_rebound_cells_included() -> None:
         return n, reads()
 
     assert outer() == (5, 7)
+
+
+class _Trainer:
+    """minGPT-ddp's shape: the loop is a method, its counters and generator live on `self`."""
+
+    def __init__(self, layout: int) -> None:
+        self.step, self.best, self.layout = 0, float("inf"), layout
+        self.rng = torch.Generator().manual_seed(5)
+        self.model = torch.nn.Linear(1, 1)   # a module: its own state, never touched here
+
+    def fit(self, saved: dict | None, out: dict) -> None:
+        start = fl.begin(STOP, saved)
+        out["resumed"] = (self.step, self.best, self.layout, torch.rand(1, generator=self.rng).item())
+        for _ in range(3):
+            self.step += 1
+            self.best = min(self.best, 1.0 / self.step)
+        self.layout += 1
+        out["saved"] = fl.save(STOP, start)
+
+
+def test_a_trainer_methods_self_is_carried_like_its_locals() -> None:
+    first: dict = {}
+    _entry(_Trainer(2).fit, None, first)
+    again: dict = {}
+    _entry(_Trainer(4).fit, first["saved"], again)
+    step, best, layout, draw = again["resumed"]
+    assert (step, best, layout) == (3, 1.0 / 3, 4)
+    rng = torch.Generator().manual_seed(5)
+    assert draw == [torch.rand(1, generator=rng).item() for _ in range(2)][1]

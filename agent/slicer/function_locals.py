@@ -18,13 +18,15 @@ frames on the stack, and a resumed worker reaches the start of `ctx.steps` throu
   tensor is rebound (a tensor is never written in place: the new run's may be a view of its dataset).
   Not the targets of `for` statements: their iterator, not the variable, decides the next value.
 
-Not seen: what objects or closures hold (`self.step` of a trainer), tensors in containers, and names a
-frame binds only inside the loop (made again there anyway). The process-wide streams (`torch.manual_seed`,
+A method's `self` counts as locals: its attributes are looked at the same way (a trainer's `self.step`,
+`self.best`, `self.rng`), unless it is a module or an optimizer. Not seen: what other objects or closures
+hold, tensors in containers, and names a frame binds only inside the loop (made again there anyway). The process-wide streams (`torch.manual_seed`,
 `random.seed`, `np.random.seed`) are carried by agent/slicer/rng.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dis
 import functools
@@ -32,6 +34,7 @@ import random
 import sys
 import weakref
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -115,14 +118,31 @@ def _frames(stop: CodeType) -> list[FrameType]:
     return frames[::-1] if f is not None else []
 
 
-def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
-    """'frame index:function:name' -> (kind, generator) for every generator in the function's locals."""
-    found = {}
+def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
+    """('frame index:function:name', value) for each local of the function's frames but `for` targets, and
+    for each attribute of a method's `self` ('...:self.name'): a trainer object's step counter or generator
+    is what its loop's locals would otherwise be. Not a module's or optimizer's `self`: those carry their
+    own state."""
     for i, frame in enumerate(frames):
-        for name, value in frame.f_locals.items():
-            kind = _kind(value)
-            if kind is not None:
-                found[_key(i, frame, name)] = (kind, value)
+        skip = _for_targets(frame.f_code)
+        local = frame.f_locals
+        for name, value in local.items():
+            if name not in skip:
+                yield _key(i, frame, name), value
+        owner = local.get("self")
+        attrs = getattr(owner, "__dict__", None)
+        if isinstance(attrs, dict) and not isinstance(owner, (torch.nn.Module, torch.optim.Optimizer)):
+            for name, value in list(attrs.items()):
+                yield _key(i, frame, f"self.{name}"), value
+
+
+def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
+    """key -> (kind, generator) for every generator the function's locals hold."""
+    found = {}
+    for key, value in _named(frames):
+        kind = _kind(value)
+        if kind is not None:
+            found[key] = (kind, value)
     return found
 
 
@@ -181,24 +201,33 @@ def _for_targets(code: CodeType) -> frozenset[str]:
 
 
 def _values(frames: list[FrameType]) -> dict[str, Any]:
-    """'frame index:function:name' -> a copy of each plain value in the function's locals."""
-    found = {}
-    for i, frame in enumerate(frames):
-        skip = _for_targets(frame.f_code)
-        for name, value in frame.f_locals.items():
-            if name not in skip and _is_plain(value, [_MAX_ITEMS]):
-                found[_key(i, frame, name)] = _copy(value)
-    return found
+    """key -> a copy of each plain value the function's locals hold."""
+    return {key: _copy(value) for key, value in _named(frames) if _is_plain(value, [_MAX_ITEMS])}
+
+
+def _lookup(frame: FrameType, name: str) -> Any:
+    if name.startswith("self."):
+        return getattr(frame.f_locals["self"], name[5:])
+    return frame.f_locals[name]
 
 
 def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
-    """Set local variables of a frame further up this thread's stack."""
+    """Set local variables (and `self.` attributes) of a frame further up this thread's stack."""
+    local: dict[str, Any] = {}
+    for name, value in values.items():
+        if name.startswith("self."):
+            with contextlib.suppress(AttributeError, TypeError):   # a frozen or slotted object: left as it is
+                setattr(frame.f_locals["self"], name[5:], value)
+        else:
+            local[name] = value
+    if not local:
+        return
     if sys.version_info >= (3, 13):
-        for name, value in values.items():
+        for name, value in local.items():
             frame.f_locals[name] = value   # PEP 667: a write-through proxy
         return
-    local = frame.f_locals   # a snapshot of the fast locals, written back below
-    local.update(values)
+    snapshot = frame.f_locals   # the fast locals as a dict, written back below
+    snapshot.update(local)
     ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
 
@@ -208,14 +237,9 @@ _MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into 
 def _tensors(frames: list[FrameType]) -> dict[str, torch.Tensor]:
     """Tensors the function's locals hold that are its own data (a prefetched batch, a running sum): not
     parameters or anything autograd records, which the model, optimizer and private state carry."""
-    found = {}
-    for i, frame in enumerate(frames):
-        skip = _for_targets(frame.f_code)
-        for name, value in frame.f_locals.items():
-            if (name not in skip and isinstance(value, torch.Tensor) and not value.requires_grad
-                    and value.layout == torch.strided and value.numel() * value.element_size() <= _MAX_TENSOR_BYTES):
-                found[_key(i, frame, name)] = value
-    return found
+    return {key: value for key, value in _named(frames)
+            if isinstance(value, torch.Tensor) and not value.requires_grad and value.layout == torch.strided
+            and value.numel() * value.element_size() <= _MAX_TENSOR_BYTES}
 
 
 def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
@@ -260,7 +284,7 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
         for key, value in now.items():
             if key in start.values and key in was and start.values[key] == was[key] and value != was[key]:
                 i, _, name = key.split(":", 2)
-                live = frames[int(i)].f_locals[name]
+                live = _lookup(frames[int(i)], name)
                 # A list or dict is refilled in place: whatever else holds it (a logger, a closure) keeps seeing it.
                 if isinstance(live, list) and isinstance(value, list):
                     live[:] = _copy(value)
