@@ -87,7 +87,8 @@ def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def patched(*args: Any, **kwargs: Any) -> Any:
             ctx = _ctx()
             if ctx is None:
-                _refuse_inside_backward(name)
+                if name not in _ASKS:
+                    _refuse_inside_backward(name)
                 return original(*args, **kwargs)
             if ctx._w.dist_initialized is False and name not in _WITHOUT_GROUP:
                 # torch's own answer outside an initialized world (before init, after destroy)
@@ -100,6 +101,11 @@ def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return impl
 
     return register
+
+
+# Questions, not communication: a library asking from a thread of its own (a loader's, a logger's) while a
+# worker's backward runs gets torch's answer, as before.
+_ASKS = frozenset({"is_initialized", "get_rank", "get_world_size", "get_backend"})
 
 
 def _refuse_inside_backward(name: str) -> None:
