@@ -129,3 +129,21 @@ def test_a_trainer_methods_self_is_carried_like_its_locals() -> None:
     assert (step, best, layout) == (3, 1.0 / 3, 4)
     rng = torch.Generator().manual_seed(5)
     assert draw == [torch.rand(1, generator=rng).item() for _ in range(2)][1]
+
+
+def test_tensors_of_any_kind_in_the_locals_never_fail_the_snapshot() -> None:
+    def job(saved: dict | None, out: dict) -> None:
+        shape_only = torch.empty(3, device="meta")   # noqa: F841 - held only: no bytes to read
+        waves = torch.ones(2, dtype=torch.complex64)
+        flags = torch.zeros(2, dtype=torch.bool)
+        start = fl.begin(STOP, saved)
+        out["seen"] = (waves.tolist(), flags.tolist())
+        waves = waves * 2
+        flags = ~flags
+        out["saved"] = fl.save(STOP, start)
+
+    first: dict = {}
+    _entry(job, None, first)
+    again: dict = {}
+    _entry(job, first["saved"], again)
+    assert again["seen"] == ([2 + 0j, 2 + 0j], [True, True])

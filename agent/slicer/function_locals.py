@@ -239,12 +239,18 @@ def _tensors(frames: list[FrameType]) -> dict[str, torch.Tensor]:
     parameters or anything autograd records, which the model, optimizer and private state carry."""
     return {key: value for key, value in _named(frames)
             if isinstance(value, torch.Tensor) and not value.requires_grad and value.layout == torch.strided
+            and not value.is_quantized and value.device.type != "meta"
             and value.numel() * value.element_size() <= _MAX_TENSOR_BYTES}
 
 
-def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
-    host = t.detach().to("cpu").contiguous().reshape(-1)
-    return tuple(t.shape), str(t.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
+def _fingerprint(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """Shape, dtype and a CRC of the bytes; None for a tensor whose bytes cannot be read that way (it is
+    then never given back: no saved value can be shown to start from the same bytes)."""
+    try:
+        host = t.detach().to("cpu").contiguous().reshape(-1)
+        return tuple(t.shape), str(t.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, TypeError):
+        return None
 
 
 class LoopStart:
@@ -284,7 +290,10 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
         for key, value in now.items():
             if key in start.values and key in was and start.values[key] == was[key] and value != was[key]:
                 i, _, name = key.split(":", 2)
-                live = _lookup(frames[int(i)], name)
+                try:
+                    live = _lookup(frames[int(i)], name)
+                except (AttributeError, KeyError):
+                    continue
                 # A list or dict is refilled in place: whatever else holds it (a logger, a closure) keeps seeing it.
                 if isinstance(live, list) and isinstance(value, list):
                     live[:] = _copy(value)
@@ -297,7 +306,8 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
         live_tensors = _tensors(frames)
         for key, value in saved.get("tensors", {}).items():
             live = live_tensors.get(key)
-            if live is not None and key in printed and start.tensor_prints[key] == tuple(printed[key]):
+            print_now = start.tensor_prints.get(key)
+            if live is not None and print_now is not None and printed.get(key) and print_now == tuple(printed[key]):
                 # Rebound, never written in place: the new run's tensor may be a view of its dataset.
                 i, _, name = key.split(":", 2)
                 todo.setdefault(int(i), {})[name] = value.to(live.device)
@@ -315,5 +325,6 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
     now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
     return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
             "start": {key: was[key] for key in now}, "values": now,
-            "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
-            "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()}}
+            "tensor_start": {key: list(start.tensor_prints[key] or ()) for key in changed} if start is not None else {},
+            "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()
+                        if start is not None and start.tensor_prints.get(key) is not None}}
