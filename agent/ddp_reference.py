@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from elasticd.agent import module_command
+from elasticd.agent.compat.worker_env import torchrun_variables
 from elasticd.agent.script_main import script_args
 
 _REDUCE_OPS = {
@@ -238,13 +239,6 @@ def _group_given(rank: int, world: int) -> None:
         module.destroy_process_group = destroy_process_group  # type: ignore[assignment]
 
 
-def _torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
-    """What torchrun --nproc_per_node=world sets for a rank: a function ported from a torchrun script reads it."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_RUN_ID": "elasticd-ddp"}
-
-
 # --- the launcher --------------------------------------------------------------------------------------
 
 def run_native_ddp(
@@ -273,7 +267,10 @@ def run_native_ddp(
                    "--pg-timeout", str(timeout)]
             if func:
                 cmd += ["--func", func]
-            proc = subprocess.Popen(cmd, env={**child_env, **_torchrun_env(rank, workers, store.port)})
+            # What torchrun --nproc_per_node=workers sets for a rank: a function ported from a torchrun script
+            # reads it (the same table elasticd's workers see; plain data, no runtime code).
+            rank_env = torchrun_variables(rank, workers, "127.0.0.1", store.port, run_id="elasticd-ddp")
+            proc = subprocess.Popen(cmd, env={**child_env, **rank_env})
             procs.append(proc)
             # One waiter thread per rank turns process exits into queue events the launcher blocks on.
             threading.Thread(target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True).start()
