@@ -256,13 +256,14 @@ def _fingerprint(t: torch.Tensor) -> tuple[Any, ...] | None:
 class LoopStart:
     """What a worker's function held when its `ctx.steps` began, for the next snapshot."""
 
-    def __init__(self, frames: list[FrameType]) -> None:
+    def __init__(self, frames: list[FrameType], tensors: dict[str, torch.Tensor]) -> None:
         self.values = _values(frames)
-        tensors = _tensors(frames)
-        self.tensor_prints = {key: _fingerprint(t) for key, t in tensors.items()}
+        # Only tensors whose bytes can be read: no other can be shown to start from the same bytes again.
+        prints = {key: _fingerprint(t) for key, t in tensors.items()}
+        self.tensor_prints = {key: p for key, p in prints.items() if p is not None}
         # Which tensors the loop replaced or wrote: another object, or a moved version counter. Held weakly:
         # a batch the loop rebinds must not stay alive (on the device) for the whole run.
-        self.tensor_ids = {key: (weakref.ref(t), t._version) for key, t in tensors.items()}
+        self.tensor_ids = {key: (weakref.ref(tensors[key]), tensors[key]._version) for key in self.tensor_prints}
 
     def changed_tensors(self, frames: list[FrameType]) -> dict[str, torch.Tensor]:
         changed = {}
@@ -279,7 +280,8 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
     entry), give the generators their states and the loop's plain values and tensors back; note where
     this run starts."""
     frames = _frames(stop)
-    start = LoopStart(frames)
+    tensors = _tensors(frames)
+    start = LoopStart(frames, tensors)
     if saved:
         for key, (kind, obj) in _held(frames).items():
             entry = saved.get("generators", {}).get(key)
@@ -303,14 +305,11 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
                 else:
                     todo.setdefault(int(i), {})[name] = _copy(value)
         printed = saved.get("tensor_start", {})
-        live_tensors = _tensors(frames)
         for key, value in saved.get("tensors", {}).items():
-            live = live_tensors.get(key)
-            print_now = start.tensor_prints.get(key)
-            if live is not None and print_now is not None and printed.get(key) and print_now == tuple(printed[key]):
+            if key in start.tensor_prints and start.tensor_prints[key] == tuple(printed[key]):
                 # Rebound, never written in place: the new run's tensor may be a view of its dataset.
                 i, _, name = key.split(":", 2)
-                todo.setdefault(int(i), {})[name] = value.to(live.device)
+                todo.setdefault(int(i), {})[name] = value.to(tensors[key].device)
         for i, values in todo.items():
             _rebind(frames[i], values)
     return start
@@ -325,6 +324,5 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
     now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
     return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
             "start": {key: was[key] for key in now}, "values": now,
-            "tensor_start": {key: list(start.tensor_prints[key] or ()) for key in changed} if start is not None else {},
-            "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()
-                        if start is not None and start.tensor_prints.get(key) is not None}}
+            "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
+            "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()}}
