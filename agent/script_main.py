@@ -23,7 +23,7 @@ import time
 import types
 from typing import Any
 
-from elasticd.agent.compat import per_rank_singletons
+from elasticd.agent.compat import per_rank_main, per_rank_singletons
 
 # The script's own arguments, as a JSON list, in the agents' environment: one carrier for `elasticd run`
 # (the launcher sets it) and `elasticd submit` (a job's --env reaches agents and warm spares alike).
@@ -112,6 +112,7 @@ class ScriptMain:
             sys.path.insert(0, script_dir)  # `from datautils import ...` next to the script, as `python script.py`
         sys.argv = [self.path, *self.args]  # read-only for the workers: argparse parses it once per worker
         per_rank_singletons.install()  # @hydra.main's run state, per worker as it is per process
+        per_rank_main.install()        # pickle finds the script's classes as `__main__.Name`, as under torchrun
 
     def fn(self, ctx: Any) -> None:
         worker = ctx._w
@@ -122,11 +123,14 @@ class ScriptMain:
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,
                                __cached__=None)
+        worker.main_module = module
         try:
             exec(self.code, module.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
+        finally:
+            worker.main_module = None
 
 
 def fresh_streams() -> None:

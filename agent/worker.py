@@ -73,6 +73,7 @@ class Worker:
     dist_backend: str | None = None
     # Library singletons that are per process under torchrun, per worker here (agent/compat/per_rank_singletons.py).
     singletons: dict[Any, Any] = field(default_factory=dict)
+    main_module: Any = None   # torchrun mode: the script's module this worker runs, its `__main__` (compat/per_rank_main.py)
     handover: Any = None  # CUDA: the event the previous worker recorded when it handed over (slicer/device.py)
 
 

@@ -182,6 +182,64 @@ def test_sys_exit_status(tmp_path: Path) -> None:
     assert bad.code == 1 and "logical rank 3" in bad.err and "sys.exit(3)" in bad.err, bad.output
 
 
+PICKLES_SCRIPT_CLASSES = """
+import io, os, sys
+from dataclasses import dataclass
+import torch
+import torch.distributed as dist
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 2
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor(float(i * i))
+
+class Net(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.fc = torch.nn.Linear(2, 2)
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    model = Net(GPTConfig(n_layer=rank))
+    torch.save({"model": model.state_dict(), "config": model.config}, f"ckpt{rank}.pt")   # build-nanogpt's
+    torch.save(model, f"model{rank}.pt")
+    dist.barrier()
+    config = torch.load(f"ckpt{rank}.pt", weights_only=False)["config"]
+    whole = torch.load(f"model{rank}.pt", weights_only=False)
+    assert type(config) is GPTConfig and config.n_layer == rank, config
+    assert type(whole) is Net and whole.config.n_layer == rank, whole
+    # A spawned DataLoader worker gets the dataset pickled, and runs the script as its `__main__`.
+    loader = torch.utils.data.DataLoader(Squares(), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    assert [b.tolist() for b in loader] == [[0.0, 1.0], [4.0, 9.0]]
+    print("LOADED", rank, sys.modules["__main__"].__file__ == os.path.abspath(__file__), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_objects_of_the_scripts_classes_pickle_as_under_torchrun(tmp_path: Path) -> None:
+    """Under torchrun the script is each rank's `__main__`, so pickle saves and finds its classes by the
+    name `__main__.GPTConfig` (build-nanogpt's checkpoints hold its config dataclass), and a DataLoader
+    under the `spawn` start method pickles the script's dataset for its worker processes. Each worker here
+    runs the script in a module of its own; `sys.modules["__main__"]` answers with it in the worker's thread."""
+    script = tmp_path / "pickles.py"
+    script.write_text(PICKLES_SCRIPT_CLASSES)
+    run = cli("run", "--workers", "4", "--devices", "2", str(script), cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    assert sorted(line for line in run.out.splitlines() if line.startswith("LOADED")) == [
+        f"LOADED {r} True" for r in range(4)], run.out
+    # Each rank's checkpoint holds its own config, saved by reference to the class as torchrun's would be.
+    assert b"__main__" in (tmp_path / "ckpt3.pt").read_bytes()
+
+
 @pytest.mark.timeout(300)
 def test_script_args_reach_sys_argv_as_torchrun_passes_them(tmp_path: Path) -> None:
     script = tmp_path / "argv.py"
