@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from elasticd.agent.slicer import function_locals as fl
@@ -147,3 +148,61 @@ def test_tensors_of_any_kind_in_the_locals_never_fail_the_snapshot() -> None:
     again: dict = {}
     _entry(job, first["saved"], again)
     assert again["seen"] == ([2 + 0j, 2 + 0j], [True, True])
+
+
+class _ShardLoader:
+    """build-nanogpt's DataLoaderLite, cut down: a position in a shard, and the shard's tokens."""
+
+    def __init__(self, rank: int, shards: list[torch.Tensor]) -> None:
+        self.shards, self.rank = shards, rank
+        self.reset()
+
+    def reset(self) -> None:
+        self.shard = 0
+        self.tokens = self.shards[0].clone()   # loaded afresh, as np.load gives a new array each time
+        self.position = self.rank
+
+    def next_batch(self) -> float:
+        x = float(self.tokens[self.position])
+        self.position += 2
+        if self.position >= len(self.tokens):
+            self.shard = (self.shard + 1) % len(self.shards)
+            self.tokens = self.shards[self.shard].clone()
+            self.position = self.rank
+        return x
+
+
+def _loader_job(saved: dict | None, steps: int, out: dict, reload_val: bool = False) -> None:
+    shards = [torch.arange(6.0), torch.arange(6.0) + 100]
+    train = _ShardLoader(1, shards)
+    val = _ShardLoader(0, shards)
+    start = fl.begin(STOP, saved)
+    out["batches"] = [train.next_batch() for _ in range(steps)]
+    if reload_val:
+        val.reset()   # what an evaluation does: the same shard loaded again, another tensor
+    out["saved"] = fl.save(STOP, start)
+
+
+def test_an_object_of_the_users_class_in_a_local_is_carried_like_self() -> None:
+    """The loader's position, shard and tokens go on where the snapshot left them, not from the first batch."""
+    whole: dict = {}
+    _entry(_loader_job, None, 6, whole)
+    first: dict = {}
+    _entry(_loader_job, None, 4, first)   # into the second shard
+    again: dict = {}
+    _entry(_loader_job, first["saved"], 2, again)
+    assert first["batches"] + again["batches"] == whole["batches"] == [1.0, 3.0, 5.0, 101.0, 103.0, 105.0]
+    assert any(key.endswith(":train.position") for key in first["saved"]["values"]), first["saved"]["values"]
+
+
+def test_a_replaced_tensor_too_big_to_carry_fails_the_snapshot_unless_it_holds_what_it_began_with(
+        monkeypatch: Any) -> None:
+    monkeypatch.setattr(fl, "_MAX_TENSOR_BYTES", 16)   # a shard of 6 floats, 24 bytes, counts as big
+    reloaded: dict = {}
+    _entry(_loader_job, None, 1, reloaded, True)   # the val loader's shard reloaded: the same bytes
+    assert not reloaded["saved"]["tensors"]
+    again: dict = {}
+    _entry(_loader_job, reloaded["saved"], 1, again)
+    assert again["batches"] == [3.0]
+    with pytest.raises(fl.NotCarried, match=r"cannot carry `train.tokens` in _loader_job\(\) across the resize"):
+        _entry(_loader_job, None, 4, {})   # the train loader moved on to the second shard

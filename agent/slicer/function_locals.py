@@ -19,9 +19,17 @@ frames on the stack, and a resumed worker reaches the start of `ctx.steps` throu
   Not the targets of `for` statements: their iterator, not the variable, decides the next value.
 
 A method's `self` counts as locals: its attributes are looked at the same way (a trainer's `self.step`,
-`self.best`, `self.rng`), unless it is a module or an optimizer. Not seen: what other objects or closures
-hold, tensors in containers, and names a frame binds only inside the loop (made again there anyway). The process-wide streams (`torch.manual_seed`,
-`random.seed`, `np.random.seed`) are carried by agent/slicer/rng.py.
+`self.best`, `self.rng`), unless it is a module or an optimizer. So do the attributes of an object of the
+user's own classes (defined outside the standard library, site-packages and elasticd) that a local holds:
+build-nanogpt's `DataLoaderLite` keeps its shard and position as `train_loader.current_position`, and a
+resize must not send it back to the first batch. A tensor such an object or a local replaced that is over
+the 64 MiB a snapshot copies (a data shard the loader moved on to) cannot be carried: unless its bytes
+show it holds what it held when the loop began (a shard reloaded), the snapshot fails naming it, rather
+than resume with a position in one shard and the bytes of another.
+
+Not seen: what other objects or closures hold, tensors in containers, and names a frame binds only inside
+the loop (made again there anyway). The process-wide streams (`torch.manual_seed`, `random.seed`,
+`np.random.seed`) are carried by agent/slicer/rng.py.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ import ctypes
 import dis
 import functools
 import random
+import site
 import sys
+import sysconfig
 import weakref
 import zlib
 from collections.abc import Iterator
@@ -41,7 +51,10 @@ from typing import Any
 
 import torch
 
+from elasticd.agent.slicer.carried import NotCarried
+
 _OURS = str(Path(__file__).resolve().parents[1])   # the agent package: its frames are not the function's
+_ELASTICD = str(Path(sys.modules["elasticd"].__file__ or _OURS).resolve().parent)   # the control plane's package
 
 
 def _numpy() -> Any | None:
@@ -118,22 +131,56 @@ def _frames(stop: CodeType) -> list[FrameType]:
     return frames[::-1] if f is not None else []
 
 
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    with contextlib.suppress(AttributeError):   # site.getsitepackages is missing in some virtualenvs
+        dirs.update(site.getsitepackages())
+    dirs.update((_ELASTICD, _OURS))
+    return tuple(str(Path(d).resolve()) + "/" for d in dirs)
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
+@functools.lru_cache(maxsize=1024)
+def _users_class(cls: type) -> bool:
+    """`cls` is defined by the user's code: in a file of its own outside the standard library,
+    site-packages and elasticd (the script, a module beside it), or in the script run as `__main__`."""
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return cls.__module__ == "__main__" and module is not None
+    return not str(Path(path).resolve()).startswith(_LIBRARY_DIRS)
+
+
+def _carries_its_own(obj: Any) -> bool:
+    """Objects whose state the runtime carries through other means (carried.py, the loaders' tracking)."""
+    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
+                            torch.optim.lr_scheduler.ReduceLROnPlateau, torch.amp.GradScaler,
+                            torch.utils.data.DataLoader))
+
+
+def _attrs(owner: Any) -> dict[str, Any] | None:
+    attrs = getattr(owner, "__dict__", None)
+    return attrs if isinstance(attrs, dict) and not _carries_its_own(owner) else None
+
+
 def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
-    """('frame index:function:name', value) for each local of the function's frames but `for` targets, and
-    for each attribute of a method's `self` ('...:self.name'): a trainer object's step counter or generator
-    is what its loop's locals would otherwise be. Not a module's or optimizer's `self`: those carry their
-    own state."""
+    """('frame index:function:name', value) for each local of the function's frames but `for` targets, for
+    each attribute of a method's `self` ('...:self.name') and of an object of the user's classes a local
+    holds ('...:loader.position'): a trainer's step counter or generator, a hand-written loader's position,
+    is what its loop's locals would otherwise be. Not a module's or optimizer's: those carry their own state."""
     for i, frame in enumerate(frames):
         skip = _for_targets(frame.f_code)
-        local = frame.f_locals
-        for name, value in local.items():
-            if name not in skip:
-                yield _key(i, frame, name), value
-        owner = local.get("self")
-        attrs = getattr(owner, "__dict__", None)
-        if isinstance(attrs, dict) and not isinstance(owner, (torch.nn.Module, torch.optim.Optimizer)):
-            for name, value in list(attrs.items()):
-                yield _key(i, frame, f"self.{name}"), value
+        for name, value in list(frame.f_locals.items()):
+            if name in skip:
+                continue
+            yield _key(i, frame, name), value
+            if name == "self" or _users_class(type(value)):
+                attrs = _attrs(value)
+                for attr, held in list(attrs.items()) if attrs is not None else ():
+                    yield _key(i, frame, f"{name}.{attr}"), held
 
 
 def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
@@ -206,18 +253,18 @@ def _values(frames: list[FrameType]) -> dict[str, Any]:
 
 
 def _lookup(frame: FrameType, name: str) -> Any:
-    if name.startswith("self."):
-        return getattr(frame.f_locals["self"], name[5:])
-    return frame.f_locals[name]
+    owner, dot, attr = name.partition(".")
+    return getattr(frame.f_locals[owner], attr) if dot else frame.f_locals[name]
 
 
 def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
-    """Set local variables (and `self.` attributes) of a frame further up this thread's stack."""
+    """Set local variables (and attributes of the objects they hold) of a frame further up this thread's stack."""
     local: dict[str, Any] = {}
     for name, value in values.items():
-        if name.startswith("self."):
-            with contextlib.suppress(AttributeError, TypeError):   # a frozen or slotted object: left as it is
-                setattr(frame.f_locals["self"], name[5:], value)
+        owner, dot, attr = name.partition(".")
+        if dot:
+            with contextlib.suppress(AttributeError, TypeError, KeyError):   # frozen, slotted, or gone: left as it is
+                setattr(frame.f_locals[owner], attr, value)
         else:
             local[name] = value
     if not local:
@@ -235,19 +282,29 @@ _MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into 
 
 
 def _tensors(frames: list[FrameType]) -> dict[str, torch.Tensor]:
-    """Tensors the function's locals hold that are its own data (a prefetched batch, a running sum): not
-    parameters or anything autograd records, which the model, optimizer and private state carry."""
+    """Tensors the function's locals hold that are its own data (a prefetched batch, a running sum, a data
+    shard): not parameters or anything autograd records, which the model, optimizer and private state carry."""
     return {key: value for key, value in _named(frames)
             if isinstance(value, torch.Tensor) and not value.requires_grad and value.layout == torch.strided
-            and not value.is_quantized and value.device.type != "meta"
-            and value.numel() * value.element_size() <= _MAX_TENSOR_BYTES}
+            and not value.is_quantized and value.device.type != "meta"}
+
+
+def _big(t: torch.Tensor) -> bool:
+    return t.numel() * t.element_size() > _MAX_TENSOR_BYTES
+
+
+_SAMPLES = 1 << 16   # elements of a big tensor read for its fingerprint, evenly spaced
 
 
 def _fingerprint(t: torch.Tensor) -> tuple[Any, ...] | None:
-    """Shape, dtype and a CRC of the bytes; None for a tensor whose bytes cannot be read that way (it is
-    then never given back: no saved value can be shown to start from the same bytes)."""
+    """Shape, dtype and a CRC of the bytes (of 65 536 evenly spaced elements, for a tensor over 64 MiB,
+    read where it lives); None for a tensor whose bytes cannot be read that way (it is then never given
+    back: no saved value can be shown to start from the same bytes)."""
     try:
-        host = t.detach().to("cpu").contiguous().reshape(-1)
+        flat = t.detach().reshape(-1)
+        if _big(t):
+            flat = flat[torch.linspace(0, flat.numel() - 1, _SAMPLES, device=flat.device).long()]
+        host = flat.to("cpu").contiguous()
         return tuple(t.shape), str(t.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
     except (RuntimeError, TypeError):
         return None
@@ -315,10 +372,33 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
     return start
 
 
+def _where(key: str) -> str:
+    _, function, name = key.split(":", 2)
+    return f"`{name}` in {function}()"
+
+
 def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
-    """What a resumed worker's `begin` needs, from the function's frames now (in the worker's thread)."""
+    """What a resumed worker's `begin` needs, from the function's frames now (in the worker's thread).
+
+    Raises:
+        NotCarried: the loop replaced or changed a tensor over 64 MiB (which no snapshot copies), and its
+            bytes are not those it had when the loop began.
+    """
     frames = _frames(stop)
     changed = start.changed_tensors(frames) if start is not None else {}
+    for key, t in list(changed.items()):
+        if not _big(t):
+            continue
+        del changed[key]
+        if start is not None and _fingerprint(t) != start.tensor_prints[key]:
+            raise NotCarried(
+                f"cannot carry {_where(key)} across the resize: the loop replaced or changed this "
+                f"{t.numel() * t.element_size() / 2**20:.0f} MiB tensor since ctx.steps began, and tensors "
+                f"over {_MAX_TENSOR_BYTES >> 20} MiB are not copied into snapshots. The resumed function would "
+                f"start from the one it builds before the loop, with the other variables at this step (a "
+                f"position in one data shard, the bytes of another). Keep what selects it (a shard index) in "
+                f"a variable and load the tensor inside the loop when it changes, or keep it under "
+                f"{_MAX_TENSOR_BYTES >> 20} MiB")
     was = start.values if start is not None else {}
     # Only what the loop changed: a file list or a config held in a local is not copied into every snapshot.
     now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
