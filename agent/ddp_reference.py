@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import queue
 import subprocess
@@ -34,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elasticd.agent import module_command
 from elasticd.agent.compat.worker_env import torchrun_variables
+from elasticd.agent.script import import_script
 from elasticd.agent.script_main import script_args
 
 _REDUCE_OPS = {
@@ -157,17 +157,9 @@ def _fmt(v: Any) -> str:
 # --- finding the user's function ----------------------------------------------------------------------
 
 def load_script(script: str) -> ModuleType:
-    """Import the script by path under a name that is not `__main__`, so its `train()` footer stays idle."""
-    path = Path(script).resolve()
-    # Like `python script.py`: the script's directory comes first, so its sibling imports work.
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(f"elasticd_native_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {script}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """Import the script as elasticd's agents do (agent/script.py), under the name pickle then records for
+    its classes in the reference's checkpoints too."""
+    return import_script(str(Path(script).resolve()))
 
 
 def find_function(module: ModuleType, func: str | None) -> Any:

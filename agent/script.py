@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from types import ModuleType
 
 from elasticd.agent.decorator import ElasticFunction
 from elasticd.agent.script_main import ScriptMain, is_torchrun_script
@@ -30,11 +31,14 @@ def load_target(script: str, func: str | None, args: list[str]) -> ElasticFuncti
     return load_function(script, func)
 
 
-def load_function(script: str, func: str | None) -> ElasticFunction:
-    """Import `script` as a module (not `__main__`, so its `train()` footer does not fire).
+def import_script(script: str) -> ModuleType:
+    """Import `script` as a module named after its file (`train.py` as `train`), not `__main__`, so that its
+    `train()` footer does not fire. The name is what pickle records for the script's classes: a checkpoint
+    holding a config dataclass loads wherever `import train` does (`__elasticd_script__` if another module
+    already has the name).
 
     Raises:
-        ScriptError: unreadable script, import error, or no unambiguous `@elastic` function.
+        ScriptError: no such file, or not importable.
     """
     path = os.path.abspath(script)
     if not os.path.isfile(path):
@@ -51,6 +55,16 @@ def load_function(script: str, func: str | None) -> ElasticFunction:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)  # errors in the user's module propagate with their traceback
+    return module
+
+
+def load_function(script: str, func: str | None) -> ElasticFunction:
+    """Import `script` as a module (not `__main__`, so its `train()` footer does not fire).
+
+    Raises:
+        ScriptError: unreadable script, import error, or no unambiguous `@elastic` function.
+    """
+    module = import_script(script)
     if func:
         obj = getattr(module, func, None)
         if obj is None:

@@ -351,6 +351,6 @@ def test_a_function_ported_from_torchrun_sees_torchruns_environment_in_both_runn
             elasticd_run("env_ranks", 2, {"ELASTICD_TEST_OUT": str(out)})
         seen[name] = {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(REFERENCE_WORKERS)}
     want = {r: {"rank": r, "world": REFERENCE_WORKERS, "local_rank": r, "get_rank": r, "ctx_rank": r,
-                "sum_of_ranks": 6.0} for r in range(REFERENCE_WORKERS)}
+                "sum_of_ranks": 6.0, "pickled_as": "env_ranks"} for r in range(REFERENCE_WORKERS)}
     assert seen["native"] == want
     assert seen["elasticd"] == want
