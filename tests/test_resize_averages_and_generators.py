@@ -75,7 +75,8 @@ def test_deep_copies_outside_workers_are_plain_copies() -> None:
 @pytest.mark.timeout(900)
 def test_generators_and_counters_in_the_functions_variables_go_on_across_resizes(tmp_path: Path) -> None:
     """torch, numpy (new and legacy) and `random` generators a rank seeds itself, and the plain values its loop
-    changes: an iteration counter setting the LR, a loss history, a best loss (tests/jobs/function_locals.py)."""
+    changes: an iteration counter setting the LR, a loss history, a best loss; and a hand-written loader object's
+shard, position and rows (tests/jobs/function_locals.py)."""
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
     args = ["run", str(JOBS / "function_locals.py"), "--workers", str(REFERENCE_WORKERS)]
     ddp = cli(*args, "--ddp", env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
