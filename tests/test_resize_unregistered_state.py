@@ -72,6 +72,15 @@ def test_scale_at_resizes_after_the_step_asked_for_and_the_summary_says_so(forgo
     assert [hosted[s] for s in (5, 6, 10, 11)] == [2, 4, 4, 2], hosted
 
 
+
+def test_ctx_step_is_the_step_the_function_resumes_at_from_its_first_line(forgot_runs: tuple[Path, Path]) -> None:
+    """Code before the loop runs again after each resize; `if ctx.step == 0:` tells it a fresh start."""
+    ref, out = forgot_runs
+    for rank in range(REFERENCE_WORKERS):
+        assert (ref / f"starts{rank}.log").read_text().split() == ["0"]
+        assert (out / f"starts{rank}.log").read_text().split() == ["0", "6", "11"]
+
+
 @pytest.mark.timeout(600)
 def test_a_state_no_snapshot_can_hold_fails_the_resize_naming_the_object(tmp_path: Path) -> None:
     run = _run("forgot_unsavable", tmp_path, "--devices", "2", "--scale-at", "3:1")

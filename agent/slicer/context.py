@@ -59,7 +59,9 @@ class WorkerContext:
     def __init__(self, runtime: Runtime, worker: Worker) -> None:
         self._rt = runtime
         self._w = worker
-        self.step = 0
+        # The step the function resumes at, from its first line: code before the loop runs again after every
+        # resize and recovery, and `if ctx.step == 0:` is how it tells a fresh start (truncating a log file).
+        self.step = worker.start_step
 
     # -- identity -----------------------------------------------------------------------------
     @property

@@ -6,7 +6,8 @@ DataLoader iterator taken before the loop (`it = iter(loader)`, `next(it)`), re-
 `sampler.set_epoch(...)` when it runs out. A resize must carry all of it as DDP would never lose it.
 
 Rank 0 writes the model's state plus the final LR and loss scale to $ELASTICD_TEST_OUT; with
-$ELASTICD_TEST_LOG set, every rank appends "step hosted-ranks idx idx ..." per step to rank<r>.log there.
+$ELASTICD_TEST_LOG set, every rank appends "step hosted-ranks idx idx ..." per step to rank<r>.log there, and
+`ctx.step` as the function starts, each time it does, to starts<r>.log.
 With ELASTICD_TEST_LOOP=for, `ctx.steps` drives from inside the trainer's own `for batch in loader` loop,
 whose epoch counter is a plain variable (same data and random draws as the default loop under DDP).
 """
@@ -43,6 +44,9 @@ def train(ctx) -> None:
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     loader = DataLoader(ds, batch_size=16, sampler=sampler)  # 8 batches per epoch and rank
     log_dir = os.environ.get("ELASTICD_TEST_LOG")
+    if log_dir:   # what the function's first lines see: the step it starts (or resumes) at
+        with open(os.path.join(log_dir, f"starts{ctx.rank}.log"), "a") as f:
+            f.write(f"{ctx.step}\n")
 
     def one_step(step: int, batch: list[torch.Tensor]) -> None:
         xb, yb, idx = batch
