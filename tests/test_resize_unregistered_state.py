@@ -41,8 +41,10 @@ def forgot_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ref, out = tmp_path_factory.mktemp("ddp"), tmp_path_factory.mktemp("scaled")
     run = _run("forgot_job", ref, "--ddp")
     assert run.code == 0, run.output
+    (ref / "output.txt").write_text(run.output)
     run = _run("forgot_job", out, "--devices", "2", "--scale-at", SCALE_AT, "--summary", str(out / "summary.json"))
     assert run.code == 0, run.output
+    (out / "output.txt").write_text(run.output)
     return ref, out
 
 
@@ -74,11 +76,18 @@ def test_scale_at_resizes_after_the_step_asked_for_and_the_summary_says_so(forgo
 
 
 def test_ctx_step_is_the_step_the_function_resumes_at_from_its_first_line(forgot_runs: tuple[Path, Path]) -> None:
-    """Code before the loop runs again after each resize; `if ctx.step == 0:` tells it a fresh start."""
+    """Code before the loop runs again after each resize; `if ctx.step == 0:` tells it a fresh start, and a file
+    that code empties again is named in the job's output (agent/slicer/reentry_writes.py)."""
     ref, out = forgot_runs
     for rank in range(REFERENCE_WORKERS):
         assert (ref / f"starts{rank}.log").read_text().split() == ["0"]
         assert (out / f"starts{rank}.log").read_text().split() == ["0", "6", "11"]
+    # Every rank rewrites config.txt before its loop: after each resize the job's output says it was emptied,
+    # once per agent (one after the resize to 1 device, two after the one back to 2).
+    said = [line for line in (out / "output.txt").read_text().splitlines() if "config.txt with mode 'w'" in line]
+    assert all("what the file held is gone" in line for line in said), said
+    assert sorted(line.split("resuming at step ")[1].split(":")[0] for line in said) == ["11", "11", "6"], said
+    assert "config.txt" not in (ref / "output.txt").read_text()
 
 
 @pytest.mark.timeout(600)

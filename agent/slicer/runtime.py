@@ -32,7 +32,7 @@ from elasticd.agent.replicated.idioms import install as install_idioms
 from elasticd.agent.replicated.ledger import ReplicatedStateError
 from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
-from elasticd.agent.slicer import rng, shared_globals
+from elasticd.agent.slicer import reentry_writes, rng, shared_globals
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded, WorkerState
 from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
@@ -89,6 +89,7 @@ class Runtime:
         self.groups = self.replicated.groups
         self._workers = {r: Worker(r) for r in self.hosted}
         if restore is not None:
+            reentry_writes.watch()   # the function runs its first lines again: say which files they empty
             for r, w in self._workers.items():
                 w.restore = restore.workers[r]
                 w.start_step = w.restore.step

@@ -7,7 +7,7 @@ DataLoader iterator taken before the loop (`it = iter(loader)`, `next(it)`), re-
 
 Rank 0 writes the model's state plus the final LR and loss scale to $ELASTICD_TEST_OUT; with
 $ELASTICD_TEST_LOG set, every rank appends "step hosted-ranks idx idx ..." per step to rank<r>.log there, and
-`ctx.step` as the function starts, each time it does, to starts<r>.log.
+`ctx.step` as the function starts, each time it does, to starts<r>.log; and it rewrites config.txt there.
 With ELASTICD_TEST_LOOP=for, `ctx.steps` drives from inside the trainer's own `for batch in loader` loop,
 whose epoch counter is a plain variable (same data and random draws as the default loop under DDP).
 """
@@ -47,6 +47,8 @@ def train(ctx) -> None:
     if log_dir:   # what the function's first lines see: the step it starts (or resumes) at
         with open(os.path.join(log_dir, f"starts{ctx.rank}.log"), "a") as f:
             f.write(f"{ctx.step}\n")
+        with open(os.path.join(log_dir, "config.txt"), "w") as f:   # emptied again at a resize: said so
+            f.write("lr=1e-2\n")
 
     def one_step(step: int, batch: list[torch.Tensor]) -> None:
         xb, yb, idx = batch
