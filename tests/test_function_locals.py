@@ -159,23 +159,45 @@ class _ShardLoader:
 
     def reset(self) -> None:
         self.shard = 0
-        self.tokens = self.shards[0].clone()   # loaded afresh, as np.load gives a new array each time
+        self.tokens = self.load(0)
         self.position = self.rank
+
+    def load(self, shard: int) -> Any:
+        return self.shards[shard].clone()   # loaded afresh, as np.load gives a new array each time
 
     def next_batch(self) -> float:
         x = float(self.tokens[self.position])
         self.position += 2
         if self.position >= len(self.tokens):
             self.shard = (self.shard + 1) % len(self.shards)
-            self.tokens = self.shards[self.shard].clone()
+            self.tokens = self.load(self.shard)
             self.position = self.rank
         return x
 
 
-def _loader_job(saved: dict | None, steps: int, out: dict, reload_val: bool = False) -> None:
+class _NumpyShardLoader(_ShardLoader):
+    """llm.c's loader keeps its shard's tokens as a numpy array."""
+
+    def load(self, shard: int) -> Any:
+        return self.shards[shard].numpy().copy()
+
+
+class _StatefulShardLoader(_ShardLoader):
+    """One that says what its state is, and loads its shard again from it (torch's Stateful protocol)."""
+
+    def state_dict(self) -> dict:
+        return {"shard": self.shard, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.shard, self.position = state["shard"], state["position"]
+        self.tokens = self.load(self.shard)
+
+
+def _loader_job(saved: dict | None, steps: int, out: dict, reload_val: bool = False,
+                kind: type = _ShardLoader) -> None:
     shards = [torch.arange(6.0), torch.arange(6.0) + 100]
-    train = _ShardLoader(1, shards)
-    val = _ShardLoader(0, shards)
+    train = kind(1, shards)
+    val = kind(0, shards)
     start = fl.begin(STOP, saved)
     out["batches"] = [train.next_batch() for _ in range(steps)]
     if reload_val:
@@ -183,16 +205,24 @@ def _loader_job(saved: dict | None, steps: int, out: dict, reload_val: bool = Fa
     out["saved"] = fl.save(STOP, start)
 
 
-def test_an_object_of_the_users_class_in_a_local_is_carried_like_self() -> None:
-    """The loader's position, shard and tokens go on where the snapshot left them, not from the first batch."""
+@pytest.mark.parametrize("kind", [_ShardLoader, _NumpyShardLoader, _StatefulShardLoader])
+def test_an_object_of_the_users_class_in_a_local_is_carried_like_self(kind: type) -> None:
+    """The loader's position, shard and tokens (a tensor, or a numpy array) go on where the snapshot left them,
+    not from the first batch; an object with state_dict()/load_state_dict() is carried through them."""
     whole: dict = {}
-    _entry(_loader_job, None, 6, whole)
+    _entry(_loader_job, None, 6, whole, False, kind)
     first: dict = {}
-    _entry(_loader_job, None, 4, first)   # into the second shard
+    _entry(_loader_job, None, 4, first, False, kind)   # into the second shard
     again: dict = {}
-    _entry(_loader_job, first["saved"], 2, again)
+    _entry(_loader_job, first["saved"], 2, again, False, kind)
     assert first["batches"] + again["batches"] == whole["batches"] == [1.0, 3.0, 5.0, 101.0, 103.0, 105.0]
-    assert any(key.endswith(":train.position") for key in first["saved"]["values"]), first["saved"]["values"]
+    saved = first["saved"]
+    if kind is _StatefulShardLoader:
+        assert [state for key, state in saved["stateful"].items() if key.endswith(":train")] == [
+            {"shard": 1, "position": 3}]
+        assert not any(".tokens" in key or ".position" in key for key in [*saved["values"], *saved["tensors"]])
+    else:
+        assert any(key.endswith(":train.position") for key in saved["values"]), saved["values"]
 
 
 def test_a_replaced_tensor_too_big_to_carry_fails_the_snapshot_unless_it_holds_what_it_began_with(
@@ -206,3 +236,11 @@ def test_a_replaced_tensor_too_big_to_carry_fails_the_snapshot_unless_it_holds_w
     assert again["batches"] == [3.0]
     with pytest.raises(fl.NotCarried, match=r"cannot carry `train.tokens` in _loader_job\(\) across the resize"):
         _entry(_loader_job, None, 4, {})   # the train loader moved on to the second shard
+    with pytest.raises(fl.NotCarried, match=r"cannot carry `train.tokens`"):
+        _entry(_loader_job, None, 4, {}, False, _NumpyShardLoader)
+    # An object carried through its own protocol: its tokens are its business, loaded again from its state.
+    moved: dict = {}
+    _entry(_loader_job, None, 4, moved, False, _StatefulShardLoader)
+    again = {}
+    _entry(_loader_job, moved["saved"], 2, again, False, _StatefulShardLoader)
+    assert again["batches"] == [103.0, 105.0]

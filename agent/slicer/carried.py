@@ -196,7 +196,7 @@ def save(w: Worker) -> list[dict[str, Any]]:
             except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the resize fails
                 raise NotCarried(f"cannot carry the {name} across the resize: its state_dict() raised "
                                  f"{type(e).__name__}: {e}") from e
-            bad = _first_unplain(state, "state_dict()")
+            bad = first_unplain(state, "state_dict()")
             if bad is not None:
                 raise NotCarried(
                     f"cannot carry the {name} across the resize: {bad[0]} is a {type(bad[1]).__name__}, which a "
@@ -207,18 +207,18 @@ def save(w: Worker) -> list[dict[str, Any]]:
     return out
 
 
-def _first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
+def first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
     if isinstance(x, _PLAIN):
         return None
     if isinstance(x, dict):
         for k, v in x.items():
-            bad = _first_unplain(k, f"{path} key") or _first_unplain(v, f"{path}[{k!r}]")
+            bad = first_unplain(k, f"{path} key") or first_unplain(v, f"{path}[{k!r}]")
             if bad is not None:
                 return bad
         return None
     if isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
-            bad = _first_unplain(v, f"{path}[{i}]")
+            bad = first_unplain(v, f"{path}[{i}]")
             if bad is not None:
                 return bad
         return None

@@ -51,7 +51,8 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.slicer.carried import NotCarried
+from elasticd.agent.private.saving import clone_state
+from elasticd.agent.slicer.carried import NotCarried, first_unplain
 
 _OURS = str(Path(__file__).resolve().parents[1])   # the agent package: its frames are not the function's
 _ELASTICD = str(Path(sys.modules["elasticd"].__file__ or _OURS).resolve().parent)   # the control plane's package
@@ -161,9 +162,33 @@ def _carries_its_own(obj: Any) -> bool:
                             torch.utils.data.DataLoader))
 
 
-def _attrs(owner: Any) -> dict[str, Any] | None:
+def _stateful(obj: Any) -> bool:
+    """The object says what its state is: `state_dict()` and `load_state_dict()` (torch's Stateful protocol)."""
+    return callable(getattr(type(obj), "state_dict", None)) and callable(getattr(type(obj), "load_state_dict", None))
+
+
+def _by_protocol(name: str, obj: Any) -> bool:
+    """Carried through its own state_dict()/load_state_dict(): an object of the user's classes a local other
+    than a method's `self` holds (a trainer's own state_dict() is usually its checkpoint: model and all)."""
+    return name != "self" and _users_class(type(obj)) and not _carries_its_own(obj) and _stateful(obj)
+
+
+def _attrs(name: str, owner: Any) -> dict[str, Any] | None:
+    """The attributes carried as locals: not of an object carried its own way, or through its protocol."""
     attrs = getattr(owner, "__dict__", None)
-    return attrs if isinstance(attrs, dict) and not _carries_its_own(owner) else None
+    ok = isinstance(attrs, dict) and not _carries_its_own(owner) and not _by_protocol(name, owner)
+    return attrs if ok else None
+
+
+def _objects(frames: list[FrameType]) -> dict[str, Any]:
+    """key -> each object the function's locals hold that is carried through its own protocol (_by_protocol)."""
+    found = {}
+    for i, frame in enumerate(frames):
+        skip = _for_targets(frame.f_code)
+        for name, value in list(frame.f_locals.items()):
+            if name not in skip and _by_protocol(name, value):
+                found[_key(i, frame, name)] = value
+    return found
 
 
 def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
@@ -178,7 +203,7 @@ def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
                 continue
             yield _key(i, frame, name), value
             if name == "self" or _users_class(type(value)):
-                attrs = _attrs(value)
+                attrs = _attrs(name, value)
                 for attr, held in list(attrs.items()) if attrs is not None else ():
                     yield _key(i, frame, f"{name}.{attr}"), held
 
@@ -281,53 +306,94 @@ def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
 _MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into each snapshot
 
 
-def _tensors(frames: list[FrameType]) -> dict[str, torch.Tensor]:
-    """Tensors the function's locals hold that are its own data (a prefetched batch, a running sum, a data
-    shard): not parameters or anything autograd records, which the model, optimizer and private state carry."""
-    return {key: value for key, value in _named(frames)
-            if isinstance(value, torch.Tensor) and not value.requires_grad and value.layout == torch.strided
-            and not value.is_quantized and value.device.type != "meta"}
+def _is_array(value: Any) -> bool:
+    """A tensor of the function's own data (a prefetched batch, a running sum, a data shard), not parameters
+    or anything autograd records, which the model, optimizer and private state carry; or a numpy array of
+    numbers (llm.c's loader keeps its shard's tokens as one, memory-mapped or not)."""
+    if isinstance(value, torch.Tensor):
+        return (not value.requires_grad and value.layout == torch.strided and not value.is_quantized
+                and value.device.type != "meta")
+    np = _numpy()
+    return np is not None and isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
 
 
-def _big(t: torch.Tensor) -> bool:
-    return t.numel() * t.element_size() > _MAX_TENSOR_BYTES
+def _tensors(frames: list[FrameType]) -> dict[str, Any]:
+    """The arrays (tensors and numpy arrays, see _is_array) the function's locals hold."""
+    return {key: value for key, value in _named(frames) if _is_array(value)}
 
 
-_SAMPLES = 1 << 16   # elements of a big tensor read for its fingerprint, evenly spaced
+def _nbytes(a: Any) -> int:
+    return a.numel() * a.element_size() if isinstance(a, torch.Tensor) else int(a.nbytes)
 
 
-def _fingerprint(t: torch.Tensor) -> tuple[Any, ...] | None:
-    """Shape, dtype and a CRC of the bytes (of 65 536 evenly spaced elements, for a tensor over 64 MiB,
-    read where it lives); None for a tensor whose bytes cannot be read that way (it is then never given
-    back: no saved value can be shown to start from the same bytes)."""
+def _big(a: Any) -> bool:
+    return _nbytes(a) > _MAX_TENSOR_BYTES
+
+
+# Elements of a big array read for its fingerprint, evenly spaced: enough to tell one data shard from another,
+# few enough that a memory-mapped one is read in a few thousand pages, not whole.
+_SAMPLES = 1 << 12
+
+
+def _fingerprint(a: Any) -> tuple[Any, ...] | None:
+    """Shape, dtype and a CRC of the bytes (of 4 096 evenly spaced elements, for an array over 64 MiB, read
+    where it lives); None for one whose bytes cannot be read that way (it is then never given back: no
+    saved value can be shown to start from the same bytes)."""
     try:
-        flat = t.detach().reshape(-1)
-        if _big(t):
+        if not isinstance(a, torch.Tensor):
+            flat = a.reshape(-1)
+            if _big(a):
+                flat = flat[(_numpy().linspace(0, flat.size - 1, _SAMPLES)).astype("int64")]
+            return tuple(a.shape), str(a.dtype), zlib.crc32(flat.tobytes())
+        flat = a.detach().reshape(-1)
+        if _big(a):
             flat = flat[torch.linspace(0, flat.numel() - 1, _SAMPLES, device=flat.device).long()]
         host = flat.to("cpu").contiguous()
-        return tuple(t.shape), str(t.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
-    except (RuntimeError, TypeError):
+        return tuple(a.shape), str(a.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, TypeError, ValueError):
         return None
+
+
+def _version(a: Any) -> int | None:
+    """torch's count of in-place writes; numpy keeps none (an array is told apart by its identity only)."""
+    return a._version if isinstance(a, torch.Tensor) else None
+
+
+def _to_snapshot(a: Any) -> Any:
+    """A copy a snapshot can hold: a tensor on the host, or a numpy array as its bytes, dtype and shape."""
+    if isinstance(a, torch.Tensor):
+        return a.detach().to("cpu", copy=True)
+    np = _numpy()
+    flat = np.ascontiguousarray(a).reshape(-1)
+    return {"numpy_bytes": torch.from_numpy(flat.view(np.uint8).copy()), "dtype": str(a.dtype),
+            "shape": list(a.shape)}
+
+
+def _from_snapshot(saved: Any, like: Any) -> Any:
+    if isinstance(saved, dict):
+        np = _numpy()
+        return np.frombuffer(saved["numpy_bytes"].numpy().tobytes(), dtype=saved["dtype"]).reshape(saved["shape"]).copy()
+    return saved.to(like.device) if isinstance(like, torch.Tensor) else saved
 
 
 class LoopStart:
     """What a worker's function held when its `ctx.steps` began, for the next snapshot."""
 
-    def __init__(self, frames: list[FrameType], tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, frames: list[FrameType], tensors: dict[str, Any]) -> None:
         self.values = _values(frames)
         # Only tensors whose bytes can be read: no other can be shown to start from the same bytes again.
         prints = {key: _fingerprint(t) for key, t in tensors.items()}
         self.tensor_prints = {key: p for key, p in prints.items() if p is not None}
         # Which tensors the loop replaced or wrote: another object, or a moved version counter. Held weakly:
         # a batch the loop rebinds must not stay alive (on the device) for the whole run.
-        self.tensor_ids = {key: (weakref.ref(tensors[key]), tensors[key]._version) for key in self.tensor_prints}
+        self.tensor_ids = {key: (weakref.ref(tensors[key]), _version(tensors[key])) for key in self.tensor_prints}
 
-    def changed_tensors(self, frames: list[FrameType]) -> dict[str, torch.Tensor]:
+    def changed_tensors(self, frames: list[FrameType]) -> dict[str, Any]:
         changed = {}
         for key, t in _tensors(frames).items():
             if key in self.tensor_ids:
                 ref, version = self.tensor_ids[key]
-                if ref() is not t or t._version != version:
+                if ref() is not t or _version(t) != version:
                     changed[key] = t
         return changed
 
@@ -366,9 +432,13 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             if key in start.tensor_prints and start.tensor_prints[key] == tuple(printed[key]):
                 # Rebound, never written in place: the new run's tensor may be a view of its dataset.
                 i, _, name = key.split(":", 2)
-                todo.setdefault(int(i), {})[name] = value.to(tensors[key].device)
+                todo.setdefault(int(i), {})[name] = _from_snapshot(value, tensors[key])
         for i, values in todo.items():
             _rebind(frames[i], values)
+        objects = _objects(frames)
+        for key, state in saved.get("stateful", {}).items():
+            if key in objects:
+                objects[key].load_state_dict(state)
     return start
 
 
@@ -393,16 +463,35 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
         if start is not None and _fingerprint(t) != start.tensor_prints[key]:
             raise NotCarried(
                 f"cannot carry {_where(key)} across the resize: the loop replaced or changed this "
-                f"{t.numel() * t.element_size() / 2**20:.0f} MiB tensor since ctx.steps began, and tensors "
+                f"{_nbytes(t) / 2**20:.0f} MiB array since ctx.steps began, and arrays "
                 f"over {_MAX_TENSOR_BYTES >> 20} MiB are not copied into snapshots. The resumed function would "
                 f"start from the one it builds before the loop, with the other variables at this step (a "
-                f"position in one data shard, the bytes of another). Keep what selects it (a shard index) in "
-                f"a variable and load the tensor inside the loop when it changes, or keep it under "
-                f"{_MAX_TENSOR_BYTES >> 20} MiB")
+                f"position in one data shard, the bytes of another). Keep it under "
+                f"{_MAX_TENSOR_BYTES >> 20} MiB (smaller shards); or, where an object of yours holds it, give "
+                f"its class state_dict() and load_state_dict() methods (torch's Stateful protocol) that keep "
+                f"what selects it (the shard index, the position) and load it again: elasticd then carries "
+                f"the object through them instead of its attributes")
     was = start.values if start is not None else {}
     # Only what the loop changed: a file list or a config held in a local is not copied into every snapshot.
     now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
     return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
             "start": {key: was[key] for key in now}, "values": now,
             "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
-            "tensors": {key: t.detach().to("cpu", copy=True) for key, t in changed.items()}}
+            "tensors": {key: _to_snapshot(t) for key, t in changed.items()},
+            "stateful": _states(frames)}
+
+
+def _states(frames: list[FrameType]) -> dict[str, Any]:
+    states = {}
+    for key, obj in _objects(frames).items():
+        try:
+            state = obj.state_dict()
+        except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the snapshot fails
+            raise NotCarried(f"cannot carry {_where(key)} across the resize: its state_dict() raised "
+                             f"{type(e).__name__}: {e}") from e
+        bad = first_unplain(state, "state_dict()")
+        if bad is not None:
+            raise NotCarried(f"cannot carry {_where(key)} across the resize: {bad[0]} is a {type(bad[1]).__name__}, "
+                             f"which a snapshot cannot hold (tensors, numbers, strings, lists and dicts only)")
+        states[key] = clone_state(state)
+    return states
