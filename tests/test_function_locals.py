@@ -244,3 +244,17 @@ def test_a_replaced_tensor_too_big_to_carry_fails_the_snapshot_unless_it_holds_w
     again = {}
     _entry(_loader_job, moved["saved"], 2, again, False, _StatefulShardLoader)
     assert again["batches"] == [103.0, 105.0]
+
+
+class _UnsavableState(_ShardLoader):
+    def state_dict(self) -> dict:
+        return {"shard": self.shard, "pick": self.load}   # a bound method: no snapshot can hold it
+
+    def load_state_dict(self, state: dict) -> None:
+        self.shard = state["shard"]
+
+
+def test_an_object_whose_state_dict_a_snapshot_cannot_hold_fails_it_naming_the_variable() -> None:
+    with pytest.raises(fl.NotCarried, match=r"cannot carry `(train|val)` in _loader_job\(\) across the resize: "
+                                            r"state_dict\(\)\['pick'\] is a method"):
+        _entry(_loader_job, None, 1, {}, False, _UnsavableState)

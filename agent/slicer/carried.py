@@ -190,35 +190,44 @@ def save(w: Worker) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"type": _type_name(obj), "state": None}
         target = _target(obj)
         if target is not None and not _carried_elsewhere(w, obj):
-            name = describe(_type_name(obj), w.rank, k)
-            try:
-                state = target.state_dict()
-            except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the resize fails
-                raise NotCarried(f"cannot carry the {name} across the resize: its state_dict() raised "
-                                 f"{type(e).__name__}: {e}") from e
-            bad = first_unplain(state, "state_dict()")
-            if bad is not None:
-                raise NotCarried(
-                    f"cannot carry the {name} across the resize: {bad[0]} is a {type(bad[1]).__name__}, which a "
-                    f"snapshot cannot hold (tensors, numbers, strings, lists and dicts only). Keep that out of "
-                    f"its state, or run this job without resizing it")
-            entry["state"] = clone_state(state)
+            entry["state"] = snapshot_state(target, f"the {describe(_type_name(obj), w.rank, k)}")
         out.append(entry)
     return out
 
 
-def first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
+def snapshot_state(obj: Any, name: str) -> Any:
+    """A copy of `obj.state_dict()` a snapshot can hold.
+
+    Raises:
+        NotCarried: state_dict() raises, or holds something a snapshot cannot (e.g. a function); `name`
+            says which object in the error.
+    """
+    try:
+        state = obj.state_dict()
+    except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the resize fails
+        raise NotCarried(f"cannot carry {name} across the resize: its state_dict() raised "
+                         f"{type(e).__name__}: {e}") from e
+    bad = _first_unplain(state, "state_dict()")
+    if bad is not None:
+        raise NotCarried(
+            f"cannot carry {name} across the resize: {bad[0]} is a {type(bad[1]).__name__}, which a "
+            f"snapshot cannot hold (tensors, numbers, strings, lists and dicts only). Keep that out of "
+            f"its state, or run this job without resizing it")
+    return clone_state(state)
+
+
+def _first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
     if isinstance(x, _PLAIN):
         return None
     if isinstance(x, dict):
         for k, v in x.items():
-            bad = first_unplain(k, f"{path} key") or first_unplain(v, f"{path}[{k!r}]")
+            bad = _first_unplain(k, f"{path} key") or _first_unplain(v, f"{path}[{k!r}]")
             if bad is not None:
                 return bad
         return None
     if isinstance(x, (list, tuple)):
         for i, v in enumerate(x):
-            bad = first_unplain(v, f"{path}[{i}]")
+            bad = _first_unplain(v, f"{path}[{i}]")
             if bad is not None:
                 return bad
         return None

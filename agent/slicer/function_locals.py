@@ -51,8 +51,7 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.private.saving import clone_state
-from elasticd.agent.slicer.carried import NotCarried, first_unplain
+from elasticd.agent.slicer.carried import NotCarried, snapshot_state
 
 _OURS = str(Path(__file__).resolve().parents[1])   # the agent package: its frames are not the function's
 _ELASTICD = str(Path(sys.modules["elasticd"].__file__ or _OURS).resolve().parent)   # the control plane's package
@@ -482,16 +481,4 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
 
 
 def _states(frames: list[FrameType]) -> dict[str, Any]:
-    states = {}
-    for key, obj in _objects(frames).items():
-        try:
-            state = obj.state_dict()
-        except Exception as e:  # noqa: BLE001 - named and re-raised as the reason the snapshot fails
-            raise NotCarried(f"cannot carry {_where(key)} across the resize: its state_dict() raised "
-                             f"{type(e).__name__}: {e}") from e
-        bad = first_unplain(state, "state_dict()")
-        if bad is not None:
-            raise NotCarried(f"cannot carry {_where(key)} across the resize: {bad[0]} is a {type(bad[1]).__name__}, "
-                             f"which a snapshot cannot hold (tensors, numbers, strings, lists and dicts only)")
-        states[key] = clone_state(state)
-    return states
+    return {key: snapshot_state(obj, _where(key)) for key, obj in _objects(frames).items()}
