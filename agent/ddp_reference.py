@@ -23,7 +23,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -156,12 +155,6 @@ def _fmt(v: Any) -> str:
 
 # --- finding the user's function ----------------------------------------------------------------------
 
-def load_script(script: str) -> ModuleType:
-    """Import the script as elasticd's agents do (agent/script.py), under the name pickle then records for
-    its classes in the reference's checkpoints too."""
-    return import_script(str(Path(script).resolve()))
-
-
 def find_function(module: ModuleType, func: str | None) -> Any:
     """The decorated function: by name, else the only module-level object with `.fn` and `.workers`."""
     if func is not None:
@@ -193,7 +186,7 @@ def _worker(args: argparse.Namespace) -> int:
     _group_given(args.rank, args.world)
     try:
         sys.argv = [args.script, *script_args()]   # as `python SCRIPT ARGS` (elasticd run --ddp passes ARGS)
-        body, deterministic = _body(find_function(load_script(args.script), args.func))
+        body, deterministic = _body(find_function(import_script(args.script), args.func))
         body(NativeContext(args.rank, args.world, deterministic))
     except BaseException:
         sys.stderr.write(f"[native ddp] rank {args.rank} failed:\n{traceback.format_exc()}")
@@ -307,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     script, _, func = args.target.partition(":")
     workers = args.workers
     if workers is None:  # only the launcher imports the script for this; ranks import it themselves
-        workers = int(find_function(load_script(script), func or None).workers)
+        workers = int(find_function(import_script(script), func or None).workers)
     return run_native_ddp(script, func or None, workers, timeout=args.timeout)
 
 

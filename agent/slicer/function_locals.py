@@ -180,13 +180,12 @@ def _attrs(name: str, owner: Any) -> dict[str, Any] | None:
 
 
 def _objects(frames: list[FrameType]) -> dict[str, Any]:
-    """key -> each object the function's locals hold that is carried through its own protocol (_by_protocol)."""
+    """key -> each object a local (not an attribute) holds that is carried through its own protocol."""
     found = {}
-    for i, frame in enumerate(frames):
-        skip = _for_targets(frame.f_code)
-        for name, value in list(frame.f_locals.items()):
-            if name not in skip and _by_protocol(name, value):
-                found[_key(i, frame, name)] = value
+    for key, value in _named(frames):
+        name = key.split(":", 2)[2]
+        if "." not in name and _by_protocol(name, value):
+            found[key] = value
     return found
 
 
