@@ -40,7 +40,7 @@ from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_E
 from elasticd.agent.timing import clean_timing, merge_timing
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
-from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, ResizePlan, RollBack
+from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, Refuse, ResizePlan, RollBack
 from elasticd.torchrun_restart import recoverable, relaunch
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,12 @@ class Resize:
     last_old_step: float | None = None
     seconds: float | None = None  # request -> first completed step at the new size
     stall: float | None = None    # last step at the old size -> first step at the new size
-    outcome: str = "pending"      # "done", or "rolled back" (an agent died during the hand-over)
+    outcome: str = "pending"      # "done", "refused" (a state not carried), "rolled back" (an agent died)
+    note: str = ""                # why it was refused
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "from": self.src, "to": self.dst, "blocks": self.blocks, "seconds": self.seconds,
-                "stall": self.stall, "outcome": self.outcome}
+                "stall": self.stall, "outcome": self.outcome, **({"note": self.note} if self.note else {})}
 
 
 @dataclass
@@ -117,6 +118,7 @@ class LocalJob:
         self._plan: ResizePlan | None = None         # the decisions about the resize in flight
         self._resizing: Resize | None = None         # its record, for the summary
         self._command: p.AgentResize | None = None   # what the running agents are told at its go
+        self._left: dict[int, _Agent] = {}           # its leavers, by old rank, until it is done or refused
         self._hold_at = _hold_steps(self.devices, self._pending, self.blocks)
         self._sel = selectors.DefaultSelector()
         self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
@@ -214,6 +216,14 @@ class LocalJob:
             if self._resizing is not None and isinstance(step, int):
                 self._resizing.step = step   # the step the agents stopped after: what the summary records
             self._advance(time.monotonic())
+        elif isinstance(ev, p.AgentResizeRefused):
+            # Every agent says so; the first while a plan is in flight counts (before it, an agent other than
+            # rank 0 may report its refusal of a held step before rank 0's step report made the plan).
+            step = ev.info.get("step")
+            if plan is not None and self._resizing is not None and isinstance(step, int):
+                self._resizing.step = step
+            if plan is not None:
+                self._execute(plan.refused(str(ev.info.get("message") or "a state could not be captured")))
 
     def _on_timing(self, rank: int, timing: dict[str, Any]) -> None:
         """Fold an agent's timing report into its whole-run means (per physical rank: a resize that
@@ -325,6 +335,8 @@ class LocalJob:
                 self._go()
             elif isinstance(action, Done):
                 self._done(action)
+            elif isinstance(action, Refuse):
+                self._refused(action.reason)
 
     def _go(self) -> None:
         plan, r, command = self._plan, self._resizing, self._command
@@ -337,7 +349,7 @@ class LocalJob:
                   f"next step boundary")
         if plan.leavers:
             for rank in plan.leavers:
-                agent = self.agents.pop(rank)
+                agent = self._left[rank] = self.agents.pop(rank)
                 (self.spares if command.standby else self.retired).append(agent)
             self.world = plan.dst
             self._top_up_spares()
@@ -349,10 +361,47 @@ class LocalJob:
         r.seconds = done.seconds
         r.stall = now - (r.last_old_step or r.requested)
         r.outcome = "done"
-        self._plan, self._resizing, self._command = None, None, None
+        self._plan, self._resizing, self._command, self._left = None, None, None, {}
         self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
         self._say(f"resized {r.src} -> {r.dst} devices{_shown(r.blocks)} after step {r.step} in {r.seconds:.2f}s "
                   f"(training paused {r.stall:.2f}s)")
+
+    def _refused(self, reason: str) -> None:
+        """The agents could not carry a worker's state and train on at the old size: the joiners, waiting
+        for a group that will not form, are stopped; the leavers are the job's again; the rest of the
+        --scale-at schedule is dropped (the agents dropped its held steps at the same boundary)."""
+        plan, r = self._plan, self._resizing
+        assert plan is not None and r is not None
+        for rank in plan.joiners:
+            joiner = self.agents.pop(rank, None)
+            if joiner is not None:
+                self._discard(joiner)
+        for rank, agent in self._left.items():
+            for pool in (self.spares, self.retired):
+                if agent in pool:
+                    pool.remove(agent)
+            self.agents[rank] = agent
+        self.world, self.blocks = plan.src, list(plan.src_blocks)
+        r.outcome, r.note = "refused", reason
+        dropped = [f"{s}:{m}" for s, m, _ in self._pending]
+        self._pending, self._hold_at = [], ()
+        self._plan, self._resizing, self._command, self._left = None, None, None, {}
+        self._say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused (the agents' reason above), the job "
+                  f"goes on on {r.src} device(s)" + (f"; --scale-at {','.join(dropped)} dropped" if dropped else ""))
+
+    def _discard(self, agent: _Agent) -> None:
+        """Stop an agent that is no part of the job and forget it (its exit code is no verdict)."""
+        if agent.proc.poll() is None:
+            agent.proc.terminate()
+            try:
+                agent.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                agent.proc.kill()
+                agent.proc.wait()
+        if agent.events in self._sel.get_map():
+            self._sel.unregister(agent.events)
+            os.close(agent.events)
+        os.close(agent.commands)
 
     def _drop_snapshots(self) -> None:
         for epoch in parts.epochs(self.snapshot_dir):   # only what the agents wrote: --snapshot-dir is the user's
@@ -462,14 +511,20 @@ class LocalJob:
         self.agents, self.retired, self.spares = {}, [], []
 
     def _unhonoured(self) -> int:
-        """The exit code of a job that finished: 1 if it never reached a step boundary while --scale-at asked
-        for resizes (they could not happen: refused, not ignored), else 0, saying which resizes the job
-        ended before."""
+        """The exit code of a job that finished: 1 if its agents refused a --scale-at resize (a state they
+        could not carry), or if it never reached a step boundary while --scale-at asked for resizes (they
+        could not happen: refused, not ignored), else 0, saying which resizes the job ended before."""
         plan, r = self._plan, self._resizing
         if plan is not None and r is not None and r.commanded is not None and len(plan.acked) == r.dst:
             r.outcome, self._plan, self._resizing = "done", None, None   # handed over after the last step
         left = [f"{s}:{m}" for s, m, _ in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
                                                              r is not None else [])
+        refused = "; ".join(f"{x.step}:{x.dst}: {x.note}" for x in self.resizes if x.outcome == "refused")
+        if refused:
+            print(f"[elasticd] error: --scale-at refused ({refused}). The job trained on at its size from there; its "
+                  "result is what its N workers compute, but the resizes asked for did not happen",
+                  file=sys.stderr, flush=True)
+            return 1
         if not left:
             return 0
         if self.last_step < 0:

@@ -6,7 +6,8 @@ The island scheduler (`elasticd.scheduler.resizing`, across nodes) and `elasticd
 same way; they differ only in how they reach agents (node messages vs pipes) and where they learn what
 happened (node heartbeats vs agent events). So the decisions live here, in `ResizePlan`: a synchronous
 state machine with no sockets, threads, processes or clock (`now` is passed in). The shells feed it
-events and execute the actions it returns (`Go`, `Done`, `Abort`, `RollBack`, `FallBack`, `Fail`).
+events and execute the actions it returns (`Go`, `Done`, `Abort`, `Refuse`, `RollBack`, `FallBack`,
+`Fail`).
 
 A resize may also keep M and change the block sizes (a live re-layout, speed-aware placement): every
 agent stays, nobody joins or leaves, and ranks move between them. `blocks`/`src_blocks` are the new and
@@ -24,6 +25,8 @@ the new group's rank 0, whose node picks the rendezvous port, is then old rank `
 ``go``       every agent was told; it is `Done` when rank 0 completed a step at the new size with every
              rank of the new layout having reported its part. An agent dying, or the deadline passing,
              gives `RollBack`: the shell stops every agent, whatever it is doing.
+``refused``  the agents could not carry some state across (agent/slicer/boundary.py `CapturePoint`) and
+             agreed to train on at M before anything moved: `Refuse`, the joiners go, the leavers stay.
 ``rollback`` the shell reports the places (nodes; the launcher's one machine) whose agents are all gone;
              once none is left, `FallBack` if the parts the agents saved at the step boundary
              (elasticd.agent.resize.parts) cover every logical rank and the replicated state, else
@@ -66,6 +69,14 @@ class Abort:
 
 
 @dataclass(frozen=True, slots=True)
+class Refuse:
+    """The agents found at the step boundary a state they cannot carry and train on at the old size, nothing
+    moved: send the joiners away, take back the leavers; the job keeps its old layout. `reason` is theirs."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RollBack:
     """The hand-over failed half-way: stop every agent of the job at once, then report each place gone."""
 
@@ -85,7 +96,7 @@ class Fail:
     error: dict[str, Any]
 
 
-Action = Go | Done | Abort | RollBack | FallBack | Fail
+Action = Go | Done | Abort | Refuse | RollBack | FallBack | Fail
 
 
 @dataclass(slots=True)
@@ -99,7 +110,7 @@ class ResizePlan:
     requested_at: float
     placement: list[list[str]]     # the whole new layout, rank -> [place (node), device]
     deadline: float                # for the current phase
-    phase: str = "prepare"         # "prepare" | "go" | "rollback"
+    phase: str = "prepare"         # "prepare" | "go" | "refused" | "rollback"
     step: int = 0                  # job step when requested; then the step the agents stopped after
     port: int = 0
     ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
@@ -206,6 +217,15 @@ class ResizePlan:
         self.handover_s = handover_s
         return [Done(now - self.requested_at)] if len(self.acked) == self.dst else []
 
+    def refused(self, reason: str) -> list[Action]:
+        """The agents refused the resize at a step boundary (each says so; the first report counts). Before
+        the go only `elasticd run`'s agents can, stopped at a held step while the joiners warm up."""
+        if self.phase not in ("prepare", "go"):
+            return []
+        self.phase = "refused"
+        self.failure = {"message": reason}
+        return [Refuse(reason)]
+
     # --- failures --------------------------------------------------------------------------------------
 
     def agent_failed(self, now: float, error: dict[str, Any], *, joiner: bool) -> list[Action]:
@@ -222,7 +242,7 @@ class ResizePlan:
 
     def tick(self, now: float, places: list[str]) -> list[Action]:
         """The clock: a phase past its deadline (`places`: where agents of the job were started)."""
-        if now <= self.deadline:
+        if now <= self.deadline or self.phase == "refused":
             return []
         t = self.timeout_s
         if self.phase == "prepare":

@@ -288,6 +288,50 @@ def test_an_aborted_resize_sends_the_joiners_away_and_kills_those_that_stay():
     assert r.ranks == [0, 1] and r.error is None and r.resize_error is None and len(r.agents) == 2
 
 
+def refuse(node: Node, ident: bytes, rank: int) -> None:
+    info = {"epoch": 1, "step": 6, "message": "cannot carry `w` in train() across the resize", "by": 0}
+    assert node.core.agent_message(ident, p.AgentResizeRefused(job_id="j", rank=rank, info=info), T0) == (
+        None, [Report()])
+
+
+def test_a_grow_its_agents_refuse_sends_the_joiners_away_and_leaves_the_job_as_it_was():
+    node = Node()
+    idents = running(node)
+    node.start(node.core.prepare(prepare_msg(), port=0))
+    joiners = [node.hello("j", 2), node.hello("j", 3)]
+    node.core.go(p.ResizeJob(job_id="j", devices=4, epoch=1, master_addr="h", master_port=1, world_from=2))
+    refuse(node, idents[0], 0)
+    refuse(node, idents[1], 1)
+    assert node.report("j").resize_error == {"message": "cannot carry `w` in train() across the resize",
+                                             "refused": True, "step": 6}
+    out = node.core.abort(p.AbortResize(job_id="j", epoch=1, reason="refused"), T0)
+    assert signals(out) == [(102, "TERM"), (103, "TERM")]
+    node.exit("j", 2, -15)
+    node.exit("j", 3, -15)
+    node.core.tick(T0)
+    r = node.report("j")
+    assert r.ranks == [0, 1] and r.state == "running" and r.error is None and [a.pid for a in r.agents] == [100, 101]
+    assert node.core.agent_message(joiners[0], p.AgentStep(job_id="j", rank=2, step=7), T0)[0] is not None
+
+
+@pytest.mark.parametrize("keep", [[], [1, 3]], ids=["shrink", "drain"])
+def test_a_shrink_its_agents_refuse_keeps_every_agent_under_its_old_rank(keep):
+    node = Node()
+    idents = running(node, ranks=4)
+    node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, world_from=4,
+                             keep=keep))
+    refuse(node, idents[0], 0)
+    assert signals(node.core.abort(p.AbortResize(job_id="j", epoch=1, reason="refused"), T0)) == []
+    r = node.report("j")
+    assert r.ranks == [0, 1, 2, 3] and [a.rank for a in r.agents] == [0, 1, 2, 3]
+    assert [a.pid for a in r.agents] == [100, 101, 102, 103]
+    for rank, ident in enumerate(idents):   # each speaks as its old rank, as before the go
+        assert node.core.agent_message(ident, p.AgentStep(job_id="j", rank=rank, step=7), T0)[0] is None
+    # the next resize's go starts clean: the refusal was the last one's
+    node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=2, master_addr="h", master_port=1, world_from=4))
+    assert node.report("j").resize_error is None and node.report("j").ranks == [0, 1]
+
+
 def test_joiners_are_sent_away_when_the_job_ends_before_the_resize():
     node = Node()
     running(node)

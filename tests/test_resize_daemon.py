@@ -178,6 +178,36 @@ def test_an_agent_dying_mid_hand_over_falls_back_to_the_snapshot_and_ends_as_if_
     wait_until(lambda: not snaps.exists(), 30, what="the finished job's snapshot directory to go")
 
 
+@pytest.mark.slow
+def test_resizes_the_agents_refuse_keep_the_job_on_its_devices_and_lose_nothing(cluster, tmp_path, unscaled):
+    d = cluster.daemon(cpu=4, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "refused"
+    out.mkdir()
+    # The job's function holds a state no snapshot can carry: its agents refuse every resize and train on.
+    job = submit(sd, JOB, {**job_env(out), "ELASTICD_TEST_UNSAVABLE": "1"}, "--workers", "4", "--max-devices", "2")
+    wait_state(sd, job, "running", timeout=120)
+    wait_until(lambda: job_info(sd, job)["step"] >= 3, 60, what="training to start")
+    pids = sorted(a["pid"] for a in job_info(sd, job)["agents"])
+    for n, target in enumerate((4, 1), start=1):   # a grow (joiners sent away), a shrink (the leaver stays)
+        assert cli("scale", job, "--devices", str(target), "--state-dir", str(sd)).code == 0
+        info = wait_resized(sd, job, n)
+        entry = info["resizes"][-1]
+        assert entry["outcome"] == "refused", info["resizes"]
+        assert "cannot carry `warmup` in train() across the resize" in entry["note"], entry
+        assert info["devices"] == 2 and info["state"] == "running" and info["error"] is None
+        step = info["step"]
+        wait_until(lambda s=step: job_info(sd, job)["step"] > s + 2, 60, what="training to go on")
+        wait_until(lambda: status(sd)["nodes"][0]["free"] == ["cpu:2", "cpu:3"], 30, what="the joiners' devices")
+        assert sorted(a["pid"] for a in job_info(sd, job)["agents"] if a["alive"]) == pids
+    detail = cli("status", job, "--state-dir", str(sd)).out
+    assert "refused" in detail and "cannot carry `warmup`" in detail, detail
+    (out / "release").touch()
+    info = wait_state(sd, job, "finished", timeout=180)
+    assert [(x["from"], x["to"], x["outcome"]) for x in info["resizes"]] == [(2, 4, "refused"), (2, 1, "refused")]
+    assert_exactly_the_unscaled_run(out, unscaled)
+
+
 # --- failure paths, with fake agents (same resize protocol, no torch) ---------------------------------
 
 def fake_job(sd: Path, *args: str, **env: str) -> str:

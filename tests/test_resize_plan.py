@@ -12,7 +12,7 @@ import math
 import pytest
 
 from elasticd.agent.resize.parts import GROUPS
-from elasticd.resize_plan import Abort, Done, Fail, FallBack, Go, ResizePlan, RollBack
+from elasticd.resize_plan import Abort, Done, Fail, FallBack, Go, Refuse, ResizePlan, RollBack
 
 
 def plan(src: int, dst: int, *, now: float = 100.0, timeout_s: float = 10.0) -> ResizePlan:
@@ -141,3 +141,19 @@ def test_no_deadline_never_times_out_and_the_plan_is_plain_data():
     pl = plan(1, 2, timeout_s=math.inf)
     assert pl.tick(1e12, ["a"]) == []
     assert ResizePlan(**dataclasses.asdict(pl)) == pl   # what the scheduler persists is all there is
+
+
+def test_a_refusal_by_the_agents_ends_the_plan_once_and_no_deadline_fails_it_afterwards():
+    pl = plan(1, 2)
+    pl.port_known(5000, 100.0)
+    pl.joiner_ready(1, 100.5)
+    assert pl.refused("cannot carry x") == [Refuse("cannot carry x")]
+    assert pl.phase == "refused" and pl.reason() == "cannot carry x"
+    assert pl.refused("again") == [] and pl.tick(1e9, ["a", "b"]) == []
+    assert pl.agent_failed(200.0, {"message": "late"}, joiner=True) == [] and pl.stepped(200.0) == []
+    held = plan(1, 2)   # `elasticd run`: refused at a held step while the joiners warm up
+    assert held.refused("cannot carry y") == [Refuse("cannot carry y")]
+    rolling = plan(3, 1)
+    rolling.port_known(5000, 100.0)
+    rolling.agent_failed(101.0, {"message": "died"}, joiner=False)
+    assert rolling.refused("too late") == [] and rolling.phase == "rollback"

@@ -118,6 +118,35 @@ def test_a_joiner_dying_before_the_hand_over_calls_the_resize_off_and_the_job_go
     assert isl.s.free_count() == 2
 
 
+def test_a_grow_across_nodes_its_agents_refuse_is_undone_on_every_node_and_the_job_keeps_its_layout():
+    isl = Island()
+    isl.hello("a", 2)
+    job = running_job(isl, devices=2, hi=2)
+    isl.hello("b", 2)
+    _, out = isl.s.scale(job, 4, isl.now)
+    isl._take(out)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=99))
+    out = isl.report("b", report(job, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
+    assert sorted(node for node, _ in of(out, p.ResizeJob)) == ["a", "b"]
+    why = "logical rank 1: cannot carry `warmup` in train() across the resize"
+    refusal = {"message": why, "refused": True, "step": 12}
+    stale = isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=0, resize_error=refusal))
+    assert of(stale, p.AbortResize) == [] and isl.state(job) is JobState.RESIZING   # another resize's
+    out = isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_error=refusal))
+    aborts = of(out, p.AbortResize)
+    assert sorted(node for node, _ in aborts) == ["a", "b"] and all(m.epoch == 1 and m.reason == why for _, m in aborts)
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and j.placement == [["a", "cpu:0"], ["a", "cpu:1"]] and j.resize is None
+    assert j.requested_devices == 2   # the policy does not ask again and again
+    entry = j.resizes[-1]
+    assert (entry["from"], entry["to"], entry["outcome"], entry["note"]) == (2, 4, "refused", why)
+    assert "refused by its agents" in j.history[-1][2]
+    again = isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_error=refusal))
+    assert of(again, p.AbortResize) == [] and isl.state(job) is JobState.RUNNING
+    isl.report("b", report(job, [], state="ended"))
+    assert isl.s.free_count() == 2   # the joiners' devices, once they are gone
+
+
 def test_an_agent_dying_while_the_group_re_forms_without_a_whole_snapshot_fails_the_job_naming_the_resize():
     isl = Island()
     isl.hello("a", 4)

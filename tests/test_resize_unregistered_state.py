@@ -2,7 +2,7 @@
 
 Real agent processes over gloo (`elasticd run --scale-at`) against real torch DDP (`elasticd run --ddp`):
 plain optimizers, schedulers, GradScalers and DataLoader iterators survive a shrink and a grow; a state a
-snapshot cannot hold fails the resize naming it; a job without `ctx.steps` refuses `--scale-at`;
+snapshot cannot hold refuses the resize naming it, and the job trains on as DDP does; a job without `ctx.steps` refuses `--scale-at`;
 `ctx.batches` keeps the user's `set_epoch`; a scheduled resize happens at the step asked for.
 """
 
@@ -91,11 +91,40 @@ def test_ctx_step_is_the_step_the_function_resumes_at_from_its_first_line(forgot
 
 
 @pytest.mark.timeout(600)
-def test_a_state_no_snapshot_can_hold_fails_the_resize_naming_the_object(tmp_path: Path) -> None:
+def test_a_state_no_snapshot_can_hold_refuses_the_resize_naming_the_object(tmp_path: Path) -> None:
     run = _run("forgot_unsavable", tmp_path, "--devices", "2", "--scale-at", "3:1")
     assert run.code == 1, run.output
+    assert "resize 2 -> 1 devices after step 3 refused" in run.output, run.output
     assert "RuleLR (object #3 of the optimizers/schedulers/scalers/model copies logical rank" in run.output, run.output
     assert "'rule'" in run.output and "function" in run.output, run.output
+    assert "Traceback" not in run.output, run.output
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("devices,scale_at", [("2", SCALE_AT), ("1", "5:2,10:1")], ids=["shrink", "grow"])
+def test_a_refused_resize_loses_nothing_the_job_trains_on_as_under_ddp(
+        forgot_runs: tuple[Path, Path], tmp_path: Path, devices: str, scale_at: str) -> None:
+    ref, _ = forgot_runs
+    run = _run("forgot_job", tmp_path, "--devices", devices, "--scale-at", scale_at, "--summary",
+               str(tmp_path / "summary.json"), env={"ELASTICD_TEST_UNSAVABLE": "1"})
+    assert run.code == 1, run.output   # the resizes asked for did not happen: said, not hidden
+    first, rest = scale_at.split(",")
+    src, dst = int(devices), int(first.split(":")[1])
+    assert f"resize {src} -> {dst} devices after step 5 refused" in run.output, run.output
+    assert "cannot carry `warmup` in train() across the resize: state_dict()['rule'] is a function" in run.output
+    assert f"--scale-at {rest} dropped" in run.output, run.output
+    resizes = json.loads((tmp_path / "summary.json").read_text())["resizes"]
+    assert [(r["step"], r["from"], r["to"], r["outcome"]) for r in resizes] == [(5, src, dst, "refused")], resizes
+    assert "`warmup`" in resizes[0]["note"]
+    for rank in range(REFERENCE_WORKERS):
+        # the function ran once per rank, every step on the devices it started on
+        assert (tmp_path / f"starts{rank}.log").read_text() == "0\n"
+        lines = (tmp_path / f"rank{rank}.log").read_text().splitlines()
+        assert [int(x.split()[0]) for x in lines] == list(range(20))
+        assert {x.split()[1] for x in lines} == {str(REFERENCE_WORKERS // src)}
+    want, got = load_state(ref / "final.pt"), load_state(tmp_path / "final.pt")
+    too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+    assert not too_far, f"the refused resize changed what the job computed: {too_far}"
 
 
 @pytest.mark.timeout(600)

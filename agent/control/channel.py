@@ -36,6 +36,9 @@ class ControlChannel(Protocol):
     def resized(self, info: dict[str, Any]) -> None:
         """A resize finished on this agent: {"epoch", "world", "rank", "left", "seconds"}."""
 
+    def refused(self, info: dict[str, Any]) -> None:
+        """The agents refused a resize at a step boundary and train on: {"epoch", "step", "message", "by"}."""
+
     def poll(self) -> list[p.AgentCommand]:
         """Commands waiting for the agent, never blocking: `AgentStop`, `AgentResize` or `AgentJoin`."""
 
@@ -70,6 +73,9 @@ class NullControl:
         pass
 
     def resized(self, info: dict[str, Any]) -> None:
+        pass
+
+    def refused(self, info: dict[str, Any]) -> None:
         pass
 
     def poll(self) -> list[p.AgentCommand]:

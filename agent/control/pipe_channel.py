@@ -92,6 +92,9 @@ class PipeControl:
     def resized(self, info: dict[str, Any]) -> None:
         self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
 
+    def refused(self, info: dict[str, Any]) -> None:
+        self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+
     def poll(self) -> list[p.AgentCommand]:
         """Commands that arrived, never blocking.
 

@@ -95,6 +95,11 @@ class ZmqControl:
             # The first step at the new size is what ends a resize for the daemon: report it unthrottled.
             self._last_step_sent = 0.0
 
+    def refused(self, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._flush_step()
+            self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+
     def poll(self) -> list[p.AgentCommand]:
         """Commands from the daemon: `AgentStop`, `AgentResize` or `AgentJoin` (what the pipes of
         `elasticd run` deliver too). A frame that is no command is logged and dropped: the daemon is

@@ -16,6 +16,8 @@ GradScalers and plain DataLoader iterators), and a resumed worker gets all of it
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -34,8 +36,11 @@ from elasticd.agent.worker import Worker
 if TYPE_CHECKING:
     from elasticd.agent.slicer.runtime import Runtime
 
+log = logging.getLogger(__name__)
+
 # What the agents vote at each step boundary; the maximum wins, so a stop beats a resize.
 VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
+_MESSAGE_BYTES = 4096   # a refused resize's reason, as every agent reports it
 
 
 class Preempted(BaseException):
@@ -60,6 +65,29 @@ class SnapshotPoint(Collective):
         first = ops[0]
         assert isinstance(first, SnapshotPoint) and first.boundary is not None
         first.boundary.submit_periodic(first.step)
+
+
+@dataclass(slots=True)
+class CapturePoint(Collective):
+    """Every hosted worker waits here once it has tried to copy its state for a resize; the last one to
+    arrive asks every agent whether all of their workers could (`StepBoundary.agree`). A worker whose
+    state cannot be carried (carried.NotCarried: a state_dict() that raises, a tensor too big to copy)
+    must not cost the job: the agents then refuse the resize together and every worker trains on."""
+
+    op: ClassVar[str] = "resize_capture"
+    boundary: StepBoundary | None = None
+    step: int = 0
+    problem: str = ""   # why this worker's state could not be captured ("" if it was)
+
+    def signature(self) -> tuple:
+        return (self.op, self.step)
+
+    @classmethod
+    def flush(cls, ops: list[Collective], env: FlushEnv) -> None:
+        first = ops[0]
+        assert isinstance(first, CapturePoint) and first.boundary is not None
+        problem = next((op.problem for op in ops if isinstance(op, CapturePoint) and op.problem), "")
+        first.boundary.agree(first.step, problem)
 
 
 class StepBoundary:
@@ -158,8 +186,11 @@ class StepBoundary:
                 # (An agent without snapshots -- e.g. a joiner started without the job's interval -- votes
                 # none and writes nothing: that snapshot stays incomplete and is never restored.)
                 self._snap_at = step
+        if self._stop_at == step and self.rt.outcome == "resize":
+            self._capture_for_resize(w, step)
         if self._stop_at == step:
-            w.snapshot = self._capture(w, step)
+            if w.snapshot is None:
+                w.snapshot = self._capture(w, step)
             raise Preempted()
         if self._snap_at == step:
             self._capture_periodic(w, step)
@@ -193,6 +224,54 @@ class StepBoundary:
                     "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else [],
                     **self.rt.replicated.worker_extras(w)},
         )
+
+    def _capture_for_resize(self, w: Worker, step: int) -> None:
+        """Copy `w`'s state, then wait until every hosted worker did and the agents agreed that all could.
+        On return `_stop_at` still names `step` (raise Preempted) or is None: the resize was refused and
+        `w` trains on, its copy dropped."""
+        problem = ""
+        try:
+            w.snapshot = self._capture(w, step)
+        except Exception as e:  # noqa: BLE001 - any state that cannot be copied refuses the resize
+            problem = f"logical rank {w.rank}: " + (str(e) if isinstance(e, carried.NotCarried)
+                                                     else f"{type(e).__name__}: {e}")
+        self.rt.enqueue(w, CapturePoint(w.rank, boundary=self, step=step + 1, problem=problem), None)
+        self.rt.drain(w)
+        if self._stop_at is None:
+            w.snapshot = None
+
+    def agree(self, step: int, problem: str) -> None:
+        """The last hosted worker's capture is done: one all-reduce tells every agent whether any worker
+        anywhere could not be captured; if one could not, its agent's message is broadcast and the resize
+        is refused on every agent alike (the step's collectives are over, so this one is the next on all)."""
+        phys = self.rt.phys
+        flag = torch.tensor([phys.world - phys.rank if problem else 0], dtype=torch.int64)
+        phys.all_reduce_(flag, "max")   # the lowest agent with a problem speaks for all
+        if int(flag) == 0:
+            return
+        by = phys.world - int(flag)
+        text = torch.zeros(_MESSAGE_BYTES, dtype=torch.uint8)
+        if phys.rank == by:
+            raw = problem.encode()[:_MESSAGE_BYTES]
+            text[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        phys.broadcast_(text, by)
+        message = bytes(text.tolist()).rstrip(b"\0").decode(errors="replace")
+        epoch = self.rt.command.epoch if self.rt.command is not None else None
+        if epoch is None and step - 1 in self.hold_at:
+            # Refused at a step `elasticd run` held for its --scale-at before the command came: the command
+            # still on its way is this resize's, and must not start it again at the next boundary.
+            self.rt.stale_resizes += 1
+        # Training goes on as if nobody had asked: no stop, no held step, no command waiting to be voted.
+        self._stop_at = None
+        self.rt.outcome = "running"
+        self.rt.command = None
+        self._polled = VOTE_NONE
+        self.hold_at = frozenset()   # `elasticd run` drops the rest of its --scale-at schedule too
+        log.info("resize refused after step %d: %s", step - 1, message)
+        if phys.rank == 0:   # into the job's output, where the user looks (`elasticd logs`)
+            print(f"[elasticd] resize after step {step - 1} refused, training goes on: {message}",
+                  file=sys.stderr, flush=True)
+        self.rt.control.refused({"epoch": epoch, "step": step - 1, "message": message, "by": by})
 
     def _capture_periodic(self, w: Worker, step: int) -> None:
         periodic = self.periodic

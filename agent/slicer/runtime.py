@@ -95,6 +95,7 @@ class Runtime:
                 w.start_step = w.restore.step
         self.outcome = "running"            # then "done", "resize" or "stop"
         self.command: AgentResize | None = None  # the resize command this agent received, if any
+        self.stale_resizes = 0   # resize commands still to come for resizes refused already (boundary.agree)
         self._done = threading.Event()
         self._failure: WorkerFailed | None = None
         self._aborted = False
@@ -365,6 +366,10 @@ class Runtime:
                 problem = blocks_problem(self.workers, cmd.world, cmd.blocks)
                 if problem is not None:   # every agent gets the same command, so every agent refuses it
                     log.error("refusing resize %s to %d agents: %s", cmd.epoch, cmd.world, problem)
+                    continue
+                if self.stale_resizes:
+                    self.stale_resizes -= 1
+                    log.info("dropping the command of resize %s, refused already", cmd.epoch)
                     continue
                 self.command = cmd
                 vote = max(vote, VOTE_RESIZE)

@@ -63,7 +63,9 @@ class LocalJob:
     kill_at: float | None = None        # when to send SIGKILL
     resize_epoch: int = 0               # the resize being prepared or carried out here
     resize_port: int = 0                # its rendezvous port (this node hosts rank 0)
-    resize_error: dict[str, Any] | None = None   # a joiner died before the hand-over
+    resize_error: dict[str, Any] | None = None   # a joiner died before the hand-over, or the agents refused
+    # The job's agents by rank as the go of `resize_epoch` found them, to put back if the agents refuse it
+    before_go: dict[int, Agent] | None = None
     restored: bool = False              # launched from a snapshot (restore_epoch) and a step completed since
 
     def everyone(self) -> list[Agent]:

@@ -9,7 +9,10 @@ heartbeats, what the scheduler needs to take the next step:
   the same step and hand their state over) and the joiners `join`. Agents whose rank is beyond the
   new size leave: they move to `LocalJob.retired`, exit 0 after the hand-over, and their device is
   free once they are gone.
-- `AbortResize`: the resize is called off before the go; the joiners are sent away.
+- `AbortResize`: the resize is called off before the go (the joiners are sent away), or after it because
+  the agents refused it: they found a state they cannot carry at the step boundary and train on at the
+  old size (agent/slicer/boundary.py). Then the go's changes here are undone too: the leavers and the
+  renumbered stayers of a drain are the job's agents under their old ranks again.
 
 A joiner that dies before the go does not fail the job (it never joined it): the node reports a
 `resize_error` and the scheduler calls the resize off. If the job's own agents all end while joiners
@@ -48,7 +51,7 @@ class NodeResizes:
         rendezvous port picked for the new group, used when `msg.pick_port`."""
         if job.resize_epoch == msg.epoch:
             return []
-        job.resize_epoch, job.resize_error, job.resize_port = msg.epoch, None, 0
+        job.resize_epoch, job.resize_error, job.resize_port, job.before_go = msg.epoch, None, 0, None
         if msg.pick_port:
             job.resize_port = port
         out: list[Action] = []
@@ -75,7 +78,8 @@ class NodeResizes:
 
     def go(self, job: LocalJob, msg: p.ResizeJob) -> list[Action]:
         """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
-        job.resize_epoch = msg.epoch
+        job.resize_epoch, job.resize_error = msg.epoch, None   # an older resize's refusal is not this one's
+        job.before_go = dict(job.agents)
         resize = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr,
                                master_port=msg.master_port, keep=list(msg.keep), blocks=list(msg.blocks))
         out: list[Action] = []
@@ -105,11 +109,33 @@ class NodeResizes:
         return out
 
     def abort(self, job: LocalJob, msg: p.AbortResize, now: float) -> list[Action]:
+        if job.before_go is not None and msg.epoch == job.resize_epoch:
+            self._undo_go(job)
         dropped = [a for a in job.agents.values() if a.pending]
         out = [x for a in dropped for x in self._send_away(job, a, now)]
         log.info("job %s resize %d called off (%s): joiners %s sent away", msg.job_id, msg.epoch, msg.reason,
                  [a.rank for a in dropped])
         return out
+
+    @staticmethod
+    def _undo_go(job: LocalJob) -> None:
+        """The agents refused the resize: its leavers stay, a drain's stayers keep their old ranks."""
+        before, job.before_go = job.before_go or {}, None
+        for rank, a in before.items():
+            if a in job.retired and not a.dropped:
+                job.retired.remove(a)
+            a.rank, a.former_rank = rank, None
+        job.agents = {rank: a for rank, a in before.items() if not a.dropped}
+
+    def refused(self, job: LocalJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
+        """The agents refused the resize at a step boundary and train on (each says so): the scheduler
+        hears it in the next report and calls the resize off (`abort`)."""
+        if job.resize_error is None:
+            job.resize_error = {"message": str(info.get("message") or "a state could not be captured"),
+                                "refused": True, "step": info.get("step")}
+            log.warning("job %s resize %d refused by its agents after step %s: %s", job.job_id, job.resize_epoch,
+                        info.get("step"), job.resize_error["message"])
+        return [Report()]
 
     def resized(self, job: LocalJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
         epoch = info.get("epoch")
@@ -118,6 +144,7 @@ class NodeResizes:
         agent.left = bool(info.get("left"))
         agent.joining = False
         agent.former_rank = None   # it speaks as its new rank from now on (agent.process `_relayout`)
+        job.before_go = None       # the hand-over happened: nothing to put back
         info = {**info, "epoch": agent.epoch}
         if agent.left:
             log.info("job %s: agent %d left in resize %d", job.job_id, agent.rank, agent.epoch)

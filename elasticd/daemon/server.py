@@ -322,7 +322,8 @@ class NodeDaemon:
         err = self.sup.agent_message(frames[0], msg, time.time())
         if err is not None:
             transport.send(self.agents, p.Error(code=p.BAD_REQUEST, message=err, rid=msg.rid), frames[0])
-        elif isinstance(msg, p.AgentHello | p.AgentDone | p.AgentFailed | p.AgentResized) or self.sup.changed:
+        elif isinstance(msg, p.AgentHello | p.AgentDone | p.AgentFailed | p.AgentResized | p.AgentResizeRefused
+                        ) or self.sup.changed:
             # Events the scheduler acts on (a joiner ready, a resize done, an agent ended) go out now,
             # not at the next heartbeat: a resize waits on them.
             self.sup.changed = False

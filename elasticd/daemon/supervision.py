@@ -229,6 +229,8 @@ class Supervision:
         elif isinstance(msg, p.AgentResized):
             agent.timing_acc = {}   # steps of the old layout say nothing of the new one's
             return None, self.resizes.resized(job, agent, p.flat_scalars(msg.info))
+        elif isinstance(msg, p.AgentResizeRefused):
+            return None, self.resizes.refused(job, agent, p.flat_scalars(msg.info))
         elif isinstance(msg, p.AgentDone):
             agent.done = True
         else:

@@ -18,6 +18,7 @@ from elasticd.protocol.agents import (  # noqa: F401
     AgentJoin,
     AgentResize,
     AgentResized,
+    AgentResizeRefused,
     AgentStep,
     AgentStop,
 )

@@ -99,8 +99,22 @@ class AgentResized(Message):
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@message
+class AgentResizeRefused(Message):
+    """Agent -> launcher: the agents agreed at the step boundary that they cannot carry some state across
+    the resize (agent/slicer/boundary.py); nothing moved and they train on at the old size. Every agent
+    sends one: {"epoch" (None: the command had not come yet), "step", "message", "by" (the agent whose
+    worker could not be captured)}."""
+
+    op: ClassVar[str] = "agent_resize_refused"
+    job_id: str
+    rank: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
 # What may travel each way: anything else on an agent's channel is a protocol error, not a command to skip.
 AgentCommand = AgentStop | AgentResize | AgentJoin
-AgentEvent = AgentHello | AgentStep | AgentDone | AgentFailed | AgentResized
+AgentEvent = AgentHello | AgentStep | AgentDone | AgentFailed | AgentResized | AgentResizeRefused
 COMMANDS: tuple[type[Message], ...] = (AgentStop, AgentResize, AgentJoin)
-EVENTS: tuple[type[Message], ...] = (AgentHello, AgentStep, AgentDone, AgentFailed, AgentResized)
+EVENTS: tuple[type[Message], ...] = (AgentHello, AgentStep, AgentDone, AgentFailed, AgentResized,
+                                      AgentResizeRefused)

@@ -68,7 +68,8 @@ class JobReport:
     resizes: list[dict[str, Any]] = field(default_factory=list)   # AgentResized infos of the lead agent
     resize_epoch: int = 0         # the resize this node is preparing or carrying out (0: none)
     resize_port: int = 0          # its rendezvous port, picked by the node hosting rank 0
-    resize_error: dict[str, Any] | None = None   # a joining agent died before the hand-over
+    resize_error: dict[str, Any] | None = None   # a joining agent died before the hand-over; or, with
+    # "refused": True, the agents refused the resize at its step boundary ("message": why, "step")
     # The newest resize snapshot kept on this node (agent.fallback) and its parts: logical ranks, -1 for
     # the replicated state. The scheduler falls back to it when a resize fails half-way.
     snapshot_epoch: int = 0
@@ -222,7 +223,8 @@ class ResizeJob(Message):
 @message
 class AbortResize(Message):
     """Scheduler -> node: the resize `epoch` will not happen (a joiner died or never came up, or the job
-    ended first); stop the standby joiners of it. The running agents never heard of it."""
+    ended first; the running agents never heard of it), or did not (after the go, its agents refused it and
+    train on at the old size); stop its joiners, and undo what its go changed on the node."""
 
     op: ClassVar[str] = "abort_resize"
     job_id: str

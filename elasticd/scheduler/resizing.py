@@ -34,7 +34,7 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.resize_plan import Abort, Action, Done, Fail, Go, ResizePlan, RollBack
+from elasticd.resize_plan import Abort, Action, Done, Fail, Go, Refuse, ResizePlan, RollBack
 from elasticd.scheduler import policy, speeds
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.host import ResizeHost
@@ -146,6 +146,8 @@ class Resizes:
                 why = str(r.resize_error.get("message", "a joining agent failed"))
                 return self._act(job, now, plan.agent_failed(
                     now, {"message": f"a joining agent on {node} failed before the hand-over: {why}"}, joiner=True))
+            if r.resize_error and r.resize_error.get("refused") and plan.phase == "go":
+                return self._act(job, now, plan.refused(str(r.resize_error.get("message", "refused by its agents"))))
             if node == lead and r.resize_port and not plan.port:
                 actions += plan.port_known(r.resize_port, now)
                 self.host.changed(job)
@@ -184,6 +186,8 @@ class Resizes:
                 out += self._complete_resize(job, now, action.seconds)
             elif isinstance(action, Abort):
                 out += self._abort_resize(job, now, action.reason)
+            elif isinstance(action, Refuse):
+                out += self._refuse_resize(job, now, action.reason)
             elif isinstance(action, RollBack):
                 out += self.rollbacks.begin(job, now, gone)
             elif isinstance(action, Fail):   # a rollback that timed out (`settle` takes the others)
@@ -256,6 +260,25 @@ class Resizes:
         self.host.changed(job, resched=True)
         log.warning("job %s resize %d aborted, continuing on %d devices: %s", job.job_id, plan.epoch, plan.src,
                     reason)
+        return out
+
+    def _refuse_resize(self, job: Job, now: float, reason: str) -> list[Send]:
+        """After the go, the agents found a state they cannot carry and train on at the old size: every node
+        of both layouts undoes the go (joiners sent away, leavers kept); the job keeps its placement."""
+        plan = job.resize
+        assert plan is not None and plan.phase == "refused"
+        out = self._drop_joiners(job, plan, reason)
+        told = {s.node_id for s in out}
+        out += [Send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
+                for node in dict.fromkeys(job.nodes) if node not in told and node not in job.ended]
+        job.record_resize(plan, "refused", note=reason)
+        job.resize = None
+        if plan.dst != plan.src:
+            job.requested_devices = plan.src   # as after an abort: the policy does not ask again and again
+        job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} refused by its agents: {reason}")
+        self.host.changed(job, resched=True)
+        log.warning("job %s resize %d refused by its agents, continuing on %d devices: %s", job.job_id, plan.epoch,
+                    plan.src, reason)
         return out
 
     def _drop_joiners(self, job: Job, plan: ResizePlan, reason: str) -> list[Send]:

@@ -22,6 +22,24 @@ def classification_data(seed: int) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+class Unsavable:
+    """A user's stateful helper whose state_dict() holds a function, which no snapshot can carry: held by a
+    job's function (ELASTICD_TEST_UNSAVABLE=1), it makes its agents refuse every resize."""
+
+    def __init__(self) -> None:
+        self.rule = lambda step: min(1.0, (step + 1) / 4)
+
+    def state_dict(self) -> dict:
+        return {"rule": self.rule}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rule = state["rule"]
+
+
+def unsavable() -> Unsavable | None:
+    return Unsavable() if os.environ.get("ELASTICD_TEST_UNSAVABLE") else None
+
+
 def save_state(model: nn.Module, env: str, extra: dict[str, torch.Tensor] | None = None) -> None:
     """Logical rank 0 writes {name: tensor} (params and buffers, no DDP `module.` prefix, then `extra`)."""
     path = os.environ.get(env)

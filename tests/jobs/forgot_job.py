@@ -10,6 +10,8 @@ $ELASTICD_TEST_LOG set, every rank appends "step hosted-ranks idx idx ..." per s
 `ctx.step` as the function starts, each time it does, to starts<r>.log; and it rewrites config.txt there.
 With ELASTICD_TEST_LOOP=for, `ctx.steps` drives from inside the trainer's own `for batch in loader` loop,
 whose epoch counter is a plain variable (same data and random draws as the default loop under DDP).
+With ELASTICD_TEST_UNSAVABLE=1 the function also holds an object whose state_dict() a snapshot cannot hold
+(a function in it): every resize is refused and the job must train on exactly as DDP does.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _jobstate import unsavable
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -44,6 +47,7 @@ def train(ctx) -> None:
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     loader = DataLoader(ds, batch_size=16, sampler=sampler)  # 8 batches per epoch and rank
     log_dir = os.environ.get("ELASTICD_TEST_LOG")
+    warmup = unsavable()  # noqa: F841 - held, never used
     if log_dir:   # what the function's first lines see: the step it starts (or resumes) at
         with open(os.path.join(log_dir, f"starts{ctx.rank}.log"), "a") as f:
             f.write(f"{ctx.step}\n")

@@ -9,7 +9,8 @@ names a file that does not exist yet, every step also sleeps $ELASTICD_TEST_PACE
 it several times while it is surely still training. The sleep changes when steps happen, never what
 they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step (only step
 $ELASTICD_TEST_HOLD_AT, if set) waits at its start: a test holds the job short of a step boundary, to line
-up what happens at that boundary.
+up what happens at that boundary. With ELASTICD_TEST_UNSAVABLE=1 it holds a state no snapshot can carry
+(tests/jobs/_jobstate.py `Unsavable`), so its agents refuse every resize and train on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _jobstate import unsavable
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import elasticd
@@ -60,6 +62,7 @@ def train(ctx) -> None:
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=3)
     batches = ctx.batches(DataLoader(ds, batch_size=10, sampler=sampler))  # 10 steps per epoch
     log_dir = os.environ["ELASTICD_TEST_LOG"]
+    warmup = unsavable()  # noqa: F841 - held, never used
     for step in ctx.steps(STEPS):
         paced(step)
         xb, yb, idx = next(batches)
