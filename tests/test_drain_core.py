@@ -139,6 +139,22 @@ def test_draining_the_node_of_rank_0_shrinks_onto_the_other_which_picks_the_port
     assert row.draining["drained"] and row.draining["seconds"] == pytest.approx(0.5)
 
 
+def test_a_move_its_agents_refuse_is_not_asked_again_and_the_drain_waits_saying_why():
+    isl = Island()
+    job, lead, other = spanning_job(isl)
+    isl._take(isl.s.drain(lead, 60.0, isl.now)[1])
+    isl.report(other, report(job, [agent(1, 0)], resize_epoch=1, resize_port=777))
+    why = "logical rank 0: cannot carry `warmup` in train() across the resize"
+    out = isl.report(lead, report(job, [agent(0, 0)], resize_epoch=1,
+                                  resize_error={"message": why, "refused": True, "step": 9}))
+    assert sorted(n for n, _ in of(out, p.AbortResize)) == ["a", "b"]
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and len(j.placement) == 2 and j.resizes[-1]["outcome"] == "refused"
+    out = isl.tick(1.0)
+    assert of(out, p.PrepareResize) == [] and j.resize is None   # not asked again
+    assert f"{job}: its agents refused to move it: {why}" in isl.s.drains.info(lead, isl.now)["waiting"]
+
+
 def test_a_draining_node_takes_no_new_job_until_undrained():
     isl = Island()
     isl.hello("a", 2)

@@ -12,6 +12,10 @@ the node draining. From then on:
   moved by letting it finish starting, then shrinking it like the others;
 - the node is *drained* once no agent of an active job runs there: the daemon may go.
 
+A job whose agents refuse its move (a state they cannot carry across a resize, agent/slicer/boundary.py)
+keeps running there, not asked again; `status` says why it waits, and the deadline treats it as a job
+that could not move.
+
 At the deadline, a job that could not move off (not enough devices elsewhere, or its move still in
 flight) is recovered as after a lost node (elasticd.scheduler.recovery): its agents are stopped and it
 restarts from its newest periodic snapshot on its devices elsewhere, or waits in the queue for enough
@@ -184,8 +188,12 @@ class Drains:
         """Start moving `job` off the node if it can move now; the reason it waits otherwise ("" if moving)."""
         if job.state is not JobState.RUNNING or job.resize is not None:
             return ""   # starting, or a resize in flight: looked at again once it runs
-        keep, grow, why = self._plan(job)
         what = f"drain of node {d.node_id}"
+        last = job.resizes[-1] if job.resizes else {}
+        if last.get("outcome") == "refused" and str(last.get("why", "")).startswith(what):
+            # Its agents cannot carry its state: asking again would only cost it a capture per attempt.
+            return f"its agents refused to move it: {last.get('note', '')}"
+        keep, grow, why = self._plan(job)
         if keep is not None:
             log.info("job %s: moving off draining node %s, keeping old ranks %s", job.job_id, d.node_id, keep)
             out += self.state.resizes.begin_keeping(job, keep, what, now)
