@@ -194,6 +194,25 @@ def test_a_re_layout_that_fails_half_way_falls_back_on_the_old_blocks_unpinned()
     assert restart.blocks == [] and restart.restore_epoch == 1
 
 
+def test_a_re_layout_its_agents_refuse_is_not_tried_again():
+    isl = Island()
+    job = run_two_device_job(isl)
+    t = Timings()
+    _, preps = relayout_until_prepared(isl, job, t, [0.01, 0.03])
+    assert preps
+    out = isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=777,
+                                 metrics={"total_steps": 1000}))
+    assert of(out, p.ResizeJob)
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, metrics={"total_steps": 1000},
+                           resize_error={"message": "cannot carry `w`", "refused": True, "step": 20}))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and j.blocks == [] and j.resizes[-1]["outcome"] == "refused"
+    assert j.requested_devices is None   # a re-layout pins no size
+    isl.now += 31   # past the gate's cooldown
+    _, preps = relayout_until_prepared(isl, job, t, [0.01, 0.03], rounds=40)
+    assert preps == [] and len(j.resizes) == 1
+
+
 def test_the_model_and_gate_survive_a_scheduler_restart(tmp_path):
     isl = Island()
     job = run_two_device_job(isl)

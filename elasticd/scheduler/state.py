@@ -450,7 +450,8 @@ class SchedulerState:
         for job in sorted(self.jobs.values(), key=lambda j: j.seq):
             if (job.state is not JobState.RUNNING or job.resize is not None or job.zombies
                     or len(job.placement) < 2 or not job.entered_steps
-                    or any(self.drains.holds(n) for n in job.nodes)):
+                    or any(self.drains.holds(n) for n in job.nodes)
+                    or job.resizes and job.resizes[-1]["outcome"] == "refused"):   # its agents would again
                 continue
             rl = self.speeds.relayout(job.job_id, job.spec.workers, job.placement, job.blocks, now)
             if rl is None:
