@@ -81,9 +81,12 @@ def test_worker_traceback_reaches_the_cli(cluster):
 
 
 @pytest.mark.slow
-def test_stop_reaches_the_real_runtime_which_stops_at_a_step_boundary(cluster):
+@pytest.mark.parametrize("env", [[], ["--env", "ELASTICD_TEST_UNSAVABLE=1"]], ids=["plain", "state_not_carried"])
+def test_stop_reaches_the_real_runtime_which_stops_at_a_step_boundary(cluster, env):
+    # A stop copies nothing: a state no resize could carry does not turn it into a failure.
     d = cluster.daemon(cpu=2, fake=False)
-    r = cli("submit", str(REPO / "tests" / "jobs" / "long_job.py"), "--min-devices", "2", "--state-dir", str(d.state_dir))
+    r = cli("submit", str(REPO / "tests" / "jobs" / "long_job.py"), "--min-devices", "2", *env,
+            "--state-dir", str(d.state_dir))
     assert r.code == 0, r.err
     job = r.out.strip()
     wait_state(d.state_dir, job, "running", timeout=120)

@@ -187,10 +187,8 @@ class StepBoundary:
                 # none and writes nothing: that snapshot stays incomplete and is never restored.)
                 self._snap_at = step
         if self._stop_at == step and self.rt.outcome == "resize":
-            self._capture_for_resize(w, step)
+            self._capture_for_resize(w, step)   # a stop keeps nothing: its agents just exit
         if self._stop_at == step:
-            if w.snapshot is None:
-                w.snapshot = self._capture(w, step)
             raise Preempted()
         if self._snap_at == step:
             self._capture_periodic(w, step)
