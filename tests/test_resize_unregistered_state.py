@@ -113,6 +113,8 @@ def test_a_refused_resize_loses_nothing_the_job_trains_on_as_under_ddp(
     assert f"resize {src} -> {dst} devices after step 5 refused" in run.output, run.output
     assert "cannot carry `warmup` in train() across the resize: state_dict()['rule'] is a function" in run.output
     assert f"--scale-at {rest} dropped" in run.output, run.output
+    # once: the command that came after the held step's vote is not taken for another resize
+    assert run.output.count("refused, training goes on:") == 1, run.output
     resizes = json.loads((tmp_path / "summary.json").read_text())["resizes"]
     assert [(r["step"], r["from"], r["to"], r["outcome"]) for r in resizes] == [(5, src, dst, "refused")], resizes
     assert "`warmup`" in resizes[0]["note"]

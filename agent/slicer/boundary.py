@@ -255,9 +255,10 @@ class StepBoundary:
         phys.broadcast_(text, by)
         message = bytes(text.tolist()).rstrip(b"\0").decode(errors="replace")
         epoch = self.rt.command.epoch if self.rt.command is not None else None
-        if epoch is None and step - 1 in self.hold_at:
-            # Refused at a step `elasticd run` held for its --scale-at before the command came: the command
-            # still on its way is this resize's, and must not start it again at the next boundary.
+        if epoch is None:
+            # Another agent's command (or a step `elasticd run` held for its --scale-at) made the vote before
+            # this agent's own copy of the command came: the copy still on its way is this resize's, and must
+            # not start it again at the next boundary.
             self.rt.stale_resizes += 1
         # Training goes on as if nobody had asked: no stop, no held step, no command waiting to be voted.
         self._stop_at = None
