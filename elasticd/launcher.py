@@ -386,8 +386,8 @@ class LocalJob:
         dropped = [f"{s}:{m}" for s, m, _ in self._pending]
         self._pending, self._hold_at = [], ()
         self._plan, self._resizing, self._command, self._left = None, None, None, {}
-        self._say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused (the agents' reason above), the job "
-                  f"goes on on {r.src} device(s)" + (f"; --scale-at {','.join(dropped)} dropped" if dropped else ""))
+        self._say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused, the job goes on on {r.src} device(s)"
+                  + (f"; --scale-at {','.join(dropped)} dropped" if dropped else "") + f": {reason}")
 
     def _discard(self, agent: _Agent) -> None:
         """Stop an agent that is no part of the job and forget it (its exit code is no verdict)."""

@@ -202,6 +202,8 @@ def test_resizes_the_agents_refuse_keep_the_job_on_its_devices_and_lose_nothing(
         assert sorted(a["pid"] for a in job_info(sd, job)["agents"] if a["alive"]) == pids
     detail = cli("status", job, "--state-dir", str(sd)).out
     assert "refused" in detail and "cannot carry `warmup`" in detail, detail
+    logs = cli("logs", job, "--state-dir", str(sd)).out   # the job's own output says it, once per resize
+    assert logs.count("refused, training goes on: logical rank 0: cannot carry `warmup`") == 2, logs
     (out / "release").touch()
     info = wait_state(sd, job, "finished", timeout=180)
     assert [(x["from"], x["to"], x["outcome"]) for x in info["resizes"]] == [(2, 4, "refused"), (2, 1, "refused")]

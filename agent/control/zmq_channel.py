@@ -10,6 +10,7 @@ that safe for the (single-threaded) ZeroMQ socket.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -96,6 +97,9 @@ class ZmqControl:
             self._last_step_sent = 0.0
 
     def refused(self, info: dict[str, Any]) -> None:
+        if self.rank == 0:   # into the job's log, where its user looks (`elasticd logs`); `status` has it too
+            print(f"[elasticd] resize after step {info.get('step')} refused, training goes on: {info.get('message')}",
+                  file=sys.stderr, flush=True)
         with self._lock:
             self._flush_step()
             self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))

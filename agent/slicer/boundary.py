@@ -17,7 +17,6 @@ GradScalers and plain DataLoader iterators), and a resumed worker gets all of it
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -267,9 +266,6 @@ class StepBoundary:
         self._polled = VOTE_NONE
         self.hold_at = frozenset()   # `elasticd run` drops the rest of its --scale-at schedule too
         log.info("resize refused after step %d: %s", step - 1, message)
-        if phys.rank == 0:   # into the job's output, where the user looks (`elasticd logs`)
-            print(f"[elasticd] resize after step {step - 1} refused, training goes on: {message}",
-                  file=sys.stderr, flush=True)
         self.rt.control.refused({"epoch": epoch, "step": step - 1, "message": message, "by": by})
 
     def _capture_periodic(self, w: Worker, step: int) -> None:
