@@ -88,6 +88,8 @@ def test_ctx_step_is_the_step_the_function_resumes_at_from_its_first_line(forgot
     assert all("what the file held is gone" in line for line in said), said
     assert sorted(line.split("resuming at step ")[1].split(":")[0] for line in said) == ["11", "11", "6"], said
     assert "config.txt" not in (ref / "output.txt").read_text()
+    said = [line for line in (out / "output.txt").read_text().splitlines() if "notes.txt with mode 'w'" in line]
+    assert {line.split("resuming at step ")[1].split(":")[0] for line in said} == {"6", "11"}, said
 
 
 @pytest.mark.timeout(600)

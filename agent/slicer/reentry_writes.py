@@ -6,14 +6,15 @@ there) empties a file the first run had been writing, and every line before the 
 Nothing here can tell a log from a file meant to be rewritten, so the run goes on, but the job's output
 says which file, at which step, and how to keep it (`if ctx.step == 0:`).
 
-`builtins.open` is wrapped only in an agent that resumes a function (never in a fresh run), and the
-check costs a thread-local read per `open` call elsewhere. `pathlib`'s `write_text` and `io.open` are
-not seen.
+`builtins.open` and `io.open` (through which `pathlib.Path.open`, `write_text` and `write_bytes` go) are
+wrapped only in an agent that resumes a function (never in a fresh run), and the check costs a
+thread-local read per `open` call elsewhere. `os.open` with `O_TRUNC` is not seen.
 """
 
 from __future__ import annotations
 
 import builtins
+import io
 import logging
 import os
 import threading
@@ -57,6 +58,6 @@ def _warn(rank: int, step: int, path: str, mode: str) -> None:
 
 
 def watch() -> None:
-    """Wrap `builtins.open` for this process (idempotent): called when an agent resumes a function."""
-    if builtins.open is not _open:
-        builtins.open = _open
+    """Wrap `builtins.open` and `io.open` for this process (idempotent): called when an agent resumes a function."""
+    builtins.open = _open
+    io.open = _open

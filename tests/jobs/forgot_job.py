@@ -7,7 +7,8 @@ DataLoader iterator taken before the loop (`it = iter(loader)`, `next(it)`), re-
 
 Rank 0 writes the model's state plus the final LR and loss scale to $ELASTICD_TEST_OUT; with
 $ELASTICD_TEST_LOG set, every rank appends "step hosted-ranks idx idx ..." per step to rank<r>.log there, and
-`ctx.step` as the function starts, each time it does, to starts<r>.log; and it rewrites config.txt there.
+`ctx.step` as the function starts, each time it does, to starts<r>.log; and it rewrites config.txt (with
+`open`) and notes.txt (with `Path.write_text`) there.
 With ELASTICD_TEST_LOOP=for, `ctx.steps` drives from inside the trainer's own `for batch in loader` loop,
 whose epoch counter is a plain variable (same data and random draws as the default loop under DDP).
 With ELASTICD_TEST_UNSAVABLE=1 the function also holds an object whose state_dict() a snapshot cannot hold
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -53,6 +55,7 @@ def train(ctx) -> None:
             f.write(f"{ctx.step}\n")
         with open(os.path.join(log_dir, "config.txt"), "w") as f:   # emptied again at a resize: said so
             f.write("lr=1e-2\n")
+        Path(log_dir, "notes.txt").write_text("started\n")          # the same through pathlib
 
     def one_step(step: int, batch: list[torch.Tensor]) -> None:
         xb, yb, idx = batch
