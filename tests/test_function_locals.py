@@ -258,3 +258,52 @@ def test_an_object_whose_state_dict_a_snapshot_cannot_hold_fails_it_naming_the_v
     with pytest.raises(fl.NotCarried, match=r"cannot carry `(train|val)` in _loader_job\(\) across the resize: "
                                             r"state_dict\(\)\['pick'\] is a method"):
         _entry(_loader_job, None, 1, {}, False, _UnsavableState)
+
+
+def _containers_job(saved: dict | None, weights: torch.Tensor, width: int, out: dict) -> None:
+    ema = {"w": weights.clone(), "step": 0}        # an EMA kept by hand, copied from the (restored) model
+    losses: list = []                               # a history of loss tensors
+    alias = losses                                  # what else holds it must keep seeing it
+    per_device = [torch.zeros(width)]               # its shape depends on the layout: left as the new run made it
+    dataset = [torch.arange(3.0), torch.arange(3.0) + 10]  # noqa: F841 - never changed: not copied into snapshots
+    model = torch.nn.Linear(2, 1)
+    views = [p.data for p in model.parameters()]   # the model's own state: the new run's views must stay
+    start = fl.begin(STOP, saved)
+    out["views"] = all(v.data_ptr() == p.data_ptr() for v, p in zip(views, model.parameters(), strict=True))
+    out["resumed"] = ({k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in ema.items()},
+                      [t.item() for t in losses], alias is losses, per_device[0].tolist())
+    for step in range(2):
+        ema["w"].mul_(0.5).add_(weights, alpha=0.5)   # in place: only its count of writes moves
+        ema["step"] += 1
+        losses.append(torch.tensor(float(step) + 0.5))
+        per_device[0] += 1
+        views[0].add_(1.0)
+    out["saved"] = fl.save(STOP, start)
+
+
+def test_containers_of_tensors_the_loop_changed_come_back_as_under_ddp() -> None:
+    first: dict = {}
+    _entry(_containers_job, None, torch.tensor([1.0, 2.0]), 2, first)
+    saved = first["saved"]["containers"]
+    # Only what the loop changed, and the list once under its first name (`alias` is refilled with it).
+    assert sorted(k.split(":", 2)[2] for k in saved) == ["ema", "losses", "per_device"], saved.keys()
+    again: dict = {}
+    # Resumed on another layout, from the model the resize restored: the EMA's start value differs, its shape not.
+    _entry(_containers_job, first["saved"], torch.tensor([3.0, 4.0]), 4, again)
+    ema, losses, shared, per_device = again["resumed"]
+    assert ema == {"w": [1.0, 2.0], "step": 2}, "the EMA restarted from the restored model"
+    assert losses == [0.5, 1.5] and shared, "a list must be refilled in place"
+    assert per_device == [0.0, 0.0, 0.0, 0.0], "a container the new run shaped otherwise must stay the new run's"
+    assert again["views"], "views of the model's parameters must stay views of the new run's model"
+    chained: dict = {}   # and on through a second resize
+    _entry(_containers_job, again["saved"], torch.tensor([5.0, 6.0]), 4, chained)
+    assert chained["resumed"][1] == [0.5, 1.5, 0.5, 1.5] and chained["resumed"][0]["step"] == 4
+
+
+def test_a_changed_container_too_big_to_carry_fails_the_snapshot_naming_it(monkeypatch: Any) -> None:
+    from elasticd.agent.slicer import tensor_containers
+
+    monkeypatch.setattr(tensor_containers, "_MAX_BYTES", 7)   # the 2-float EMA, 8 bytes, is over the limit
+    with pytest.raises(fl.NotCarried, match=r"cannot carry `ema` in _containers_job\(\) across the resize: the "
+                                            r"loop changed this container"):
+        _entry(_containers_job, None, torch.tensor([1.0, 2.0]), 2, {})

@@ -51,14 +51,19 @@ from typing import Any
 
 import torch
 
+from elasticd.agent.slicer import tensor_containers
 from elasticd.agent.slicer.carried import NotCarried, snapshot_state
+from elasticd.agent.slicer.local_arrays import (
+    from_snapshot,
+    is_array,
+    nbytes,
+    numpy_module,
+    to_snapshot,
+    writes,
+)
 
 _OURS = str(Path(__file__).resolve().parents[1])   # the agent package: its frames are not the function's
 _ELASTICD = str(Path(sys.modules["elasticd"].__file__ or _OURS).resolve().parent)   # the control plane's package
-
-
-def _numpy() -> Any | None:
-    return sys.modules.get("numpy")   # a job that never imported numpy holds no numpy generator
 
 
 def _kind(obj: Any) -> str | None:
@@ -66,7 +71,7 @@ def _kind(obj: Any) -> str | None:
         return "torch"
     if isinstance(obj, random.Random) and obj is not random._inst:  # type: ignore[attr-defined]
         return "random"
-    np = _numpy()
+    np = numpy_module()
     if np is not None:
         if isinstance(obj, np.random.Generator):
             return "numpy"
@@ -99,7 +104,7 @@ def _set(kind: str, obj: Any, state: Any) -> None:
 
 def _plain(x: Any) -> Any:
     """numpy's state dicts hold arrays (MT19937's key); snapshots hold tensors, numbers, strings, lists, dicts."""
-    np = _numpy()
+    np = numpy_module()
     if np is not None and isinstance(x, np.ndarray):
         return {"ndarray": x.tolist(), "dtype": str(x.dtype)}
     if isinstance(x, np.integer if np is not None else ()):
@@ -112,7 +117,7 @@ def _plain(x: Any) -> Any:
 def _unplain(x: Any) -> Any:
     if isinstance(x, dict):
         if set(x) == {"ndarray", "dtype"}:
-            np = _numpy()
+            np = numpy_module()
             assert np is not None, "a numpy generator's state, with numpy gone"
             return np.asarray(x["ndarray"], dtype=x["dtype"])
         return {k: _unplain(v) for k, v in x.items()}
@@ -304,28 +309,13 @@ def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
 _MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into each snapshot
 
 
-def _is_array(value: Any) -> bool:
-    """A tensor of the function's own data (a prefetched batch, a running sum, a data shard), not parameters
-    or anything autograd records, which the model, optimizer and private state carry; or a numpy array of
-    numbers (llm.c's loader keeps its shard's tokens as one, memory-mapped or not)."""
-    if isinstance(value, torch.Tensor):
-        return (not value.requires_grad and value.layout == torch.strided and not value.is_quantized
-                and value.device.type != "meta")
-    np = _numpy()
-    return np is not None and isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
-
-
 def _tensors(frames: list[FrameType]) -> dict[str, Any]:
-    """The arrays (tensors and numpy arrays, see _is_array) the function's locals hold."""
-    return {key: value for key, value in _named(frames) if _is_array(value)}
-
-
-def _nbytes(a: Any) -> int:
-    return a.numel() * a.element_size() if isinstance(a, torch.Tensor) else int(a.nbytes)
+    """The arrays (tensors and numpy arrays, see local_arrays.is_array) the function's locals hold."""
+    return {key: value for key, value in _named(frames) if is_array(value)}
 
 
 def _big(a: Any) -> bool:
-    return _nbytes(a) > _MAX_TENSOR_BYTES
+    return nbytes(a) > _MAX_TENSOR_BYTES
 
 
 # Elements of a big array read for its fingerprint, evenly spaced: enough to tell one data shard from another,
@@ -341,7 +331,7 @@ def _fingerprint(a: Any) -> tuple[Any, ...] | None:
         if not isinstance(a, torch.Tensor):
             flat = a.reshape(-1)
             if _big(a):
-                flat = flat[(_numpy().linspace(0, flat.size - 1, _SAMPLES)).astype("int64")]
+                flat = flat[(numpy_module().linspace(0, flat.size - 1, _SAMPLES)).astype("int64")]
             return tuple(a.shape), str(a.dtype), zlib.crc32(flat.tobytes())
         flat = a.detach().reshape(-1)
         if _big(a):
@@ -350,28 +340,6 @@ def _fingerprint(a: Any) -> tuple[Any, ...] | None:
         return tuple(a.shape), str(a.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
     except (RuntimeError, TypeError, ValueError):
         return None
-
-
-def _version(a: Any) -> int | None:
-    """torch's count of in-place writes; numpy keeps none (an array is told apart by its identity only)."""
-    return a._version if isinstance(a, torch.Tensor) else None
-
-
-def _to_snapshot(a: Any) -> Any:
-    """A copy a snapshot can hold: a tensor on the host, or a numpy array as its bytes, dtype and shape."""
-    if isinstance(a, torch.Tensor):
-        return a.detach().to("cpu", copy=True)
-    np = _numpy()
-    flat = np.ascontiguousarray(a).reshape(-1)
-    return {"numpy_bytes": torch.from_numpy(flat.view(np.uint8).copy()), "dtype": str(a.dtype),
-            "shape": list(a.shape)}
-
-
-def _from_snapshot(saved: Any, like: Any) -> Any:
-    if isinstance(saved, dict):
-        np = _numpy()
-        return np.frombuffer(saved["numpy_bytes"].numpy().tobytes(), dtype=saved["dtype"]).reshape(saved["shape"]).copy()
-    return saved.to(like.device) if isinstance(like, torch.Tensor) else saved
 
 
 class LoopStart:
@@ -384,14 +352,15 @@ class LoopStart:
         self.tensor_prints = {key: p for key, p in prints.items() if p is not None}
         # Which tensors the loop replaced or wrote: another object, or a moved version counter. Held weakly:
         # a batch the loop rebinds must not stay alive (on the device) for the whole run.
-        self.tensor_ids = {key: (weakref.ref(tensors[key]), _version(tensors[key])) for key in self.tensor_prints}
+        self.tensor_ids = {key: (weakref.ref(tensors[key]), writes(tensors[key])) for key in self.tensor_prints}
+        self.containers = tensor_containers.note(list(_named(frames)))
 
     def changed_tensors(self, frames: list[FrameType]) -> dict[str, Any]:
         changed = {}
         for key, t in _tensors(frames).items():
             if key in self.tensor_ids:
                 ref, version = self.tensor_ids[key]
-                if ref() is not t or _version(t) != version:
+                if ref() is not t or writes(t) != version:
                     changed[key] = t
         return changed
 
@@ -412,25 +381,16 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
         todo: dict[int, dict[str, Any]] = {}
         for key, value in now.items():
             if key in start.values and key in was and start.values[key] == was[key] and value != was[key]:
-                i, _, name = key.split(":", 2)
-                try:
-                    live = _lookup(frames[int(i)], name)
-                except (AttributeError, KeyError):
-                    continue
-                # A list or dict is refilled in place: whatever else holds it (a logger, a closure) keeps seeing it.
-                if isinstance(live, list) and isinstance(value, list):
-                    live[:] = _copy(value)
-                elif isinstance(live, dict) and isinstance(value, dict):
-                    live.clear()
-                    live.update(_copy(value))
-                else:
-                    todo.setdefault(int(i), {})[name] = _copy(value)
+                _give_back(frames, key, _copy(value), todo)
         printed = saved.get("tensor_start", {})
         for key, value in saved.get("tensors", {}).items():
             if key in start.tensor_prints and start.tensor_prints[key] == tuple(printed[key]):
                 # Rebound, never written in place: the new run's tensor may be a view of its dataset.
                 i, _, name = key.split(":", 2)
-                todo.setdefault(int(i), {})[name] = _from_snapshot(value, tensors[key])
+                like = tensors[key]
+                todo.setdefault(int(i), {})[name] = from_snapshot(value, getattr(like, "device", None))
+        for key, value in tensor_containers.restored(saved.get("containers", {}), start.containers).items():
+            _give_back(frames, key, value, todo)
         for i, values in todo.items():
             _rebind(frames[i], values)
         objects = _objects(frames)
@@ -438,6 +398,23 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             if key in objects:
                 objects[key].load_state_dict(state)
     return start
+
+
+def _give_back(frames: list[FrameType], key: str, value: Any, todo: dict[int, dict[str, Any]]) -> None:
+    """Put `value` back into the variable or attribute `key`: a list or dict refilled in place (whatever else
+    holds it, a logger or a closure, keeps seeing it), anything else rebound (by `_rebind`, from `todo`)."""
+    i, _, name = key.split(":", 2)
+    try:
+        live = _lookup(frames[int(i)], name)
+    except (AttributeError, KeyError):
+        return
+    if isinstance(live, list) and isinstance(value, list):
+        live[:] = value
+    elif isinstance(live, dict) and isinstance(value, dict):
+        live.clear()
+        live.update(value)
+    else:
+        todo.setdefault(int(i), {})[name] = value
 
 
 def _where(key: str) -> str:
@@ -461,7 +438,7 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
         if start is not None and _fingerprint(t) != start.tensor_prints[key]:
             raise NotCarried(
                 f"cannot carry {_where(key)} across the resize: the loop replaced or changed this "
-                f"{_nbytes(t) / 2**20:.0f} MiB array since ctx.steps began, and arrays "
+                f"{nbytes(t) / 2**20:.0f} MiB array since ctx.steps began, and arrays "
                 f"over {_MAX_TENSOR_BYTES >> 20} MiB are not copied into snapshots. The resumed function would "
                 f"start from the one it builds before the loop, with the other variables at this step (a "
                 f"position in one data shard, the bytes of another). Keep it under "
@@ -470,12 +447,14 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
                 f"what selects it (the shard index, the position) and load it again: elasticd then carries "
                 f"the object through them instead of its attributes")
     was = start.values if start is not None else {}
+    containers = tensor_containers.save(list(_named(frames)), start.containers, _where) if start is not None else {}
     # Only what the loop changed: a file list or a config held in a local is not copied into every snapshot.
     now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
     return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
             "start": {key: was[key] for key in now}, "values": now,
             "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
-            "tensors": {key: _to_snapshot(t) for key, t in changed.items()},
+            "tensors": {key: to_snapshot(t) for key, t in changed.items()},
+            "containers": containers,
             "stateful": _states(frames)}
 
 

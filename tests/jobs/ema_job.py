@@ -2,7 +2,9 @@
 
 ELASTICD_TEST_EMA picks how: `averaged` — torch's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn)`
 made after `ctx.replicate` (its `n_averaged` counter is state too); `copy` — `copy.deepcopy(model)` made
-before `ctx.replicate` (timm's order: the EMA before the DDP wrap) and updated by hand, buffers included.
+before `ctx.replicate` (timm's order: the EMA before the DDP wrap) and updated by hand, buffers included;
+`tensors` — a dict of detached copies of the model's state (`{k: v.detach().clone() ...}`, floating-point
+entries only) made after `ctx.replicate` and updated in place, the way many scripts keep an EMA by hand.
 Each rank updates its own average every step, as each DDP process does.
 A resize re-enters the function, which builds the average again from the current weights: it must get its
 state back. Rank 0 writes the model and the average (`ema.` keys) to $ELASTICD_TEST_OUT.
@@ -41,6 +43,8 @@ def train(ctx) -> None:
     model, opt = ctx.replicate(model, opt)
     if VARIANT == "averaged":
         ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(DECAY), use_buffers=True)
+    if VARIANT == "tensors":
+        ema = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
     ds = classification_data(31)
     sampler = DistributedSampler(ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=0)
     batches = ctx.batches(DataLoader(ds, batch_size=16, sampler=sampler))
@@ -50,7 +54,12 @@ def train(ctx) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if VARIANT == "copy":
+        if VARIANT == "tensors":
+            with torch.no_grad():
+                for k, p in model.state_dict().items():
+                    if k in ema:
+                        ema[k].mul_(DECAY).add_(p, alpha=1 - DECAY)
+        elif VARIANT == "copy":
             with torch.no_grad():
                 for e, p in zip(ema.state_dict().values(), model.state_dict().values(), strict=True):
                     if e.is_floating_point():
@@ -59,7 +68,8 @@ def train(ctx) -> None:
             ema.update_parameters(model)
     if ctx.rank == 0:
         average = ema.module if isinstance(ema, AveragedModel) else ema
-        extra = {f"ema.{k.removeprefix('module.')}": v.detach().cpu().clone() for k, v in average.state_dict().items()}
+        held = average if isinstance(average, dict) else average.state_dict()
+        extra = {f"ema.{k.removeprefix('module.')}": v.detach().cpu().clone() for k, v in held.items()}
         if isinstance(ema, AveragedModel):
             extra["ema.n_averaged"] = ema.n_averaged.detach().cpu().clone()
         save_state(model, "ELASTICD_TEST_OUT", extra=extra)

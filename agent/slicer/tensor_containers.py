@@ -1,0 +1,192 @@
+"""Lists, tuples and dicts of tensors the function keeps in its own variables, carried across resizes.
+
+An EMA kept by hand (`ema = {k: v.detach().clone() for k, v in model.state_dict().items()}`, updated in
+place every step), a history of loss tensors (`losses.append(loss.detach())`), per-class running sums: a
+DDP process keeps them for life, while a resumed function builds them again from scratch and would end
+with another result, exit 0. function_locals.py carries plain values and tensors held by a variable
+itself; this carries containers (exactly lists, tuples and dicts, nested) of plain values and arrays
+(local_arrays.is_array), at least one of them an array, held by the same variables and attributes:
+
+- where `ctx.steps` begins, each is noted: its structure, plain values, array shapes and dtypes, and which
+  array objects it holds at which count of in-place writes (weakly);
+- a snapshot copies, whole and to the host, each one the loop changed since (an item added, removed or
+  replaced, an array written in place), with each array's device type;
+- a resumed worker gets it back where the re-entered function built it with the same structure, plain
+  values and array shapes and dtypes as the first run did; its arrays' values may differ (an EMA copied
+  from the model the resize restored). A list or dict is refilled in place; arrays are new ones on their
+  device, never written into (one may be a view of a dataset).
+
+Not a container holding a tensor of a model or optimizer the function's variables hold (`[p.data for p in
+model.parameters()]`, `{n: p.grad ...}`): it is a view of state carried its own way, which the re-entered
+function takes again, and a copy in its place would no longer follow the model.
+
+A changed container holding more than 1 GiB of arrays is not copied: the snapshot fails naming it, which
+refuses a resize (agent/slicer/boundary.py) instead of resuming without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+
+from elasticd.agent.slicer.carried import NotCarried
+from elasticd.agent.slicer.local_arrays import from_snapshot, is_array, nbytes, to_snapshot, writes
+
+_MAX_ITEMS = 100_000      # as function_locals: a bigger container is not looked into
+_MAX_BYTES = 1 << 30      # the arrays of one container a snapshot copies
+_ARRAY = "__elasticd_array__"   # marks an array in a packed container (no user dict has this key)
+
+
+def _walk(x: Any, arrays: list[Any], budget: list[int]) -> Any:
+    """`x`'s shape: its structure with plain values as they are and arrays as (shape, dtype), collecting the
+    arrays in order; None when `x` holds anything else (or more than the budget of items)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return ("=", x)
+    if is_array(x):
+        arrays.append(x)
+        return ("array", tuple(x.shape), str(x.dtype))
+    if type(x) in (list, tuple) or type(x) is dict:
+        items = x.items() if type(x) is dict else enumerate(x)
+        inner = []
+        for k, v in items:
+            shape = _walk(v, arrays, budget) if isinstance(k, (str, int)) else None
+            if shape is None:
+                return None
+            inner.append((k, shape))
+        return (type(x).__name__, tuple(inner))
+    return None
+
+
+def _shape(x: Any) -> tuple[Any, list[Any]] | None:
+    if type(x) not in (list, tuple, dict):
+        return None
+    arrays: list[Any] = []
+    shape = _walk(x, arrays, [_MAX_ITEMS])
+    return (shape, arrays) if shape is not None else None
+
+
+def _frozen(x: Any) -> Any:
+    """A shape as noted, whatever a snapshot's round trip made of its tuples."""
+    return tuple(_frozen(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+class Noted:
+    """A container as the loop began: its shape, and its arrays by identity and count of in-place writes."""
+
+    def __init__(self, shape: Any, arrays: list[Any]) -> None:
+        self.shape = shape
+        self.arrays = [(weakref.ref(a), writes(a)) for a in arrays]
+
+    def changed(self, shape: Any, arrays: list[Any]) -> bool:
+        """The loop changed it, and it holds arrays now or did then (a container of plain values only, both
+        times, is function_locals' to carry)."""
+        if not arrays and not self.arrays:
+            return False
+        return shape != self.shape or any(ref() is not a or writes(a) != n
+                                          for (ref, n), a in zip(self.arrays, arrays, strict=True))
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # a tensor without storage of its own (a functional wrapper)
+        return 0
+
+
+def _models_storages(named: list[tuple[str, Any]]) -> set[int]:
+    """Where the tensors of the models and optimizers the function's variables hold live: parameters,
+    buffers, gradients, optimizer states."""
+    found: set[int] = set()
+    for _key, value in named:
+        if isinstance(value, torch.nn.Module):
+            for t in itertools.chain(value.parameters(), value.buffers()):
+                found.add(_storage(t))
+                if t.grad is not None:
+                    found.add(_storage(t.grad))
+        elif isinstance(value, torch.optim.Optimizer):
+            found.update(_storage(x) for state in value.state.values() for x in state.values()
+                         if isinstance(x, torch.Tensor))
+    found.discard(0)
+    return found
+
+
+def _views_of(arrays: list[Any], storages: set[int]) -> bool:
+    return any(isinstance(a, torch.Tensor) and _storage(a) in storages for a in arrays)
+
+
+def note(named: list[tuple[str, Any]]) -> dict[str, Noted]:
+    """key -> each container of plain values and arrays the function's variables (`named`:
+    function_locals._named) hold, but views of its models' state; an empty list counts (a loss history
+    begins so)."""
+    storages = _models_storages(named)
+    found = {}
+    for key, value in named:
+        seen = _shape(value)
+        if seen is not None and not _views_of(seen[1], storages):
+            found[key] = Noted(*seen)
+    return found
+
+
+def save(named: list[tuple[str, Any]], start: dict[str, Noted], where: Any) -> dict[str, Any]:
+    """key -> {"start": its shape as the loop began, "value": a host copy} for each container the loop changed.
+
+    Raises:
+        NotCarried: a changed container holds more than 1 GiB of arrays (`where(key)` names it).
+    """
+    out, copied = {}, set()
+    storages = _models_storages(named) if start else set()
+    for key, value in named:
+        noted = start.get(key)
+        seen = _shape(value) if noted is not None and id(value) not in copied else None
+        if noted is None or seen is None or not noted.changed(*seen) or _views_of(seen[1], storages):
+            continue
+        copied.add(id(value))   # once: another name for it (`self.ema` and `ema`) is refilled with it
+        size = sum(nbytes(a) for a in seen[1])
+        if size > _MAX_BYTES:
+            raise NotCarried(f"cannot carry {where(key)} across the resize: the loop changed this container of "
+                             f"{size / 2**20:.0f} MiB of tensors since ctx.steps began, and containers over "
+                             f"{_MAX_BYTES >> 20} MiB are not copied into snapshots. Keep a model average as a "
+                             "copy of the model (copy.deepcopy, torch's AveragedModel), which elasticd carries")
+        out[key] = {"start": noted.shape, "value": _pack(value)}
+    return out
+
+
+def restored(saved: dict[str, Any], start: dict[str, Noted]) -> dict[str, Any]:
+    """key -> the value to give back, for each saved container the re-entered function began as the first
+    run did."""
+    return {key: _unpack(entry["value"]) for key, entry in saved.items()
+            if key in start and start[key].shape == _frozen(entry["start"])}
+
+
+def _pack(x: Any) -> Any:
+    if is_array(x):
+        return {_ARRAY: to_snapshot(x), "device": x.device.type if isinstance(x, torch.Tensor) else ""}
+    if type(x) is dict:
+        return {k: _pack(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_pack(v) for v in x)
+    return x
+
+
+def _device(kind: str) -> torch.device | None:
+    if not kind:
+        return None   # numpy
+    if kind == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())   # the worker thread's GPU (slicer/device.py)
+    return torch.device(kind)
+
+
+def _unpack(x: Any) -> Any:
+    if type(x) is dict and _ARRAY in x:
+        return from_snapshot(x[_ARRAY], _device(x["device"]))
+    if type(x) is dict:
+        return {k: _unpack(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_unpack(v) for v in x)
+    return x
