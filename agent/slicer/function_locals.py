@@ -27,7 +27,9 @@ the 64 MiB a snapshot copies (a data shard the loader moved on to) cannot be car
 show it holds what it held when the loop began (a shard reloaded), the snapshot fails naming it, rather
 than resume with a position in one shard and the bytes of another.
 
-Not seen: what other objects or closures hold, tensors in containers, and names a frame binds only inside
+Lists, tuples and dicts holding tensors are tensor_containers.py's, called from here.
+
+Not seen: what other objects or closures hold, and names a frame binds only inside
 the loop (made again there anyway). The process-wide streams (`torch.manual_seed`, `random.seed`,
 `np.random.seed`) are carried by agent/slicer/rng.py.
 """
