@@ -7,6 +7,7 @@ generators get their states, and a frame further up the stack can be written (ce
 
 from __future__ import annotations
 
+import collections
 import random
 import sys
 from types import SimpleNamespace
@@ -29,6 +30,7 @@ STOP = _entry.__code__
 
 def _job(saved: dict | None, hosted: int, out: dict) -> None:
     step_count, history, label = 0, [], "warm"
+    window, counts = collections.deque(maxlen=2), collections.defaultdict(int)   # refilled in place: types kept
     holder = SimpleNamespace(history=history)   # not plain: left alone, and must keep seeing `history`
     data = torch.arange(4.0)
     view = data[:2]          # a view of the data: restoring it must never write into `data`
@@ -38,12 +40,15 @@ def _job(saved: dict | None, hosted: int, out: dict) -> None:
     coin = random.Random(3)
     start = fl.begin(STOP, saved)   # where ctx.steps begins
     out["resumed"] = (step_count, list(history), label, hosted)
+    out["collections"] = (type(window), list(window), window.maxlen, type(counts), dict(counts), counts["unseen"])
     out["shared"] = holder.history is history and holder.history == history
     out["tensors"] = (view.tolist(), data.tolist(), weight.tolist())
     out["draws"] = (torch.rand(1, generator=gen).item(), float(rng.random()), coin.random())
     for epoch in range(2):   # a for target: its iterator decides, not the snapshot
         step_count += 1
         history.append(float(epoch))
+        window.append(epoch + 5)
+        counts["steps"] += 1
     label = "main"
     view = data[2:]
     with torch.no_grad():
@@ -62,6 +67,7 @@ def test_a_resumed_function_gets_back_what_its_loop_changed_and_nothing_else() -
     assert (step_count, history, label) == (2, [0.0, 1.0], "main")
     assert hosted == 4, "a value the new run started differently must stay the new run's"
     assert again["shared"], "a list must be refilled in place, not replaced"
+    assert again["collections"] == (collections.deque, [5, 6], 2, collections.defaultdict, {"unseen": 0, "steps": 2}, 0)
     assert again["tensors"] == ([2.0, 3.0], [0.0, 1.0, 2.0, 3.0], [1.0, 1.0])
     # Each generator continued where the first run's was at the snapshot, not from its seed.
     assert again["draws"] != first["draws"]

@@ -36,6 +36,7 @@ the loop (made again there anyway). The process-wide streams (`torch.manual_seed
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import dis
@@ -227,6 +228,7 @@ def _key(i: int, frame: FrameType, name: str) -> str:
     return f"{i}:{frame.f_code.co_qualname}:{name}"
 
 
+_DICTS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
 _MAX_ITEMS = 100_000   # a bigger container (every prediction of an epoch) is not copied into each snapshot
 
 
@@ -236,17 +238,18 @@ def _is_plain(x: Any, budget: list[int]) -> bool:
         return False
     if x is None or isinstance(x, (bool, int, float, str)):
         return True
-    # Containers of exactly these types: a copy of a namedtuple or a defaultdict would come back as
-    # another type.
-    if type(x) in (list, tuple):
+    # Containers of exactly these types: a copy of a namedtuple would come back as another type. The
+    # collections' (a `deque(maxlen=k)` window of recent losses, a `defaultdict` of counts) are copied as a
+    # list or dict and refilled in place, which keeps their type, maxlen and default factory.
+    if type(x) in (list, tuple, collections.deque):
         return all(_is_plain(v, budget) for v in x)
-    if type(x) is dict:
+    if type(x) in _DICTS:
         return all(isinstance(k, (str, int)) and _is_plain(v, budget) for k, v in x.items())
     return False
 
 
 def _copy(x: Any) -> Any:
-    if isinstance(x, list):
+    if isinstance(x, (list, collections.deque)):
         return [_copy(v) for v in x]
     if isinstance(x, tuple):
         return tuple(_copy(v) for v in x)
@@ -412,6 +415,9 @@ def _give_back(frames: list[FrameType], key: str, value: Any, todo: dict[int, di
         return
     if isinstance(live, list) and isinstance(value, list):
         live[:] = value
+    elif isinstance(live, collections.deque) and isinstance(value, list):
+        live.clear()
+        live.extend(value)
     elif isinstance(live, dict) and isinstance(value, dict):
         live.clear()
         live.update(value)
