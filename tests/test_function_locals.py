@@ -7,6 +7,7 @@ generators get their states, and a frame further up the stack can be written (ce
 
 from __future__ import annotations
 
+import argparse
 import collections
 import random
 import sys
@@ -313,3 +314,23 @@ def test_a_changed_container_too_big_to_carry_fails_the_snapshot_naming_it(monke
     with pytest.raises(fl.NotCarried, match=r"cannot carry `ema` in _containers_job\(\) across the resize: the "
                                             r"loop changed this container"):
         _entry(_containers_job, None, torch.tensor([1.0, 2.0]), 2, {})
+
+
+def _args_job(saved: dict | None, out: dict) -> None:
+    args = argparse.Namespace(lr=0.1, patience=3)   # what the script parsed, changed by its loop
+    state = SimpleNamespace(best=None)
+    start = fl.begin(STOP, saved)
+    out["resumed"] = (args.lr, args.patience, state.best)
+    for _ in range(2):
+        args.lr *= 0.5
+        state.best = 0.25
+    args.patience -= 1
+    out["saved"] = fl.save(STOP, start)
+
+
+def test_attributes_of_a_namespace_the_loop_changed_come_back() -> None:
+    first: dict = {}
+    _entry(_args_job, None, first)
+    again: dict = {}
+    _entry(_args_job, first["saved"], again)
+    assert again["resumed"] == (0.025, 2, 0.25)

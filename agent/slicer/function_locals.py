@@ -36,6 +36,7 @@ the loop (made again there anyway). The process-wide streams (`torch.manual_seed
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import ctypes
@@ -45,6 +46,7 @@ import random
 import site
 import sys
 import sysconfig
+import types
 import weakref
 import zlib
 from collections.abc import Iterator
@@ -197,6 +199,11 @@ def _objects(frames: list[FrameType]) -> dict[str, Any]:
     return found
 
 
+# Bags of attributes scripts keep their settings and counters in (`args.lr *= 0.5` in the loop): looked into
+# as an object of the user's own classes is.
+_NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
+
+
 def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
     """('frame index:function:name', value) for each local of the function's frames but `for` targets, for
     each attribute of a method's `self` ('...:self.name') and of an object of the user's classes a local
@@ -208,7 +215,7 @@ def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
             if name in skip:
                 continue
             yield _key(i, frame, name), value
-            if name == "self" or _users_class(type(value)):
+            if name == "self" or _users_class(type(value)) or type(value) in _NAMESPACES:
                 attrs = _attrs(name, value)
                 for attr, held in list(attrs.items()) if attrs is not None else ():
                     yield _key(i, frame, f"{name}.{attr}"), held
