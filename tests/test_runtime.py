@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -302,3 +304,40 @@ def test_a_function_that_assigns_a_module_global_fails_before_it_runs() -> None:
 
     reads()
     assert ran == [4, 4]
+
+
+SETTINGS = SimpleNamespace(lr=0.1)   # a script's parsed arguments, at its top level
+HISTORY: list[float] = []
+
+
+def test_a_function_that_changes_a_module_globals_object_in_place_fails_before_it_runs() -> None:
+    """`args.lr *= 0.5` or `history.append(...)` on a global would apply once per hosted worker to one object."""
+    ran: list[int] = []
+
+    @elasticd.elastic(workers=2)
+    def decays(ctx):
+        ran.append(ctx.rank)
+        for _ in ctx.steps(2):
+            SETTINGS.lr *= 0.5
+
+    @elasticd.elastic(workers=2)
+    def records(ctx):
+        ran.append(ctx.rank)
+        HISTORY.append(float(ctx.rank))
+
+    for fn, name in ((decays, "SETTINGS"), (records, "HISTORY")):
+        with pytest.raises(WorkerFailed) as failed:
+            fn()
+        assert f"changes the object(s) the module global(s) {name} name in place" in failed.value.message
+    assert ran == [] and SETTINGS.lr == 0.1 and HISTORY == []
+
+    @elasticd.elastic(workers=2)
+    def copies(ctx):
+        settings, history = copy.copy(SETTINGS), list(HISTORY)   # its own copies: fine
+        settings.lr *= 0.5
+        history.append(settings.lr)
+        torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark   # a module's flag: not an object of ours
+        ran.append(len(history))
+
+    copies()
+    assert ran == [1, 1] and SETTINGS.lr == 0.1
