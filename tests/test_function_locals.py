@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import random
 import sys
 from types import SimpleNamespace
@@ -268,6 +269,7 @@ def test_an_object_whose_state_dict_a_snapshot_cannot_hold_fails_it_naming_the_v
 
 
 def _containers_job(saved: dict | None, weights: torch.Tensor, width: int, out: dict) -> None:
+    torch.manual_seed(0)   # the same model in every run
     ema = {"w": weights.clone(), "step": 0}        # an EMA kept by hand, copied from the (restored) model
     losses: list = []                               # a history of loss tensors
     alias = losses                                  # what else holds it must keep seeing it
@@ -275,8 +277,10 @@ def _containers_job(saved: dict | None, weights: torch.Tensor, width: int, out: 
     dataset = [torch.arange(3.0), torch.arange(3.0) + 10]  # noqa: F841 - never changed: not copied into snapshots
     model = torch.nn.Linear(2, 1)
     views = [p.data for p in model.parameters()]   # the model's own state: the new run's views must stay
+    ema_params = copy.deepcopy(list(model.parameters()))   # improved-diffusion's EMA: Parameters of no model
     start = fl.begin(STOP, saved)
     out["views"] = all(v.data_ptr() == p.data_ptr() for v, p in zip(views, model.parameters(), strict=True))
+    out["ema_params"] = [(type(p).__name__, p.requires_grad, p.detach().tolist()) for p in ema_params]
     out["resumed"] = ({k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in ema.items()},
                       [t.item() for t in losses], alias is losses, per_device[0].tolist())
     for step in range(2):
@@ -285,6 +289,9 @@ def _containers_job(saved: dict | None, weights: torch.Tensor, width: int, out: 
         losses.append(torch.tensor(float(step) + 0.5))
         per_device[0] += 1
         views[0].add_(1.0)
+        with torch.no_grad():
+            for e in ema_params:
+                e.mul_(0.5)
     out["saved"] = fl.save(STOP, start)
 
 
@@ -293,7 +300,7 @@ def test_containers_of_tensors_the_loop_changed_come_back_as_under_ddp() -> None
     _entry(_containers_job, None, torch.tensor([1.0, 2.0]), 2, first)
     saved = first["saved"]["containers"]
     # Only what the loop changed, and the list once under its first name (`alias` is refilled with it).
-    assert sorted(k.split(":", 2)[2] for k in saved) == ["ema", "losses", "per_device"], saved.keys()
+    assert sorted(k.split(":", 2)[2] for k in saved) == ["ema", "ema_params", "losses", "per_device"], saved.keys()
     again: dict = {}
     # Resumed on another layout, from the model the resize restored: the EMA's start value differs, its shape not.
     _entry(_containers_job, first["saved"], torch.tensor([3.0, 4.0]), 4, again)
@@ -302,6 +309,9 @@ def test_containers_of_tensors_the_loop_changed_come_back_as_under_ddp() -> None
     assert losses == [0.5, 1.5] and shared, "a list must be refilled in place"
     assert per_device == [0.0, 0.0, 0.0, 0.0], "a container the new run shaped otherwise must stay the new run's"
     assert again["views"], "views of the model's parameters must stay views of the new run's model"
+    torch.manual_seed(0)
+    assert again["ema_params"] == [("Parameter", True, (p.detach() * 0.25).tolist())
+                                   for p in torch.nn.Linear(2, 1).parameters()], "the EMA parameters restarted"
     chained: dict = {}   # and on through a second resize
     _entry(_containers_job, again["saved"], torch.tensor([5.0, 6.0]), 4, chained)
     assert chained["resumed"][1] == [0.5, 1.5, 0.5, 1.5] and chained["resumed"][0]["step"] == 4

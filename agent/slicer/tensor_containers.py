@@ -5,7 +5,8 @@ place every step), a history of loss tensors (`losses.append(loss.detach())`), p
 DDP process keeps them for life, while a resumed function builds them again from scratch and would end
 with another result, exit 0. function_locals.py carries plain values and tensors held by a variable
 itself; this carries containers (exactly lists, tuples and dicts, nested) of plain values and arrays
-(local_arrays.is_array), at least one of them an array, held by the same variables and attributes:
+(local_arrays.is_array, and tensors autograd records as leaves that are no model's), held by the same
+variables and attributes:
 
 - where `ctx.steps` begins, each is noted: its structure, plain values, array shapes and dtypes, and which
   array objects it holds at which count of in-place writes (weakly);
@@ -48,9 +49,9 @@ def _walk(x: Any, arrays: list[Any], budget: list[int]) -> Any:
         return None
     if x is None or isinstance(x, (bool, int, float, str)):
         return ("=", x)
-    if is_array(x):
+    if is_array(x) or _free_leaf(x):
         arrays.append(x)
-        return ("array", tuple(x.shape), str(x.dtype))
+        return ("array", tuple(x.shape), str(x.dtype), _grad_kind(x))
     if type(x) in (list, tuple) or type(x) is dict:
         items = x.items() if type(x) is dict else enumerate(x)
         inner = []
@@ -61,6 +62,19 @@ def _walk(x: Any, arrays: list[Any], budget: list[int]) -> Any:
             inner.append((k, shape))
         return (type(x).__name__, tuple(inner))
     return None
+
+
+def _free_leaf(x: Any) -> bool:
+    """A tensor autograd records as a leaf that is no model's (those are excluded as views, below): an EMA
+    kept as copies of the parameters (`copy.deepcopy(list(model.parameters()))`, as improved-diffusion's
+    `ema_params`)."""
+    return isinstance(x, torch.Tensor) and x.requires_grad and x.is_leaf and x.layout == torch.strided
+
+
+def _grad_kind(x: Any) -> str:
+    if not isinstance(x, torch.Tensor) or not x.requires_grad:
+        return ""
+    return "parameter" if isinstance(x, torch.nn.Parameter) else "leaf"
 
 
 def _shape(x: Any) -> tuple[Any, list[Any]] | None:
@@ -100,8 +114,8 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _models_storages(named: list[tuple[str, Any]]) -> set[int]:
-    """Where the tensors of the models and optimizers the function's variables hold live: parameters,
-    buffers, gradients, optimizer states."""
+    """Where the tensors of the models and optimizers the function's variables hold live: parameters (a
+    module's or an optimizer's), buffers, gradients, optimizer states."""
     found: set[int] = set()
     for _key, value in named:
         if isinstance(value, torch.nn.Module):
@@ -112,6 +126,7 @@ def _models_storages(named: list[tuple[str, Any]]) -> set[int]:
         elif isinstance(value, torch.optim.Optimizer):
             found.update(_storage(x) for state in value.state.values() for x in state.values()
                          if isinstance(x, torch.Tensor))
+            found.update(_storage(p) for group in value.param_groups for p in group["params"])
     found.discard(0)
     return found
 
@@ -165,8 +180,9 @@ def restored(saved: dict[str, Any], start: dict[str, Noted]) -> dict[str, Any]:
 
 
 def _pack(x: Any) -> Any:
-    if is_array(x):
-        return {_ARRAY: to_snapshot(x), "device": x.device.type if isinstance(x, torch.Tensor) else ""}
+    if is_array(x) or _free_leaf(x):
+        return {_ARRAY: to_snapshot(x), "device": x.device.type if isinstance(x, torch.Tensor) else "",
+                "grad": _grad_kind(x)}
     if type(x) is dict:
         return {k: _pack(v) for k, v in x.items()}
     if type(x) in (list, tuple):
@@ -184,7 +200,10 @@ def _device(kind: str) -> torch.device | None:
 
 def _unpack(x: Any) -> Any:
     if type(x) is dict and _ARRAY in x:
-        return from_snapshot(x[_ARRAY], _device(x["device"]))
+        a = from_snapshot(x[_ARRAY], _device(x["device"]))
+        if x.get("grad") == "parameter":
+            return torch.nn.Parameter(a)
+        return a.requires_grad_(True) if x.get("grad") == "leaf" else a
     if type(x) is dict:
         return {k: _unpack(v) for k, v in x.items()}
     if type(x) in (list, tuple):
