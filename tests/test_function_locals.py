@@ -344,3 +344,25 @@ def test_attributes_of_a_namespace_the_loop_changed_come_back() -> None:
     again: dict = {}
     _entry(_args_job, first["saved"], again)
     assert again["resumed"] == (0.025, 2, 0.25)
+
+
+class _LoaderTrainer:
+    """The loader held by a trainer, not by a local: build-nanogpt's loop moved into a Trainer class."""
+
+    def __init__(self, kind: type) -> None:
+        self.loaders = SimpleNamespace(train=kind(1, [torch.arange(6.0), torch.arange(6.0) + 100]))
+        self.loaders.self_ref = self   # a cycle: looked into once
+
+    def fit(self, saved: dict | None, steps: int, out: dict) -> None:
+        start = fl.begin(STOP, saved)
+        out["batches"] = [self.loaders.train.next_batch() for _ in range(steps)]
+        out["saved"] = fl.save(STOP, start)
+
+
+@pytest.mark.parametrize("kind", [_ShardLoader, _StatefulShardLoader])
+def test_objects_held_by_the_trainers_attributes_are_carried_too(kind: type) -> None:
+    first: dict = {}
+    _entry(_LoaderTrainer(kind).fit, None, 4, first)   # into the second shard
+    again: dict = {}
+    _entry(_LoaderTrainer(kind).fit, first["saved"], 2, again)
+    assert first["batches"] == [1.0, 3.0, 5.0, 101.0] and again["batches"] == [103.0, 105.0]

@@ -20,16 +20,17 @@ frames on the stack, and a resumed worker reaches the start of `ctx.steps` throu
 
 A method's `self` counts as locals: its attributes are looked at the same way (a trainer's `self.step`,
 `self.best`, `self.rng`), unless it is a module or an optimizer. So do the attributes of an object of the
-user's own classes (defined outside the standard library, site-packages and elasticd) that a local holds:
-build-nanogpt's `DataLoaderLite` keeps its shard and position as `train_loader.current_position`, and a
-resize must not send it back to the first batch. A tensor such an object or a local replaced that is over
+user's own classes (defined outside the standard library, site-packages and elasticd) or a namespace
+(`args`) that a local holds: build-nanogpt's `DataLoaderLite` keeps its shard and position as
+`train_loader.current_position`, and a resize must not send it back to the first batch. And so on down
+such objects' attributes, three levels (`self.train_loader.current_position`: a loader a trainer holds). A tensor such an object or a local replaced that is over
 the 64 MiB a snapshot copies (a data shard the loader moved on to) cannot be carried: unless its bytes
 show it holds what it held when the loop began (a shard reloaded), the snapshot fails naming it, rather
 than resume with a position in one shard and the bytes of another.
 
 Lists, tuples and dicts holding tensors are tensor_containers.py's, called from here.
 
-Not seen: what other objects or closures hold, and names a frame binds only inside
+Not seen: what library objects or closures hold, and names a frame binds only inside
 the loop (made again there anyway). The process-wide streams (`torch.manual_seed`, `random.seed`,
 `np.random.seed`) are carried by agent/slicer/rng.py.
 """
@@ -190,13 +191,8 @@ def _attrs(name: str, owner: Any) -> dict[str, Any] | None:
 
 
 def _objects(frames: list[FrameType]) -> dict[str, Any]:
-    """key -> each object a local (not an attribute) holds that is carried through its own protocol."""
-    found = {}
-    for key, value in _named(frames):
-        name = key.split(":", 2)[2]
-        if "." not in name and _by_protocol(name, value):
-            found[key] = value
-    return found
+    """key -> each object a local or an attribute looked into holds that is carried through its own protocol."""
+    return {key: value for key, value in _named(frames) if _by_protocol(key.split(":", 2)[2], value)}
 
 
 # Bags of attributes scripts keep their settings and counters in (`args.lr *= 0.5` in the loop): looked into
@@ -204,21 +200,35 @@ def _objects(frames: list[FrameType]) -> dict[str, Any]:
 _NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
 
 
+_DEPTH = 3   # `self.train_loader.position`: attributes of attributes, three levels down at most
+
+
 def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
     """('frame index:function:name', value) for each local of the function's frames but `for` targets, for
     each attribute of a method's `self` ('...:self.name') and of an object of the user's classes a local
-    holds ('...:loader.position'): a trainer's step counter or generator, a hand-written loader's position,
-    is what its loop's locals would otherwise be. Not a module's or optimizer's: those carry their own state."""
+    holds ('...:loader.position'), and so on down such objects' attributes ('...:self.loader.position'): a
+    trainer's step counter or generator, a hand-written loader's position (held by the trainer or not), is
+    what its loop's locals would otherwise be. Not a module's or optimizer's: those carry their own state."""
     for i, frame in enumerate(frames):
         skip = _for_targets(frame.f_code)
         for name, value in list(frame.f_locals.items()):
             if name in skip:
                 continue
             yield _key(i, frame, name), value
-            if name == "self" or _users_class(type(value)) or type(value) in _NAMESPACES:
-                attrs = _attrs(name, value)
-                for attr, held in list(attrs.items()) if attrs is not None else ():
-                    yield _key(i, frame, f"{name}.{attr}"), held
+            yield from _attributes(i, frame, name, value, {id(value)}, 1)
+
+
+def _attributes(i: int, frame: FrameType, path: str, owner: Any, seen: set[int], depth: int
+                ) -> Iterator[tuple[str, Any]]:
+    if depth > _DEPTH or not (path == "self" or _users_class(type(owner)) or type(owner) in _NAMESPACES):
+        return
+    attrs = _attrs(path, owner)
+    for attr, held in list(attrs.items()) if attrs is not None else ():
+        sub = f"{path}.{attr}"
+        yield _key(i, frame, sub), held
+        if id(held) not in seen:   # each object once, under the first name met: no cycle, no double copy
+            seen.add(id(held))
+            yield from _attributes(i, frame, sub, held, seen, depth + 1)
 
 
 def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
@@ -293,18 +303,18 @@ def _values(frames: list[FrameType]) -> dict[str, Any]:
 
 
 def _lookup(frame: FrameType, name: str) -> Any:
-    owner, dot, attr = name.partition(".")
-    return getattr(frame.f_locals[owner], attr) if dot else frame.f_locals[name]
+    head, *attrs = name.split(".")
+    return functools.reduce(getattr, attrs, frame.f_locals[head])
 
 
 def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
     """Set local variables (and attributes of the objects they hold) of a frame further up this thread's stack."""
     local: dict[str, Any] = {}
     for name, value in values.items():
-        owner, dot, attr = name.partition(".")
+        owner, dot, attr = name.rpartition(".")
         if dot:
             with contextlib.suppress(AttributeError, TypeError, KeyError):   # frozen, slotted, or gone: left as it is
-                setattr(frame.f_locals[owner], attr, value)
+                setattr(_lookup(frame, owner), attr, value)
         else:
             local[name] = value
     if not local:
