@@ -23,10 +23,11 @@ A method's `self` counts as locals: its attributes are looked at the same way (a
 user's own classes (defined outside the standard library, site-packages and elasticd) or a namespace
 (`args`) that a local holds: build-nanogpt's `DataLoaderLite` keeps its shard and position as
 `train_loader.current_position`, and a resize must not send it back to the first batch. And so on down
-such objects' attributes, three levels (`self.train_loader.current_position`: a loader a trainer holds). A tensor such an object or a local replaced that is over
-the 64 MiB a snapshot copies (a data shard the loader moved on to) cannot be carried: unless its bytes
-show it holds what it held when the loop began (a shard reloaded), the snapshot fails naming it, rather
-than resume with a position in one shard and the bytes of another.
+such objects' attributes, three levels (`self.train_loader.current_position`: a loader a trainer holds).
+A tensor such an object or a local replaced that is over the 64 MiB a snapshot copies (a data shard the
+loader moved on to) cannot be carried: unless its bytes show it holds what it held when the loop began (a
+shard reloaded), the snapshot fails naming it, rather than resume with a position in one shard and the
+bytes of another.
 
 Lists, tuples and dicts holding tensors are tensor_containers.py's, called from here.
 
