@@ -278,9 +278,12 @@ def _containers_job(saved: dict | None, weights: torch.Tensor, width: int, out: 
     model = torch.nn.Linear(2, 1)
     views = [p.data for p in model.parameters()]   # the model's own state: the new run's views must stay
     ema_params = copy.deepcopy(list(model.parameters()))   # improved-diffusion's EMA: Parameters of no model
+    ema_w = weights.clone()          # an EMA tensor of its own, copied from the (restored) model
+    weight = model.weight.data       # a view of the model: the new run's
     start = fl.begin(STOP, saved)
     out["views"] = all(v.data_ptr() == p.data_ptr() for v, p in zip(views, model.parameters(), strict=True))
     out["ema_params"] = [(type(p).__name__, p.requires_grad, p.detach().tolist()) for p in ema_params]
+    out["tensor"] = (ema_w.tolist(), weight.data_ptr() == model.weight.data_ptr())
     out["resumed"] = ({k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in ema.items()},
                       [t.item() for t in losses], alias is losses, per_device[0].tolist())
     for step in range(2):
@@ -292,6 +295,8 @@ def _containers_job(saved: dict | None, weights: torch.Tensor, width: int, out: 
         with torch.no_grad():
             for e in ema_params:
                 e.mul_(0.5)
+        ema_w.mul_(0.5)
+        weight.add_(1.0)
     out["saved"] = fl.save(STOP, start)
 
 
@@ -309,6 +314,7 @@ def test_containers_of_tensors_the_loop_changed_come_back_as_under_ddp() -> None
     assert losses == [0.5, 1.5] and shared, "a list must be refilled in place"
     assert per_device == [0.0, 0.0, 0.0, 0.0], "a container the new run shaped otherwise must stay the new run's"
     assert again["views"], "views of the model's parameters must stay views of the new run's model"
+    assert again["tensor"] == ([0.25, 0.5], True), "the EMA tensor restarted, or the view of the model was replaced"
     torch.manual_seed(0)
     assert again["ema_params"] == [("Parameter", True, (p.detach() * 0.25).tolist())
                                    for p in torch.nn.Linear(2, 1).parameters()], "the EMA parameters restarted"

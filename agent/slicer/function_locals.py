@@ -13,7 +13,9 @@ frames on the stack, and a resumed worker reaches the start of `ctx.steps` throu
   autograd does not record, up to 64 MiB each: a step counter driving the LR, a prefetched batch,
   a best-so-far metric, early-stopping patience, a loss history): one the loop changed gets its value at
   the snapshot back, if the re-entered function starts it from the same value as before (a value that
-  depends on the layout, such as how many ranks share the device, is left as the new run made it). A
+  depends on the layout, such as how many ranks share the device, is left as the new run made it); a
+  tensor if it starts with the same shape and dtype (an EMA copied from the model the resize restored
+  begins with other values), unless it is a view of a model's or optimizer's state. A
   list or dict is refilled in place, so that what else holds it sees the same object; a number, string or
   tensor is rebound (a tensor is never written in place: the new run's may be a view of its dataset).
   Not the targets of `for` statements: their iterator, not the variable, decides the next value.
@@ -406,8 +408,9 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             if key in start.values and key in was and start.values[key] == was[key] and value != was[key]:
                 _give_back(frames, key, _copy(value), todo)
         printed = saved.get("tensor_start", {})
+        storages = tensor_containers.models_storages(list(_named(frames)))
         for key, value in saved.get("tensors", {}).items():
-            if key in start.tensor_prints and start.tensor_prints[key] == tuple(printed[key]):
+            if key in start.tensor_prints and _began_alike(start.tensor_prints[key], printed[key], tensors[key], storages):
                 # Rebound, never written in place: the new run's tensor may be a view of its dataset.
                 i, _, name = key.split(":", 2)
                 like = tensors[key]
@@ -421,6 +424,14 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             if key in objects:
                 objects[key].load_state_dict(state)
     return start
+
+
+def _began_alike(now: tuple[Any, ...], was: Any, live: Any, storages: set[int]) -> bool:
+    """The re-entered function began a saved tensor as the first run did: with the same shape and dtype,
+    whatever its bytes (an EMA copied from the model the resize restored). Never a view of a model's state
+    (`w = model.weight.data`), which must stay the new run's."""
+    shape, dtype, _crc = was
+    return tuple(now[0]) == tuple(shape) and now[1] == dtype and not tensor_containers.views_of([live], storages)
 
 
 def _give_back(frames: list[FrameType], key: str, value: Any, todo: dict[int, dict[str, Any]]) -> None:

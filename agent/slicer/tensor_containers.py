@@ -113,7 +113,7 @@ def _storage(t: torch.Tensor) -> int:
         return 0
 
 
-def _models_storages(named: list[tuple[str, Any]]) -> set[int]:
+def models_storages(named: list[tuple[str, Any]]) -> set[int]:
     """Where the tensors of the models and optimizers the function's variables hold live: parameters (a
     module's or an optimizer's), buffers, gradients, optimizer states."""
     found: set[int] = set()
@@ -131,7 +131,7 @@ def _models_storages(named: list[tuple[str, Any]]) -> set[int]:
     return found
 
 
-def _views_of(arrays: list[Any], storages: set[int]) -> bool:
+def views_of(arrays: list[Any], storages: set[int]) -> bool:
     return any(isinstance(a, torch.Tensor) and _storage(a) in storages for a in arrays)
 
 
@@ -139,11 +139,11 @@ def note(named: list[tuple[str, Any]]) -> dict[str, Noted]:
     """key -> each container of plain values and arrays the function's variables (`named`:
     function_locals._named) hold, but views of its models' state; an empty list counts (a loss history
     begins so)."""
-    storages = _models_storages(named)
+    storages = models_storages(named)
     found = {}
     for key, value in named:
         seen = _shape(value)
-        if seen is not None and not _views_of(seen[1], storages):
+        if seen is not None and not views_of(seen[1], storages):
             found[key] = Noted(*seen)
     return found
 
@@ -155,11 +155,11 @@ def save(named: list[tuple[str, Any]], start: dict[str, Noted], where: Any) -> d
         NotCarried: a changed container holds more than 1 GiB of arrays (`where(key)` names it).
     """
     out, copied = {}, set()
-    storages = _models_storages(named) if start else set()
+    storages = models_storages(named) if start else set()
     for key, value in named:
         noted = start.get(key)
         seen = _shape(value) if noted is not None and id(value) not in copied else None
-        if noted is None or seen is None or not noted.changed(*seen) or _views_of(seen[1], storages):
+        if noted is None or seen is None or not noted.changed(*seen) or views_of(seen[1], storages):
             continue
         copied.add(id(value))   # once: another name for it (`self.ema` and `ema`) is refilled with it
         size = sum(nbytes(a) for a in seen[1])
