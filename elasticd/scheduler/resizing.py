@@ -247,38 +247,35 @@ class Resizes:
 
     def _abort_resize(self, job: Job, now: float, reason: str) -> list[Send]:
         """Phase 1 went wrong: stop the joiners; the job goes on at its old size, untouched."""
+        assert job.resize is not None and job.resize.phase == "prepare"
+        return self._call_off(job, now, reason, "aborted")
+
+    def _refuse_resize(self, job: Job, now: float, reason: str) -> list[Send]:
+        """After the go, the agents found a state they cannot carry and train on at the old size: every node
+        of both layouts undoes the go (joiners sent away, leavers kept); the job keeps its placement."""
+        assert job.resize is not None and job.resize.phase == "refused"
+        return self._call_off(job, now, reason, "refused")
+
+    def _call_off(self, job: Job, now: float, reason: str, outcome: str) -> list[Send]:
+        """The resize did not happen (`outcome`: "aborted" before the go, "refused" by the agents after it)."""
         plan = job.resize
-        assert plan is not None and plan.phase == "prepare"
+        assert plan is not None
         out = self._drop_joiners(job, plan, reason)
-        job.record_resize(plan, "aborted", note=reason)
+        if outcome == "refused":   # the go reached the old layout's nodes too: each undoes it
+            told = {s.node_id for s in out}
+            out += [Send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
+                    for node in dict.fromkeys(job.nodes) if node not in told and node not in job.ended]
+        job.record_resize(plan, outcome, note=reason)
         job.resize = None
         if plan.dst != plan.src:
             # Pinned at the size it has, so the policy does not retry the same resize in a loop (a
             # re-layout is not retried before the gate's cooldown either).
             job.requested_devices = plan.src
-        job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} aborted: {reason}")
+        what = "aborted" if outcome == "aborted" else "refused by its agents"
+        job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} {what}: {reason}")
         self.host.changed(job, resched=True)
-        log.warning("job %s resize %d aborted, continuing on %d devices: %s", job.job_id, plan.epoch, plan.src,
+        log.warning("job %s resize %d %s, continuing on %d devices: %s", job.job_id, plan.epoch, what, plan.src,
                     reason)
-        return out
-
-    def _refuse_resize(self, job: Job, now: float, reason: str) -> list[Send]:
-        """After the go, the agents found a state they cannot carry and train on at the old size: every node
-        of both layouts undoes the go (joiners sent away, leavers kept); the job keeps its placement."""
-        plan = job.resize
-        assert plan is not None and plan.phase == "refused"
-        out = self._drop_joiners(job, plan, reason)
-        told = {s.node_id for s in out}
-        out += [Send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
-                for node in dict.fromkeys(job.nodes) if node not in told and node not in job.ended]
-        job.record_resize(plan, "refused", note=reason)
-        job.resize = None
-        if plan.dst != plan.src:
-            job.requested_devices = plan.src   # as after an abort: the policy does not ask again and again
-        job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} refused by its agents: {reason}")
-        self.host.changed(job, resched=True)
-        log.warning("job %s resize %d refused by its agents, continuing on %d devices: %s", job.job_id, plan.epoch,
-                    plan.src, reason)
         return out
 
     def _drop_joiners(self, job: Job, plan: ResizePlan, reason: str) -> list[Send]:
