@@ -187,7 +187,12 @@ class LocalJob:
             pass  # the agent died; its exit code tells the story
 
     def stop_all(self, grace_s: float = 5.0) -> None:
-        procs = [a.proc for a in [*self.agents.values(), *self.retired, *self.spares]]
+        self._stop([*self.agents.values(), *self.retired, *self.spares], grace_s)
+
+    @staticmethod
+    def _stop(agents: list[_Agent], grace_s: float) -> None:
+        """SIGTERM, then SIGKILL what is still there after `grace_s`; returns once every one has exited."""
+        procs = [a.proc for a in agents]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -220,9 +225,9 @@ class LocalJob:
             # Every agent says so; the first while a plan is in flight counts (before it, an agent other than
             # rank 0 may report its refusal of a held step before rank 0's step report made the plan).
             step = ev.info.get("step")
-            if plan is not None and self._resizing is not None and isinstance(step, int):
-                self._resizing.step = step
             if plan is not None:
+                if self._resizing is not None and isinstance(step, int):
+                    self._resizing.step = step
                 self._execute(plan.refused(str(ev.info.get("message") or "a state could not be captured")))
 
     def _on_timing(self, rank: int, timing: dict[str, Any]) -> None:
@@ -391,14 +396,12 @@ class LocalJob:
 
     def _discard(self, agent: _Agent) -> None:
         """Stop an agent that is no part of the job and forget it (its exit code is no verdict)."""
-        if agent.proc.poll() is None:
-            agent.proc.terminate()
-            try:
-                agent.proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                agent.proc.kill()
-                agent.proc.wait()
-        if agent.events in self._sel.get_map():
+        self._stop([agent], 5.0)
+        self._close(agent)
+
+    def _close(self, agent: _Agent) -> None:
+        """Close an exited agent's pipes."""
+        if agent.events in self._sel.get_map():   # else already closed by _read at end of file
             self._sel.unregister(agent.events)
             os.close(agent.events)
         os.close(agent.commands)
@@ -504,10 +507,7 @@ class LocalJob:
     def _forget_agents(self) -> None:
         """Every agent has exited: close their pipes and start from an empty table."""
         for a in [*self.agents.values(), *self.retired, *self.spares]:
-            if a.events in self._sel.get_map():   # else already closed by _read at end of file
-                self._sel.unregister(a.events)
-                os.close(a.events)
-            os.close(a.commands)
+            self._close(a)
         self.agents, self.retired, self.spares = {}, [], []
 
     def _unhonoured(self) -> int:
