@@ -378,7 +378,10 @@ class LoopStart:
         # Which tensors the loop replaced or wrote: another object, or a moved version counter. Held weakly:
         # a batch the loop rebinds must not stay alive (on the device) for the whole run.
         self.tensor_ids = {key: (weakref.ref(tensors[key]), writes(tensors[key])) for key in self.tensor_prints}
-        self.containers = tensor_containers.note(list(_named(frames)))
+        named = list(_named(frames))
+        # Where the models' and optimizers' tensors live: views of them are the new run's, never given back.
+        self.storages = tensor_containers.models_storages(named)
+        self.containers = tensor_containers.note(named, self.storages)
 
     def changed_tensors(self, frames: list[FrameType]) -> dict[str, Any]:
         changed = {}
@@ -408,9 +411,9 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             if key in start.values and key in was and start.values[key] == was[key] and value != was[key]:
                 _give_back(frames, key, _copy(value), todo)
         printed = saved.get("tensor_start", {})
-        storages = tensor_containers.models_storages(list(_named(frames)))
         for key, value in saved.get("tensors", {}).items():
-            if key in start.tensor_prints and _began_alike(start.tensor_prints[key], printed[key], tensors[key], storages):
+            if key in start.tensor_prints and _began_alike(start.tensor_prints[key], printed[key], tensors[key],
+                                                           start.storages):
                 # Rebound, never written in place: the new run's tensor may be a view of its dataset.
                 i, _, name = key.split(":", 2)
                 like = tensors[key]

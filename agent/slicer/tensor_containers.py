@@ -135,11 +135,10 @@ def views_of(arrays: list[Any], storages: set[int]) -> bool:
     return any(isinstance(a, torch.Tensor) and _storage(a) in storages for a in arrays)
 
 
-def note(named: list[tuple[str, Any]]) -> dict[str, Noted]:
+def note(named: list[tuple[str, Any]], storages: set[int]) -> dict[str, Noted]:
     """key -> each container of plain values and arrays the function's variables (`named`:
-    function_locals._named) hold, but views of its models' state; an empty list counts (a loss history
-    begins so)."""
-    storages = models_storages(named)
+    function_locals._named) hold, but views of its models' state (`storages`: models_storages); an empty
+    list counts (a loss history begins so)."""
     found = {}
     for key, value in named:
         seen = _shape(value)

@@ -120,7 +120,8 @@ class NodeResizes:
     @staticmethod
     def _undo_go(job: LocalJob) -> None:
         """The agents refused the resize: its leavers stay, a drain's stayers keep their old ranks."""
-        before, job.before_go = job.before_go or {}, None
+        before, job.before_go = job.before_go, None
+        assert before is not None
         for rank, a in before.items():
             if a in job.retired and not a.dropped:
                 job.retired.remove(a)
