@@ -372,3 +372,69 @@ def test_objects_held_by_the_trainers_attributes_are_carried_too(kind: type) -> 
     again: dict = {}
     _entry(_LoaderTrainer(kind).fit, first["saved"], 2, again)
     assert first["batches"] == [1.0, 3.0, 5.0, 101.0] and again["batches"] == [103.0, 105.0]
+
+
+def _state_job(saved: dict | None, model_seed: int, out: dict) -> None:
+    torch.manual_seed(model_seed)   # a resumed run's model holds the weights the resize restored: another seed here
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # A training state kept in one dict beside the model and optimizer, carried their own way.
+    state = {"model": model, "opt": opt, "lr": 0.1, "seen": 0, "meta": {"tag": "a"},
+             "rng": torch.Generator().manual_seed(7)}
+    odd = {"a.b": 1, "x[y]": 2, 3: 4, '"q"': 5, "module": model}   # keys a name of ours must survive
+    anchor = [p.detach().clone() for p in model.parameters()]   # L2-SP's anchor: the loop never changes it
+    w0 = model.weight.detach().clone()
+    best = copy.deepcopy(model.state_dict())                    # the best weights so far: an OrderedDict
+    start = fl.begin(STOP, saved)
+    out["resumed"] = {
+        "state": (state["model"] is model, state["opt"] is opt, state["lr"], state["seen"], dict(state["meta"]),
+                  torch.rand(1, generator=state["rng"]).item()),
+        "odd": {k: v for k, v in odd.items() if k != "module"}, "odd_model": odd["module"] is model,
+        "anchor": [a.tolist() for a in anchor], "w0": w0.tolist(),
+        "best": (type(best), {k: v.tolist() for k, v in best.items()})}
+    for _ in range(2):
+        state["lr"] *= 0.5
+        state["seen"] += 4
+        state["meta"]["tag"] += "b"
+        for k in ("a.b", "x[y]", 3, '"q"'):
+            odd[k] += 1
+        with torch.no_grad():
+            model.weight.add_(1.0)   # training moves the model; the copies taken before the loop stay
+    out["saved"] = fl.save(STOP, start)
+
+
+def test_a_dict_of_a_training_state_and_copies_taken_from_the_model_come_back_as_under_ddp() -> None:
+    """A resumed function gets back the values a training-state dict holds beside its model (not the model:
+    the new run's), and the copies of the model's tensors it took before the loop, unchanged by the loop:
+    under DDP they keep the job's first weights, and the re-entered function took them from restored ones."""
+    first: dict = {}
+    _entry(_state_job, None, 0, first)
+    again: dict = {}
+    _entry(_state_job, first["saved"], 1, again)
+    is_model, is_opt, lr, seen, meta, draw = again["resumed"]["state"]
+    assert (is_model, is_opt) == (True, True), "the model and optimizer in the dict must stay the new run's"
+    assert (lr, seen, meta) == (0.025, 8, {"tag": "abb"})
+    rng = torch.Generator().manual_seed(7)
+    assert draw == [torch.rand(1, generator=rng).item() for _ in range(2)][1], "the dict's generator restarted"
+    assert again["resumed"]["odd"] == {"a.b": 3, "x[y]": 4, 3: 6, '"q"': 7} and again["resumed"]["odd_model"]
+    initial = first["resumed"]
+    assert again["resumed"]["anchor"] == initial["anchor"], "the anchor was taken again from the restored model"
+    assert again["resumed"]["w0"] == initial["w0"]
+    assert again["resumed"]["best"] == initial["best"] and initial["best"][0] is collections.OrderedDict
+    chained: dict = {}   # on through a second resize
+    _entry(_state_job, again["saved"], 2, chained)
+    assert chained["resumed"]["anchor"] == initial["anchor"] and chained["resumed"]["state"][2] == 0.025 / 4
+
+
+def test_a_copy_taken_from_the_model_too_big_to_carry_fails_the_snapshot_naming_it(monkeypatch: Any) -> None:
+    monkeypatch.setattr(fl, "_MAX_TENSOR_BYTES", 16)   # w0, 6 floats, counts as big; its bytes never change
+    with pytest.raises(fl.NotCarried, match=r"cannot carry `w0` in _state_job\(\) across the resize: it is a 0 MiB "
+                                            r"copy of a model's tensor taken before the loop"):
+        _entry(_state_job, None, 0, {})
+
+
+def test_names_of_dict_entries_and_attributes_read_back_whatever_the_keys() -> None:
+    for name, want in [("x", ("x", [])), ("self.a.b", ("self", [(".", "a"), (".", "b")])),
+                       ('s["a.b"].c', ("s", [("[", "a.b"), (".", "c")])), ('s["x[y]"][3]', ("s", [("[", "x[y]"), ("[", 3)])),
+                       ('s["\\"]"]', ("s", [("[", '"]')]))]:
+        assert fl._steps(name) == want

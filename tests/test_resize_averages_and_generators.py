@@ -88,3 +88,26 @@ shard, position and rows (tests/jobs/function_locals.py)."""
     diffs = rel_diffs(load_state(tmp_path / "ddp.pt"), load_state(tmp_path / "scaled.pt"))
     too_far = {k: d for k, d in diffs.items() if d > TOLERANCE}
     assert not too_far, f"a generator or a variable started over at a resize: {too_far}"
+
+
+@pytest.mark.timeout(900)
+def test_a_training_state_dict_an_l2sp_anchor_and_the_best_weights_survive_resizes_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/taken_job.py: a dict holding the model beside a hand-decayed LR, parameter copies taken before
+    the loop (never changed by it) and the best weights as an OrderedDict. Each came back wrong, exit 0: the
+    dict was not carried at all, the copies were taken again from the model the resize restored."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    ddp = cli("run", str(JOBS / "taken_job.py"), "--workers", str(REFERENCE_WORKERS), "--ddp",
+              env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
+    assert ddp.code == 0, ddp.output
+    run = cli("run", str(JOBS / "taken_job.py"), "--workers", str(REFERENCE_WORKERS), "--devices", "2",
+              "--scale-at", "5:1,10:2", env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "scaled.pt")}, timeout=400)
+    assert run.code == 0, run.output
+    assert "resized 2 -> 1 devices" in run.output and "resized 1 -> 2 devices" in run.output, run.output
+    want, got = load_state(tmp_path / "ddp.pt"), load_state(tmp_path / "scaled.pt")
+    assert want.keys() == got.keys() and "state.lr" in want and "best.0.weight" in want
+    # The best weights are those of a step before the resizes, not the final ones, or this would prove nothing.
+    apart = rel_diffs({k: want[f"best.{k}"] for k in ("0.weight", "2.weight")},
+                      {k: want[k] for k in ("0.weight", "2.weight")})
+    assert max(apart.values()) > 100 * TOLERANCE, apart
+    too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+    assert not too_far, f"differs from DDP after the resizes: {too_far}"

@@ -46,7 +46,9 @@ import contextlib
 import ctypes
 import dis
 import functools
+import json
 import random
+import re
 import site
 import sys
 import sysconfig
@@ -223,15 +225,33 @@ def _named(frames: list[FrameType]) -> Iterator[tuple[str, Any]]:
 
 def _attributes(i: int, frame: FrameType, path: str, owner: Any, seen: set[int], depth: int
                 ) -> Iterator[tuple[str, Any]]:
-    if depth > _DEPTH or not (path == "self" or _users_class(type(owner)) or type(owner) in _NAMESPACES):
+    if depth > _DEPTH:
         return
-    attrs = _attrs(path, owner)
-    for attr, held in list(attrs.items()) if attrs is not None else ():
-        sub = f"{path}.{attr}"
+    if _mixed(owner):
+        held_by = {f"{path}[{json.dumps(k)}]": v for k, v in list(owner.items())}
+    elif path == "self" or _users_class(type(owner)) or type(owner) in _NAMESPACES:
+        attrs = _attrs(path, owner)
+        held_by = {f"{path}.{attr}": v for attr, v in list(attrs.items())} if attrs is not None else {}
+    else:
+        return
+    for sub, held in held_by.items():
         yield _key(i, frame, sub), held
         if id(held) not in seen:   # each object once, under the first name met: no cycle, no double copy
             seen.add(id(held))
             yield from _attributes(i, frame, sub, held, seen, depth + 1)
+
+
+_MAX_MIXED = 1_000   # entries of a dict looked into one by one
+
+
+def _mixed(x: Any) -> bool:
+    """A dict of a training state, holding objects carried their own way (a model, an optimizer) beside values
+    the loop changes (`state = {"model": model, "opt": opt, "step": 0, "best": inf}`): looked into entry by
+    entry, as an object's attributes are, since it cannot be copied whole. A dict of plain values, or of
+    plain values and tensors, is copied whole (here or by tensor_containers.py)."""
+    if type(x) not in _DICTS or not 0 < len(x) <= _MAX_MIXED or not all(isinstance(k, (str, int)) for k in x):
+        return False
+    return not _is_plain(x, [_MAX_ITEMS]) and not tensor_containers.is_container(x)
 
 
 def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
@@ -305,21 +325,51 @@ def _values(frames: list[FrameType]) -> dict[str, Any]:
     return {key: _copy(value) for key, value in _named(frames) if _is_plain(value, [_MAX_ITEMS])}
 
 
+def _steps(name: str) -> tuple[str, list[tuple[str, Any]]]:
+    """A name `_named` made: the local, then each attribute (`.name`) or dict entry (`[json key]`) below it."""
+    head = re.match(r"[^.\[]*", name).group()   # type: ignore[union-attr]  # always matches
+    steps: list[tuple[str, Any]] = []
+    pos = len(head)
+    while pos < len(name):
+        if name[pos] == ".":
+            attr = re.match(r"[^.\[]*", name[pos + 1:]).group()   # type: ignore[union-attr]
+            steps.append((".", attr))
+            pos += 1 + len(attr)
+        else:
+            key, end = _JSON.raw_decode(name, pos + 1)
+            steps.append(("[", key))
+            pos = end + 1   # past the closing bracket
+    return head, steps
+
+
+_JSON = json.JSONDecoder()
+
+
+def _step(owner: Any, step: tuple[str, Any]) -> Any:
+    kind, what = step
+    return getattr(owner, what) if kind == "." else owner[what]
+
+
 def _lookup(frame: FrameType, name: str) -> Any:
-    head, *attrs = name.split(".")
-    return functools.reduce(getattr, attrs, frame.f_locals[head])
+    head, steps = _steps(name)
+    return functools.reduce(_step, steps, frame.f_locals[head])
 
 
 def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
     """Set local variables (and attributes of the objects they hold) of a frame further up this thread's stack."""
     local: dict[str, Any] = {}
     for name, value in values.items():
-        owner, dot, attr = name.rpartition(".")
-        if dot:
-            with contextlib.suppress(AttributeError, TypeError, KeyError):   # frozen, slotted, or gone: left as it is
-                setattr(_lookup(frame, owner), attr, value)
-        else:
+        head, steps = _steps(name)
+        if not steps:
             local[name] = value
+            continue
+        with contextlib.suppress(AttributeError, TypeError, KeyError):   # frozen, slotted, or gone: left as it is
+            owner = functools.reduce(_step, steps[:-1], frame.f_locals[head])
+            kind, what = steps[-1]
+            if kind == ".":
+                setattr(owner, what, value)
+            else:
+                owner[what] = value
     if not local:
         return
     if sys.version_info >= (3, 13):
@@ -379,16 +429,19 @@ class LoopStart:
         # a batch the loop rebinds must not stay alive (on the device) for the whole run.
         self.tensor_ids = {key: (weakref.ref(tensors[key]), writes(tensors[key])) for key in self.tensor_prints}
         named = list(_named(frames))
-        # Where the models' and optimizers' tensors live: views of them are the new run's, never given back.
-        self.storages = tensor_containers.models_storages(named)
-        self.containers = tensor_containers.note(named, self.storages)
+        # Where the models' and optimizers' tensors live (views of them are the new run's, never given back),
+        # and what the function took from them before the loop (carried whether the loop changes it or not).
+        models = tensor_containers.ModelState(named)
+        self.storages = models.storages
+        self.containers = tensor_containers.note(named, models)
+        self.taken = {key for key in self.tensor_prints if models.taken_from([tensors[key]])}
 
     def changed_tensors(self, frames: list[FrameType]) -> dict[str, Any]:
         changed = {}
         for key, t in _tensors(frames).items():
             if key in self.tensor_ids:
                 ref, version = self.tensor_ids[key]
-                if ref() is not t or writes(t) != version:
+                if ref() is not t or writes(t) != version or key in self.taken:
                     changed[key] = t
         return changed
 
@@ -475,6 +528,13 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
         if not _big(t):
             continue
         del changed[key]
+        if start is not None and key in start.taken:
+            raise NotCarried(
+                f"cannot carry {_where(key)} across the resize: it is a {nbytes(t) / 2**20:.0f} MiB copy of a "
+                f"model's tensor taken before the loop, which the resumed function would take again from the "
+                f"model the resize restored (under DDP it keeps the values the job began with), and arrays over "
+                f"{_MAX_TENSOR_BYTES >> 20} MiB are not copied into snapshots. Keep the copy as a model "
+                f"(`copy.deepcopy(model)`), which elasticd carries whole")
         if start is not None and _fingerprint(t) != start.tensor_prints[key]:
             raise NotCarried(
                 f"cannot carry {_where(key)} across the resize: the loop replaced or changed this "

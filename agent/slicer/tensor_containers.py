@@ -27,8 +27,10 @@ refuses a resize (agent/slicer/boundary.py) instead of resuming without it.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,6 +41,8 @@ from elasticd.agent.slicer.local_arrays import from_snapshot, is_array, nbytes, 
 _MAX_ITEMS = 100_000      # as function_locals: a bigger container is not looked into
 _MAX_BYTES = 1 << 30      # the arrays of one container a snapshot copies
 _ARRAY = "__elasticd_array__"   # marks an array in a packed container (no user dict has this key)
+# A state_dict() is an OrderedDict: `best = copy.deepcopy(model.state_dict())` is a container like any dict.
+_DICTS = (dict, collections.OrderedDict)
 
 
 def _walk(x: Any, arrays: list[Any], budget: list[int]) -> Any:
@@ -52,8 +56,8 @@ def _walk(x: Any, arrays: list[Any], budget: list[int]) -> Any:
     if is_array(x) or _free_leaf(x):
         arrays.append(x)
         return ("array", tuple(x.shape), str(x.dtype), _grad_kind(x))
-    if type(x) in (list, tuple) or type(x) is dict:
-        items = x.items() if type(x) is dict else enumerate(x)
+    if type(x) in (list, tuple) or type(x) in _DICTS:
+        items = x.items() if type(x) in _DICTS else enumerate(x)
         inner = []
         for k, v in items:
             shape = _walk(v, arrays, budget) if isinstance(k, (str, int)) else None
@@ -78,11 +82,16 @@ def _grad_kind(x: Any) -> str:
 
 
 def _shape(x: Any) -> tuple[Any, list[Any]] | None:
-    if type(x) not in (list, tuple, dict):
+    if type(x) not in (list, tuple, *_DICTS):
         return None
     arrays: list[Any] = []
     shape = _walk(x, arrays, [_MAX_ITEMS])
     return (shape, arrays) if shape is not None else None
+
+
+def is_container(x: Any) -> bool:
+    """`x` is a container this module carries whole: lists, tuples and dicts of plain values and arrays."""
+    return _shape(x) is not None
 
 
 def _frozen(x: Any) -> Any:
@@ -91,17 +100,21 @@ def _frozen(x: Any) -> Any:
 
 
 class Noted:
-    """A container as the loop began: its shape, and its arrays by identity and count of in-place writes."""
+    """A container as the loop began: its shape, its arrays by identity and count of in-place writes, and
+    whether it was taken from a model (`taken`: see ModelState.taken_from)."""
 
-    def __init__(self, shape: Any, arrays: list[Any]) -> None:
+    def __init__(self, shape: Any, arrays: list[Any], taken: bool = False) -> None:
         self.shape = shape
         self.arrays = [(weakref.ref(a), writes(a)) for a in arrays]
+        self.taken = taken
 
     def changed(self, shape: Any, arrays: list[Any]) -> bool:
         """The loop changed it, and it holds arrays now or did then (a container of plain values only, both
-        times, is function_locals' to carry)."""
+        times, is function_locals' to carry); or it was taken from a model, which is carried unchanged too."""
         if not arrays and not self.arrays:
             return False
+        if self.taken:
+            return True
         return shape != self.shape or any(ref() is not a or writes(a) != n
                                           for (ref, n), a in zip(self.arrays, arrays, strict=True))
 
@@ -113,37 +126,71 @@ def _storage(t: torch.Tensor) -> int:
         return 0
 
 
-def models_storages(named: list[tuple[str, Any]]) -> set[int]:
-    """Where the tensors of the models and optimizers the function's variables hold live: parameters (a
-    module's or an optimizer's), buffers, gradients, optimizer states."""
-    found: set[int] = set()
+def _models_tensors(named: list[tuple[str, Any]]) -> Iterator[torch.Tensor]:
+    """The tensors of the models and optimizers the function's variables hold: parameters (a module's or an
+    optimizer's), buffers, gradients, optimizer states."""
     for _key, value in named:
         if isinstance(value, torch.nn.Module):
             for t in itertools.chain(value.parameters(), value.buffers()):
-                found.add(_storage(t))
+                yield t
                 if t.grad is not None:
-                    found.add(_storage(t.grad))
+                    yield t.grad
         elif isinstance(value, torch.optim.Optimizer):
-            found.update(_storage(x) for state in value.state.values() for x in state.values()
-                         if isinstance(x, torch.Tensor))
-            found.update(_storage(p) for group in value.param_groups for p in group["params"])
+            yield from (x for state in value.state.values() for x in state.values() if isinstance(x, torch.Tensor))
+            yield from (p for group in value.param_groups for p in group["params"])
+
+
+def models_storages(named: list[tuple[str, Any]]) -> set[int]:
+    """Where the tensors of the models and optimizers the function's variables hold live."""
+    found = {_storage(t) for t in _models_tensors(named)}
     found.discard(0)
     return found
+
+
+class ModelState:
+    """The models' and optimizers' tensors where the loop begins: where they live (views of them are the new
+    run's, never given back), and their values, to tell what the function took from them."""
+
+    def __init__(self, named: list[tuple[str, Any]]) -> None:
+        self.storages: set[int] = set()
+        self._by_kind: dict[tuple[Any, ...], list[torch.Tensor]] = collections.defaultdict(list)
+        for t in _models_tensors(named):
+            self.storages.add(_storage(t))
+            self._by_kind[(tuple(t.shape), t.dtype, t.device)].append(t)
+        self.storages.discard(0)
+
+    def taken_from(self, arrays: list[Any]) -> bool:
+        """Some tensor of `arrays` (no view of a model's state) holds the values of a model's or optimizer's
+        tensor: a copy taken before the loop (an L2-SP anchor `[p.detach().clone() for p in
+        model.parameters()]`, the best weights so far `copy.deepcopy(model.state_dict())`). Under DDP it
+        keeps the values the job began with; a resumed function would take it again from the model the
+        resize restored, so it is carried whether or not the loop changes it. A tensor equal to a model's
+        by chance (zeros like a bias) is carried for nothing, at no cost to the result."""
+        for a in arrays:
+            if not isinstance(a, torch.Tensor) or _storage(a) in self.storages or a.layout != torch.strided:
+                continue
+            for t in self._by_kind.get((tuple(a.shape), a.dtype, a.device), ()):
+                try:
+                    if torch.equal(a.detach(), t.detach()):
+                        return True
+                except (RuntimeError, NotImplementedError):   # no values to compare (meta), or another layout
+                    continue
+        return False
 
 
 def views_of(arrays: list[Any], storages: set[int]) -> bool:
     return any(isinstance(a, torch.Tensor) and _storage(a) in storages for a in arrays)
 
 
-def note(named: list[tuple[str, Any]], storages: set[int]) -> dict[str, Noted]:
+def note(named: list[tuple[str, Any]], models: ModelState) -> dict[str, Noted]:
     """key -> each container of plain values and arrays the function's variables (`named`:
-    function_locals._named) hold, but views of its models' state (`storages`: models_storages); an empty
-    list counts (a loss history begins so)."""
+    function_locals._named) hold, but views of its models' state; an empty list counts (a loss history
+    begins so)."""
     found = {}
     for key, value in named:
         seen = _shape(value)
-        if seen is not None and not views_of(seen[1], storages):
-            found[key] = Noted(*seen)
+        if seen is not None and not views_of(seen[1], models.storages):
+            found[key] = Noted(*seen, taken=models.taken_from(seen[1]))
     return found
 
 
@@ -182,8 +229,8 @@ def _pack(x: Any) -> Any:
     if is_array(x) or _free_leaf(x):
         return {_ARRAY: to_snapshot(x), "device": x.device.type if isinstance(x, torch.Tensor) else "",
                 "grad": _grad_kind(x)}
-    if type(x) is dict:
-        return {k: _pack(v) for k, v in x.items()}
+    if type(x) in _DICTS:
+        return type(x)((k, _pack(v)) for k, v in x.items())
     if type(x) in (list, tuple):
         return type(x)(_pack(v) for v in x)
     return x
@@ -203,8 +250,8 @@ def _unpack(x: Any) -> Any:
         if x.get("grad") == "parameter":
             return torch.nn.Parameter(a)
         return a.requires_grad_(True) if x.get("grad") == "leaf" else a
-    if type(x) is dict:
-        return {k: _unpack(v) for k, v in x.items()}
+    if type(x) in _DICTS:
+        return type(x)((k, _unpack(v)) for k, v in x.items())
     if type(x) in (list, tuple):
         return type(x)(_unpack(v) for v in x)
     return x
