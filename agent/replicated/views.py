@@ -64,7 +64,14 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
         if closure is not None:
-            raise NotImplementedError("elasticd: optimizer.step(closure) is not supported for replicated optimizers")
+            # The closure runs forward and backward again inside the step (LBFGS's line search), once per
+            # evaluation on every rank; a step the hosted workers share runs once, so it cannot call each one's.
+            raise NotImplementedError(
+                "elasticd: optimizer.step(closure) (LBFGS and other optimizers that evaluate the loss again inside "
+                "their step) is not supported on an optimizer ctx.replicate returned: its step runs once for every "
+                "hosted worker, and the closure is each worker's own. Keep the model and optimizer each worker's "
+                "own instead: wrap the model in torch's DistributedDataParallel inside the function and build the "
+                "optimizer on it (no ctx.replicate); each worker then steps with its closure as a DDP rank does")
         rank = self._runtime.current_rank()
         return self._group.step_once.call(rank, lambda: self._inner.step(**kwargs))
 
