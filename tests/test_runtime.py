@@ -341,3 +341,21 @@ def test_a_function_that_changes_a_module_globals_object_in_place_fails_before_i
 
     copies()
     assert ran == [1, 1] and SETTINGS.lr == 0.1
+
+
+def test_a_second_ctx_steps_loop_in_one_run_fails_naming_the_one_loop_that_works() -> None:
+    """Before, it ran, and after a resize every loop of the re-entered function started at the step the job
+    had reached: a loop over epochs around ctx.steps skipped the first steps of every epoch, exit 0."""
+    ran: list[tuple[int, int]] = []
+
+    @elasticd.elastic(workers=2)
+    def epochs(ctx):
+        for epoch in range(2):
+            for step in ctx.steps(3):
+                ran.append((epoch, step))
+
+    with pytest.raises(WorkerFailed) as failed:
+        epochs()
+    assert "ctx.steps was started a second time in one run of the function" in failed.value.message
+    assert "for step in ctx.steps(epochs * steps_per_epoch)" in failed.value.message
+    assert {s for _, s in ran} == {0, 1, 2} and {e for e, _ in ran} == {0}, "the first loop runs whole, the second not"

@@ -42,6 +42,10 @@ VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
 _MESSAGE_BYTES = 4096   # a refused resize's reason, as every agent reports it
 
 
+class StepsAgain(RuntimeError):
+    """The function started `ctx.steps` again in one run: its steps cannot be numbered across a resize."""
+
+
 class Preempted(BaseException):
     """Unwinds a worker at the step boundary where the agents agreed to resize or stop."""
 
@@ -118,7 +122,22 @@ class StepBoundary:
 
     # -- registration (called from worker threads) --------------------------------------------
     def begin_steps(self, w: Worker) -> None:
-        """First step of `ctx.steps` after a resize: the worker's streams and objects continue where they were."""
+        """First step of `ctx.steps` after a resize: the worker's streams and objects continue where they were.
+
+        Raises:
+            StepsAgain: the function started a second `ctx.steps` loop in this run.
+        """
+        if w.entered_steps:
+            # Its steps count from where the job resumes, over the whole function: a re-entered function's
+            # second loop would start at the resumed step too, and skip the steps before it (exit 0).
+            raise StepsAgain(
+                "elasticd: ctx.steps was started a second time in one run of the function (a loop over epochs "
+                "around it, or a second phase after the first). Its steps count over the whole job: after a "
+                "resize or a recovery the function is entered again at the step the job reached, so a second "
+                "loop would start there as well and skip every step of it before that one. Write one loop over "
+                "every step: `for step in ctx.steps(epochs * steps_per_epoch):` with `epoch = step // "
+                "steps_per_epoch` (ctx.batches goes on from epoch to epoch by itself), or for phases `for step "
+                "in ctx.steps(warmup + main):` with `if step == warmup:` where the second phase begins")
         w.entered_steps = True
         if w.rank == self.rt.hosted[0]:
             self._running = w.start_step
