@@ -438,3 +438,23 @@ def test_names_of_dict_entries_and_attributes_read_back_whatever_the_keys() -> N
                        ('s["a.b"].c', ("s", [("[", "a.b"), (".", "c")])), ('s["x[y]"][3]', ("s", [("[", "x[y]"), ("[", 3)])),
                        ('s["\\"]"]', ("s", [("[", '"]')]))]:
         assert fl._steps(name) == want
+
+
+def test_a_started_itertools_cycle_fails_the_snapshot_naming_it_and_a_fresh_one_does_not() -> None:
+    """A cycle replays what its first pass yielded; a resumed function's new one would start over (over a
+    DataLoader: replay only the batches since the resize, 0.08 from DDP, exit 0). The resize is refused."""
+    import itertools
+
+    def job(draws: int, out: dict) -> None:
+        tasks = itertools.cycle(["a", "b", "c"])
+        start = fl.begin(STOP, None)
+        out["drawn"] = [next(tasks) for _ in range(draws)]
+        out["saved"] = fl.save(STOP, start)
+
+    fresh: dict = {}
+    _entry(job, 0, fresh)
+    assert "saved" in fresh
+    for draws in (1, 4):   # inside the first pass, and replaying it
+        with pytest.raises(fl.NotCarried, match=r"cannot carry `tasks` in \S*job\(\) across the resize: an "
+                                                r"itertools.cycle keeps the items of its first pass"):
+            _entry(job, draws, {})
