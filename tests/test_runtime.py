@@ -6,6 +6,7 @@ import copy
 import random
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -359,3 +360,37 @@ def test_a_second_ctx_steps_loop_in_one_run_fails_naming_the_one_loop_that_works
     assert "ctx.steps was started a second time in one run of the function" in failed.value.message
     assert "for step in ctx.steps(epochs * steps_per_epoch)" in failed.value.message
     assert {s for _, s in ran} == {0, 1, 2} and {e for e, _ in ran} == {0}, "the first loop runs whole, the second not"
+
+
+def test_writes_through_a_replicated_gradients_data_are_judged_like_writes_to_the_gradient() -> None:
+    """`.data` has a version counter of its own: `p.grad.data.mul_(0.5)` went unseen and each hosted worker
+    halved the shared gradient again (exit 0). Reading through it (DINO's per-parameter norms) stays fine."""
+    from elasticd.agent.replicated.ledger import ReplicatedStateError
+
+    def job(write: bool) -> Any:
+        norms: dict[int, list[float]] = {}
+
+        @elasticd.elastic(workers=2)
+        def train(ctx):
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 2)
+            model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            for _ in ctx.steps(2):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                norms[ctx.rank] = [p.grad.data.norm().item() for p in model.parameters()]
+                if write:
+                    for p in model.parameters():
+                        p.grad.data.mul_(0.5)
+                opt.step()
+
+        train()
+        return norms
+
+    norms = job(write=False)
+    assert norms[0] == norms[1] and all(n > 0 for n in norms[0])
+    with pytest.raises(WorkerFailed) as failed:
+        job(write=True)
+    assert "ReplicatedStateError" in failed.value.message and "changed the gradient of replicated parameter" \
+        in failed.value.message, failed.value.message
+    assert ReplicatedStateError.__name__ in failed.value.traceback
