@@ -458,3 +458,20 @@ def test_a_started_itertools_cycle_fails_the_snapshot_naming_it_and_a_fresh_one_
         with pytest.raises(fl.NotCarried, match=r"cannot carry `tasks` in \S*job\(\) across the resize: an "
                                                 r"itertools.cycle keeps the items of its first pass"):
             _entry(job, draws, {})
+
+
+def test_attributes_whose_names_no_name_of_ours_could_hold_are_left_alone() -> None:
+    def job(saved: dict | None, out: dict) -> None:
+        holder = SimpleNamespace(count=0)
+        setattr(holder, "x[y", 0)   # reachable only through getattr: not carried, and no name of it is read back
+        start = fl.begin(STOP, saved)
+        out["resumed"] = (holder.count, getattr(holder, "x[y"))
+        holder.count += 1
+        setattr(holder, "x[y", getattr(holder, "x[y") + 1)
+        out["saved"] = fl.save(STOP, start)
+
+    first: dict = {}
+    _entry(job, None, first)
+    again: dict = {}
+    _entry(job, first["saved"], again)
+    assert again["resumed"] == (1, 0)

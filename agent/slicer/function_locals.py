@@ -233,7 +233,9 @@ def _attributes(i: int, frame: FrameType, path: str, owner: Any, seen: set[int],
         held_by = {f"{path}[{json.dumps(k)}]": v for k, v in list(owner.items())}
     elif path == "self" or _users_class(type(owner)) or type(owner) in _NAMESPACES:
         attrs = _attrs(path, owner)
-        held_by = {f"{path}.{attr}": v for attr, v in list(attrs.items())} if attrs is not None else {}
+        # Identifiers only (a `setattr(obj, "a.b", ...)` key could not be read back from the name).
+        held_by = {f"{path}.{attr}": v for attr, v in list(attrs.items())
+                   if isinstance(attr, str) and attr.isidentifier()} if attrs is not None else {}
     else:
         return
     for sub, held in held_by.items():
