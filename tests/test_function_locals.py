@@ -475,3 +475,12 @@ def test_attributes_whose_names_no_name_of_ours_could_hold_are_left_alone() -> N
     again: dict = {}
     _entry(job, first["saved"], again)
     assert again["resumed"] == (1, 0)
+
+
+def test_copies_taken_from_the_model_too_big_to_carry_fail_the_snapshot_saying_so(monkeypatch: Any) -> None:
+    from elasticd.agent.slicer import tensor_containers
+
+    monkeypatch.setattr(tensor_containers, "_MAX_BYTES", 16)   # the anchor's 8 floats, 32 bytes, are over it
+    with pytest.raises(fl.NotCarried, match=r"cannot carry `anchor` in _state_job\(\) across the resize: it holds "
+                                            r"copies of a model's tensors taken before the loop"):
+        _entry(_state_job, None, 0, {})

@@ -210,10 +210,13 @@ def save(named: list[tuple[str, Any]], start: dict[str, Noted], where: Any) -> d
         copied.add(id(value))   # once: another name for it (`self.ema` and `ema`) is refilled with it
         size = sum(nbytes(a) for a in seen[1])
         if size > _MAX_BYTES:
-            raise NotCarried(f"cannot carry {where(key)} across the resize: the loop changed this container of "
-                             f"{size / 2**20:.0f} MiB of tensors since ctx.steps began, and containers over "
-                             f"{_MAX_BYTES >> 20} MiB are not copied into snapshots. Keep a model average as a "
-                             "copy of the model (copy.deepcopy, torch's AveragedModel), which elasticd carries")
+            what = ("it holds copies of a model's tensors taken before the loop, which the resumed function would "
+                    "take again from the model the resize restored" if noted.taken else
+                    "the loop changed this container since ctx.steps began")
+            raise NotCarried(f"cannot carry {where(key)} across the resize: {what}; its {size / 2**20:.0f} MiB of "
+                             f"tensors are over the {_MAX_BYTES >> 20} MiB a snapshot copies of a container. Keep "
+                             "a model average or a copy of the weights as a model (copy.deepcopy, torch's "
+                             "AveragedModel), which elasticd carries")
         out[key] = {"start": noted.shape, "value": _pack(value)}
     return out
 
