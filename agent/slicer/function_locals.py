@@ -197,9 +197,9 @@ def _attrs(name: str, owner: Any) -> dict[str, Any] | None:
     return attrs if ok else None
 
 
-def _objects(frames: list[FrameType]) -> dict[str, Any]:
+def _objects(named: list[tuple[str, Any]]) -> dict[str, Any]:
     """key -> each object a local or an attribute looked into holds that is carried through its own protocol."""
-    return {key: value for key, value in _named(frames) if _by_protocol(key.split(":", 2)[2], value)}
+    return {key: value for key, value in named if _by_protocol(key.split(":", 2)[2], value)}
 
 
 # Bags of attributes scripts keep their settings and counters in (`args.lr *= 0.5` in the loop): looked into
@@ -258,10 +258,10 @@ def _mixed(x: Any) -> bool:
     return not _is_plain(x, [_MAX_ITEMS]) and not tensor_containers.is_container(x)
 
 
-def _held(frames: list[FrameType]) -> dict[str, tuple[str, Any]]:
+def _held(named: list[tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
     """key -> (kind, generator) for every generator the function's locals hold."""
     found = {}
-    for key, value in _named(frames):
+    for key, value in named:
         kind = _kind(value)
         if kind is not None:
             found[key] = (kind, value)
@@ -324,9 +324,9 @@ def _for_targets(code: CodeType) -> frozenset[str]:
     return frozenset(names)
 
 
-def _values(frames: list[FrameType]) -> dict[str, Any]:
+def _values(named: list[tuple[str, Any]]) -> dict[str, Any]:
     """key -> a copy of each plain value the function's locals hold."""
-    return {key: _copy(value) for key, value in _named(frames) if _is_plain(value, [_MAX_ITEMS])}
+    return {key: _copy(value) for key, value in named if _is_plain(value, [_MAX_ITEMS])}
 
 
 def _steps(name: str) -> tuple[str, list[tuple[str, Any]]]:
@@ -388,9 +388,9 @@ def _rebind(frame: FrameType, values: dict[str, Any]) -> None:
 _MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into each snapshot
 
 
-def _tensors(frames: list[FrameType]) -> dict[str, Any]:
+def _tensors(named: list[tuple[str, Any]]) -> dict[str, Any]:
     """The arrays (tensors and numpy arrays, see local_arrays.is_array) the function's locals hold."""
-    return {key: value for key, value in _named(frames) if is_array(value)}
+    return {key: value for key, value in named if is_array(value)}
 
 
 def _big(a: Any) -> bool:
@@ -424,15 +424,14 @@ def _fingerprint(a: Any) -> tuple[Any, ...] | None:
 class LoopStart:
     """What a worker's function held when its `ctx.steps` began, for the next snapshot."""
 
-    def __init__(self, frames: list[FrameType], tensors: dict[str, Any]) -> None:
-        self.values = _values(frames)
+    def __init__(self, named: list[tuple[str, Any]], tensors: dict[str, Any]) -> None:
+        self.values = _values(named)
         # Only tensors whose bytes can be read: no other can be shown to start from the same bytes again.
         prints = {key: _fingerprint(t) for key, t in tensors.items()}
         self.tensor_prints = {key: p for key, p in prints.items() if p is not None}
         # Which tensors the loop replaced or wrote: another object, or a moved version counter. Held weakly:
         # a batch the loop rebinds must not stay alive (on the device) for the whole run.
         self.tensor_ids = {key: (weakref.ref(tensors[key]), writes(tensors[key])) for key in self.tensor_prints}
-        named = list(_named(frames))
         # Where the models' and optimizers' tensors live (views of them are the new run's, never given back),
         # and what the function took from them before the loop (carried whether the loop changes it or not).
         models = tensor_containers.ModelState(named)
@@ -440,9 +439,9 @@ class LoopStart:
         self.containers = tensor_containers.note(named, models)
         self.taken = {key for key in self.tensor_prints if models.taken_from([tensors[key]])}
 
-    def changed_tensors(self, frames: list[FrameType]) -> dict[str, Any]:
+    def changed_tensors(self, named: list[tuple[str, Any]]) -> dict[str, Any]:
         changed = {}
-        for key, t in _tensors(frames).items():
+        for key, t in _tensors(named).items():
             if key in self.tensor_ids:
                 ref, version = self.tensor_ids[key]
                 if ref() is not t or writes(t) != version or key in self.taken:
@@ -455,10 +454,11 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
     entry), give the generators their states and the loop's plain values and tensors back; note where
     this run starts."""
     frames = _frames(stop)
-    tensors = _tensors(frames)
-    start = LoopStart(frames, tensors)
+    named = list(_named(frames))   # walked once here; again below, after values are given back
+    tensors = _tensors(named)
+    start = LoopStart(named, tensors)
     if saved:
-        for key, (kind, obj) in _held(frames).items():
+        for key, (kind, obj) in _held(named).items():
             entry = saved.get("generators", {}).get(key)
             if entry is not None and entry["kind"] == kind:
                 _set(kind, obj, entry["state"])
@@ -479,7 +479,7 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             _give_back(frames, key, value, todo)
         for i, values in todo.items():
             _rebind(frames[i], values)
-        objects = _objects(frames)
+        objects = _objects(list(_named(frames)))
         for key, state in saved.get("stateful", {}).items():
             if key in objects:
                 objects[key].load_state_dict(state)
@@ -527,7 +527,8 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
             bytes are not those it had when the loop began.
     """
     frames = _frames(stop)
-    changed = start.changed_tensors(frames) if start is not None else {}
+    named = list(_named(frames))   # the function's variables, walked once for every kind of state below
+    changed = start.changed_tensors(named) if start is not None else {}
     for key, t in list(changed.items()):
         if not _big(t):
             continue
@@ -550,32 +551,31 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
                 f"its class state_dict() and load_state_dict() methods (torch's Stateful protocol) that keep "
                 f"what selects it (the shard index, the position) and load it again: elasticd then carries "
                 f"the object through them instead of its attributes")
-    _refuse_started_cycles(frames)
+    _refuse_started_cycles(named)
     was = start.values if start is not None else {}
-    containers = tensor_containers.save(list(_named(frames)), start.containers, _where) if start is not None else {}
+    containers = tensor_containers.save(named, start.containers, _where) if start is not None else {}
     # Only what the loop changed: a file list or a config held in a local is not copied into every snapshot.
-    now = {key: value for key, value in _values(frames).items() if key in was and value != was[key]}
-    return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(frames).items()},
+    now = {key: value for key, value in _values(named).items() if key in was and value != was[key]}
+    return {"generators": {key: {"kind": kind, "state": _get(kind, obj)} for key, (kind, obj) in _held(named).items()},
             "start": {key: was[key] for key in now}, "values": now,
             "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
             "tensors": {key: to_snapshot(t) for key, t in changed.items()},
             "containers": containers,
-            "stateful": _states(frames)}
+            "stateful": _states(named)}
 
 
 def _cycle_started(c: itertools.cycle) -> bool:
     """The cycle yielded something: it holds the items of its first pass (CPython keeps them as its state)."""
-    reduce = getattr(c, "__reduce__", None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)   # itertools' pickling, deprecated in 3.12
-            saved, first_pass_done = reduce()[2] if reduce is not None else ([None], True)
+            saved, first_pass_done = c.__reduce__()[2]
     except (TypeError, ValueError, IndexError):   # a Python without that state: assume it has started
         return True
     return bool(saved) or bool(first_pass_done)
 
 
-def _refuse_started_cycles(frames: list[FrameType]) -> None:
+def _refuse_started_cycles(named: list[tuple[str, Any]]) -> None:
     """`batches = itertools.cycle(loader)`: a cycle keeps every item of its first pass and replays them, and
     its position is nothing a snapshot can read back. The re-entered function's new cycle would start over
     (over a DataLoader: replaying only the batches seen since the resize, 0.08 from DDP, exit 0).
@@ -583,7 +583,7 @@ def _refuse_started_cycles(frames: list[FrameType]) -> None:
     Raises:
         NotCarried: a local or attribute holds a cycle that has yielded something.
     """
-    for key, value in _named(frames):
+    for key, value in named:
         if type(value) is itertools.cycle and _cycle_started(value):
             raise NotCarried(
                 f"cannot carry {_where(key)} across the resize: an itertools.cycle keeps the items of its first "
@@ -593,5 +593,5 @@ def _refuse_started_cycles(frames: list[FrameType]) -> None:
                 f"fixed list, index it by the step (`tasks[step % len(tasks)]`)")
 
 
-def _states(frames: list[FrameType]) -> dict[str, Any]:
-    return {key: snapshot_state(obj, _where(key)) for key, obj in _objects(frames).items()}
+def _states(named: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {key: snapshot_state(obj, _where(key)) for key, obj in _objects(named).items()}
