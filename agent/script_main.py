@@ -105,7 +105,8 @@ class ScriptMain:
     def __init__(self, path: str, args: list[str]) -> None:
         self.path = os.path.abspath(path)
         with open(self.path, encoding="utf-8") as f:
-            self.code = compile(f.read(), self.path, "exec")
+            self.source = f.read()
+        self._compile()  # a SyntaxError fails the agent here, before any worker starts
         self.args = list(args)
         script_dir = os.path.dirname(self.path)
         if script_dir not in sys.path:
@@ -125,12 +126,23 @@ class ScriptMain:
                                __cached__=None)
         worker.main_module = module
         try:
-            exec(self.code, module.__dict__)
+            exec(self._compile(), module.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
         finally:
             worker.main_module = None
+
+    def _compile(self) -> types.CodeType:
+        """The script's code, compiled anew for each worker, as each torchrun process compiles its own.
+
+        Shared code objects would tie the ranks' namespaces together: torch.compile caches its compiled
+        frames on the code object and installs the callable they name in the globals of the rank that
+        compiled them, so another rank reusing the cache entry found no such name (`NameError:
+        __compiled_fn_9_...`, modded-nanogpt's `@torch.compile` Newton-Schulz in session 23).
+        `dont_inherit`: this module's `from __future__ import annotations` must not reach the script.
+        """
+        return compile(self.source, self.path, "exec", dont_inherit=True)
 
 
 def fresh_streams() -> None:

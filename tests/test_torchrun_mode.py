@@ -240,6 +240,46 @@ def test_objects_of_the_scripts_classes_pickle_as_under_torchrun(tmp_path: Path)
     assert b"__main__" in (tmp_path / "ckpt3.pt").read_bytes()
 
 
+COMPILES_PER_RANK = """
+import os
+import torch
+import torch.distributed as dist
+
+class Config:
+    width: int = 2
+
+@torch.compile(backend="eager")
+def newton_schulz(g):
+    return 1.5 * g - 0.5 * g @ g.T @ g
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    for _ in range(2):  # every rank meets the cache entry the first rank of its agent compiled
+        x = newton_schulz(torch.full((2, 2), 0.1 * (rank + 1)))
+        dist.barrier()
+    print("COMPILED", rank, round(x.sum().item(), 4), Config.__annotations__["width"] is int, flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_module_level_torch_compile_runs_in_every_rank_of_an_agent(tmp_path: Path) -> None:
+    """modded-nanogpt compiles its Muon's Newton-Schulz function at the script's top level. The ranks an agent
+    hosts ran one code object in namespaces of their own: dynamo's cache entry, made by the first rank, named
+    a callable it had put in that rank's globals only, so the next rank failed with `NameError:
+    __compiled_fn_...`. Each rank now compiles the script itself, as each torchrun process does, and without
+    the agent's own `from __future__ import annotations` (annotations stay objects, as under `python`)."""
+    script = tmp_path / "compiles.py"
+    script.write_text(COMPILES_PER_RANK)
+    run = cli("run", "--workers", "4", "--devices", "2", str(script), cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    want = []
+    for r in range(4):
+        g = torch.full((2, 2), 0.1 * (r + 1))
+        want.append(f"COMPILED {r} {round((1.5 * g - 0.5 * g @ g.T @ g).sum().item(), 4)} True")
+    assert sorted(line for line in run.out.splitlines() if line.startswith("COMPILED")) == want, run.output
+
+
 @pytest.mark.timeout(300)
 def test_script_args_reach_sys_argv_as_torchrun_passes_them(tmp_path: Path) -> None:
     script = tmp_path / "argv.py"
