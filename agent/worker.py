@@ -44,6 +44,7 @@ class Worker:
     # No user code ran since the runtime last judged this worker's changes to replicated state (set at the end
     # of a backward pass, whose accumulations the runtime has just recorded; cleared when the worker runs on).
     judged: bool = False
+    once_running: str | None = None  # inside an operation run once per device for all hosted workers (replicated/once.py)
     replicate_calls: int = 0
     start_step: int = 0
     total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar

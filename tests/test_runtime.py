@@ -394,3 +394,65 @@ def test_writes_through_a_replicated_gradients_data_are_judged_like_writes_to_th
     assert "ReplicatedStateError" in failed.value.message and "changed the gradient of replicated parameter" \
         in failed.value.message, failed.value.message
     assert ReplicatedStateError.__name__ in failed.value.traceback
+
+
+class ShardedMomentum(torch.optim.Optimizer):
+    """modded-nanogpt's sharded Muon, shape kept: each rank updates every world_size-th parameter, then one
+    all_reduce hands every rank all the updates. Its state and its work depend on the rank."""
+
+    def __init__(self, params, rank: int, world_size: int) -> None:
+        super().__init__(params, {"lr": 0.1})
+        self.rank, self.world_size = rank, world_size
+
+    def step(self):  # type: ignore[override]
+        for group in self.param_groups:
+            flat = torch.zeros(sum(p.numel() for p in group["params"]))
+            at = 0
+            for i, p in enumerate(group["params"]):
+                if i % self.world_size == self.rank:
+                    buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                    buf.mul_(0.9).add_(p.grad)
+                    flat[at:at + p.numel()] = buf.flatten()
+                at += p.numel()
+            torch.distributed.all_reduce(flat)
+            at = 0
+            for p in group["params"]:
+                p.data.add_(flat[at:at + p.numel()].view_as(p), alpha=-group["lr"])
+                at += p.numel()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_optimizer_whose_step_communicates_is_refused_on_replicated_state(workers: int) -> None:
+    """The replicated optimizer steps once per device, so a collective inside its step had one caller per
+    device instead of one per rank: before, the other hosted worker failed with a bare `KeyError: 0` from the
+    runtime's books. Refused on every M, naming what works: the model in DistributedDataParallel inside the
+    function, which trains such an optimizer as a DDP process does."""
+    def job(shared: bool) -> dict[int, list[torch.Tensor]]:
+        params: dict[int, list[torch.Tensor]] = {}
+
+        @elasticd.elastic(workers=workers)
+        def train(ctx):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+            opt = ShardedMomentum(model.parameters(), ctx.rank, ctx.world_size)
+            if shared:
+                model, opt = ctx.replicate(model, opt)
+            else:
+                model = torch.nn.parallel.DistributedDataParallel(model)
+            for _ in ctx.steps(3):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                opt.step()
+            params[ctx.rank] = [p.detach().clone() for p in model.parameters()]
+
+        train()
+        return params
+
+    with pytest.raises(WorkerFailed) as failed:
+        job(shared=True)
+    assert "a collective (AllReduce) inside the replicated optimizer's step()" in failed.value.message, \
+        failed.value.message
+    assert "DistributedDataParallel inside the function" in failed.value.message
+    owned = job(shared=False)
+    for p0, p in zip(owned[0], owned[workers - 1], strict=True):
+        torch.testing.assert_close(p, p0, rtol=0, atol=0)

@@ -48,9 +48,9 @@ class ReplicatedGroup:
                                  "build the optimizer over model.parameters() before replicating")
         self.buffers = list(model.buffers())
         ranks = runtime.hosted
-        self.step_once = OncePerStep(ranks)
-        self.zero_once = OncePerStep(ranks)
-        self.sched_once = OncePerStep(ranks)
+        self.step_once = OncePerStep(ranks, "the replicated optimizer's step()")
+        self.zero_once = OncePerStep(ranks, "the replicated optimizer's zero_grad()")
+        self.sched_once = OncePerStep(ranks, "the replicated scheduler's step()")
         self.ledger = GradLedger(named, len(ranks), runtime.deterministic)
         # AccumulateGrad nodes run their pre-hooks only when autograd accumulates into .grad (not for
         # torch.autograd.grad); a parameter holds its node weakly, so keep them for the hooks to stay.

@@ -16,8 +16,9 @@ class OncePerStep:
     has fetched them.
     """
 
-    def __init__(self, ranks: Iterable[int]) -> None:
+    def __init__(self, ranks: Iterable[int], what: str) -> None:
         self._ranks = tuple(ranks)
+        self.what = what  # for errors: "the replicated optimizer's step()"
         self._calls = {r: 0 for r in self._ranks}
         self._results: dict[int, list[Any]] = {}  # call index -> [result, fetches left]
         self._executed = 0
@@ -27,15 +28,18 @@ class OncePerStep:
         self._calls[rank] = k + 1
         if k == self._executed:
             self._executed += 1
-            self._results[k] = [_sanctioned(rank, fn), len(self._ranks)]
-        entry = self._results[k]
+            self._results[k] = [_sanctioned(rank, self.what, fn), len(self._ranks)]
+        entry = self._results.get(k)
+        if entry is None:  # the worker running it gave up its turn inside it; refused there, this is a backstop
+            raise RuntimeError(f"elasticd: {self.what} is still running in another hosted worker: it waited "
+                               f"inside an operation elasticd runs once per device for every worker there")
         entry[1] -= 1
         if entry[1] == 0:
             del self._results[k]
         return entry[0]
 
 
-def _sanctioned(rank: int, fn: Callable[[], Any]) -> Any:
+def _sanctioned(rank: int, what: str, fn: Callable[[], Any]) -> Any:
     """Run a once-per-step call as the runtime's own change of replicated state.
 
     What the calling worker changed before it is judged first (see `replicated/ledger.py`); what the call
@@ -45,7 +49,13 @@ def _sanctioned(rank: int, fn: Callable[[], Any]) -> Any:
     groups = w.ctx._rt.groups if w is not None and w.ctx is not None else []
     for g in groups:
         g.ledger.check(rank)
-    result = fn()
+    if w is not None:
+        w.once_running = what  # a collective inside it has one caller per device: refused (Runtime.enqueue)
+    try:
+        result = fn()
+    finally:
+        if w is not None:
+            w.once_running = None
     for g in groups:
         g.ledger.record()
     return result

@@ -58,10 +58,10 @@ class ReplicatedState:
         self.groups: list[ReplicatedGroup] = []
         self._restore = restore
         ranks = runtime.hosted
-        self.clip_norm_once = OncePerStep(ranks)
-        self.clip_in_place_once = OncePerStep(ranks)  # clip_grad_value_, clip_grads_with_norm_: return None
-        self.unscale_once = OncePerStep(ranks)
-        self._sched_build_once = OncePerStep(ranks)
+        self.clip_norm_once = OncePerStep(ranks, "clip_grad_norm_ on replicated gradients")
+        self.clip_in_place_once = OncePerStep(ranks, "clipping replicated gradients")  # clip_grad_value_, clip_grads_with_norm_: return None
+        self.unscale_once = OncePerStep(ranks, "GradScaler.unscale_ of the replicated optimizer")
+        self._sched_build_once = OncePerStep(ranks, "a scheduler's constructor over the replicated optimizer")
         self._built: list[_Built] = []
         self._sched_index: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._workers = {r: _PerWorker() for r in ranks}
@@ -152,7 +152,7 @@ class ReplicatedState:
                 sched.load_state_dict(copy.deepcopy(saved[k]))
             else:
                 init()
-            self._built.append(_Built(OncePerStep(self.runtime.hosted), copy.deepcopy(sched.state_dict())))
+            self._built.append(_Built(OncePerStep(self.runtime.hosted, "the scheduler's step()"), copy.deepcopy(sched.state_dict())))
             return len(self._built) - 1
 
         self._building = True

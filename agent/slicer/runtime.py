@@ -281,6 +281,14 @@ class Runtime:
         return w.rank
 
     def enqueue(self, w: Worker, op: Collective, work: Work | None) -> None:
+        if w.once_running is not None:
+            raise ReplicatedStateError(
+                f"elasticd: a collective ({type(op).__name__}) inside {w.once_running}, in logical rank {w.rank}: "
+                f"elasticd runs that once per device for all the workers the device hosts, so the collective would "
+                f"have one caller per device, not one per logical rank. An optimizer whose step communicates or "
+                f"depends on its rank (a sharded Muon, ZeroRedundancyOptimizer) cannot be shared: leave it and "
+                f"its model out of ctx.replicate and wrap the model in DistributedDataParallel inside the "
+                f"function (each worker then owns its model and optimizer, as a DDP process does)")
         op.on_arrive(self.env)
         w.queued.append((op, work))
 
