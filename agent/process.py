@@ -73,8 +73,15 @@ def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None,
     error: dict[str, Any] = {"rank": cfg.rank, "logical_rank": logical_rank, "host": socket.gethostname(),
                              "job": cfg.job_id, "message": message, "traceback": tb, "cause": cause}
     who = f"logical rank {logical_rank}" if logical_rank is not None else "agent"
-    print(f"[elasticd] {who} (agent {cfg.rank} of {cfg.world} on {error['host']}) failed: {message}\n{tb}",
-          file=sys.stderr, flush=True)
+    if cause == "peer_lost":
+        # A survivor of another agent's death: its own traceback says nothing about that death, and "failed"
+        # read as a second failure in the launcher's output just before it recovered the job.
+        during = f" in logical rank {logical_rank}'s collective" if logical_rank is not None else ""
+        print(f"[elasticd] agent {cfg.rank} of {cfg.world} on {error['host']} lost a peer agent{during}: {message}",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"[elasticd] {who} (agent {cfg.rank} of {cfg.world} on {error['host']}) failed: {message}\n{tb}",
+              file=sys.stderr, flush=True)
     if cfg.error_file:
         with open(cfg.error_file, "w") as f:
             json.dump(error, f)
