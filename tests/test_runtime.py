@@ -456,3 +456,25 @@ def test_an_optimizer_whose_step_communicates_is_refused_on_replicated_state(wor
     owned = job(shared=False)
     for p0, p in zip(owned[0], owned[workers - 1], strict=True):
         torch.testing.assert_close(p, p0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("wrap", ["replicate", "ddp"])
+def test_sparse_gradients_are_refused_up_front_naming_the_module(wrap: str) -> None:
+    """An `Embedding(sparse=True)` made sparse gradients that the flat buckets cannot hold: replicated state
+    failed at its first flush with `copy_() between dense and sparse Tensors` on two devices or more (and
+    trained on one), the logical DDP with `reshape is not implemented for sparse tensors`."""
+    @elasticd.elastic(workers=2)
+    def train(ctx):
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 1))
+        if wrap == "replicate":
+            model, _ = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        for _ in ctx.steps(1):
+            model(torch.tensor([1, 2])).sum().backward()
+
+    with pytest.raises(WorkerFailed) as failed:
+        train()
+    assert "0 (Embedding)" in failed.value.message and "sparse gradients (sparse=True)" in failed.value.message, \
+        failed.value.message
+    assert "use sparse=False" in failed.value.message

@@ -29,7 +29,13 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 from torch.utils._pytree import tree_map_only
 
-from elasticd.agent.replicated.flat import by_dtype, flatten_grads, scatter_back, unflatten_grads
+from elasticd.agent.replicated.flat import (
+    by_dtype,
+    flatten_grads,
+    scatter_back,
+    sparse_gradient_modules,
+    unflatten_grads,
+)
 from elasticd.agent.replicated.weak_hooks import weakly
 from elasticd.agent.worker import current_worker
 
@@ -55,6 +61,12 @@ class LogicalDDP(torch.nn.Module):
         if worker is None or worker.ctx is None:
             raise RuntimeError("LogicalDDP only works inside an elastic function's worker")
         _check_options(process_group, options)
+        sparse = sparse_gradient_modules(module)
+        if sparse:
+            raise NotImplementedError(f"elasticd: DistributedDataParallel over {', '.join(sparse[:3])}, which "
+                                      f"make(s) sparse gradients (sparse=True), is not supported inside an elastic "
+                                      f"function; use sparse=False: the same training with dense gradients "
+                                      f"(SparseAdam becomes Adam)")
         self.module = module
         self.device_ids = device_ids
         self.output_device = output_device

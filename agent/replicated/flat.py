@@ -49,3 +49,12 @@ def unflatten_grads(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
         else:
             p.grad = flat[offset:offset + n].view_as(p).clone()
         offset += n
+
+
+def sparse_gradient_modules(model: torch.nn.Module) -> list[str]:
+    """The submodules that make sparse gradients (`Embedding`/`EmbeddingBag` with `sparse=True`): those do not
+    flatten into a buffer, so replicated state and the logical DDP refuse them up front. Under DDP they train;
+    here the first reduction failed inside elasticd, on two devices or more only for replicated state."""
+    return [f"{name or 'the model'} ({type(m).__name__})" for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag) and m.sparse]
+

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from elasticd.agent.replicated.flat import by_dtype, scatter_back
+from elasticd.agent.replicated.flat import by_dtype, scatter_back, sparse_gradient_modules
 from elasticd.agent.replicated.ledger import GradLedger
 from elasticd.agent.replicated.once import OncePerStep
 from elasticd.agent.replicated.views import ReplicatedOptimizer, ReplicatedScheduler
@@ -38,6 +38,11 @@ class ReplicatedGroup:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        sparse = sparse_gradient_modules(model)
+        if sparse:
+            raise ValueError(f"ctx.replicate: {', '.join(sparse[:3])} make(s) sparse gradients (sparse=True), "
+                             f"which elasticd does not reduce; use sparse=False: the same training with dense "
+                             f"gradients (SparseAdam becomes Adam)")
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         if optimizer is not None:
