@@ -111,3 +111,26 @@ def test_a_training_state_dict_an_l2sp_anchor_and_the_best_weights_survive_resiz
     assert max(apart.values()) > 100 * TOLERANCE, apart
     too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
     assert not too_far, f"differs from DDP after the resizes: {too_far}"
+
+
+@pytest.mark.timeout(900)
+def test_an_evaluation_after_a_collective_sees_its_own_mode_and_step_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/eval_mode_job.py: `model.eval()`, a broadcast, then the evaluation. Before, the later worker
+    of an agent evaluated in training mode (the first had called `model.train()` since: dropout on, batch
+    statistics) with running statistics its first worker's next training forward had changed; every later
+    step then differed from DDP too, exit 0. On 2 devices resized to 1 and back, and on 1."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    ddp = cli("run", str(JOBS / "eval_mode_job.py"), "--workers", str(REFERENCE_WORKERS), "--ddp",
+              env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
+    assert ddp.code == 0, ddp.output
+    want = load_state(tmp_path / "ddp.pt")
+    assert torch.equal(want["evals"], want["evals"][:1].expand_as(want["evals"])), "DDP's ranks agree"
+    for name, args in (("scaled", ("--devices", "2", "--scale-at", "3:1,6:2")), ("one", ("--devices", "1"))):
+        run = cli("run", str(JOBS / "eval_mode_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
+                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
+        assert run.code == 0, run.output
+        got = load_state(tmp_path / f"{name}.pt")
+        torch.testing.assert_close(got["evals"], want["evals"], rtol=1e-5, atol=1e-6)
+        too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+        assert not too_far, f"{name}: differs from DDP: {too_far}"
+

@@ -54,6 +54,7 @@ class GradSync(Collective):
                     grads = [p.grad for p, k in zip(g.params, keep, strict=True) if p.grad is not None and not k]
                     if grads:   # one call, not one per parameter (a model of many small tensors paid ~4 us each)
                         torch._foreach_div_(grads, env.workers)
+                    g.sync_buffers()
                     g.ledger.after_flush()
             return
         if not env.deterministic:

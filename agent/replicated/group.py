@@ -69,10 +69,16 @@ class ReplicatedGroup:
         self._post_handles: list[Any] = []
         self._hook(runtime.deterministic, runtime.deterministic)
         runtime.switch_listeners.append(self._on_switch)
+        # train()/eval() set flags on the one shared module tree, but each worker is in a mode of its own,
+        # as each DDP process's model is: swapped at hand-overs, as the random streams are.
+        self._modules = list(model.modules())
+        self._module_ids = {id(m) for m in self._modules}
+        self._modes: dict[int, list[bool]] = {}
         if self.buffers:
             model.register_forward_pre_hook(_ThisModelOnly(self._guard_buffers))
             model.register_forward_hook(_ThisModelOnly(self._restore_buffers))
         self._saved_buffers: list[torch.Tensor] | None = None
+        self._published: list[torch.Tensor] | None = None  # rank 0's buffers at the last step boundary
         # What workers get back from ctx.replicate: views whose updates run once per physical step.
         self.opt_view = ReplicatedOptimizer(self, runtime) if optimizer is not None else None
         self.sched_view = ReplicatedScheduler(self, runtime) if scheduler is not None else None
@@ -112,16 +118,41 @@ class ReplicatedGroup:
             if buckets is not None and buckets.armed:
                 buckets.ready(self, i)
 
-    def _on_switch(self, outgoing: Worker | None, _incoming: Worker) -> None:
+    def _on_switch(self, outgoing: Worker | None, incoming: Worker) -> None:
         # The outgoing worker's changes since the runtime last looked: judged before another worker runs
         # (not again when it leaves straight from a backward pass the runtime has just recorded).
         if outgoing is not None and not outgoing.judged:
             self.ledger.check(outgoing.rank)
+        live = [m.training for m in self._modules]
+        if outgoing is not None:
+            self._modes[outgoing.rank] = live
+        wanted = self._modes.get(incoming.rank)
+        if wanted is not None and wanted != live:
+            self._set_modes(wanted)
+
+    def holds_module(self, m: torch.nn.Module) -> bool:
+        return id(m) in self._module_ids
+
+    def adopt_modes(self, rank: int, own: torch.nn.Module) -> None:
+        """A later hosted worker, now running, takes the shared model: it is in the modes of the model that
+        worker built (fresh: training), not in those an earlier worker left it in (`model.eval()` before a
+        collective)."""
+        modes = [m.training for m in own.modules()]
+        if len(modes) == len(self._modules):
+            self._modes[rank] = modes
+            self._set_modes(modes)
+
+    def _set_modes(self, modes: list[bool]) -> None:
+        for m, training in zip(self._modules, modes, strict=True):
+            m.training = training
 
     def _guard_buffers(self, _module: torch.nn.Module, _args: Any) -> None:
         worker = self.runtime.current
         if worker is not None and worker.rank != 0:
             self._saved_buffers = [b.detach().clone() for b in self.buffers]
+            if self._published is not None:   # through .data, as below
+                for b, published in zip(self.buffers, self._published, strict=True):
+                    b.data.copy_(published)
 
     def _restore_buffers(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
         if self._saved_buffers is not None:
@@ -163,14 +194,31 @@ class ReplicatedGroup:
         self.ledger.after_flush()  # every rank starts from the saved gradient, as after a flush
 
     def sync_buffers(self) -> None:
+        """At a flush: every agent takes agent 0's buffers (logical rank 0's), and publishes them."""
         phys = self.runtime.phys
-        if phys.world == 1 or not self.buffers:
+        if phys.world > 1 and self.buffers:
+            with torch.no_grad():
+                for tensors in by_dtype(self.buffers).values():
+                    flat = torch.cat([t.reshape(-1) for t in tensors])
+                    phys.broadcast_(flat, 0)
+                    scatter_back(flat, tensors)
+        self.publish_buffers()
+
+    def publish_buffers(self) -> None:
+        """Keep rank 0's buffers as they are at this step boundary for the other workers of its agent.
+
+        Under DDP every forward starts from rank 0's buffers as rank 0 has them at the same point. Here rank 0
+        may already have run its next forward (updating BatchNorm's running statistics) when a later worker
+        of its agent runs a forward of the step before: an evaluation after a collective read statistics
+        one step ahead. Other agents never run rank 0, so their live buffers are these already."""
+        hosted = self.runtime.hosted
+        if not self.buffers or 0 not in hosted or len(hosted) == 1:
             return
         with torch.no_grad():
-            for tensors in by_dtype(self.buffers).values():
-                flat = torch.cat([t.reshape(-1) for t in tensors])
-                phys.broadcast_(flat, 0)
-                scatter_back(flat, tensors)
+            if self._published is None:
+                self._published = [b.detach().clone() for b in self.buffers]
+            else:
+                torch._foreach_copy_(self._published, [b.detach() for b in self.buffers])
 
 
 def _toggled(handles: list[Any], on: bool, register: Callable[[], list[Any]]) -> list[Any]:

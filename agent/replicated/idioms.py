@@ -32,7 +32,7 @@ import torch.nn.utils.clip_grad as clip_grad
 from torch.amp.grad_scaler import GradScaler
 from torch.optim import lr_scheduler
 
-from elasticd.agent.replicated import grad_data
+from elasticd.agent.replicated import grad_data, hooks
 from elasticd.agent.replicated.views import ReplicatedOptimizer
 from elasticd.agent.worker import Worker, current_worker
 
@@ -229,6 +229,7 @@ def install(fn: Callable[..., Any] | None = None) -> None:
         for name, patched in _UTILS_PATCHES.items():
             setattr(torch.nn.utils, name, patched)
         grad_data.install()   # `p.grad.data` writes judged like `p.grad` writes
+        hooks.install()       # hooks registered on replicated state run for their worker's passes only
         GradScaler.__init__ = _scaler_init  # type: ignore[method-assign]
         GradScaler.unscale_ = _unscale_  # type: ignore[method-assign]
         for cls, find in _SCHEDULER_CONSTRUCTORS:

@@ -82,11 +82,13 @@ class ReplicatedState:
                 group.load(self._restore[index])
             else:
                 group.broadcast_state()
+            group.publish_buffers()
             self.groups.append(group)
             self._params.update({id(p): group for p in group.params})
         group = self.groups[index]
         if model is not group.model:
             share_into(model, group.model, w.rank)
+            group.adopt_modes(w.rank, model)
         if optimizer is not None and group.optimizer is not None and optimizer is not group.optimizer:
             # This worker's own optimizer is set aside, but schedulers it built over it before this call
             # keep stepping it and report its learning rate: after a resize it is new and at its initial
@@ -106,6 +108,12 @@ class ReplicatedState:
     def replicated_share(self, params: list[torch.Tensor]) -> int:
         """How many of `params` are replicated parameters (callers reject a mix with private ones)."""
         return sum(id(p) in self._params for p in params)
+
+    def is_replicated_param(self, t: torch.Tensor) -> bool:
+        return id(t) in self._params
+
+    def is_replicated_module(self, m: torch.nn.Module) -> bool:
+        return any(g.holds_module(m) for g in self.groups)
 
     def replicated_grad_share(self, tensors: list[torch.Tensor]) -> int:
         """How many of `tensors` are the current `.grad` of a replicated parameter."""
