@@ -30,3 +30,39 @@ def test_gradient_and_forward_hooks_on_the_shared_model_act_once_per_pass_as_und
         assert not too_far, f"{name}: differs from DDP: {too_far}"
         if name == "one":
             assert got["calls"].tolist() == [8.0] * REFERENCE_WORKERS, got["calls"]
+
+
+def halve(module, args, output):
+    return output * 0.5
+
+
+def test_a_model_with_hooks_of_workers_pickles_with_its_plain_hooks() -> None:
+    """Wrapped hooks must not stop `torch.save(model)` (a whole-model checkpoint) or `copy.deepcopy(model)`."""
+    import copy
+    import io
+
+    import torch
+
+    import elasticd
+    from elasticd.agent.replicated.hooks import _Owned
+
+    seen: dict[int, object] = {}
+
+    @elasticd.elastic(workers=2)
+    def train(ctx):
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        model[1].register_forward_hook(halve)
+        model, _ = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in ctx.steps(1):
+            model(torch.ones(1, 2)).sum().backward()
+        hooks = list(model[1]._forward_hooks.values())
+        assert all(isinstance(h, _Owned) for h in hooks) and len(hooks) == 2   # one per worker
+        copied = copy.deepcopy(model)
+        assert list(copied[1]._forward_hooks.values()) == hooks
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        seen[ctx.rank] = list(torch.load(buf, weights_only=False)[1]._forward_hooks.values())
+
+    train()
+    assert seen == {0: [halve, halve], 1: [halve, halve]}

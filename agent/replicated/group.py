@@ -75,8 +75,8 @@ class ReplicatedGroup:
         self._module_ids = {id(m) for m in self._modules}
         self._modes: dict[int, list[bool]] = {}
         if self.buffers:
-            model.register_forward_pre_hook(_ThisModelOnly(self._guard_buffers))
-            model.register_forward_hook(_ThisModelOnly(self._restore_buffers))
+            model.register_forward_pre_hook(ThisModelOnly(self._guard_buffers))
+            model.register_forward_hook(ThisModelOnly(self._restore_buffers))
         self._saved_buffers: list[torch.Tensor] | None = None
         self._published: list[torch.Tensor] | None = None  # rank 0's buffers at the last step boundary
         # What workers get back from ctx.replicate: views whose updates run once per physical step.
@@ -232,7 +232,7 @@ def _toggled(handles: list[Any], on: bool, register: Callable[[], list[Any]]) ->
     return []
 
 
-class _ThisModelOnly:
+class ThisModelOnly:
     """A forward hook of the replicated model that a copy of the model does not inherit.
 
     `copy.deepcopy(model)` (an EMA, `AveragedModel`) copies the module's hook dicts: a bound method there
@@ -256,7 +256,7 @@ class _ThisModelOnly:
 
 
 class _NoHook:
-    """What a copy of the replicated model has where the original has a `_ThisModelOnly` hook."""
+    """What a copy of the replicated model has where the original has a `ThisModelOnly` hook."""
 
     def __call__(self, *_args: Any) -> None:
         return None

@@ -9,19 +9,20 @@ hosted worker, and a forward hook that changes an output changed it once per hos
 calling thread's worker for a forward, the baton's holder for a backward (on CUDA autograd calls backward
 hooks from a device thread).
 
-Hooks registered before `ctx.replicate` stay as they are: the first worker's model becomes the shared one,
-and its hooks run for every worker's passes, which is DDP's result for a hook that keeps no per-rank
-state (README, "Plain PyTorch idioms").
+Hooks a worker registered on its own model before `ctx.replicate` (as a DDP script registers them before
+wrapping) are claimed there the same way (`claim`).
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from elasticd.agent.replicated.group import ThisModelOnly
 from elasticd.agent.worker import Worker, current_worker
 
 _MODULE_HOOKS = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
@@ -36,20 +37,89 @@ def _owner(target: Any, is_replicated: Callable[[Any, Any], bool]) -> Worker | N
     return w if is_replicated(w.ctx._rt.replicated, target) else None
 
 
+class _Owned:
+    """`hook`, run only in its owner's passes: another worker's pass is as if it were another process's."""
+
+    __slots__ = ("hook", "owner", "runtime")
+
+    def __init__(self, hook: Callable[..., Any], owner: Worker) -> None:
+        self.hook = hook.hook if isinstance(hook, _Owned) else hook
+        self.owner = owner
+        self.runtime = owner.ctx._rt  # type: ignore[union-attr]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if (current_worker() or self.runtime.current) is not self.owner:
+            return None
+        return self.hook(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Owned:
+        return self   # as deepcopy treats a function: a copied model (an EMA) keeps its owner's hooks
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # `torch.save(model)` pickles hook dicts: store the plain hook, loadable without elasticd.
+        return operator.getitem, ([self.hook], 0)
+
+
 def _owned(hook: Callable[..., Any], owner: Worker) -> Callable[..., Any]:
-    runtime = owner.ctx._rt  # type: ignore[union-attr]
+    return _Owned(hook, owner)
 
-    @functools.wraps(hook)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if (current_worker() or runtime.current) is not owner:
-            return None   # another worker's pass: as if this hook were on another process's model
-        return hook(*args, **kwargs)
 
-    return run
+def claim(own: torch.nn.Module, shared: torch.nn.Module, owner: Worker) -> None:
+    """At `ctx.replicate`: the hooks `owner` registered on its own model before (as a DDP script registers
+    them before wrapping) run for its own passes only, on the shared model. The first worker's model is the
+    shared one: its hooks are wrapped where they are. A later worker's model is set aside: its hooks move to
+    the shared modules and parameters, where until session 23 they never ran (an activation penalty they
+    collected was missing from its loss, exit 0). Call before `share_into` replaces its parameters."""
+    if isinstance(own, torch.jit.ScriptModule):
+        return
+    theirs = dict(shared.named_modules(remove_duplicate=False))
+    for path, module in own.named_modules(remove_duplicate=False):
+        target = theirs.get(path)
+        if target is not None:
+            _claim_module(module, target, owner)
+    shared_params = dict(shared.named_parameters(remove_duplicate=False))
+    for name, p in own.named_parameters(remove_duplicate=False):
+        hooks = p._backward_hooks
+        target = shared_params.get(name)
+        if not hooks or target is None:
+            continue
+        if target is p:
+            for key, hook in list(hooks.items()):
+                hooks[key] = _owned(hook, owner)
+        else:
+            for hook in list(hooks.values()):
+                _ORIGINAL["register_hook"](target, _owned(hook, owner))
+
+
+def _claim_module(module: torch.nn.Module, target: torch.nn.Module, owner: Worker) -> None:
+    dicts = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    if target is module:
+        for attr in dicts:
+            hooks = getattr(module, attr)
+            for key, hook in list(hooks.items()):
+                if not isinstance(hook, ThisModelOnly):   # elasticd's own, on a model replicated before
+                    hooks[key] = _owned(hook, owner)
+        return
+    for key, hook in module._forward_pre_hooks.items():
+        _ORIGINAL["register_forward_pre_hook"](target, _owned(hook, owner),
+                                               with_kwargs=key in module._forward_pre_hooks_with_kwargs)
+    for key, hook in module._forward_hooks.items():
+        _ORIGINAL["register_forward_hook"](target, _owned(hook, owner),
+                                           with_kwargs=key in module._forward_hooks_with_kwargs,
+                                           always_call=key in module._forward_hooks_always_called)
+    for hook in module._backward_pre_hooks.values():
+        _ORIGINAL["register_full_backward_pre_hook"](target, _owned(hook, owner))
+    backward = "register_full_backward_hook" if module._is_full_backward_hook else "register_backward_hook"
+    for hook in module._backward_hooks.values():
+        _ORIGINAL[backward](target, _owned(hook, owner))
+
+
+_ORIGINAL: dict[str, Callable[..., Any]] = {"register_hook": torch.Tensor.register_hook}
+_ORIGINAL.update({name: getattr(torch.nn.Module, name) for name in _MODULE_HOOKS})
 
 
 def _patch_tensor_hook() -> None:
-    original = torch.Tensor.register_hook
+    original = _ORIGINAL["register_hook"]
 
     @functools.wraps(original)
     def register_hook(self: torch.Tensor, hook: Callable[..., Any]) -> Any:
@@ -60,7 +130,7 @@ def _patch_tensor_hook() -> None:
 
 
 def _patch_module_hook(name: str) -> None:
-    original = getattr(torch.nn.Module, name)
+    original = _ORIGINAL[name]
 
     @functools.wraps(original)
     def register(self: torch.nn.Module, hook: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.amp.grad_scaler import OptState
 
+from elasticd.agent.replicated import hooks
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.idioms import ORIGINAL_CLIPS
 from elasticd.agent.replicated.once import OncePerStep
@@ -76,6 +77,7 @@ class ReplicatedState:
         if index == len(self.groups):
             # The first hosted worker to get here builds the shared copy (on agent 0 that is rank 0),
             # and every agent adopts agent 0's state, as DDP's constructor does.
+            hooks.claim(model, model, w)
             group = ReplicatedGroup(index, self.runtime, model, optimizer, scheduler)
             if index < len(self._restore):
                 # Every agent holds the same snapshot of replicated state: load it, no broadcast needed.
@@ -87,6 +89,7 @@ class ReplicatedState:
             self._params.update({id(p): group for p in group.params})
         group = self.groups[index]
         if model is not group.model:
+            hooks.claim(model, group.model, w)
             share_into(model, group.model, w.rank)
             group.adopt_modes(w.rank, model)
         if optimizer is not None and group.optimizer is not None and optimizer is not group.optimizer:

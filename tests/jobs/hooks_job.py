@@ -2,10 +2,13 @@
 
 - `p.register_hook(lambda g: g * 0.1)` on the first layer: a learning-rate multiplier for that layer;
 - a forward hook on the activation that halves its output;
-- a forward hook that counts this worker's forward passes into a list of its own.
+- a forward hook that counts this worker's forward passes into a list of its own;
+- registered before `ctx.replicate`, as DDP scripts do before wrapping: a forward hook collecting the
+  activations of this worker's pass for a penalty in its loss, and a gradient hook doubling a bias's.
 
 Under DDP each rank's hooks see its own passes. Each ran once per hosted worker on every pass here (the
-gradient scaled by 0.1 per hosted worker, the output halved per hosted worker), exit 0. Rank 0 writes the
+gradient scaled by 0.1 per hosted worker, the output halved per hosted worker), and those registered before ran on the first worker's
+model only, which every worker shares: the later workers' losses lacked their penalty; exit 0. Rank 0 writes the
 model and every rank's count (`calls`) to $ELASTICD_TEST_OUT.
 """
 
@@ -29,6 +32,9 @@ STEPS = 8
 def train(ctx) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    acts: list[torch.Tensor] = []
+    model[1].register_forward_hook(lambda m, i, o: acts.append(o))   # before wrapping, as scripts do
+    model[2].bias.register_hook(lambda g: g * 2.0)
     model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
     inner = getattr(model, "module", model)   # DDP's wrapper under --ddp
     for p in inner[0].parameters():
@@ -39,7 +45,9 @@ def train(ctx) -> None:
     g = torch.Generator().manual_seed(ctx.rank)
     for _ in ctx.steps(STEPS):
         x = torch.randn(8, 4, generator=g)
-        loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+        acts.clear()
+        out = model(x)
+        loss = F.mse_loss(out, x.sum(1, keepdim=True)) + 0.1 * sum(a.pow(2).mean() for a in acts)
         opt.zero_grad()
         loss.backward()
         opt.step()
