@@ -58,13 +58,15 @@ class NativeContext:
         self._model: DistributedDataParallel | None = None
 
     # --- replicated state -------------------------------------------------------------------
-    def replicate(self, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None) -> tuple[Any, ...]:
+    def replicate(self, model: torch.nn.Module, optimizer: Any = None, lr_scheduler: Any = None) -> Any:
         # DDP's default broadcast_buffers=True (renamed forward_sync_buffers in newer torch; passing either
         # name warns on one version or the other): rank 0's buffers (BatchNorm statistics) overwrite every
         # rank's before each forward, the semantics elasticd must reproduce. find_unused_parameters lets a
         # rank leave a parameter without gradient (it contributes zero to the average).
         ddp = DistributedDataParallel(model, find_unused_parameters=True)
         self._model = ddp
+        if optimizer is None:   # as ctx.replicate: the model alone (a hand-written update, as word_language_model's)
+            return ddp
         if lr_scheduler is None:
             return ddp, optimizer
         return ddp, optimizer, lr_scheduler

@@ -478,3 +478,31 @@ def test_sparse_gradients_are_refused_up_front_naming_the_module(wrap: str) -> N
     assert "0 (Embedding)" in failed.value.message and "sparse gradients (sparse=True)" in failed.value.message, \
         failed.value.message
     assert "use sparse=False" in failed.value.message
+
+
+def test_a_replicated_parameters_data_is_its_memory_for_the_first_hosted_worker_and_a_copy_for_the_others() -> None:
+    """One write per device through `p.data`, as one per DDP rank: the later workers' writes go to a copy."""
+    seen: dict[int, tuple[bool, bool]] = {}
+
+    class DataSGD(torch.optim.SGD):   # an optimizer written the old way, through p.data, run once per step
+        def step(self, closure=None):  # type: ignore[override]
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1, bias=False)
+        model, opt = ctx.replicate(model, DataSGD(model.parameters(), lr=1.0))
+        initial = model.weight.detach().clone()   # every rank reads it before any step
+        for _ in ctx.steps(1):
+            opt.zero_grad()
+            model(torch.ones(1, 2)).sum().backward()   # gradient 1 everywhere on every rank
+            opt.step()
+            stepped = torch.equal(model.weight.detach(), initial - 1.0)   # once, not once per hosted worker
+            alias = model.weight.data.data_ptr() == model.weight.data_ptr()
+            seen[ctx.rank] = (alias, stepped)
+
+    train()
+    assert seen == {0: (True, True), 1: (False, True), 2: (False, True)}, seen

@@ -32,7 +32,7 @@ import torch.nn.utils.clip_grad as clip_grad
 from torch.amp.grad_scaler import GradScaler
 from torch.optim import lr_scheduler
 
-from elasticd.agent.replicated import grad_data, hooks
+from elasticd.agent.replicated import data_attr, hooks
 from elasticd.agent.replicated.views import ReplicatedOptimizer
 from elasticd.agent.worker import Worker, current_worker
 
@@ -228,7 +228,7 @@ def install(fn: Callable[..., Any] | None = None) -> None:
             setattr(torch.nn.utils, name, patched)
         for name, patched in _UTILS_PATCHES.items():
             setattr(torch.nn.utils, name, patched)
-        grad_data.install()   # `p.grad.data` writes judged like `p.grad` writes
+        data_attr.install()   # `.data` of replicated gradients and parameters (agent/replicated/data_attr.py)
         hooks.install()       # hooks registered on replicated state run for their worker's passes only
         GradScaler.__init__ = _scaler_init  # type: ignore[method-assign]
         GradScaler.unscale_ = _unscale_  # type: ignore[method-assign]

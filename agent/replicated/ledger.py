@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from elasticd.agent.replicated import grad_data
+from elasticd.agent.replicated import data_attr
 from elasticd.agent.replicated.flat import by_dtype, flatten_grads
 
 INSTEAD = ("clear gradients with optimizer.zero_grad() or model.zero_grad() (set_to_none=True), clip with "
@@ -91,7 +91,7 @@ class GradLedger:
         self.grads = grads
         for g in grads:
             if g is not None:
-                grad_data.share(g)
+                data_attr.share(g)
         self.grad_versions = [0 if g is None else g._version for g in grads]
         self.param_versions = list(map(_version, self.params))
         for e, g in zip(self.entries, grads, strict=True):
@@ -102,7 +102,7 @@ class GradLedger:
         p = self.params[i]
         g = p.grad
         if g is not None and g is not self.grads[i]:
-            grad_data.share(g)
+            data_attr.share(g)
         self.grads[i] = g
         self.grad_versions[i] = 0 if g is None else g._version
         self.param_versions[i] = p._version
@@ -147,7 +147,7 @@ class GradLedger:
             if g is not None and (g is not known[i] or versions[i] != known_versions[i]):
                 self.entries[i].contributors.add(rank)
                 if g is not known[i]:   # a gradient autograd made: a new tensor, once per step at most
-                    grad_data.share(g)
+                    data_attr.share(g)
                 known[i], known_versions[i] = g, versions[i]
                 changed = True
         return changed

@@ -56,7 +56,7 @@ def _share_slots(module: torch.nn.Module, other: torch.nn.Module, kind: str, pat
                              f"{mine.dtype}, the first worker's {tuple(shared.shape)} {shared.dtype}")
         setattr(module, name, shared)   # through Module.__setattr__: modules that cache their tensors see it
         if isinstance(mine, torch.nn.Parameter) and not hasattr(mine, "_elasticd_set_aside"):
-            mine.data = shared.data
+            mine.data = shared.detach()   # the memory itself: `shared.data` is one copy per later worker
             mine._elasticd_set_aside = True   # type: ignore[attr-defined]
             if mine.requires_grad:
                 mine.register_post_accumulate_grad_hook(functools.partial(_refuse, _join(path, name), rank))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.amp.grad_scaler import OptState
 
-from elasticd.agent.replicated import hooks
+from elasticd.agent.replicated import data_attr, hooks
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.idioms import ORIGINAL_CLIPS
 from elasticd.agent.replicated.once import OncePerStep
@@ -85,6 +85,9 @@ class ReplicatedState:
             else:
                 group.broadcast_state()
             group.publish_buffers()
+            writer = min(self.runtime.hosted)
+            for p in model.parameters():
+                data_attr.share_param(p, writer)
             self.groups.append(group)
             self._params.update({id(p): group for p in group.params})
         group = self.groups[index]
