@@ -10,6 +10,7 @@ delivers commands as the typed messages of `elasticd.protocol.agents` (`AgentSto
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from typing import Any, Protocol
@@ -54,7 +55,7 @@ class NullControl:
     def __init__(self, physical_rank: int = 0, every_s: float = 2.0) -> None:
         self._print = physical_rank == 0
         self._every = every_s
-        self._last = 0.0
+        self._last = -math.inf   # the first step prints at once, however young the clock
 
     def hello(self, info: dict[str, Any]) -> None:
         log.debug("agent up: %s", info)

@@ -10,6 +10,7 @@ that safe for the (single-threaded) ZeroMQ socket.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 import time
@@ -40,7 +41,7 @@ class ZmqControl:
         self._sock.maxmsgsize = 4 * p.MAX_FRAME_BYTES
         self._sock.linger = CLOSE_LINGER_MS
         self._sock.connect(endpoint)
-        self._last_step_sent = 0.0
+        self._last_step_sent = -math.inf   # the first report goes at once, however young the clock
         self._pending_step: p.AgentStep | None = None
         self._closed = False
 
@@ -94,7 +95,7 @@ class ZmqControl:
             self._flush_step()
             self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
             # The first step at the new size is what ends a resize for the daemon: report it unthrottled.
-            self._last_step_sent = 0.0
+            self._last_step_sent = -math.inf   # the first report goes at once, however young the clock
 
     def refused(self, info: dict[str, Any]) -> None:
         if self.rank == 0:   # into the job's log, where its user looks (`elasticd logs`); `status` has it too
