@@ -480,9 +480,11 @@ def test_sparse_gradients_are_refused_up_front_naming_the_module(wrap: str) -> N
     assert "use sparse=False" in failed.value.message
 
 
-def test_a_replicated_parameters_data_is_its_memory_for_the_first_hosted_worker_and_a_copy_for_the_others() -> None:
-    """One write per device through `p.data`, as one per DDP rank: the later workers' writes go to a copy."""
-    seen: dict[int, tuple[bool, bool]] = {}
+def test_a_replicated_parameters_data_updates_once_per_device_and_sets_for_every_worker() -> None:
+    """Through `p.data`: an in-place update (`add_`) by a later hosted worker is dropped, since the first made it
+    on the shared copy, as each DDP rank makes it once on its own; a set (`copy_`) is made by each, so that a
+    worker swapping other weights in for its own forward sees them there; reads see the shared memory."""
+    seen: dict[int, dict[str, object]] = {}
 
     class DataSGD(torch.optim.SGD):   # an optimizer written the old way, through p.data, run once per step
         def step(self, closure=None):  # type: ignore[override]
@@ -499,10 +501,14 @@ def test_a_replicated_parameters_data_is_its_memory_for_the_first_hosted_worker_
         for _ in ctx.steps(1):
             opt.zero_grad()
             model(torch.ones(1, 2)).sum().backward()   # gradient 1 everywhere on every rank
-            opt.step()
-            stepped = torch.equal(model.weight.detach(), initial - 1.0)   # once, not once per hosted worker
-            alias = model.weight.data.data_ptr() == model.weight.data_ptr()
-            seen[ctx.rank] = (alias, stepped)
+            opt.step()                                                    # once per step
+            model.weight.data.add_(10.0)                                  # a hand-made update: once per device
+            added = model.weight.detach().clone()
+            model.weight.data.copy_(torch.full((1, 2), 7.0))              # a set: made, seen by this forward
+            out = model(torch.ones(1, 2)).item()
+            model.weight.data.copy_(added)                                # and set back
+            seen[ctx.rank] = {"out": out, "shares": model.weight.data.data_ptr() == model.weight.data_ptr()}
+        seen[ctx.rank]["final"] = torch.equal(model.weight.detach(), initial - 1.0 + 10.0)
 
     train()
-    assert seen == {0: (True, True), 1: (False, True), 2: (False, True)}, seen
+    assert all(v == {"out": 14.0, "shares": True, "final": True} for v in seen.values()), seen

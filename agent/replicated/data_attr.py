@@ -13,11 +13,14 @@ Parameters: a write through a replicated parameter's `.data` by worker code (a h
 decay `p.data.mul_(0.999)`, a soft target-network update) was applied once per hosted worker, exit 0;
 refusing them all would also stop the writes that give DDP's result however often they are applied
 (WGAN's `p.data.clamp_`, copying an EMA into the model at the end). Every rank of a DDP job makes the same
-write to its own copy, so one write per device is DDP's: the device's first hosted worker gets the
-parameter's memory through `.data`, as before, and the others a copy of its current values, whose writes
-go nowhere (since session 23). A later worker that keeps such a copy and reads it steps later sees the
-values of when it took it. The optimizer's own step (run once, agent/replicated/once.py) is the first
-kind of access whatever worker runs it.
+write to its own copy, so one such update per device is DDP's (since session 23): the device's first
+hosted worker gets the parameter's memory through `.data`, as before; the others get the same memory as a
+`LaterData`, on which an in-place update that reads what it overwrites (`add_`, `mul_`, `clamp_`, `+=`) is
+dropped, while a write that sets values whatever was there (`copy_`, `fill_`, `zero_`, item assignment) is
+made: a worker that swaps an EMA in to evaluate and back (torch_ema's `copy_to`/`restore`) evaluates the
+EMA in its own forward. Not told apart: an update written as a set, `t.data.copy_(tau * p.data + (1 - tau)
+* t.data)`, is made once per hosted worker. The optimizer's own step (run once, agent/replicated/once.py)
+gets the plain memory whatever worker runs it.
 """
 
 from __future__ import annotations
@@ -74,8 +77,41 @@ def _get(self: torch.Tensor) -> torch.Tensor:
         if entry is not None and entry[0]() is self:
             w = current_worker()
             if w is not None and w.rank != entry[1] and w.once_running is None:
-                return _BASE.__get__(self).clone()
+                return torch.Tensor._make_subclass(LaterData, _BASE.__get__(self))
     return _BASE.__get__(self)
+
+
+# In-place methods that set values whatever the tensor held: every worker makes them, as every DDP rank does
+# on its own copy (the same values: an EMA copied in at the end; or its own: an EMA swapped in to evaluate and
+# swapped back, which the worker's own forward must see).
+_SETS = frozenset({"copy_", "fill_", "zero_", "__setitem__", "set_", "normal_", "uniform_", "bernoulli_",
+                   "random_", "exponential_", "geometric_", "log_normal_", "cauchy_"})
+
+
+class LaterData(torch.Tensor):
+    """A replicated parameter's `.data` for a hosted worker other than the device's first: its memory, but
+    an in-place update that reads what it writes over (`add_`, `mul_`, `clamp_`, `+=`) is dropped, since the
+    first worker has made it on the one shared copy, as each DDP rank makes it once on its own."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if (args and type(args[0]) is LaterData and name not in _SETS
+                and (name.endswith("_") and not name.startswith("_") or name.startswith("__i"))):
+            return args[0]   # `p.data.add_(...)`, `p.data *= k`: made once per device, by the first worker
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*_plain(args), **_plain(kwargs))
+
+
+def _plain(obj: Any) -> Any:
+    if type(obj) is LaterData:
+        return obj.as_subclass(torch.Tensor)
+    if isinstance(obj, list | tuple):
+        return type(obj)(_plain(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
 
 
 def _set(self: torch.Tensor, value: Any) -> None:
