@@ -114,19 +114,23 @@ def test_a_training_state_dict_an_l2sp_anchor_and_the_best_weights_survive_resiz
 
 
 @pytest.mark.timeout(900)
-def test_an_evaluation_after_a_collective_sees_its_own_mode_and_step_as_under_ddp(tmp_path: Path) -> None:
+@pytest.mark.parametrize("job", ["eval_mode_job.py", "ema_swap_job.py"])
+def test_an_evaluation_after_a_collective_sees_its_own_mode_step_and_weights_as_under_ddp(tmp_path: Path,
+                                                                                         job: str) -> None:
     """tests/jobs/eval_mode_job.py: `model.eval()`, a broadcast, then the evaluation. Before, the later worker
     of an agent evaluated in training mode (the first had called `model.train()` since: dropout on, batch
     statistics) with running statistics its first worker's next training forward had changed; every later
-    step then differed from DDP too, exit 0. On 2 devices resized to 1 and back, and on 1."""
+    step then differed from DDP too, exit 0. tests/jobs/ema_swap_job.py: an EMA swapped in through `p.data`
+    across the broadcast; the next worker trained on from the first one's EMA. On 2 devices resized to 1 and
+    back, and on 1."""
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
-    ddp = cli("run", str(JOBS / "eval_mode_job.py"), "--workers", str(REFERENCE_WORKERS), "--ddp",
+    ddp = cli("run", str(JOBS / job), "--workers", str(REFERENCE_WORKERS), "--ddp",
               env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
     assert ddp.code == 0, ddp.output
     want = load_state(tmp_path / "ddp.pt")
     assert torch.equal(want["evals"], want["evals"][:1].expand_as(want["evals"])), "DDP's ranks agree"
     for name, args in (("scaled", ("--devices", "2", "--scale-at", "3:1,6:2")), ("one", ("--devices", "1"))):
-        run = cli("run", str(JOBS / "eval_mode_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
+        run = cli("run", str(JOBS / job), "--workers", str(REFERENCE_WORKERS), *args,
                   env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
         assert run.code == 0, run.output
         got = load_state(tmp_path / f"{name}.pt")

@@ -76,8 +76,10 @@ def _get(self: torch.Tensor) -> torch.Tensor:
         entry = _PARAMS.get(id(self))
         if entry is not None and entry[0]() is self:
             w = current_worker()
-            if w is not None and w.rank != entry[1] and w.once_running is None:
-                return torch.Tensor._make_subclass(LaterData, _BASE.__get__(self))
+            if w is not None and w.ctx is not None and w.once_running is None:
+                data = torch.Tensor._make_subclass(ParamData, _BASE.__get__(self))
+                data._elasticd_of = (self, w, w.rank != entry[1])
+                return data
     return _BASE.__get__(self)
 
 
@@ -88,24 +90,40 @@ _SETS = frozenset({"copy_", "fill_", "zero_", "__setitem__", "set_", "normal_", 
                    "random_", "exponential_", "geometric_", "log_normal_", "cauchy_"})
 
 
-class LaterData(torch.Tensor):
-    """A replicated parameter's `.data` for a hosted worker other than the device's first: its memory, but
-    an in-place update that reads what it writes over (`add_`, `mul_`, `clamp_`, `+=`) is dropped, since the
-    first worker has made it on the one shared copy, as each DDP rank makes it once on its own."""
+class ParamData(torch.Tensor):
+    """A replicated parameter's `.data` in a worker: its memory. On a hosted worker other than the device's
+    first, an in-place update that reads what it writes over (`add_`, `mul_`, `clamp_`, `+=`) is dropped, since
+    the first worker has made it on the one shared copy, as each DDP rank makes it once on its own. A set is
+    made by every worker, and is that worker's own until it sets the parameter back (replicated/swaps.py)."""
+
+    _elasticd_of: tuple[torch.Tensor, Any, bool]   # (the parameter, the worker, whether updates are dropped)
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if (args and type(args[0]) is LaterData and name not in _SETS
-                and (name.endswith("_") and not name.startswith("_") or name.startswith("__i"))):
-            return args[0]   # `p.data.add_(...)`, `p.data *= k`: made once per device, by the first worker
+        if args and type(args[0]) is ParamData and (name in _SETS or _is_update(name)):
+            param, worker, later = args[0]._elasticd_of
+            if name in _SETS:
+                worker.ctx._rt.replicated.swaps.before_set(worker.rank, param)
+            elif later:
+                return args[0]   # `p.data.add_(...)`, `p.data *= k`: made once per device, by the first worker
         with torch._C.DisableTorchFunctionSubclass():
             return func(*_plain(args), **_plain(kwargs))
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)   # saved as a plain tensor
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def _is_update(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_") or name.startswith("__i")
+
 
 def _plain(obj: Any) -> Any:
-    if type(obj) is LaterData:
+    if type(obj) is ParamData:
         return obj.as_subclass(torch.Tensor)
     if isinstance(obj, list | tuple):
         return type(obj)(_plain(o) for o in obj)

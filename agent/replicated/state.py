@@ -25,6 +25,7 @@ from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.idioms import ORIGINAL_CLIPS
 from elasticd.agent.replicated.once import OncePerStep
 from elasticd.agent.replicated.share import share_into
+from elasticd.agent.replicated.swaps import ParamSwaps
 
 if TYPE_CHECKING:
     from elasticd.agent.resize.snapshot import GroupSnapshot
@@ -66,6 +67,7 @@ class ReplicatedState:
         self._built: list[_Built] = []
         self._sched_index: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._workers = {r: _PerWorker() for r in ranks}
+        self.swaps = ParamSwaps()   # values set through a parameter's .data: each worker's own (swaps.py)
         self._params: dict[int, ReplicatedGroup] = {}
         self._building = False  # inside a scheduler's constructor: nested constructors are part of it
         self._stepping = False  # inside a scheduler's step run once: nested steps are part of it

@@ -73,7 +73,11 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 "own instead: wrap the model in torch's DistributedDataParallel inside the function and build the "
                 "optimizer on it (no ctx.replicate); each worker then steps with its closure as a DDP rank does")
         rank = self._runtime.current_rank()
-        return self._group.step_once.call(rank, lambda: self._inner.step(**kwargs))
+        return self._group.step_once.call(rank, lambda: self._step(rank, kwargs))
+
+    def _step(self, rank: int, kwargs: dict[str, Any]) -> Any:
+        self._runtime.replicated.swaps.commit(rank)   # it steps what this worker set through .data
+        return self._inner.step(**kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         rank = self._runtime.current_rank()

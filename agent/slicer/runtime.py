@@ -106,7 +106,7 @@ class Runtime:
         self.env.grad_buckets = BucketedFlush(phys, workers, self.env.vote, bucket_bytes())
         # Called as (outgoing, incoming) at every hand-over, before the incoming worker runs: where
         # private device state is swapped out and in. Outgoing is None at start.
-        self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = []
+        self.switch_listeners: list[Callable[[Worker | None, Worker], None]] = [self.replicated.swaps.on_switch]
         # Called when the workers stop: after the run, and when one fails before the others unwind through
         # user code (swapped-out private state must be back in the user's tensors by then). Idempotent.
         self.end_listeners: list[Callable[[], None]] = []
