@@ -13,14 +13,15 @@ Parameters: a write through a replicated parameter's `.data` by worker code (a h
 decay `p.data.mul_(0.999)`, a soft target-network update) was applied once per hosted worker, exit 0;
 refusing them all would also stop the writes that give DDP's result however often they are applied
 (WGAN's `p.data.clamp_`, copying an EMA into the model at the end). Every rank of a DDP job makes the same
-write to its own copy, so one such update per device is DDP's (since session 23): the device's first
-hosted worker gets the parameter's memory through `.data`, as before; the others get the same memory as a
-`LaterData`, on which an in-place update that reads what it overwrites (`add_`, `mul_`, `clamp_`, `+=`) is
-dropped, while a write that sets values whatever was there (`copy_`, `fill_`, `zero_`, item assignment) is
-made: a worker that swaps an EMA in to evaluate and back (torch_ema's `copy_to`/`restore`) evaluates the
-EMA in its own forward. Not told apart: an update written as a set, `t.data.copy_(tau * p.data + (1 - tau)
-* t.data)`, is made once per hosted worker. The optimizer's own step (run once, agent/replicated/once.py)
-gets the plain memory whatever worker runs it.
+write to its own copy, so one such update per device is DDP's (since session 23). A worker's `.data` of
+a replicated parameter is a `ParamData`: the parameter's memory, on which an in-place update that reads
+what it overwrites (`add_`, `mul_`, `clamp_`, `+=`) is made by the device's first hosted worker only, and a
+write that sets values whatever was there (`copy_`, `fill_`, `zero_`, item assignment) by every worker,
+staying that worker's own until it sets the parameter back (replicated/swaps.py): a worker that swaps an
+EMA in to evaluate and back (torch_ema's `copy_to`/`restore`) evaluates the EMA in its own forward. Not
+told apart: an update written as a set, `t.data.copy_(tau * p.data + (1 - tau) * t.data)`, is made once
+per hosted worker. The optimizer's own step (run once, agent/replicated/once.py) gets the plain memory
+whatever worker runs it.
 """
 
 from __future__ import annotations
