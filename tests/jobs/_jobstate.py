@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed
 import torch.nn as nn
 from torch.utils.data import TensorDataset
 
@@ -46,6 +47,15 @@ def save_state(model: nn.Module, env: str, extra: dict[str, torch.Tensor] | None
     if path:
         state = {k.removeprefix("module."): v.detach().cpu().clone() for k, v in model.state_dict().items()}
         torch.save({**state, **(extra or {})}, path)
+
+
+def save_with_every_ranks(ctx, model: nn.Module, values: list[float], name: str) -> None:
+    """Gather every rank's `values` (one per step), then logical rank 0 writes the model and them (ranks x
+    steps, under `name`) to $ELASTICD_TEST_OUT."""
+    every = [torch.zeros(len(values)) for _ in range(ctx.world_size)]
+    torch.distributed.all_gather(every, torch.tensor(values))
+    if ctx.rank == 0:
+        save_state(model, "ELASTICD_TEST_OUT", extra={name: torch.stack(every)})
 
 
 def assert_same_on_every_rank(ctx, values: list[float], what: str) -> None:

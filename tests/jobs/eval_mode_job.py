@@ -15,7 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from _jobstate import save_state
+from _jobstate import save_with_every_ranks
 
 import elasticd
 
@@ -41,10 +41,7 @@ def train(ctx) -> None:
         with torch.no_grad():
             evals.append(model(probe).sum().item())
         model.train()
-    every = [torch.zeros(STEPS) for _ in range(ctx.world_size)]
-    dist.all_gather(every, torch.tensor(evals))
-    if ctx.rank == 0:
-        save_state(model, "ELASTICD_TEST_OUT", extra={"evals": torch.stack(every)})
+    save_with_every_ranks(ctx, model, evals, "evals")
 
 
 if __name__ == "__main__":
