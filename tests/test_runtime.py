@@ -512,3 +512,28 @@ def test_a_replicated_parameters_data_updates_once_per_device_and_sets_for_every
 
     train()
     assert all(v == {"out": 14.0, "shares": True, "final": True} for v in seen.values()), seen
+
+
+def test_a_hand_written_lr_decay_on_the_replicated_optimizer_is_made_once_per_step_as_by_each_ddp_rank() -> None:
+    """`g["lr"] *= 0.5` after each step: made once per hosted worker on the one shared optimizer before, so
+    the rate fell 0.5 per hosted worker per step (0.28 from DDP in a probe, exit 0)."""
+    lrs: dict[int, list[float]] = {}
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.8))
+        seen = []
+        for _ in ctx.steps(3):
+            opt.zero_grad()
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            for g in opt.param_groups:
+                g["lr"] *= 0.5
+            seen.append(opt.param_groups[0]["lr"])
+        lrs[ctx.rank] = seen + [opt.state_dict()["param_groups"][0]["lr"]]
+
+    train()
+    # Each worker reads its rate after its own decay, as each DDP rank does; the optimizer holds the same.
+    assert all(seen == [0.4, 0.2, 0.1, 0.1] for seen in lrs.values()), lrs

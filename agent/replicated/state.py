@@ -24,6 +24,7 @@ from elasticd.agent.replicated import data_attr, hooks
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.idioms import ORIGINAL_CLIPS
 from elasticd.agent.replicated.once import OncePerStep
+from elasticd.agent.replicated.param_groups import shared_groups
 from elasticd.agent.replicated.share import share_into
 from elasticd.agent.replicated.swaps import ParamSwaps
 
@@ -87,6 +88,8 @@ class ReplicatedState:
             else:
                 group.broadcast_state()
             group.publish_buffers()
+            if group.optimizer is not None:
+                shared_groups(group.optimizer)   # hyperparameter writes made once (param_groups.py)
             writer = min(self.runtime.hosted)
             for p in model.parameters():
                 data_attr.share_param(p, writer)

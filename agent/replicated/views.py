@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent.replicated.param_groups import shared_groups
+
 if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
     from elasticd.agent.slicer.runtime import Runtime
@@ -35,7 +37,7 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
     # The inner optimizer's state, read and written through (schedulers assign lr into param_groups).
     @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
-        return self._inner.param_groups
+        return shared_groups(self._inner)   # a worker's `g["lr"] *= k` is made once (param_groups.py)
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
