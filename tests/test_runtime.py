@@ -537,3 +537,38 @@ def test_a_hand_written_lr_decay_on_the_replicated_optimizer_is_made_once_per_st
     train()
     # Each worker reads its rate after its own decay, as each DDP rank does; the optimizer holds the same.
     assert all(seen == [0.4, 0.2, 0.1, 0.1] for seen in lrs.values()), lrs
+
+
+def test_a_plain_attribute_written_on_the_replicated_model_is_written_once_per_step_as_by_each_ddp_rank() -> None:
+    """`model.tau *= 2` (a temperature annealed on the model) was made once per hosted worker on the one shared
+    model (0.15 from DDP in a probe, exit 0). Tensors a forward stores on the model stay each pass's own."""
+    seen: dict[int, tuple[float, bool, bool]] = {}
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 1)
+            self.tau = 1.0
+
+        def forward(self, x):
+            self.last_input = x   # a forward's own store: the next reader is this pass
+            return self.fc(x) / self.tau
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        net = Net()
+        model, opt = ctx.replicate(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        ok = True
+        for step in ctx.steps(3):
+            x = torch.full((1, 2), float(ctx.rank * 10 + step))
+            opt.zero_grad()
+            out = model(x)
+            ok = ok and torch.equal(model.last_input, x)   # read before the hand-over at the backward's end
+            out.sum().backward()
+            opt.step()
+            model.tau *= 2
+        model.eval()
+        seen[ctx.rank] = (model.tau, ok, model.training)
+
+    train()
+    assert seen == {r: (8.0, True, False) for r in range(3)}, seen

@@ -26,6 +26,7 @@ whatever worker runs it.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -77,11 +78,18 @@ def _get(self: torch.Tensor) -> torch.Tensor:
         entry = _PARAMS.get(id(self))
         if entry is not None and entry[0]() is self:
             w = current_worker()
-            if w is not None and w.ctx is not None and w.once_running is None:
+            if w is not None and w.ctx is not None and w.once_running is None and _from_user_code():
                 data = torch.Tensor._make_subclass(ParamData, _BASE.__get__(self))
                 data._elasticd_of = (self, w, w.rank != entry[1])
                 return data
     return _BASE.__get__(self)
+
+
+def _from_user_code() -> bool:
+    """The `.data` getter's caller is not torch itself: torch.compile's runtime reads parameters' `.data`
+    in the worker's thread and must get plain tensors (a subclass failed its compiled kernels)."""
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    return not (caller == "torch" or caller.startswith("torch."))
 
 
 # In-place methods that set values whatever the tensor held: every worker makes them, as every DDP rank does

@@ -32,7 +32,7 @@ import torch.nn.utils.clip_grad as clip_grad
 from torch.amp.grad_scaler import GradScaler
 from torch.optim import lr_scheduler
 
-from elasticd.agent.replicated import data_attr, hooks
+from elasticd.agent.replicated import data_attr, hooks, write_once
 from elasticd.agent.replicated.views import ReplicatedOptimizer
 from elasticd.agent.worker import Worker, current_worker
 
@@ -230,6 +230,7 @@ def install(fn: Callable[..., Any] | None = None) -> None:
             setattr(torch.nn.utils, name, patched)
         data_attr.install()   # `.data` of replicated gradients and parameters (agent/replicated/data_attr.py)
         hooks.install()       # hooks registered on replicated state run for their worker's passes only
+        write_once.install()  # `model.tau *= k` on a replicated model made once per device
         GradScaler.__init__ = _scaler_init  # type: ignore[method-assign]
         GradScaler.unscale_ = _unscale_  # type: ignore[method-assign]
         for cls, find in _SCHEDULER_CONSTRUCTORS:

@@ -24,9 +24,9 @@ from elasticd.agent.replicated import data_attr, hooks
 from elasticd.agent.replicated.group import ReplicatedGroup
 from elasticd.agent.replicated.idioms import ORIGINAL_CLIPS
 from elasticd.agent.replicated.once import OncePerStep
-from elasticd.agent.replicated.param_groups import shared_groups
 from elasticd.agent.replicated.share import share_into
 from elasticd.agent.replicated.swaps import ParamSwaps
+from elasticd.agent.replicated.write_once import WriteCounts, shared_groups
 
 if TYPE_CHECKING:
     from elasticd.agent.resize.snapshot import GroupSnapshot
@@ -69,6 +69,7 @@ class ReplicatedState:
         self._sched_index: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._workers = {r: _PerWorker() for r in ranks}
         self.swaps = ParamSwaps()   # values set through a parameter's .data: each worker's own (swaps.py)
+        self.attr_writes = WriteCounts()   # plain attributes worker code sets on replicated modules (write_once.py)
         self._params: dict[int, ReplicatedGroup] = {}
         self._building = False  # inside a scheduler's constructor: nested constructors are part of it
         self._stepping = False  # inside a scheduler's step run once: nested steps are part of it
@@ -89,7 +90,7 @@ class ReplicatedState:
                 group.broadcast_state()
             group.publish_buffers()
             if group.optimizer is not None:
-                shared_groups(group.optimizer)   # hyperparameter writes made once (param_groups.py)
+                shared_groups(group.optimizer)   # hyperparameter writes made once (write_once.py)
             writer = min(self.runtime.hosted)
             for p in model.parameters():
                 data_attr.share_param(p, writer)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from elasticd.agent.replicated.param_groups import shared_groups
+from elasticd.agent.replicated.write_once import shared_groups
 
 if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
@@ -37,7 +37,7 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
     # The inner optimizer's state, read and written through (schedulers assign lr into param_groups).
     @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
-        return shared_groups(self._inner)   # a worker's `g["lr"] *= k` is made once (param_groups.py)
+        return shared_groups(self._inner)   # a worker's `g["lr"] *= k` is made once (write_once.py)
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
