@@ -551,7 +551,8 @@ def test_a_plain_attribute_written_on_the_replicated_model_is_written_once_per_s
             self.tau = 1.0
 
         def forward(self, x):
-            self.last_input = x   # a forward's own store: the next reader is this pass
+            self.last_input = x       # a forward's own stores: the next reader is this pass
+            self.rows = x.shape[0]    # a number, this pass's own (a rotary cache's sequence length)
             return self.fc(x) / self.tau
 
     @elasticd.elastic(workers=3)
@@ -560,10 +561,11 @@ def test_a_plain_attribute_written_on_the_replicated_model_is_written_once_per_s
         model, opt = ctx.replicate(net, torch.optim.SGD(net.parameters(), lr=0.1))
         ok = True
         for step in ctx.steps(3):
-            x = torch.full((1, 2), float(ctx.rank * 10 + step))
+            x = torch.full((ctx.rank + 1, 2), float(ctx.rank * 10 + step))
             opt.zero_grad()
             out = model(x)
-            ok = ok and torch.equal(model.last_input, x)   # read before the hand-over at the backward's end
+            # read before the hand-over at the backward's end
+            ok = ok and torch.equal(model.last_input, x) and model.rows == ctx.rank + 1
             out.sum().backward()
             opt.step()
             model.tau *= 2

@@ -7,12 +7,13 @@ made once per hosted worker: the learning rate fell 0.7 per hosted worker at eac
 temperature grew 1.2 per hosted worker (0.15), exit 0 (session 23). The k-th write of a key by each worker
 is one logical write, as the k-th call of a step is (agent/replicated/once.py): the first worker to make it
 writes, the others' are dropped. Writes made inside what runs once per step (the optimizer's step, a
-scheduler's) are made as they come. On modules, only numbers, booleans and strings (not `training`, each
-worker's own: replicated/group.py; not tensors, which a forward may store per pass).
+scheduler's) are made as they come. On modules, only numbers, booleans and strings set outside a forward
+(not `training`, each worker's own: replicated/group.py; not tensors, nor what a forward stores for itself).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -77,12 +78,27 @@ _PLAIN = (int, float, bool, str)
 _ORIGINAL_SETATTR = torch.nn.Module.__setattr__
 
 
+_MODULE_CALLS = frozenset({torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__})
+
+
+def _in_a_forward() -> bool:
+    """Inside a module's call: a forward's own store (a rotary cache's `self.seq_len_cached = T`), which
+    this worker's pass reads next and whose value may be this pass's alone (its own sequence length)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code in _MODULE_CALLS:
+            return True
+        f = f.f_back
+    return False
+
+
 def _module_setattr(self: torch.nn.Module, name: str, value: Any) -> None:
     if type(value) in _PLAIN and name != "training":
         w = _writer()
         if w is not None:
             state = w.ctx._rt.replicated
-            if state.is_replicated_module(self) and not state.attr_writes.made(w.rank, (id(self), name)):
+            if (state.is_replicated_module(self) and not _in_a_forward()
+                    and not state.attr_writes.made(w.rank, (id(self), name))):
                 return
     _ORIGINAL_SETATTR(self, name, value)
 
