@@ -66,3 +66,26 @@ def test_a_model_with_hooks_of_workers_pickles_with_its_plain_hooks() -> None:
 
     train()
     assert seen == {0: [halve, halve], 1: [halve, halve]}
+
+
+def test_hooks_of_one_model_built_outside_the_function_run_for_every_worker() -> None:
+    """A model built at the script's top level is one object that every worker passes to ctx.replicate: its
+    hooks (torch.nn.utils.weight_norm's recomputes the weight before each forward) are every worker's."""
+    import torch
+
+    import elasticd
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    calls: list[int] = []
+    model[0].register_forward_pre_hook(lambda m, args: calls.append(1))
+
+    @elasticd.elastic(workers=3)
+    def train(ctx):
+        shared, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in ctx.steps(2):
+            opt.zero_grad()
+            shared(torch.ones(1, 2)).sum().backward()
+            opt.step()
+
+    train()
+    assert len(calls) == 3 * 2, calls

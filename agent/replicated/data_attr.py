@@ -88,7 +88,10 @@ def _get(self: torch.Tensor) -> torch.Tensor:
 def _from_user_code() -> bool:
     """The `.data` getter's caller is not torch itself: torch.compile's runtime reads parameters' `.data`
     in the worker's thread and must get plain tensors (a subclass failed its compiled kernels)."""
-    caller = sys._getframe(2).f_globals.get("__name__", "")
+    try:
+        caller = sys._getframe(2).f_globals.get("__name__", "")
+    except ValueError:   # called from C with no Python caller above
+        return False
     return not (caller == "torch" or caller.startswith("torch."))
 
 

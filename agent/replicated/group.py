@@ -34,6 +34,7 @@ class ReplicatedGroup:
     def __init__(self, index: int, runtime: Runtime, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer | None, scheduler: Any | None) -> None:
         self.index = index
+        self.builder = min(runtime.hosted)   # the hosted rank whose ctx.replicate built it (state.py sets it)
         self.runtime = runtime
         self.model = model
         self.optimizer = optimizer

@@ -40,12 +40,13 @@ def _owner(target: Any, is_replicated: Callable[[Any, Any], bool]) -> Worker | N
 class _Owned:
     """`hook`, run only in its owner's passes: another worker's pass is as if it were another process's."""
 
-    __slots__ = ("hook", "owner", "runtime")
+    __slots__ = ("hook", "owner", "runtime", "claimed")
 
-    def __init__(self, hook: Callable[..., Any], owner: Worker) -> None:
+    def __init__(self, hook: Callable[..., Any], owner: Worker, claimed: bool = False) -> None:
         self.hook = hook.hook if isinstance(hook, _Owned) else hook
         self.owner = owner
         self.runtime = owner.ctx._rt  # type: ignore[union-attr]
+        self.claimed = claimed   # registered before ctx.replicate, on the first worker's own model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (current_worker() or self.runtime.current) is not self.owner:
@@ -85,10 +86,27 @@ def claim(own: torch.nn.Module, shared: torch.nn.Module, owner: Worker) -> None:
             continue
         if target is p:
             for key, hook in list(hooks.items()):
-                hooks[key] = _owned(hook, owner)
+                hooks[key] = _Owned(hook, owner, claimed=True)
         else:
             for hook in list(hooks.values()):
                 _ORIGINAL["register_hook"](target, _owned(hook, owner))
+
+
+def release(model: torch.nn.Module) -> None:
+    """A later worker passed `ctx.replicate` the very model the first one did (built outside the function):
+    its hooks were every worker's from the start, as they were before `claim` made them the first's."""
+    dicts = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    for module in model.modules():
+        for attr in dicts:
+            hooks = getattr(module, attr)
+            for key, hook in list(hooks.items()):
+                if isinstance(hook, _Owned) and hook.claimed:
+                    hooks[key] = hook.hook
+    for p in model.parameters():
+        hooks = p._backward_hooks
+        for key, hook in list((hooks or {}).items()):
+            if isinstance(hook, _Owned) and hook.claimed:
+                hooks[key] = hook.hook
 
 
 def _claim_module(module: torch.nn.Module, target: torch.nn.Module, owner: Worker) -> None:
@@ -98,7 +116,7 @@ def _claim_module(module: torch.nn.Module, target: torch.nn.Module, owner: Worke
             hooks = getattr(module, attr)
             for key, hook in list(hooks.items()):
                 if not isinstance(hook, ThisModelOnly):   # elasticd's own, on a model replicated before
-                    hooks[key] = _owned(hook, owner)
+                    hooks[key] = _Owned(hook, owner, claimed=True)
         return
     for key, hook in module._forward_pre_hooks.items():
         _ORIGINAL["register_forward_pre_hook"](target, _owned(hook, owner),

@@ -83,6 +83,7 @@ class ReplicatedState:
             # and every agent adopts agent 0's state, as DDP's constructor does.
             hooks.claim(model, model, w)
             group = ReplicatedGroup(index, self.runtime, model, optimizer, scheduler)
+            group.builder = w.rank
             if index < len(self._restore):
                 # Every agent holds the same snapshot of replicated state: load it, no broadcast needed.
                 group.load(self._restore[index])
@@ -97,6 +98,8 @@ class ReplicatedState:
             self.groups.append(group)
             self._params.update({id(p): group for p in group.params})
         group = self.groups[index]
+        if model is group.model and w.rank != group.builder:
+            hooks.release(model)   # one model for all, built outside the function: its hooks are all's
         if model is not group.model:
             hooks.claim(model, group.model, w)
             share_into(model, group.model, w.rank)
