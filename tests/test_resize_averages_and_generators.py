@@ -155,3 +155,21 @@ def test_hand_written_updates_through_parameter_data_are_made_once_per_step_as_u
         too_far = {k: d for k, d in rel_diffs(want, load_state(tmp_path / f"{name}.pt")).items() if d > TOLERANCE}
         assert not too_far, f"{name}: differs from DDP: {too_far}"
 
+
+@pytest.mark.timeout(900)
+def test_a_buffer_changed_outside_the_forward_is_changed_once_per_step_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/buffer_count_job.py: `model.updates += 1` after each step, read by the forward. Before, each
+    hosted worker added 1 to the one shared buffer (exit 0)."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    ddp = cli("run", str(JOBS / "buffer_count_job.py"), "--workers", str(REFERENCE_WORKERS), "--ddp",
+              env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
+    assert ddp.code == 0, ddp.output
+    want = load_state(tmp_path / "ddp.pt")
+    assert want["updates"].item() == 9.0
+    for name, args in (("scaled", ("--devices", "2", "--scale-at", "3:1,6:2")), ("one", ("--devices", "1"))):
+        run = cli("run", str(JOBS / "buffer_count_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
+                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
+        assert run.code == 0, run.output
+        too_far = {k: d for k, d in rel_diffs(want, load_state(tmp_path / f"{name}.pt")).items() if d > TOLERANCE}
+        assert not too_far, f"{name}: differs from DDP: {too_far}"
+

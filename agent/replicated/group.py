@@ -79,7 +79,13 @@ class ReplicatedGroup:
             model.register_forward_pre_hook(ThisModelOnly(self._guard_buffers))
             model.register_forward_hook(ThisModelOnly(self._restore_buffers))
         self._saved_buffers: list[torch.Tensor] | None = None
-        self._published: list[torch.Tensor] | None = None  # rank 0's buffers at the last step boundary
+        self._published: list[torch.Tensor] | None = None  # the device's first worker's, before its last forward
+        # Buffers worker code changes outside a forward (`model.updates += 1`): the device's first worker's
+        # change is made; a later worker's same change is undone when it hands over (`_undo_buffer_writes`).
+        self._first = min(runtime.hosted)
+        self._versions: list[int] = []               # the buffers' versions when last looked at
+        self._dirty: set[int] = set()                # buffers the running worker's own code changed
+        self._first_wrote: dict[int, torch.Tensor] = {}
         # What workers get back from ctx.replicate: views whose updates run once per physical step.
         self.opt_view = ReplicatedOptimizer(self, runtime) if optimizer is not None else None
         self.sched_view = ReplicatedScheduler(self, runtime) if scheduler is not None else None
@@ -124,12 +130,38 @@ class ReplicatedGroup:
         # (not again when it leaves straight from a backward pass the runtime has just recorded).
         if outgoing is not None and not outgoing.judged:
             self.ledger.check(outgoing.rank)
+        if self.buffers:
+            if outgoing is not None:
+                self._note_buffer_writes()
+                self._undo_buffer_writes(outgoing.rank)
+            self._dirty = set()
+            self._versions = [b._version for b in self.buffers]
         live = [m.training for m in self._modules]
         if outgoing is not None:
             self._modes[outgoing.rank] = live
         wanted = self._modes.get(incoming.rank)
         if wanted is not None and wanted != live:
             self._set_modes(wanted)
+
+    def _note_buffer_writes(self) -> None:
+        """Buffers changed since last looked at, by the running worker's own code (not by a forward)."""
+        if len(self._versions) == len(self.buffers):
+            self._dirty.update(i for i, (b, v) in enumerate(zip(self.buffers, self._versions, strict=True))
+                               if b._version != v)
+
+    def _undo_buffer_writes(self, rank: int) -> None:
+        """Each DDP rank changes its own buffers once: `model.updates += 1` outside the forward was made once
+        per hosted worker on the one shared buffer (a counter at 11-12 after 6 steps on 2 devices, exit 0).
+        What the device's first worker changed stands (and is kept to compare); a later worker's changes to
+        the same buffers are set back to it when it hands over."""
+        with torch.no_grad():
+            if rank == self._first:
+                self._first_wrote = {i: self.buffers[i].detach().clone() for i in self._dirty}
+                return
+            for i in self._dirty:
+                made = self._first_wrote.get(i)
+                if made is not None:
+                    self.buffers[i].data.copy_(made)   # through .data: not a change of the worker's own
 
     def holds_module(self, m: torch.nn.Module) -> bool:
         return id(m) in self._module_ids
@@ -148,10 +180,15 @@ class ReplicatedGroup:
             m.training = training
 
     def _guard_buffers(self, _module: torch.nn.Module, _args: Any) -> None:
+        self._note_buffer_writes()   # before this forward: the worker's own code
         worker = self.runtime.current
-        if worker is not None and worker.rank != 0:
+        if worker is None:
+            return
+        if worker.rank == self._first:
+            self.publish_buffers()   # what the device's later workers' forwards of this step read
+        if worker.rank != 0:
             self._saved_buffers = [b.detach().clone() for b in self.buffers]
-            if self._published is not None:   # through .data, as below
+            if worker.rank != self._first and self._published is not None:   # through .data, as below
                 for b, published in zip(self.buffers, self._published, strict=True):
                     b.data.copy_(published)
 
@@ -162,6 +199,7 @@ class ReplicatedGroup:
             for b, saved in zip(self.buffers, self._saved_buffers, strict=True):
                 b.data.copy_(saved)
             self._saved_buffers = None
+        self._versions = [b._version for b in self.buffers]   # what the forward changed is not worker code's
 
     def broadcast_state(self) -> None:
         """Make every agent start from agent 0's parameters and buffers (DDP's constructor does this)."""
@@ -196,6 +234,8 @@ class ReplicatedGroup:
 
     def sync_buffers(self) -> None:
         """At a flush: every agent takes agent 0's buffers (logical rank 0's), and publishes them."""
+        if self.buffers:
+            self._note_buffer_writes()   # the flushing worker's own, before the broadcast's
         phys = self.runtime.phys
         if phys.world > 1 and self.buffers:
             with torch.no_grad():
@@ -206,14 +246,17 @@ class ReplicatedGroup:
         self.publish_buffers()
 
     def publish_buffers(self) -> None:
-        """Keep rank 0's buffers as they are at this step boundary for the other workers of its agent.
+        """Keep the buffers as the device's first worker has them now (at a step boundary, before each of its
+        forwards) for its later workers' forwards.
 
         Under DDP every forward starts from rank 0's buffers as rank 0 has them at the same point. Here rank 0
         may already have run its next forward (updating BatchNorm's running statistics) when a later worker
         of its agent runs a forward of the step before: an evaluation after a collective read statistics
-        one step ahead. Other agents never run rank 0, so their live buffers are these already."""
-        hosted = self.runtime.hosted
-        if not self.buffers or 0 not in hosted or len(hosted) == 1:
+        one step ahead. The first worker of another agent has rank 0's buffers (broadcast at each flush) with
+        the same changes of its own code since."""
+        if self.buffers:
+            self._versions = [b._version for b in self.buffers]   # the broadcast's writes are the runtime's
+        if not self.buffers or len(self.runtime.hosted) == 1:
             return
         with torch.no_grad():
             if self._published is None:
