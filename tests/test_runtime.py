@@ -574,3 +574,22 @@ def test_a_plain_attribute_written_on_the_replicated_model_is_written_once_per_s
 
     train()
     assert seen == {r: (8.0, True, False) for r in range(3)}, seen
+
+
+def test_a_replicated_parameters_data_converts_as_a_tensor_does_in_every_worker() -> None:
+    """`int(p.data)` in a later hosted worker raised `__int__ returned non-int`: conversions are no updates."""
+    seen: dict[int, tuple[int, float]] = {}
+
+    @elasticd.elastic(workers=2)
+    def train(ctx):
+        model = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(3.5)
+        model, _ = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        for _ in ctx.steps(1):
+            model(torch.ones(1, 1)).sum().backward()
+            seen[ctx.rank] = (int(model.weight.data), float(model.weight.data))
+
+    train()
+    assert seen == {0: (3, 3.5), 1: (3, 3.5)}, seen
+

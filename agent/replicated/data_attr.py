@@ -130,8 +130,13 @@ class ParamData(torch.Tensor):
         return self.as_subclass(torch.Tensor).clone()
 
 
+_AUGMENTED = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                        "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
+
+
 def _is_update(name: str) -> bool:
-    return name.endswith("_") and not name.startswith("_") or name.startswith("__i")
+    """An in-place method (`add_`) or augmented assignment (`+=`); not `__index__`, `__int__`, `__iter__`."""
+    return name.endswith("_") and not name.startswith("_") or name in _AUGMENTED
 
 
 def _plain(obj: Any) -> Any:
