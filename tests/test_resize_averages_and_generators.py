@@ -90,6 +90,26 @@ shard, position and rows (tests/jobs/function_locals.py)."""
     assert not too_far, f"a generator or a variable started over at a resize: {too_far}"
 
 
+def ddp_then_elasticd(tmp_path: Path, job: str) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """Rank 0's saved state of `job` under `--ddp`, then under elasticd on 2 devices resized 2 -> 1 -> 2
+    ("scaled") and on 1 ("one"); every run must exit 0."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    runs = {"ddp": ("--ddp",), "scaled": ("--devices", "2", "--scale-at", "3:1,6:2"), "one": ("--devices", "1")}
+    states = {}
+    for name, args in runs.items():
+        run = cli("run", str(JOBS / job), "--workers", str(REFERENCE_WORKERS), *args,
+                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
+        assert run.code == 0, run.output
+        states[name] = load_state(tmp_path / f"{name}.pt")
+    want = states.pop("ddp")
+    return want, states
+
+
+def assert_ddp_close(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], name: str) -> None:
+    too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+    assert not too_far, f"{name}: differs from DDP: {too_far}"
+
+
 @pytest.mark.timeout(900)
 def test_a_training_state_dict_an_l2sp_anchor_and_the_best_weights_survive_resizes_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/taken_job.py: a dict holding the model beside a hand-decayed LR, parameter copies taken before
@@ -123,53 +143,28 @@ def test_an_evaluation_after_a_collective_sees_its_own_mode_step_and_weights_as_
     step then differed from DDP too, exit 0. tests/jobs/ema_swap_job.py: an EMA swapped in through `p.data`
     across the broadcast; the next worker trained on from the first one's EMA. On 2 devices resized to 1 and
     back, and on 1."""
-    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
-    ddp = cli("run", str(JOBS / job), "--workers", str(REFERENCE_WORKERS), "--ddp",
-              env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
-    assert ddp.code == 0, ddp.output
-    want = load_state(tmp_path / "ddp.pt")
+    want, runs = ddp_then_elasticd(tmp_path, job)
     assert torch.equal(want["evals"], want["evals"][:1].expand_as(want["evals"])), "DDP's ranks agree"
-    for name, args in (("scaled", ("--devices", "2", "--scale-at", "3:1,6:2")), ("one", ("--devices", "1"))):
-        run = cli("run", str(JOBS / job), "--workers", str(REFERENCE_WORKERS), *args,
-                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
-        assert run.code == 0, run.output
-        got = load_state(tmp_path / f"{name}.pt")
+    for name, got in runs.items():
         torch.testing.assert_close(got["evals"], want["evals"], rtol=1e-5, atol=1e-6)
-        too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
-        assert not too_far, f"{name}: differs from DDP: {too_far}"
+        assert_ddp_close(want, got, name)
 
 
 @pytest.mark.timeout(900)
 def test_hand_written_updates_through_parameter_data_are_made_once_per_step_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/param_data_job.py: a hand-written SGD step, weight decay and clamp through `p.data`. Before,
     each hosted worker applied them to the one shared copy: 0.71 from DDP on 2 devices, exit 0."""
-    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
-    ddp = cli("run", str(JOBS / "param_data_job.py"), "--workers", str(REFERENCE_WORKERS), "--ddp",
-              env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
-    assert ddp.code == 0, ddp.output
-    want = load_state(tmp_path / "ddp.pt")
-    for name, args in (("scaled", ("--devices", "2", "--scale-at", "3:1,6:2")), ("one", ("--devices", "1"))):
-        run = cli("run", str(JOBS / "param_data_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
-                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
-        assert run.code == 0, run.output
-        too_far = {k: d for k, d in rel_diffs(want, load_state(tmp_path / f"{name}.pt")).items() if d > TOLERANCE}
-        assert not too_far, f"{name}: differs from DDP: {too_far}"
+    want, runs = ddp_then_elasticd(tmp_path, "param_data_job.py")
+    for name, got in runs.items():
+        assert_ddp_close(want, got, name)
 
 
 @pytest.mark.timeout(900)
 def test_a_buffer_changed_outside_the_forward_is_changed_once_per_step_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/buffer_count_job.py: `model.updates += 1` after each step, read by the forward. Before, each
     hosted worker added 1 to the one shared buffer (exit 0)."""
-    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
-    ddp = cli("run", str(JOBS / "buffer_count_job.py"), "--workers", str(REFERENCE_WORKERS), "--ddp",
-              env={**env, "ELASTICD_TEST_OUT": str(tmp_path / "ddp.pt")}, timeout=400)
-    assert ddp.code == 0, ddp.output
-    want = load_state(tmp_path / "ddp.pt")
+    want, runs = ddp_then_elasticd(tmp_path, "buffer_count_job.py")
     assert want["updates"].item() == 9.0
-    for name, args in (("scaled", ("--devices", "2", "--scale-at", "3:1,6:2")), ("one", ("--devices", "1"))):
-        run = cli("run", str(JOBS / "buffer_count_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
-                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
-        assert run.code == 0, run.output
-        too_far = {k: d for k, d in rel_diffs(want, load_state(tmp_path / f"{name}.pt")).items() if d > TOLERANCE}
-        assert not too_far, f"{name}: differs from DDP: {too_far}"
+    for name, got in runs.items():
+        assert_ddp_close(want, got, name)
 
