@@ -11,6 +11,7 @@ import click
 
 from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
 from elasticd.cli import EXIT_USAGE
+from elasticd.cli.script_args import ScriptCommand, split_target
 
 
 def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...] = ()) -> tuple[str, str | None, int]:
@@ -62,14 +63,6 @@ def torchrun_mode(script: str) -> bool:
         raise click.UsageError(f"{script} does not parse: {e}") from None
 
 
-def split_target(target: str) -> tuple[str, str | None]:
-    """SCRIPT[:FUNC] -> (script, func)."""
-    script, sep, func = target.rpartition(":")
-    if sep and script and func.isidentifier():
-        return script, func
-    return target, None
-
-
 def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     """--snapshot-every, checked before anything starts (exit 2 with the reason)."""
     try:
@@ -91,7 +84,7 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
                              "one. 0: none (a failure restarts it from the beginning).")(f)
 
 
-@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.command("run", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="SCRIPT[:FUNC]")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("--workers", "-n", type=click.IntRange(min=1), default=None,
@@ -133,7 +126,10 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
 
     A script with no @elastic function runs as under `torchrun --nproc_per_node N SCRIPT ARGS` (torchrun
     mode): its __main__ once per logical worker, with RANK, LOCAL_RANK, WORLD_SIZE, ... per worker.
-    ARGS are the script's; put them after `--` when one is spelled like an option of this command.
+    ARGS are the script's. An option of this command may also follow SCRIPT, except one the script
+    declares itself (an argparse add_argument or click.option of that name, read from its source):
+    that one is the script's, as under torchrun (a note on stderr says so). Everything after `--`
+    is the script's.
     In torchrun mode a --scale-at STEP counts logical rank 0's backward passes, and a resize restarts the
     agents at the new size to resume from the script's own checkpoint, as torchrun does.
     """

@@ -12,6 +12,7 @@ import click
 from elasticd import client
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK
 from elasticd.cli.run import recovery_options
+from elasticd.cli.script_args import ScriptCommand
 from elasticd.protocol import limits as L
 
 TERMINAL = ("finished", "failed", "stopped")
@@ -37,7 +38,7 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-@click.command("submit", context_settings={"ignore_unknown_options": True})
+@click.command("submit", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="SCRIPT[:FUNC]")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("--workers", "-n", type=click.IntRange(1, L.MAX_WORKERS), default=None,
@@ -67,7 +68,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
 
     A script with no @elastic function runs as under torchrun (torchrun mode: see `elasticd run --help`),
     at one size: the daemon does not restart such a job at another, so --max-devices defaults to
-    --min-devices and may not exceed it. ARGS are the script's (after `--` if spelled like an option here).
+    --min-devices and may not exceed it. ARGS are the script's; one spelled like an option
+    here is elasticd's unless the script declares it itself or it follows `--` (see `elasticd run --help`).
     """
     from elasticd.agent.script_main import ARGS_VAR
     from elasticd.cli.run import resolve_target, torchrun_mode
