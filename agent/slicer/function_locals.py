@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.slicer import tensor_containers
+from elasticd.agent.slicer import loader_tracking, tensor_containers
 from elasticd.agent.slicer.carried import NotCarried, snapshot_state
 from elasticd.agent.slicer.local_arrays import (
     from_snapshot,
@@ -483,7 +483,51 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
         for key, state in saved.get("stateful", {}).items():
             if key in objects:
                 objects[key].load_state_dict(state)
+        _iterate_again(frames, saved.get("iterators", {}))
     return start
+
+
+def _iterators(named: list[tuple[str, Any]]) -> dict[str, str]:
+    """key of each variable holding a DataLoader's latest iterator, mid-way -> key of one holding that loader.
+
+    A loop that makes its iterator at each epoch's first step (`if i == 0: batches = iter(loader)`) does not
+    make it again when re-entered mid-epoch: `next(batches)` raised UnboundLocalError after every resize
+    (pytorch/examples' DCGAN, ported). An iterator the snapshot saw mid-way is therefore made again at the
+    start of ctx.steps, from the same loader, where it is missing; loader_tracking resumes it at its position."""
+    loaders: dict[int, str] = {}
+    for key, value in named:
+        if isinstance(value, torch.utils.data.DataLoader):
+            loaders.setdefault(id(value), key)
+    found = {}
+    for key, value in named:
+        if isinstance(value, loader_tracking.Tracked) and value.resumable():
+            loader_key = loaders.get(id(value.loader))
+            if loader_key is not None and loader_key.split(":", 1)[0] == key.split(":", 1)[0]:
+                found[key] = loader_key
+    return found
+
+
+def _iterate_again(frames: list[FrameType], iterators: dict[str, str]) -> None:
+    todo: dict[int, dict[str, Any]] = {}
+    for key, loader_key in iterators.items():
+        i, _, name = key.split(":", 2)
+        frame = frames[int(i)] if int(i) < len(frames) else None
+        if frame is None or frame.f_code.co_qualname != key.split(":", 2)[1]:
+            continue
+        try:
+            loader = _lookup(frame, loader_key.split(":", 2)[2])
+        except (AttributeError, KeyError):
+            continue
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            continue
+        try:
+            live = _lookup(frame, name)
+        except (AttributeError, KeyError):
+            live = None
+        if not (isinstance(live, loader_tracking.Tracked) and live.loader is loader):
+            todo.setdefault(int(i), {})[name] = iter(loader)   # tracked: resumed at the snapshot's position
+    for i, values in todo.items():
+        _rebind(frames[i], values)
 
 
 def _began_alike(now: tuple[Any, ...], was: Any, live: Any, storages: set[int]) -> bool:
@@ -561,7 +605,7 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
             "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
             "tensors": {key: to_snapshot(t) for key, t in changed.items()},
             "containers": containers,
-            "stateful": _states(named)}
+            "stateful": _states(named), "iterators": _iterators(named)}
 
 
 def _cycle_started(c: itertools.cycle) -> bool:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from elasticd.agent.worker import Worker
 
 
-class _Tracked:
+class Tracked:
     """The iterator the user gets: the loader's own, counting the batches taken from it."""
 
     def __init__(self, inner: Iterator[Any], track: LoaderTrack) -> None:
@@ -45,8 +45,16 @@ class _Tracked:
         self.since_mark: list[dict[str, Any]] = []  # random states before each batch taken since then
         self.refetch: list[dict[str, Any]] = []     # resumed: the states those batches were first taken with
 
-    def __iter__(self) -> _Tracked:
+    def __iter__(self) -> Tracked:
         return self
+
+    @property
+    def loader(self) -> Any:
+        return self._track.loader
+
+    def resumable(self) -> bool:
+        """Its loader's latest iterator, not run out: the one a snapshot resumes."""
+        return not self.exhausted and self._track.latest() is self
 
     def __next__(self) -> Any:
         states = _rng_states(self._track.loader)
@@ -102,18 +110,18 @@ class LoaderTrack:
     def __init__(self, loader: Any, index: int) -> None:
         self.loader = loader
         self.index = index
-        self._latest: weakref.ref[_Tracked] | None = None
+        self._latest: weakref.ref[Tracked] | None = None
         self.epoch: int | None = None
         self.made_rng: dict[str, Any] | None = None
         self.first_rng: dict[str, Any] | None = None
 
-    def latest(self) -> _Tracked | None:
+    def latest(self) -> Tracked | None:
         return self._latest() if self._latest is not None else None
 
-    def iterate(self, original: Any) -> _Tracked:
+    def iterate(self, original: Any) -> Tracked:
         self.epoch = getattr(getattr(self.loader, "sampler", None), "epoch", None)
         self.made_rng, self.first_rng = _rng_states(self.loader), None
-        it = _Tracked(original(self.loader), self)
+        it = Tracked(original(self.loader), self)
         self._latest = weakref.ref(it)
         return it
 
