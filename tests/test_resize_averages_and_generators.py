@@ -168,3 +168,28 @@ def test_a_buffer_changed_outside_the_forward_is_changed_once_per_step_as_under_
     for name, got in runs.items():
         assert_ddp_close(want, got, name)
 
+
+
+@pytest.mark.timeout(900)
+def test_a_gan_step_with_batchnorm_in_both_nets_trains_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/gan_job.py: G's forward before D's step, its backward after; two forwards of a
+    spectral-normalised D before a backward. Before, G's backward failed ("modified by an inplace operation")
+    on every run with more than one worker per device, the later workers' D read the power iteration's
+    vectors of the wrong forward (7e-2, exit 0), and the batch iterator, made at each epoch's first step, was
+    missing after each resize (UnboundLocalError)."""
+    want, runs = ddp_then_elasticd(tmp_path, "gan_job.py")
+    assert want["G.1.num_batches_tracked"].item() == 9
+    for name, got in runs.items():
+        assert_ddp_close(want, got, name)
+
+
+@pytest.mark.timeout(900)
+def test_batchnorm_no_forward_hook_sees_keeps_rank_0s_statistics_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/checkpoint_bn_job.py: BatchNorm run again in a checkpointed segment's backward, and in a
+    submodule the loop calls itself. Before, every hosted worker's batches went into the shared statistics
+    (0.18-0.27 from DDP, exit 0)."""
+    want, runs = ddp_then_elasticd(tmp_path, "checkpoint_bn_job.py")
+    assert want["block.1.num_batches_tracked"].item() == 9 * 2     # each step's forward and its recompute
+    assert want["backbone.1.num_batches_tracked"].item() == 9 + 5  # and the even steps' probes
+    for name, got in runs.items():
+        assert_ddp_close(want, got, name)

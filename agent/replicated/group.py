@@ -11,6 +11,7 @@ update"). Buffers follow DDP's `broadcast_buffers=True`: logical rank 0's win.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -78,14 +79,23 @@ class ReplicatedGroup:
         if self.buffers:
             model.register_forward_pre_hook(ThisModelOnly(self._guard_buffers))
             model.register_forward_hook(ThisModelOnly(self._restore_buffers))
-        self._saved_buffers: list[torch.Tensor] | None = None
-        self._published: list[torch.Tensor] | None = None  # the device's first worker's, before its last forward
-        # Buffers worker code changes outside a forward (`model.updates += 1`): the device's first worker's
-        # change is made; a later worker's same change is undone when it hands over (`_undo_buffer_writes`).
+        # Where each buffer sits (module, attribute, index into self.buffers): a later hosted worker's
+        # forward runs on copies put in these slots, so that it never writes the shared tensors.
+        index = {id(b): i for i, b in enumerate(self.buffers)}
+        self._slots = [(m, name, index[id(b)]) for m in model.modules() for name, b in m._buffers.items()
+                       if b is not None and id(b) in index]
+        self._swapped = False
+        self._forward_copies: dict[int, list[torch.Tensor]] = {}   # workers inside a forward: their copies
+        # The device's first worker's buffers before each of its forwards, by step (the k-th forward of a
+        # later worker reads the k-th of its step: the first worker may have begun the next step by then),
+        # and how many forwards each worker has run in its step.
+        self._published: collections.OrderedDict[Any, list[list[torch.Tensor]]] = collections.OrderedDict()
+        self._spare: list[list[torch.Tensor]] = []
+        self._forwards: dict[int, tuple[Any, int]] = {}
+        # The buffers as the device's first worker left them when it last handed over: what a later worker
+        # changed is set back to them when it hands over (`_keep_first_workers`).
         self._first = min(runtime.hosted)
-        self._versions: list[int] = []               # the buffers' versions when last looked at
-        self._dirty: set[int] = set()                # buffers the running worker's own code changed
-        self._first_wrote: dict[int, torch.Tensor] = {}
+        self._first_left: list[torch.Tensor] | None = None
         # What workers get back from ctx.replicate: views whose updates run once per physical step.
         self.opt_view = ReplicatedOptimizer(self, runtime) if optimizer is not None else None
         self.sched_view = ReplicatedScheduler(self, runtime) if scheduler is not None else None
@@ -130,12 +140,13 @@ class ReplicatedGroup:
         # (not again when it leaves straight from a backward pass the runtime has just recorded).
         if outgoing is not None and not outgoing.judged:
             self.ledger.check(outgoing.rank)
-        if self.buffers:
+        if self.buffers and len(self.runtime.hosted) > 1:
+            self._unswap()
             if outgoing is not None:
-                self._note_buffer_writes()
-                self._undo_buffer_writes(outgoing.rank)
-            self._dirty = set()
-            self._versions = [b._version for b in self.buffers]
+                self._keep_first_workers(outgoing.rank)
+            copies = self._forward_copies.get(incoming.rank)
+            if copies is not None:
+                self._swap_in(copies)   # it handed over inside its forward (a collective there)
         live = [m.training for m in self._modules]
         if outgoing is not None:
             self._modes[outgoing.rank] = live
@@ -143,25 +154,25 @@ class ReplicatedGroup:
         if wanted is not None and wanted != live:
             self._set_modes(wanted)
 
-    def _note_buffer_writes(self) -> None:
-        """Buffers changed since last looked at, by the running worker's own code (not by a forward)."""
-        if len(self._versions) == len(self.buffers):
-            self._dirty.update(i for i, (b, v) in enumerate(zip(self.buffers, self._versions, strict=True))
-                               if b._version != v)
+    def _keep_first_workers(self, rank: int) -> None:
+        """Each DDP rank changes only its own buffers, and rank 0's win: the shared buffers hold what the
+        device's first worker made of them, whatever a later worker did meanwhile.
 
-    def _undo_buffer_writes(self, rank: int) -> None:
-        """Each DDP rank changes its own buffers once: `model.updates += 1` outside the forward was made once
-        per hosted worker on the one shared buffer (a counter at 11-12 after 6 steps on 2 devices, exit 0).
-        What the device's first worker changed stands (and is kept to compare); a later worker's changes to
-        the same buffers are set back to it when it hands over."""
+        `model.updates += 1` outside the forward was made once per hosted worker on the one shared buffer
+        (a counter at 11-12 after 6 steps on 2 devices, exit 0); the BatchNorm of a checkpointed segment
+        (torch.utils.checkpoint) runs again in each worker's backward, where no forward hook sees it, and its
+        statistics took every worker's batches, 0.18-0.49 from DDP, exit 0. Compared by value, not by version
+        counter: BatchNorm's kernel updates its statistics without counting a version."""
         with torch.no_grad():
+            current = [b.detach() for b in self.buffers]
             if rank == self._first:
-                self._first_wrote = {i: self.buffers[i].detach().clone() for i in self._dirty}
-                return
-            for i in self._dirty:
-                made = self._first_wrote.get(i)
-                if made is not None:
-                    self.buffers[i].data.copy_(made)   # through .data: not a change of the worker's own
+                if self._first_left is None:
+                    self._first_left = [b.clone() for b in current]
+                else:
+                    torch._foreach_copy_(self._first_left, current)
+            elif self._first_left is not None:
+                # Through .data: a graph the first worker keeps across the hand-over may have saved them.
+                torch._foreach_copy_([b.data for b in self.buffers], self._first_left)
 
     def holds_module(self, m: torch.nn.Module) -> bool:
         return id(m) in self._module_ids
@@ -180,26 +191,67 @@ class ReplicatedGroup:
             m.training = training
 
     def _guard_buffers(self, _module: torch.nn.Module, _args: Any) -> None:
-        self._note_buffer_writes()   # before this forward: the worker's own code
         worker = self.runtime.current
-        if worker is None:
+        if worker is None or len(self.runtime.hosted) == 1:
             return
+        self._unswap()               # a forward that raised never restored them
+        self._forward_copies.pop(worker.rank, None)
+        step = worker.ctx.step if worker.ctx is not None else None
+        was, count = self._forwards.get(worker.rank, (None, 0))
+        k = count if was == step else 0
+        self._forwards[worker.rank] = (step, k + 1)
         if worker.rank == self._first:
-            self.publish_buffers()   # what the device's later workers' forwards of this step read
-        if worker.rank != 0:
-            self._saved_buffers = [b.detach().clone() for b in self.buffers]
-            if worker.rank != self._first and self._published is not None:   # through .data, as below
-                for b, published in zip(self.buffers, self._published, strict=True):
-                    b.data.copy_(published)
+            # Its forwards update the shared buffers, as rank 0's own (on agent 0 it is rank 0; elsewhere it
+            # starts each step from rank 0's, broadcast at the flush).
+            self._publish(step, k)
+            return
+        # Under DDP the k-th forward of every rank starts from rank 0's buffers as they are at rank 0's k-th
+        # forward (broadcast_buffers): here, as the device's first worker had them before its k-th forward
+        # of this step. Before, every later forward read them as before the first worker's *last* forward:
+        # a spectral-normalised discriminator, run three times a step in a GAN, drew its power iteration
+        # from the wrong vectors, 7e-2 from DDP, exit 0.
+        published = self._published.get(step, [])
+        source = published[min(k, len(published) - 1)] if published else self.buffers
+        # Copies, not the shared tensors written and set back: autograd saves what BatchNorm reads for its
+        # backward, and a GAN's G runs forward before D's step (a hand-over) and backward after; the next
+        # worker's forward had bumped the shared tensors' versions and that backward refused to run.
+        with torch.no_grad():
+            copies = [b.detach().clone() for b in source]
+        self._forward_copies[worker.rank] = copies
+        self._swap_in(copies)
+
+    def _swap_in(self, copies: list[torch.Tensor]) -> None:
+        for m, name, i in self._slots:
+            m._buffers[name] = copies[i]
+        self._swapped = True
+
+    def _publish(self, step: Any, k: int) -> None:
+        lists = self._published.get(step)
+        if lists is None:
+            if len(self._published) >= _PUBLISHED_STEPS:
+                self._spare = self._published.popitem(last=False)[1]   # their tensors are used again
+            lists = self._published[step] = []
+        del lists[k:]
+        with torch.no_grad():
+            current = [b.detach() for b in self.buffers]
+            if self._spare:
+                kept = self._spare.pop()
+                torch._foreach_copy_(kept, current)
+            else:
+                kept = [b.clone() for b in current]
+        lists.append(kept)
 
     def _restore_buffers(self, _module: torch.nn.Module, _args: Any, _out: Any) -> None:
-        if self._saved_buffers is not None:
-            # Through .data: autograd saved these tensors for backward (BatchNorm's node does), and a
-            # tracked in-place write would bump their version and make that backward refuse to run.
-            for b, saved in zip(self.buffers, self._saved_buffers, strict=True):
-                b.data.copy_(saved)
-            self._saved_buffers = None
-        self._versions = [b._version for b in self.buffers]   # what the forward changed is not worker code's
+        worker = self.runtime.current
+        if worker is not None:
+            self._forward_copies.pop(worker.rank, None)
+        self._unswap()
+
+    def _unswap(self) -> None:
+        if self._swapped:
+            for m, name, i in self._slots:
+                m._buffers[name] = self.buffers[i]
+            self._swapped = False
 
     def broadcast_state(self) -> None:
         """Make every agent start from agent 0's parameters and buffers (DDP's constructor does this)."""
@@ -233,36 +285,24 @@ class ReplicatedGroup:
         self.ledger.after_flush()  # every rank starts from the saved gradient, as after a flush
 
     def sync_buffers(self) -> None:
-        """At a flush: every agent takes agent 0's buffers (logical rank 0's), and publishes them."""
-        if self.buffers:
-            self._note_buffer_writes()   # the flushing worker's own, before the broadcast's
+        """At a flush: every agent takes agent 0's buffers (logical rank 0's)."""
+        worker = self.runtime.current
+        if self.buffers and worker is not None and len(self.runtime.hosted) > 1:
+            self._keep_first_workers(worker.rank)   # the flushing worker's changes never reach other agents
         phys = self.runtime.phys
         if phys.world > 1 and self.buffers:
             with torch.no_grad():
                 for tensors in by_dtype(self.buffers).values():
                     flat = torch.cat([t.reshape(-1) for t in tensors])
                     phys.broadcast_(flat, 0)
-                    scatter_back(flat, tensors)
-        self.publish_buffers()
+                    # Through .data: a flush comes mid-step (at an optimizer step), where logical rank 0 may
+                    # hold a graph that saved them; its agent receives the values it has.
+                    scatter_back(flat, [t.data for t in tensors])
+                if self._first_left is not None:   # what the first worker goes on from, and later ones get back
+                    torch._foreach_copy_(self._first_left, [b.detach() for b in self.buffers])
 
-    def publish_buffers(self) -> None:
-        """Keep the buffers as the device's first worker has them now (at a step boundary, before each of its
-        forwards) for its later workers' forwards.
 
-        Under DDP every forward starts from rank 0's buffers as rank 0 has them at the same point. Here rank 0
-        may already have run its next forward (updating BatchNorm's running statistics) when a later worker
-        of its agent runs a forward of the step before: an evaluation after a collective read statistics
-        one step ahead. The first worker of another agent has rank 0's buffers (broadcast at each flush) with
-        the same changes of its own code since."""
-        if self.buffers:
-            self._versions = [b._version for b in self.buffers]   # the broadcast's writes are the runtime's
-        if not self.buffers or len(self.runtime.hosted) == 1:
-            return
-        with torch.no_grad():
-            if self._published is None:
-                self._published = [b.detach().clone() for b in self.buffers]
-            else:
-                torch._foreach_copy_(self._published, [b.detach() for b in self.buffers])
+_PUBLISHED_STEPS = 3   # steps whose published buffers are kept: the step of the device's last worker and later
 
 
 def _toggled(handles: list[Any], on: bool, register: Callable[[], list[Any]]) -> list[Any]:

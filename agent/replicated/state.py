@@ -89,7 +89,6 @@ class ReplicatedState:
                 group.load(self._restore[index])
             else:
                 group.broadcast_state()
-            group.publish_buffers()
             if group.optimizer is not None:
                 shared_groups(group.optimizer)   # hyperparameter writes made once (write_once.py)
             writer = min(self.runtime.hosted)
