@@ -329,6 +329,9 @@ class ThisModelOnly:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
 
+    # Never traced by torch.compile: the hooks read which worker runs and its step, and dynamo guarded on
+    # them, compiling the model again at every step until its limit of 8 (then running it uncompiled).
+    @torch.compiler.disable
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
 
