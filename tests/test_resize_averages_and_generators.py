@@ -193,3 +193,14 @@ def test_batchnorm_no_forward_hook_sees_keeps_rank_0s_statistics_as_under_ddp(tm
     assert want["backbone.1.num_batches_tracked"].item() == 9 + 5  # and the even steps' probes
     for name, got in runs.items():
         assert_ddp_close(want, got, name)
+
+
+@pytest.mark.timeout(900)
+def test_a_momentum_encoder_assigned_through_data_is_updated_once_per_step_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/moco_job.py: MoCo's frozen key encoder in the optimizer, updated by `param_k.data = ...` in
+    the forward, beside collectives and buffer writes in that forward. Before, the optimizer was refused,
+    then each hosted worker made the momentum update again (1.7 from DDP, exit 0)."""
+    want, runs = ddp_then_elasticd(tmp_path, "moco_job.py")
+    assert want["queue_ptr"].item() == 9 * 4 * REFERENCE_WORKERS % 32   # 9 steps of 4 keys a rank
+    for name, got in runs.items():
+        assert_ddp_close(want, got, name)

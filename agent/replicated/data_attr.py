@@ -20,8 +20,8 @@ write that sets values whatever was there (`copy_`, `fill_`, `zero_`, item assig
 staying that worker's own until it sets the parameter back (replicated/swaps.py): a worker that swaps an
 EMA in to evaluate and back (torch_ema's `copy_to`/`restore`) evaluates the EMA in its own forward. Not
 told apart: an update written as a set, `t.data.copy_(tau * p.data + (1 - tau) * t.data)`, is made once
-per hosted worker. The optimizer's own step (run once, agent/replicated/once.py) gets the plain memory
-whatever worker runs it.
+per hosted worker. An assignment `p.data = value` is made by the first worker only (`_set`). The
+optimizer's own step (run once, agent/replicated/once.py) gets the plain memory whatever worker runs it.
 """
 
 from __future__ import annotations
@@ -150,7 +150,22 @@ def _plain(obj: Any) -> Any:
 
 
 def _set(self: torch.Tensor, value: Any) -> None:
-    _BASE.__set__(self, value)
+    """`p.data = value` on a replicated parameter, by worker code: made by the device's first hosted worker only.
+
+    Nearly every such assignment computes the new value from the old, as MoCo's momentum encoder does
+    (`param_k.data = param_k.data * m + param_q.data * (1 - m)`): made by every hosted worker, that update
+    ran once per worker on the one shared copy, 1.7 from DDP, exit 0. Where the value does not depend on the
+    old one (an EMA's weights put in for good) every DDP rank assigns the same values, so one assignment per
+    device is DDP's too; one swapped in around an evaluation and back is in place for the later workers'
+    evaluations as well, since they run between the first worker's two assignments."""
+    if _PARAMS:
+        entry = _PARAMS.get(id(self))
+        if entry is not None and entry[0]() is self:
+            w = current_worker()
+            if (w is not None and w.ctx is not None and w.once_running is None and w.rank != entry[1]
+                    and _from_user_code()):
+                return
+    _BASE.__set__(self, _plain(value))
 
 
 _installed = False

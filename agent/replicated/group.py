@@ -48,7 +48,9 @@ class ReplicatedGroup:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         if optimizer is not None:
-            known = {id(p) for p in self.params}
+            # All of the model's parameters: a frozen one may sit in the optimizer, which skips it (MoCo
+            # builds SGD over model.parameters(), its momentum encoder's frozen ones included).
+            known = {id(p) for p in model.parameters()}
             stray = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in known]
             if stray:
                 raise ValueError("ctx.replicate: the optimizer holds parameters that are not the model's; "
