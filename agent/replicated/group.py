@@ -210,8 +210,8 @@ class ReplicatedGroup:
         # Under DDP the k-th forward of every rank starts from rank 0's buffers as they are at rank 0's k-th
         # forward (broadcast_buffers): here, as the device's first worker had them before its k-th forward
         # of this step. Before, every later forward read them as before the first worker's *last* forward:
-        # a spectral-normalised discriminator, run three times a step in a GAN, drew its power iteration
-        # from the wrong vectors, 7e-2 from DDP, exit 0.
+        # a GAN's spectral-normalised discriminator, run on real and fake batches before one backward,
+        # drew its power iteration from the wrong vectors, 7e-2 from DDP, exit 0.
         published = self._published.get(step, [])
         source = published[min(k, len(published) - 1)] if published else self.buffers
         # Copies, not the shared tensors written and set back: autograd saves what BatchNorm reads for its

@@ -74,6 +74,7 @@ from elasticd.agent.slicer.local_arrays import (
     to_snapshot,
     writes,
 )
+from elasticd.agent.worker import current_worker
 
 _OURS = str(Path(__file__).resolve().parents[1])   # the agent package: its frames are not the function's
 _ELASTICD = str(Path(sys.modules["elasticd"].__file__ or _OURS).resolve().parent)   # the control plane's package
@@ -487,8 +488,9 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
     return start
 
 
-def _iterators(named: list[tuple[str, Any]]) -> dict[str, str]:
-    """key of each variable holding a DataLoader's latest iterator, mid-way -> key of one holding that loader.
+def _iterators(named: list[tuple[str, Any]]) -> dict[str, tuple[str, int]]:
+    """key of each variable holding a DataLoader's latest iterator, mid-way -> (key of one holding that
+    loader, the loader's place among those the worker iterated, which orders the snapshot's loader states).
 
     A loop that makes its iterator at each epoch's first step (`if i == 0: batches = iter(loader)`) does not
     make it again when re-entered mid-epoch: `next(batches)` raised UnboundLocalError after every resize
@@ -503,13 +505,14 @@ def _iterators(named: list[tuple[str, Any]]) -> dict[str, str]:
         if isinstance(value, loader_tracking.Tracked) and value.resumable():
             loader_key = loaders.get(id(value.loader))
             if loader_key is not None and loader_key.split(":", 1)[0] == key.split(":", 1)[0]:
-                found[key] = loader_key
+                found[key] = (loader_key, value.loader_index)
     return found
 
 
-def _iterate_again(frames: list[FrameType], iterators: dict[str, str]) -> None:
+def _iterate_again(frames: list[FrameType], iterators: dict[str, tuple[str, int]]) -> None:
     todo: dict[int, dict[str, Any]] = {}
-    for key, loader_key in iterators.items():
+    worker = current_worker()
+    for key, (loader_key, index) in iterators.items():
         i, _, name = key.split(":", 2)
         frame = frames[int(i)] if int(i) < len(frames) else None
         if frame is None or frame.f_code.co_qualname != key.split(":", 2)[1]:
@@ -525,6 +528,8 @@ def _iterate_again(frames: list[FrameType], iterators: dict[str, str]) -> None:
         except (AttributeError, KeyError):
             live = None
         if not (isinstance(live, loader_tracking.Tracked) and live.loader is loader):
+            if worker is not None and worker.loader_tracks is not None:
+                worker.loader_tracks.resume_next(index)
             todo.setdefault(int(i), {})[name] = iter(loader)   # tracked: resumed at the snapshot's position
     for i, values in todo.items():
         _rebind(frames[i], values)

@@ -52,6 +52,11 @@ class Tracked:
     def loader(self) -> Any:
         return self._track.loader
 
+    @property
+    def loader_index(self) -> int:
+        """Its loader's place among those the worker iterated in this run (the order a snapshot saves)."""
+        return self._track.index
+
     def resumable(self) -> bool:
         """Its loader's latest iterator, not run out: the one a snapshot resumes."""
         return not self.exhausted and self._track.latest() is self
@@ -196,6 +201,8 @@ class LoaderTracks:
         self.skip: set[int] = set()  # loaders walked by ctx.batches, which keeps its own position
         self.saved: list[dict[str, Any]] = []
         self.backward_seen = False   # in the current step
+        self._taken: set[int] = set()    # saved states a loader of this run resumed from
+        self._next: int | None = None    # the saved state the next new loader resumes from (`resume_next`)
 
     def after_backward(self) -> None:
         """The step's batches so far are consumed by it."""
@@ -212,14 +219,27 @@ class LoaderTracks:
             if it is not None:
                 it.marked, it.since_mark = None, []
 
+    def resume_next(self, index: int) -> None:
+        """The next loader iterated for the first time in this run resumes the `index`-th saved state: the
+        loader of an iterator function_locals.py makes again before the function iterates any (which may
+        be another loader than its first in the run that saved them)."""
+        self._next = index
+
     def iterate(self, loader: Any, original: Any) -> Iterator[Any]:
         for t in self.tracks:
             if t.loader is loader:
                 return t.iterate(original)
         track = LoaderTrack(loader, len(self.tracks))
         self.tracks.append(track)
-        if track.index < len(self.saved):
-            return track.resume(self.saved[track.index], original)
+        # In the order the re-entered function iterates them, loaders take the saved states not yet taken.
+        index, self._next = self._next, None
+        if index is None:
+            index = 0
+            while index in self._taken:
+                index += 1
+        self._taken.add(index)
+        if index < len(self.saved):
+            return track.resume(self.saved[index], original)
         return track.iterate(original)
 
     def save(self) -> list[dict[str, Any]]:

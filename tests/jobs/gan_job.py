@@ -11,7 +11,8 @@ BatchNorm, D's last layers are spectral-normalised, both go through ctx.replicat
   G's backward refused to run ("modified by an inplace operation"); so did a flush broadcasting them.
 - Batches come as the DCGAN's port takes them: an iterator made at each epoch's first step (4 steps an
   epoch), which a function re-entered mid-epoch did not make again (UnboundLocalError at `next(batches)`
-  after every resize).
+  after every resize). Another loader is iterated before it at each epoch's first step, so the training
+  iterator made again must resume its own loader's state, not the first one saved.
 
 Rank 0 writes both nets, buffers included, and every rank's losses.
 """
@@ -56,11 +57,15 @@ def train(ctx) -> None:
     data = TensorDataset(torch.tanh(torch.randn(64, 8, generator=torch.Generator().manual_seed(1)) + 1))
     sampler = DistributedSampler(data, num_replicas=ctx.world_size, rank=ctx.rank, seed=2)
     loader = DataLoader(data, batch_size=4, sampler=sampler)   # 4 steps an epoch on 4 workers
+    probes = DataLoader(TensorDataset(torch.randn(6, 8, generator=torch.Generator().manual_seed(3))), batch_size=4,
+                        shuffle=True)
     g = torch.Generator().manual_seed(ctx.rank)
     losses = []
     for step in ctx.steps(STEPS):
         epoch, i = divmod(step, len(loader))
         if i == 0:
+            # a pass over another loader first: the function iterates it before the training one
+            losses.append(sum(float(v.sum()) for (v,) in probes))
             sampler.set_epoch(epoch)
             batches = iter(loader)
         (real,) = next(batches)
