@@ -164,7 +164,7 @@ def test_a_buffer_changed_outside_the_forward_is_changed_once_per_step_as_under_
     """tests/jobs/buffer_count_job.py: `model.updates += 1` after each step, read by the forward. Before, each
     hosted worker added 1 to the one shared buffer (exit 0)."""
     want, runs = ddp_then_elasticd(tmp_path, "buffer_count_job.py")
-    assert want["updates"].item() == 9.0
+    assert want["updates"].item() == 9.0 and want["seen"].item() == 9.0
     for name, got in runs.items():
         assert_ddp_close(want, got, name)
 

@@ -166,6 +166,11 @@ class ReplicatedGroup:
         statistics took every worker's batches, 0.18-0.49 from DDP, exit 0. Compared by value, not by version
         counter: BatchNorm's kernel updates its statistics without counting a version."""
         with torch.no_grad():
+            if rank == self._first:
+                self._adopt()
+            else:
+                for m, name, i in self._slots:   # a buffer it rebound (`model.count = model.count + 1`)
+                    m._buffers[name] = self.buffers[i]
             current = [b.detach() for b in self.buffers]
             if rank == self._first:
                 if self._first_left is None:
@@ -205,6 +210,7 @@ class ReplicatedGroup:
         if worker.rank == self._first:
             # Its forwards update the shared buffers, as rank 0's own (on agent 0 it is rank 0; elsewhere it
             # starts each step from rank 0's, broadcast at the flush).
+            self._adopt()
             self._publish(step, k)
             return
         # Under DDP the k-th forward of every rank starts from rank 0's buffers as they are at rank 0's k-th
@@ -221,6 +227,21 @@ class ReplicatedGroup:
             copies = [b.detach().clone() for b in source]
         self._forward_copies[worker.rank] = copies
         self._swap_in(copies)
+
+    def _adopt(self) -> None:
+        """The device's first worker's code may rebind a buffer (`self.count = self.count + 1` in a forward
+        registers a new tensor): that tensor is the shared buffer from now on. Before, a later worker's
+        forward put the old one back, and the counter stayed 0 where DDP's reached 6, exit 0."""
+        changed = False
+        for m, name, i in self._slots:
+            now = m._buffers.get(name)
+            if now is not None and now is not self.buffers[i]:
+                if now.shape != self.buffers[i].shape or now.dtype != self.buffers[i].dtype:
+                    changed = True
+                self.buffers[i] = now
+        if changed:   # kept copies of another shape: made again
+            self._published.clear()
+            self._spare, self._first_left = [], None
 
     def _swap_in(self, copies: list[torch.Tensor]) -> None:
         for m, name, i in self._slots:

@@ -3,7 +3,8 @@ forward (a registered counter that scales the output), beside BatchNorm's statis
 
 Every DDP rank adds 1 to its own counter, and each forward starts from rank 0's buffers. Hosted workers
 share one buffer: each added 1, so the counter ran once per hosted worker ahead (11-12 after 6 steps on 2
-devices of 2 workers) and the forwards read it, exit 0. Rank 0 writes the model, buffers included.
+devices of 2 workers) and the forwards read it, exit 0. A second counter the forward rebinds (`self.seen =
+self.seen + 1`) stayed at 0 where DDP's reached 9. Rank 0 writes the model, buffers included.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ class Counted(nn.Module):
         self.bn = nn.BatchNorm1d(8)
         self.out = nn.Linear(8, 1)
         self.register_buffer("updates", torch.zeros(()))
+        self.register_buffer("seen", torch.zeros(()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.bn(self.fc(x))) * (1 + 0.1 * self.updates)
+        self.seen = self.seen + 1   # rebinds the buffer: a later worker's forward had put the old one back
+        return self.out(self.bn(self.fc(x))) * (1 + 0.1 * self.updates) * (1 + 0.01 * self.seen)
 
 
 @elasticd.elastic(workers=WORKERS)
