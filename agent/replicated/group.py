@@ -168,7 +168,7 @@ class ReplicatedGroup:
         with torch.no_grad():
             if rank == self._first:
                 self._adopt()
-            else:
+            elif not self._swapped:   # (swapped: its forward's copies are in the slots)
                 for m, name, i in self._slots:   # a buffer it rebound (`model.count = model.count + 1`)
                     m._buffers[name] = self.buffers[i]
             current = [b.detach() for b in self.buffers]
@@ -231,7 +231,7 @@ class ReplicatedGroup:
     def _adopt(self) -> None:
         """The device's first worker's code may rebind a buffer (`self.count = self.count + 1` in a forward
         registers a new tensor): that tensor is the shared buffer from now on. Before, a later worker's
-        forward put the old one back, and the counter stayed 0 where DDP's reached 6, exit 0."""
+        forward put the old one back, and the counter stayed 0 where DDP's reached 9, exit 0."""
         changed = False
         for m, name, i in self._slots:
             now = m._buffers.get(name)
