@@ -74,15 +74,27 @@ def _get(self: torch.Tensor) -> torch.Tensor:
         ref = _SHARED.get(id(self))
         if ref is not None and ref() is self:
             return self.detach()
-    if _PARAMS:
-        entry = _PARAMS.get(id(self))
-        if entry is not None and entry[0]() is self:
-            w = current_worker()
-            if w is not None and w.ctx is not None and w.once_running is None and _from_user_code():
-                data = torch.Tensor._make_subclass(ParamData, _BASE.__get__(self))
-                data._elasticd_of = (self, w, w.rank != entry[1])
-                return data
+    found = _worker_on(self)
+    if found is not None and _from_user_code():
+        w, writer = found
+        data = torch.Tensor._make_subclass(ParamData, _BASE.__get__(self))
+        data._elasticd_of = (self, w, w.rank != writer)
+        return data
     return _BASE.__get__(self)
+
+
+def _worker_on(param: torch.Tensor) -> tuple[Any, int] | None:
+    """(the running worker, the device's writer rank) where `param` is replicated and worker code (not the
+    optimizer's step, run once) touches it; None otherwise."""
+    if not _PARAMS:
+        return None
+    entry = _PARAMS.get(id(param))
+    if entry is None or entry[0]() is not param:
+        return None
+    w = current_worker()
+    if w is None or w.ctx is None or w.once_running is not None:
+        return None
+    return w, entry[1]
 
 
 def _from_user_code() -> bool:
@@ -158,13 +170,9 @@ def _set(self: torch.Tensor, value: Any) -> None:
     old one (an EMA's weights put in for good) every DDP rank assigns the same values, so one assignment per
     device is DDP's too; one swapped in around an evaluation and back is in place for the later workers'
     evaluations as well, since they run between the first worker's two assignments."""
-    if _PARAMS:
-        entry = _PARAMS.get(id(self))
-        if entry is not None and entry[0]() is self:
-            w = current_worker()
-            if (w is not None and w.ctx is not None and w.once_running is None and w.rank != entry[1]
-                    and _from_user_code()):
-                return
+    found = _worker_on(self)
+    if found is not None and found[0].rank != found[1] and _from_user_code():
+        return
     _BASE.__set__(self, _plain(value))
 
 

@@ -165,21 +165,24 @@ class ReplicatedGroup:
         (torch.utils.checkpoint) runs again in each worker's backward, where no forward hook sees it, and its
         statistics took every worker's batches, 0.18-0.49 from DDP, exit 0. Compared by value, not by version
         counter: BatchNorm's kernel updates its statistics without counting a version."""
-        with torch.no_grad():
-            if rank == self._first:
-                self._adopt()
-            elif not self._swapped:   # (swapped: its forward's copies are in the slots)
-                for m, name, i in self._slots:   # a buffer it rebound (`model.count = model.count + 1`)
-                    m._buffers[name] = self.buffers[i]
-            current = [b.detach() for b in self.buffers]
-            if rank == self._first:
-                if self._first_left is None:
-                    self._first_left = [b.clone() for b in current]
-                else:
-                    torch._foreach_copy_(self._first_left, current)
-            elif self._first_left is not None:
+        if rank == self._first:
+            self._adopt()
+            self._remember_first_left()
+            return
+        if not self._swapped:   # (swapped: its forward's copies are in the slots)
+            self._put_shared_back()   # a buffer it rebound (`model.count = model.count + 1`)
+        if self._first_left is not None:
+            with torch.no_grad():
                 # Through .data: a graph the first worker keeps across the hand-over may have saved them.
                 torch._foreach_copy_([b.data for b in self.buffers], self._first_left)
+
+    def _remember_first_left(self) -> None:
+        with torch.no_grad():
+            current = [b.detach() for b in self.buffers]
+            if self._first_left is None:
+                self._first_left = [b.clone() for b in current]
+            else:
+                torch._foreach_copy_(self._first_left, current)
 
     def holds_module(self, m: torch.nn.Module) -> bool:
         return id(m) in self._module_ids
@@ -272,9 +275,12 @@ class ReplicatedGroup:
 
     def _unswap(self) -> None:
         if self._swapped:
-            for m, name, i in self._slots:
-                m._buffers[name] = self.buffers[i]
+            self._put_shared_back()
             self._swapped = False
+
+    def _put_shared_back(self) -> None:
+        for m, name, i in self._slots:
+            m._buffers[name] = self.buffers[i]
 
     def broadcast_state(self) -> None:
         """Make every agent start from agent 0's parameters and buffers (DDP's constructor does this)."""
@@ -321,8 +327,8 @@ class ReplicatedGroup:
                     # Through .data: a flush comes mid-step (at an optimizer step), where logical rank 0 may
                     # hold a graph that saved them; its agent receives the values it has.
                     scatter_back(flat, [t.data for t in tensors])
-                if self._first_left is not None:   # what the first worker goes on from, and later ones get back
-                    torch._foreach_copy_(self._first_left, [b.detach() for b in self.buffers])
+            if self._first_left is not None:   # what the first worker goes on from, and later ones get back
+                self._remember_first_left()
 
 
 _PUBLISHED_STEPS = 3   # steps whose published buffers are kept: the step of the device's last worker and later
