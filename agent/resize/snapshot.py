@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,12 +75,36 @@ def from_bytes(data: bytes) -> dict[str, Any]:
     must be CPU ByteTensors (`torch.set_rng_state`, `torch.cuda.set_rng_state`, numpy's `.numpy()`), and
     model/optimizer/private loading moves the rest to its device (`load_state_dict`, `copy_`) one tensor
     at a time instead of holding a second copy of everything on the device."""
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return _load(io.BytesIO(data))
 
 
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A snapshot part written with `torch.save` to a file, onto the CPU (see `from_bytes`)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return _load(path)
+
+
+def _load(f: Any) -> dict[str, Any]:
+    with torch.serialization.safe_globals(_numpy_globals()):
+        return torch.load(f, map_location="cpu", weights_only=True)
+
+
+def _numpy_globals() -> list[Any]:
+    """What numpy numbers and numeric arrays unpickle through, for weights_only loading to accept them.
+
+    A job's optimizer or scheduler state may hold them: DINO writes `lr_schedule[it]`, a numpy float, into
+    `param_groups` at every step, and the first resize after it failed to load its own snapshot
+    ("Unsupported global: numpy._core.multiarray.scalar"), which ended the job. These rebuild numbers and
+    arrays from their dtype and bytes; object arrays stay refused.
+    """
+    np = sys.modules.get("numpy")
+    if np is None:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    dtypes = getattr(np, "dtypes", None)
+    kinds = [] if dtypes is None else [
+        t for name, t in vars(dtypes).items()
+        if name.endswith("DType") and isinstance(t, type) and name not in ("ObjectDType", "VoidDType")]
+    return [core.multiarray.scalar, core.multiarray._reconstruct, np.ndarray, np.dtype, *kinds]
 
 
 def _rng_to_plain(rng: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import copyreg
 import functools
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -217,7 +218,7 @@ def snapshot_state(obj: Any, name: str) -> Any:
 
 
 def _first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
-    if isinstance(x, _PLAIN):
+    if isinstance(x, _PLAIN) or _numpy_number(x):
         return None
     if isinstance(x, dict):
         for k, v in x.items():
@@ -232,6 +233,13 @@ def _first_unplain(x: Any, path: str) -> tuple[str, Any] | None:
                 return bad
         return None
     return path, x
+
+
+def _numpy_number(x: Any) -> bool:
+    """A numpy number (DINO puts `lr_schedule[it]` into an optimizer's param_groups): snapshots load them
+    (resize/snapshot.py `_numpy_globals`)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.number | np.bool_)
 
 
 class CarriedRestore:
