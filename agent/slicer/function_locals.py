@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.slicer import loader_tracking, tensor_containers
+from elasticd.agent.slicer import loader_tracking, local_modules, tensor_containers
 from elasticd.agent.slicer.carried import NotCarried, snapshot_state
 from elasticd.agent.slicer.local_arrays import (
     from_snapshot,
@@ -439,6 +439,7 @@ class LoopStart:
         self.storages = models.storages
         self.containers = tensor_containers.note(named, models)
         self.taken = {key for key in self.tensor_prints if models.taken_from([tensors[key]])}
+        self.modules = local_modules.Noted(local_modules.loose(named, current_worker()), _fingerprint)
 
     def changed_tensors(self, named: list[tuple[str, Any]]) -> dict[str, Any]:
         changed = {}
@@ -480,10 +481,13 @@ def begin(stop: CodeType, saved: dict[str, Any] | None) -> LoopStart:
             _give_back(frames, key, value, todo)
         for i, values in todo.items():
             _rebind(frames[i], values)
-        objects = _objects(list(_named(frames)))
+        named_now = list(_named(frames))
+        objects = _objects(named_now)
         for key, state in saved.get("stateful", {}).items():
             if key in objects:
                 objects[key].load_state_dict(state)
+        local_modules.restore(saved.get("modules", {}),
+                              {key: v for key, v in named_now if isinstance(v, torch.nn.Module)}, _where)
         _iterate_again(frames, saved.get("iterators", {}))
     return start
 
@@ -610,7 +614,8 @@ def save(stop: CodeType, start: LoopStart | None) -> dict[str, Any]:
             "tensor_start": {key: list(start.tensor_prints[key]) for key in changed} if start is not None else {},
             "tensors": {key: to_snapshot(t) for key, t in changed.items()},
             "containers": containers,
-            "stateful": _states(named), "iterators": _iterators(named)}
+            "stateful": _states(named), "iterators": _iterators(named),
+            "modules": start.modules.save(named, _where) if start is not None else {}}
 
 
 def _cycle_started(c: itertools.cycle) -> bool:

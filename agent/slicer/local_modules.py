@@ -1,0 +1,134 @@
+"""Modules the function holds in its variables that nothing else carries, carried across resizes by name.
+
+DINO (facebookresearch/dino, main_dino.py) builds its teacher as a second network that loads the student's
+weights (`teacher.load_state_dict(student.state_dict())`), not as a `copy.deepcopy`, and moves it towards
+the student at every step (`param_k.data.mul_(m).add_(...)`); its loss is a module whose `center` buffer
+the loop updates. Neither is replicated, private or a tracked copy (slicer/carried.py), so a resized DINO
+job re-entered its function with a fresh teacher and a zero center: 0.98 from DDP, exit 0.
+
+At the start of `ctx.steps` each module a variable holds (a local, or an attribute function_locals looks
+into) whose tensors nothing else carries is noted with a fingerprint of each parameter and buffer
+(identity, version, CRC: function_locals._fingerprint). A snapshot copies the `state_dict()` of those the
+loop changed (a buffer rebound, a value written, also through `.data`), and the resumed function's module
+under the same name loads it where its `ctx.steps` begins. Frozen modules (a perceptual-loss network) are
+not copied. A module first made inside the loop is not carried: it is made again at every step anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from elasticd.agent.slicer.carried import NotCarried, _target, snapshot_state
+from elasticd.agent.slicer.local_arrays import writes
+
+if TYPE_CHECKING:
+    from elasticd.agent.worker import Worker
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return list(itertools.chain(module.named_parameters(), module.named_buffers()))
+
+
+def _elsewhere(w: Worker) -> set[int]:
+    """Where the tensors that other means carry live: replicated, private, tracked copies and averages."""
+    modules: list[Any] = []
+    rt = getattr(w.ctx, "_rt", None)
+    if rt is not None:
+        modules += [g.model for g in getattr(rt, "groups", [])]
+    modules += list(w.private)
+    modules += [_target(made) for made in w.created]
+    found: set[int] = set()
+    for m in modules:
+        if isinstance(m, torch.nn.Module):
+            found.update(_storage(t) for _, t in _tensors(m))
+        elif isinstance(m, torch.Tensor):
+            found.add(_storage(m))
+        elif isinstance(m, dict | list | tuple):
+            found.update(_storage(t) for t in (m.values() if isinstance(m, dict) else m) if isinstance(t, torch.Tensor))
+    found.discard(0)
+    return found
+
+
+def loose(named: list[tuple[str, Any]], w: Worker | None) -> dict[str, torch.nn.Module]:
+    """key -> each module the variables hold that has tensors and shares none with what is carried otherwise
+    (the first key of a module two variables hold: DINO's `teacher` and `teacher_without_ddp`)."""
+    if w is None:
+        return {}
+    out: dict[str, torch.nn.Module] = {}
+    seen: set[int] = set()
+    elsewhere: set[int] | None = None
+    for key, value in named:
+        if not isinstance(value, torch.nn.Module) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        tensors = _tensors(value)
+        if not tensors:
+            continue
+        if elsewhere is None:
+            elsewhere = _elsewhere(w)
+        if any(_storage(t) in elsewhere for _, t in tensors):
+            continue
+        out[key] = value
+    return out
+
+
+def _print(module: torch.nn.Module, fingerprint: Callable[[Any], Any]) -> dict[str, tuple[Any, ...]]:
+    return {name: (id(t), writes(t), fingerprint(t)) for name, t in _tensors(module)}
+
+
+class Noted:
+    """The loose modules where the loop began, and what their tensors were."""
+
+    def __init__(self, modules: dict[str, torch.nn.Module], fingerprint: Callable[[Any], Any]) -> None:
+        self.fingerprint = fingerprint
+        self.refs = {key: weakref.ref(m) for key, m in modules.items()}
+        self.prints = {key: _print(m, fingerprint) for key, m in modules.items()}
+
+    def save(self, named: list[tuple[str, Any]], where: Callable[[str], str]) -> dict[str, Any]:
+        """key -> state_dict() copy of each noted module the loop changed.
+
+        Raises:
+            NotCarried: its state_dict() raises or holds what a snapshot cannot.
+        """
+        held = {key: value for key, value in named if key in self.refs}
+        out = {}
+        for key, ref in self.refs.items():
+            module = held.get(key)
+            if not isinstance(module, torch.nn.Module):
+                continue
+            if module is ref() and _print(module, self.fingerprint) == self.prints[key]:
+                continue   # unchanged since the loop began: the resumed function builds it the same
+            out[key] = snapshot_state(module, where(key))
+        return out
+
+
+def restore(saved: dict[str, Any], modules: dict[str, torch.nn.Module], where: Callable[[str], str]) -> None:
+    """Load each saved state into the module the re-entered function holds under the same name.
+
+    Raises:
+        NotCarried: it holds none there, or one whose state does not fit.
+    """
+    for key, state in saved.items():
+        module = modules.get(key)
+        if module is None:
+            raise NotCarried(
+                f"{where(key)} held a module whose state the loop had changed (a teacher moved towards the "
+                f"student, a buffer updated), and the resumed function holds no module there where ctx.steps "
+                f"begins. Build it before ctx.steps under the same name, or pass it to ctx.private")
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as e:
+            raise NotCarried(f"cannot give {where(key)} its state from before the resize: the resumed function "
+                             f"built a different module there ({e})") from e
