@@ -204,3 +204,18 @@ def test_a_momentum_encoder_assigned_through_data_is_updated_once_per_step_as_un
     assert want["queue_ptr"].item() == 9 * 4 * REFERENCE_WORKERS % 32   # 9 steps of 4 keys a rank
     for name, got in runs.items():
         assert_ddp_close(want, got, name)
+
+
+@pytest.mark.timeout(900)
+def test_a_self_distillation_teacher_its_loss_center_and_per_parameter_clipping_follow_ddp(tmp_path: Path) -> None:
+    """tests/jobs/dino_job.py: DINO's step. Before, its per-parameter clipping through `p.grad.data` was
+    refused; then a resize failed loading its own snapshot (numpy floats in param_groups); then a resize
+    rebuilt the teacher and the loss's center from scratch (0.98 from DDP, exit 0). Every worker also reads
+    the gradient norms DDP's ranks read before clipping (the job checks, all-reducing them)."""
+    want, runs = ddp_then_elasticd(tmp_path, "dino_job.py")
+    assert want["clipped"].item() > 0 and want["center"].abs().max().item() > 0
+    apart = rel_diffs({k: want[f"teacher.{k}"] for k in ("backbone.0.weight", "last_layer.weight")},
+                      {k: want[k] for k in ("backbone.0.weight", "last_layer.weight")})
+    assert min(apart.values()) > 100 * TOLERANCE, apart   # the teacher lags the student: it is its own state
+    for name, got in runs.items():
+        assert_ddp_close(want, got, name)

@@ -28,29 +28,35 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent.replicated import grad_data
 from elasticd.agent.worker import current_worker
 
+if TYPE_CHECKING:
+    from elasticd.agent.replicated.ledger import GradLedger
+
 _BASE = torch._C.TensorBase.data   # the C getter and setter every tensor's `.data` goes through
-# id(gradient) -> a weak reference to it, for every gradient some ledger recorded (dropped with the tensor).
-_SHARED: dict[int, weakref.ref[torch.Tensor]] = {}
+# id(gradient) -> (a weak reference to it, its ledger, its index there), for every gradient some ledger
+# recorded (dropped with the tensor).
+_SHARED: dict[int, tuple[weakref.ref[torch.Tensor], GradLedger, int]] = {}
 
 
-def share(grad: torch.Tensor) -> None:
-    """`grad` is a replicated parameter's `.grad`: its `.data` becomes a counted alias."""
+def share(grad: torch.Tensor, ledger: GradLedger, i: int) -> None:
+    """`grad` is parameter i's `.grad` in `ledger`: its `.data` becomes a counted alias or grad_data's."""
     key = id(grad)
-    ref = _SHARED.get(key)
-    if ref is not None and ref() is grad:
+    entry = _SHARED.get(key)
+    if entry is not None and entry[0]() is grad and entry[1] is ledger and entry[2] == i:
         return
 
     def forget(dead: weakref.ref[torch.Tensor], key: int = key) -> None:
-        if _SHARED.get(key) is dead:
+        found = _SHARED.get(key)
+        if found is not None and found[0] is dead:
             del _SHARED[key]
 
-    _SHARED[key] = weakref.ref(grad, forget)
+    _SHARED[key] = (weakref.ref(grad, forget), ledger, i)
 
 
 # id(parameter) -> (a weak reference to it, the logical rank whose `.data` is the parameter's memory).
@@ -71,8 +77,11 @@ def share_param(param: torch.Tensor, writer: int) -> None:
 
 def _get(self: torch.Tensor) -> torch.Tensor:
     if _SHARED:
-        ref = _SHARED.get(id(self))
-        if ref is not None and ref() is self:
+        shared = _SHARED.get(id(self))
+        if shared is not None and shared[0]() is self:
+            w = current_worker()
+            if w is not None and w.ctx is not None and w.once_running is None and _from_user_code():
+                return grad_data.of(self, shared[1], shared[2], w.rank)
             return self.detach()
     found = _worker_on(self)
     if found is not None and _from_user_code():

@@ -60,7 +60,7 @@ class ReplicatedGroup:
         self.step_once = OncePerStep(ranks, "the replicated optimizer's step()")
         self.zero_once = OncePerStep(ranks, "the replicated optimizer's zero_grad()")
         self.sched_once = OncePerStep(ranks, "the replicated scheduler's step()")
-        self.ledger = GradLedger(named, len(ranks), runtime.deterministic)
+        self.ledger = GradLedger(named, len(ranks), runtime.deterministic, writer=min(ranks))
         # AccumulateGrad nodes run their pre-hooks only when autograd accumulates into .grad (not for
         # torch.autograd.grad); a parameter holds its node weakly, so keep them for the hooks to stay.
         with torch.enable_grad():
@@ -140,8 +140,10 @@ class ReplicatedGroup:
     def _on_switch(self, outgoing: Worker | None, incoming: Worker) -> None:
         # The outgoing worker's changes since the runtime last looked: judged before another worker runs
         # (not again when it leaves straight from a backward pass the runtime has just recorded).
-        if outgoing is not None and not outgoing.judged:
-            self.ledger.check(outgoing.rank)
+        if outgoing is not None:
+            if not outgoing.judged:
+                self.ledger.check(outgoing.rank)
+            self.ledger.drop_private(outgoing.rank)
         if self.buffers and len(self.runtime.hosted) > 1:
             self._unswap()
             if outgoing is not None:

@@ -54,13 +54,24 @@ class ReplicatedStateError(RuntimeError):
 class _Entry:
     """What the runtime knows of one replicated parameter beyond its tensors' identities and versions."""
 
-    __slots__ = ("base", "base_taken", "contributors", "synced")
+    __slots__ = ("base", "base_taken", "contributors", "pristine", "privates", "synced")
 
     def __init__(self) -> None:
         self.contributors: set[int] = set()    # ranks whose backward accumulated into it in this window
         self.synced = False                    # holds the last flush's average, not a sum over hosted ranks
         self.base: torch.Tensor | None = None  # deterministic mode: the common gradient every rank starts from
         self.base_taken = False
+        # While synced: the average as the flush left it, once the device's first worker wrote it through
+        # `.data`, and the later workers' copies of it for their turn (replicated/grad_data.py).
+        self.pristine: torch.Tensor | None = None
+        self.privates: dict[int, torch.Tensor] = {}
+
+    def end_window(self) -> None:
+        """No longer the flush's average: what grad_data kept of it goes."""
+        self.synced = False
+        if self.pristine is not None or self.privates:
+            self.pristine = None
+            self.privates.clear()
 
 
 _version = operator.attrgetter("_version")
@@ -69,11 +80,14 @@ _version = operator.attrgetter("_version")
 class GradLedger:
     """One replicated group's parameters: the runtime's changes recorded, the workers' ones judged."""
 
-    def __init__(self, named: Iterable[tuple[str, torch.nn.Parameter]], hosted: int, deterministic: bool) -> None:
+    def __init__(self, named: Iterable[tuple[str, torch.nn.Parameter]], hosted: int, deterministic: bool,
+                 writer: int = 0) -> None:
         named = list(named)
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.hosted = hosted
+        self.writer = writer   # the device's first hosted rank: its writes through `.data` are the device's
+        self._with_privates: list[_Entry] = []
         self.deterministic = deterministic
         self.entries = [_Entry() for _ in self.params]
         # The runtime's last known state, one list per field so that "did anything change?" is a few C-level
@@ -89,20 +103,20 @@ class GradLedger:
         """After the runtime changed gradients or parameters (a flush, a once-per-step call): the new truth."""
         grads = [p.grad for p in self.params]
         self.grads = grads
-        for g in grads:
+        for i, g in enumerate(grads):
             if g is not None:
-                data_attr.share(g)
+                data_attr.share(g, self, i)
         self.grad_versions = [0 if g is None else g._version for g in grads]
         self.param_versions = list(map(_version, self.params))
         for e, g in zip(self.entries, grads, strict=True):
             if g is None:   # cleared (zero_grad): the next accumulation starts a sum, nothing to scale
-                e.synced = False
+                e.end_window()
 
     def _note(self, i: int) -> None:
         p = self.params[i]
         g = p.grad
         if g is not None and g is not self.grads[i]:
-            data_attr.share(g)
+            data_attr.share(g, self, i)
         self.grads[i] = g
         self.grad_versions[i] = 0 if g is None else g._version
         self.param_versions[i] = p._version
@@ -125,7 +139,7 @@ class GradLedger:
                 p.grad = p.grad.clone()
                 self._note(i)
         elif e.synced:
-            e.synced = False
+            e.end_window()
             if p.grad is not None:
                 with torch.no_grad():
                     p.grad.mul_(self.hosted)  # the common average, once per hosted rank: see the module doc
@@ -147,10 +161,40 @@ class GradLedger:
             if g is not None and (g is not known[i] or versions[i] != known_versions[i]):
                 self.entries[i].contributors.add(rank)
                 if g is not known[i]:   # a gradient autograd made: a new tensor, once per step at most
-                    data_attr.share(g)
+                    data_attr.share(g, self, i)
                 known[i], known_versions[i] = g, versions[i]
                 changed = True
         return changed
+
+    def holds_average(self, i: int, grad: torch.Tensor) -> bool:
+        """Parameter i's `.grad` is `grad` and holds the last flush's average, as the runtime recorded it."""
+        return (self.entries[i].synced and grad is self.grads[i] and grad is self.params[i].grad
+                and grad._version == self.grad_versions[i])
+
+    def refuse_later_write(self, i: int, rank: int) -> None:
+        """A later hosted worker wrote through `.data` a gradient its device's first worker did not write."""
+        raise ReplicatedStateError(
+            f"elasticd: logical rank {rank} changed the gradient of replicated parameter '{self.names[i]}' "
+            f"through .data where logical rank {self.writer}, the first worker on its device, did not. Hosted "
+            f"workers share one .grad, which holds the same average for every rank after a backward pass, "
+            f"and a change made by some ranks only would make DDP's replicas differ; {INSTEAD}.")
+
+    def private_copy(self, i: int, rank: int) -> torch.Tensor:
+        """Later worker `rank`'s own copy of parameter i's average for the rest of its turn (grad_data.py)."""
+        e = self.entries[i]
+        own = e.privates.get(rank)
+        if own is None:
+            assert e.pristine is not None
+            own = e.privates[rank] = e.pristine.clone()
+            self._with_privates.append(e)
+        return own
+
+    def drop_private(self, rank: int) -> None:
+        """`rank` hands over: its copies of the averages go (a list kept for this: no loop per hand-over)."""
+        if self._with_privates:
+            for e in self._with_privates:
+                e.privates.pop(rank, None)
+            self._with_privates = [e for e in self._with_privates if e.privates]
 
     def any_synced(self) -> bool:
         """Some gradient holds the last flush's average: scaled before the next accumulation into it."""
@@ -184,6 +228,7 @@ class GradLedger:
         self.record()
         for g, e in zip(self.grads, self.entries, strict=True):
             e.contributors.clear()
+            e.end_window()
             e.synced = g is not None
             e.base, e.base_taken = None, False
 
@@ -254,4 +299,5 @@ class GradLedger:
             # first of them made before accumulating. Give back what they accumulated.
             p.grad = known
             return
-        self.grads[i], self.grad_versions[i], e.synced = None, 0, False  # nobody accumulated: cleared for all, once
+        self.grads[i], self.grad_versions[i] = None, 0   # nobody accumulated: cleared for all, once
+        e.end_window()

@@ -1,0 +1,93 @@
+"""A replicated gradient's `.data` in a worker: DINO's per-parameter clipping, once per device as once per rank.
+
+DINO (facebookresearch/dino `utils.clip_gradients`) clips each gradient after backward with
+`p.grad.data.norm(2)` and `p.grad.data.mul_(clip / norm)`. Under DDP every rank does it to its own copy of
+the same average; on the one `.grad` a device's hosted workers share it would compound, so since session 22
+`.data` was a counted alias and the write was refused, which stopped DINO at its first step.
+
+While a gradient holds the last flush's average (the window from a flush to the next accumulation into it,
+`_Entry.synced` in ledger.py), every hosted worker holds the same value, as every DDP rank does. Then:
+- the device's first hosted worker (the first to run after a flush) makes an in-place update through
+  `.data` on the shared gradient, uncounted, as the device's one write: what the optimizer steps with.
+  Before its first write the average is kept (`pristine`);
+- a later worker's `.data` is a copy of that average of its own for the rest of its turn, so it reads what
+  its DDP rank reads (DINO's norms before clipping) and its writes, dropped with the copy at its hand-over,
+  change nothing shared (the first worker's identical write already did). Where the first worker wrote
+  nothing it reads the shared gradient, and a write of its own is refused: DDP ranks would diverge.
+Outside that window (between a backward pass and its flush) `.data` stays the counted alias: the ledger sees
+the write and refuses it, naming it. Writes not through `.data` (`p.grad.mul_`) are judged as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from elasticd.agent.replicated.ledger import GradLedger
+
+_BASE = torch._C.TensorBase.data   # the uncounted alias: a write through it leaves the gradient's version
+
+
+def of(grad: torch.Tensor, ledger: GradLedger, i: int, rank: int) -> torch.Tensor:
+    """What `grad.data` is for worker `rank`: see the module doc."""
+    if not ledger.holds_average(i, grad):
+        return grad.detach()
+    e = ledger.entries[i]
+    if rank == ledger.writer or e.pristine is None:
+        data = torch.Tensor._make_subclass(GradData, grad)
+        data._elasticd_of = (grad, ledger, i, rank)
+        return data
+    return ledger.private_copy(i, rank)
+
+
+class GradData(torch.Tensor):
+    """The shared gradient's memory while it holds the average: in-place updates by the device's first worker
+    are made uncounted and keep the average first; a later worker's (its first worker wrote nothing) refused."""
+
+    _elasticd_of: tuple[torch.Tensor, GradLedger, int, int]
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if args and type(args[0]) is GradData and _in_place(getattr(func, "__name__", "")):
+            grad, ledger, i, rank = args[0]._elasticd_of
+            if ledger.holds_average(i, grad):
+                if rank != ledger.writer:
+                    ledger.refuse_later_write(i, rank)
+                e = ledger.entries[i]
+                if e.pristine is None:
+                    e.pristine = grad.detach().clone()
+                with torch._C.DisableTorchFunctionSubclass():
+                    func(_BASE.__get__(grad), *_plain(args[1:]), **_plain(kwargs))
+                return args[0]
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*_plain(args), **_plain(kwargs))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        return self.as_subclass(torch.Tensor).clone()
+
+
+_AUGMENTED = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                        "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
+
+
+def _in_place(name: str) -> bool:
+    """`mul_`, `clamp_`, `zero_`, `+=`, item assignment; not `__index__` or `_foreach_mul_` (whose lists the
+    plain path hands over counted, so the ledger judges them)."""
+    return (name.endswith("_") and not name.startswith("_")) or name in _AUGMENTED or name == "__setitem__"
+
+
+def _plain(obj: Any) -> Any:
+    """Counted aliases (`as_subclass` shares the gradient's version): any other write the ledger sees."""
+    if type(obj) is GradData:
+        return obj.as_subclass(torch.Tensor)
+    if isinstance(obj, list | tuple):
+        return type(obj)(_plain(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
