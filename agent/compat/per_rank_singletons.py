@@ -8,6 +8,13 @@ initialized" in every rank after the first. Hydra is the configuration framework
 written for torchrun use, so its run-state singletons resolve per worker thread here; its registries
 (`ConfigStore`, `Plugins`, filled once at import) stay shared, as they hold the same in every process.
 
+HF accelerate keeps its process state in the class attribute `_shared_state` of `PartialState`,
+`AcceleratorState` and `GradientState` (the Borg pattern: every instance's `__dict__` is that dict). Shared by
+an agent's workers, the first worker's state was every worker's: its `Accelerator()` formed the process group
+and the others, finding the state made, never called `init_process_group` in their threads, so the first
+collective of its DataLoader (`synchronize_rng_states`) failed in every later rank. Each class's dict now
+resolves per worker thread, as accelerate's own thread-local variant does for TPU threads.
+
 Patched when the module is first imported (a `sys.meta_path` finder), or at once if it already is; only in
 torchrun mode: an `@elastic` script's agents import it as a module, so Hydra's state there is whatever its
 top level made once per agent (a `compose`d config, README), which its workers share as they read it.
@@ -95,7 +102,44 @@ def patch_hydra_singleton(module: ModuleType) -> None:
     singleton._instances = PerWorkerInstances(instances, _hydra_run_state)
 
 
-PATCHES: dict[str, Callable[[ModuleType], None]] = {"hydra.core.singleton": patch_hydra_singleton}
+class PerWorkerSharedState:
+    """A class attribute that is one dict per worker thread (accelerate's `_shared_state`); outside worker
+    threads, the dict the class had. Class and instance access alike, as accelerate's thread-local one."""
+
+    def __init__(self, key: str, shared: dict[str, Any]) -> None:
+        self.key = key
+        self.shared = shared
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        w = current_worker()
+        if w is None:
+            return self.shared
+        own = w.singletons.get(self.key)
+        if own is None:
+            own = w.singletons[self.key] = {}
+        return own
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        w = current_worker()
+        if w is None:
+            self.shared = value
+        else:
+            w.singletons[self.key] = value
+
+
+ACCELERATE_STATES = ("PartialState", "AcceleratorState", "GradientState")
+
+
+def patch_accelerate_state(module: ModuleType) -> None:
+    for name in ACCELERATE_STATES:
+        cls = getattr(module, name, None)
+        shared = vars(cls).get("_shared_state") if isinstance(cls, type) else None
+        if isinstance(shared, dict):   # not on TPU, where accelerate made it thread-local itself
+            cls._shared_state = PerWorkerSharedState(f"accelerate.{name}", shared)
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {"hydra.core.singleton": patch_hydra_singleton,
+                                                    "accelerate.state": patch_accelerate_state}
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
