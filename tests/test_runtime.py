@@ -368,8 +368,8 @@ def test_writes_through_a_replicated_gradients_data_are_made_once_per_device_as_
     rank, and every worker reads the average as its DDP rank does (agent/replicated/grad_data.py), when the
     device's first worker is held at a collective of the next step before its `zero_grad()` (DINO's loss
     all-reduces in the forward). Without one, it has cleared and accumulated again by the time a later
-    worker writes: still refused, loudly. Before backward, with other workers' gradients in it, too
-    (tests/jobs/grad_refused.py)."""
+    worker writes, which is then dropped as the first worker's, made already: the same parameters (what
+    that worker reads is the first worker's next gradient, the README's known gap)."""
 
     def job(write: bool, lr: float, hold: int) -> tuple[dict[int, list[float]], list[torch.Tensor]]:
         norms: dict[int, list[float]] = {}
@@ -404,10 +404,9 @@ def test_writes_through_a_replicated_gradients_data_are_made_once_per_device_as_
     _, slower = job(write=False, lr=0.05, hold=1)
     for a, b in zip(halved, slower, strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), (a, b)
-    with pytest.raises(WorkerFailed) as failed:
-        job(write=True, lr=0.1, hold=0)
-    assert "ReplicatedStateError" in failed.value.message and "changed the gradient of replicated parameter" \
-        in failed.value.message, failed.value.message
+    _, unheld = job(write=True, lr=0.1, hold=0)
+    for a, b in zip(unheld, slower, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), (a, b)
 
 
 class ShardedMomentum(torch.optim.Optimizer):

@@ -39,16 +39,16 @@ if TYPE_CHECKING:
     from elasticd.agent.replicated.ledger import GradLedger
 
 _BASE = torch._C.TensorBase.data   # the C getter and setter every tensor's `.data` goes through
-# id(gradient) -> (a weak reference to it, its ledger, its index there), for every gradient some ledger
-# recorded (dropped with the tensor).
-_SHARED: dict[int, tuple[weakref.ref[torch.Tensor], GradLedger, int]] = {}
+# id(gradient) -> (weak references to it and to its ledger, its index there), for every gradient some ledger
+# recorded (dropped with the tensor). Weak: a finished run's ledger, and its parameters, must be freed.
+_SHARED: dict[int, tuple[weakref.ref[torch.Tensor], weakref.ref[GradLedger], int]] = {}
 
 
 def share(grad: torch.Tensor, ledger: GradLedger, i: int) -> None:
     """`grad` is parameter i's `.grad` in `ledger`: its `.data` becomes a counted alias or grad_data's."""
     key = id(grad)
     entry = _SHARED.get(key)
-    if entry is not None and entry[0]() is grad and entry[1] is ledger and entry[2] == i:
+    if entry is not None and entry[0]() is grad and entry[1]() is ledger and entry[2] == i:
         return
 
     def forget(dead: weakref.ref[torch.Tensor], key: int = key) -> None:
@@ -56,7 +56,7 @@ def share(grad: torch.Tensor, ledger: GradLedger, i: int) -> None:
         if found is not None and found[0] is dead:
             del _SHARED[key]
 
-    _SHARED[key] = (weakref.ref(grad, forget), ledger, i)
+    _SHARED[key] = (weakref.ref(grad, forget), weakref.ref(ledger), i)
 
 
 # id(parameter) -> (a weak reference to it, the logical rank whose `.data` is the parameter's memory).
@@ -80,8 +80,10 @@ def _get(self: torch.Tensor) -> torch.Tensor:
         shared = _SHARED.get(id(self))
         if shared is not None and shared[0]() is self:
             w = current_worker()
-            if w is not None and w.ctx is not None and w.once_running is None and _from_user_code():
-                return grad_data.of(self, shared[1], shared[2], w.rank)
+            ledger = shared[1]()
+            if ledger is not None and w is not None and w.ctx is not None and w.once_running is None \
+                    and _from_user_code():
+                return grad_data.of(self, ledger, shared[2], w.rank)
             return self.detach()
     found = _worker_on(self)
     if found is not None and _from_user_code():

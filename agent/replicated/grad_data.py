@@ -10,12 +10,18 @@ While a gradient holds the last flush's average (the window from a flush to the 
 - the device's first hosted worker (the first to run after a flush) makes an in-place update through
   `.data` on the shared gradient, uncounted, as the device's one write: what the optimizer steps with.
   Before its first write the average is kept (`pristine`);
-- a later worker's `.data` is a copy of that average of its own for the rest of its turn, so it reads what
-  its DDP rank reads (DINO's norms before clipping) and its writes, dropped with the copy at its hand-over,
-  change nothing shared (the first worker's identical write already did). Where the first worker wrote
-  nothing it reads the shared gradient, and a write of its own is refused: DDP ranks would diverge.
-Outside that window (between a backward pass and its flush) `.data` stays the counted alias: the ledger sees
-the write and refuses it, naming it. Writes not through `.data` (`p.grad.mul_`) are judged as before.
+- a later worker's `.data` is then a copy of that average of its own for the rest of its turn, so it reads
+  what its DDP rank reads (DINO's norms before clipping) and its writes, dropped with the copy at its
+  hand-over, change nothing shared (the first worker's identical write already did);
+- otherwise a later worker's `.data` is the shared gradient, and its write, made before its own backward
+  pass of the window, is dropped: its DDP rank's gradient is then the average, on which the first worker
+  made the same write, or None (a first step's `p.grad.data.zero_()` loop skips it there), while the shared
+  one may hold the first worker's next sums when no collective held that worker (`p.grad.data.zero_()`
+  before backward, the pre-1.0 clearing, at every step). After its own backward pass (under `no_sync`) its
+  share cannot be told apart from the others': refused.
+The first worker's own write where the gradient holds more than the average (after its backward, under
+`no_sync`) stays counted: the ledger sees it and refuses it, naming it. So a job behaves alike on every M,
+also with one worker per device. Writes not through `.data` (`p.grad.mul_`) are judged as before.
 """
 
 from __future__ import annotations
@@ -32,19 +38,19 @@ _BASE = torch._C.TensorBase.data   # the uncounted alias: a write through it lea
 
 def of(grad: torch.Tensor, ledger: GradLedger, i: int, rank: int) -> torch.Tensor:
     """What `grad.data` is for worker `rank`: see the module doc."""
-    if not ledger.holds_average(i, grad):
-        return grad.detach()
-    e = ledger.entries[i]
-    if rank == ledger.writer or e.pristine is None:
-        data = torch.Tensor._make_subclass(GradData, grad)
-        data._elasticd_of = (grad, ledger, i, rank)
-        return data
-    return ledger.private_copy(i, rank)
+    average = ledger.holds_average(i, grad)
+    if rank == ledger.writer and not average:
+        return grad.detach()   # counted: a write is judged by the ledger (refused where others accumulated)
+    if rank != ledger.writer and average and ledger.entries[i].pristine is not None:
+        return ledger.private_copy(i, rank)
+    data = torch.Tensor._make_subclass(GradData, grad)
+    data._elasticd_of = (grad, ledger, i, rank)
+    return data
 
 
 class GradData(torch.Tensor):
-    """The shared gradient's memory while it holds the average: in-place updates by the device's first worker
-    are made uncounted and keep the average first; a later worker's (its first worker wrote nothing) refused."""
+    """The shared gradient's memory: in-place updates by the device's first worker on the average are made
+    uncounted (the average kept first); a later worker's are dropped as the first worker's, or refused."""
 
     _elasticd_of: tuple[torch.Tensor, GradLedger, int, int]
 
@@ -53,9 +59,10 @@ class GradData(torch.Tensor):
         kwargs = kwargs or {}
         if args and type(args[0]) is GradData and _in_place(getattr(func, "__name__", "")):
             grad, ledger, i, rank = args[0]._elasticd_of
+            if rank != ledger.writer:
+                ledger.later_write(i, rank)   # raises after its own backward pass of the window
+                return args[0]
             if ledger.holds_average(i, grad):
-                if rank != ledger.writer:
-                    ledger.refuse_later_write(i, rank)
                 e = ledger.entries[i]
                 if e.pristine is None:
                     e.pristine = grad.detach().clone()

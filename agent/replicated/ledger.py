@@ -171,13 +171,17 @@ class GradLedger:
         return (self.entries[i].synced and grad is self.grads[i] and grad is self.params[i].grad
                 and grad._version == self.grad_versions[i])
 
-    def refuse_later_write(self, i: int, rank: int) -> None:
-        """A later hosted worker wrote through `.data` a gradient its device's first worker did not write."""
-        raise ReplicatedStateError(
-            f"elasticd: logical rank {rank} changed the gradient of replicated parameter '{self.names[i]}' "
-            f"through .data where logical rank {self.writer}, the first worker on its device, did not. Hosted "
-            f"workers share one .grad, which holds the same average for every rank after a backward pass, "
-            f"and a change made by some ranks only would make DDP's replicas differ; {INSTEAD}.")
+    def later_write(self, i: int, rank: int) -> None:
+        """A later hosted worker writes through `.data` on the shared gradient. Before its own backward pass of
+        the window its DDP rank's gradient is the average, on which the first worker made the same write, or
+        None (what it finds is the others' sums), where the write never happens: dropped. After it, its share
+        cannot be told apart from the others': refused."""
+        if rank in self.entries[i].contributors:
+            raise ReplicatedStateError(
+                f"elasticd: logical rank {rank} changed the gradient of replicated parameter '{self.names[i]}' "
+                f"through .data after its own backward pass, before the gradients were averaged (under "
+                f"ctx.no_sync()). Hosted workers accumulate into one .grad, so its share cannot be told apart "
+                f"from the others'; {INSTEAD}.")
 
     def private_copy(self, i: int, rank: int) -> torch.Tensor:
         """Later worker `rank`'s own copy of parameter i's average for the rest of its turn (grad_data.py)."""
