@@ -32,6 +32,25 @@ def test_gradient_and_forward_hooks_on_the_shared_model_act_once_per_pass_as_und
             assert got["calls"].tolist() == [8.0] * REFERENCE_WORKERS, got["calls"]
 
 
+@pytest.mark.timeout(900)
+def test_a_wrappers_hook_method_made_before_replicate_serves_each_workers_pass_as_under_ddp(tmp_path: Path) -> None:
+    """tests/jobs/hook_wrapper_job.py: byol-pytorch's NetWrapper shape, its hook a method of the wrapper that
+    keeps the layer's output for its forward. Before, every later worker failed with a KeyError."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    states = {}
+    for name, args in (("ddp", ("--ddp",)), ("two", ("--devices", "2")), ("one", ("--devices", "1"))):
+        run = cli("run", str(JOBS / "hook_wrapper_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
+                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
+        assert run.code == 0, run.output
+        states[name] = load_state(tmp_path / f"{name}.pt")
+    want = states.pop("ddp")
+    assert want["kept"].tolist() == [6.0] * REFERENCE_WORKERS   # one output kept per forward, per rank
+    for name, got in states.items():
+        assert got["kept"].tolist() == want["kept"].tolist(), (name, got["kept"])
+        too_far = {k: d for k, d in rel_diffs(want, got).items() if d > TOLERANCE}
+        assert not too_far, f"{name}: differs from DDP: {too_far}"
+
+
 def halve(module, args, output):
     return output * 0.5
 

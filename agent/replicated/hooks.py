@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -74,10 +75,11 @@ def claim(own: torch.nn.Module, shared: torch.nn.Module, owner: Worker) -> None:
     if isinstance(own, torch.jit.ScriptModule):
         return
     theirs = dict(shared.named_modules(remove_duplicate=False))
+    counterpart = {id(m): theirs[path] for path, m in own.named_modules(remove_duplicate=False) if path in theirs}
     for path, module in own.named_modules(remove_duplicate=False):
         target = theirs.get(path)
         if target is not None:
-            _claim_module(module, target, owner)
+            _claim_module(module, target, owner, counterpart)
     shared_params = dict(shared.named_parameters(remove_duplicate=False))
     for name, p in own.named_parameters(remove_duplicate=False):
         hooks = p._backward_hooks
@@ -89,7 +91,23 @@ def claim(own: torch.nn.Module, shared: torch.nn.Module, owner: Worker) -> None:
                 hooks[key] = _Owned(hook, owner, claimed=True)
         else:
             for hook in list(hooks.values()):
-                _ORIGINAL["register_hook"](target, _owned(hook, owner))
+                _ORIGINAL["register_hook"](target, _owned(_rebound(hook, counterpart), owner))
+
+
+def _rebound(hook: Callable[..., Any], counterpart: dict[int, torch.nn.Module]) -> Callable[..., Any]:
+    """A method of a module of the worker's own model, as a method of the shared model's module there.
+
+    byol-pytorch's wrapper registers `layer.register_forward_hook(self._hook)` in its constructor, the hook
+    storing the layer's output in `self.hidden`, which its forward then reads. Moved as it was, a later
+    worker's hook wrote into the wrapper of the model `ctx.replicate` set aside while its forward read the
+    shared wrapper's: KeyError in every later worker. The worker's model is the shared one now, so its
+    hooks' methods act on that (in its own passes only, as every moved hook)."""
+    owner = getattr(hook, "__self__", None)
+    func = getattr(hook, "__func__", None)
+    if func is None or not isinstance(owner, torch.nn.Module):
+        return hook
+    shared = counterpart.get(id(owner))
+    return hook if shared is None else types.MethodType(func, shared)
 
 
 def release(model: torch.nn.Module) -> None:
@@ -109,7 +127,8 @@ def release(model: torch.nn.Module) -> None:
                 hooks[key] = hook.hook
 
 
-def _claim_module(module: torch.nn.Module, target: torch.nn.Module, owner: Worker) -> None:
+def _claim_module(module: torch.nn.Module, target: torch.nn.Module, owner: Worker,
+                  counterpart: dict[int, torch.nn.Module]) -> None:
     dicts = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
     if target is module:
         for attr in dicts:
@@ -119,17 +138,17 @@ def _claim_module(module: torch.nn.Module, target: torch.nn.Module, owner: Worke
                     hooks[key] = _Owned(hook, owner, claimed=True)
         return
     for key, hook in module._forward_pre_hooks.items():
-        _ORIGINAL["register_forward_pre_hook"](target, _owned(hook, owner),
+        _ORIGINAL["register_forward_pre_hook"](target, _owned(_rebound(hook, counterpart), owner),
                                                with_kwargs=key in module._forward_pre_hooks_with_kwargs)
     for key, hook in module._forward_hooks.items():
-        _ORIGINAL["register_forward_hook"](target, _owned(hook, owner),
+        _ORIGINAL["register_forward_hook"](target, _owned(_rebound(hook, counterpart), owner),
                                            with_kwargs=key in module._forward_hooks_with_kwargs,
                                            always_call=key in module._forward_hooks_always_called)
     for hook in module._backward_pre_hooks.values():
-        _ORIGINAL["register_full_backward_pre_hook"](target, _owned(hook, owner))
+        _ORIGINAL["register_full_backward_pre_hook"](target, _owned(_rebound(hook, counterpart), owner))
     backward = "register_full_backward_hook" if module._is_full_backward_hook else "register_backward_hook"
     for hook in module._backward_hooks.values():
-        _ORIGINAL[backward](target, _owned(hook, owner))
+        _ORIGINAL[backward](target, _owned(_rebound(hook, counterpart), owner))
 
 
 _ORIGINAL: dict[str, Callable[..., Any]] = {"register_hook": torch.Tensor.register_hook}
