@@ -83,10 +83,13 @@ def test_ctx_step_is_the_step_the_function_resumes_at_from_its_first_line(forgot
         assert (ref / f"starts{rank}.log").read_text().split() == ["0"]
         assert (out / f"starts{rank}.log").read_text().split() == ["0", "6", "11"]
     # Every rank rewrites config.txt before its loop: after each resize the job's output says it was emptied,
-    # once per agent (one after the resize to 1 device, two after the one back to 2).
+    # once per agent that found something in it: one after the resize to 1 device; after the one back to 2,
+    # one or two, since the agent that opens it second may find it already emptied by the first (the
+    # warning is about a file with something in it; the two agents are processes of their own).
     said = [line for line in (out / "output.txt").read_text().splitlines() if "config.txt with mode 'w'" in line]
     assert all("what the file held is gone" in line for line in said), said
-    assert sorted(line.split("resuming at step ")[1].split(":")[0] for line in said) == ["11", "11", "6"], said
+    steps = sorted(line.split("resuming at step ")[1].split(":")[0] for line in said)
+    assert steps in (["11", "11", "6"], ["11", "6"]), said
     assert "config.txt" not in (ref / "output.txt").read_text()
     said = [line for line in (out / "output.txt").read_text().splitlines() if "notes.txt with mode 'w'" in line]
     assert {line.split("resuming at step ")[1].split(":")[0] for line in said} == {"6", "11"}, said
