@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elasticd.agent.replicated import grad_data
+from elasticd.agent.replicated.grad_data import is_update, plain
 from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:
@@ -137,39 +138,20 @@ class ParamData(torch.Tensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if args and type(args[0]) is ParamData and (name in _SETS or _is_update(name)):
+        if args and type(args[0]) is ParamData and (name in _SETS or is_update(name)):
             param, worker, later = args[0]._elasticd_of
             if name in _SETS:
                 worker.ctx._rt.replicated.swaps.before_set(worker.rank, param)
             elif later:
                 return args[0]   # `p.data.add_(...)`, `p.data *= k`: made once per device, by the first worker
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*_plain(args), **_plain(kwargs))
+            return func(*plain(args, ParamData), **plain(kwargs, ParamData))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)   # saved as a plain tensor
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         return self.as_subclass(torch.Tensor).clone()
-
-
-_AUGMENTED = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-                        "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
-
-
-def _is_update(name: str) -> bool:
-    """An in-place method (`add_`) or augmented assignment (`+=`); not `__index__`, `__int__`, `__iter__`."""
-    return name.endswith("_") and not name.startswith("_") or name in _AUGMENTED
-
-
-def _plain(obj: Any) -> Any:
-    if type(obj) is ParamData:
-        return obj.as_subclass(torch.Tensor)
-    if isinstance(obj, list | tuple):
-        return type(obj)(_plain(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    return obj
 
 
 def _set(self: torch.Tensor, value: Any) -> None:
@@ -184,7 +166,7 @@ def _set(self: torch.Tensor, value: Any) -> None:
     found = _worker_on(self)
     if found is not None and found[0].rank != found[1] and _from_user_code():
         return
-    _BASE.__set__(self, _plain(value))
+    _BASE.__set__(self, plain(value, ParamData))
 
 
 _installed = False

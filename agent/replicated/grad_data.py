@@ -67,10 +67,10 @@ class GradData(torch.Tensor):
                 if e.pristine is None:
                     e.pristine = grad.detach().clone()
                 with torch._C.DisableTorchFunctionSubclass():
-                    func(_BASE.__get__(grad), *_plain(args[1:]), **_plain(kwargs))
+                    func(_BASE.__get__(grad), *plain(args[1:], GradData), **plain(kwargs, GradData))
                 return args[0]
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*_plain(args), **_plain(kwargs))
+            return func(*plain(args, GradData), **plain(kwargs, GradData))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
@@ -79,22 +79,27 @@ class GradData(torch.Tensor):
         return self.as_subclass(torch.Tensor).clone()
 
 
-_AUGMENTED = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-                        "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
+AUGMENTED = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                       "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
+
+
+def is_update(name: str) -> bool:
+    """An in-place method (`add_`) or augmented assignment (`+=`); not `__index__`, `__int__`, `__iter__`, nor
+    `_foreach_mul_` (whose lists `plain` hands over as they are)."""
+    return name.endswith("_") and not name.startswith("_") or name in AUGMENTED
 
 
 def _in_place(name: str) -> bool:
-    """`mul_`, `clamp_`, `zero_`, `+=`, item assignment; not `__index__` or `_foreach_mul_` (whose lists the
-    plain path hands over counted, so the ledger judges them)."""
-    return (name.endswith("_") and not name.startswith("_")) or name in _AUGMENTED or name == "__setitem__"
+    return is_update(name) or name == "__setitem__"
 
 
-def _plain(obj: Any) -> Any:
-    """Counted aliases (`as_subclass` shares the gradient's version): any other write the ledger sees."""
-    if type(obj) is GradData:
+def plain(obj: Any, cls: type) -> Any:
+    """`obj` with every `cls` in it (containers too) as a plain tensor on the same memory with the same version
+    counter (`as_subclass`): for a gradient's, a write the subclass did not take is one the ledger sees."""
+    if type(obj) is cls:
         return obj.as_subclass(torch.Tensor)
     if isinstance(obj, list | tuple):
-        return type(obj)(_plain(o) for o in obj)
+        return type(obj)(plain(o, cls) for o in obj)
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: plain(v, cls) for k, v in obj.items()}
     return obj
