@@ -56,7 +56,6 @@ import sysconfig
 import types
 import warnings
 import weakref
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import CodeType, FrameType
@@ -67,6 +66,7 @@ import torch
 from elasticd.agent.slicer import loader_tracking, local_modules, tensor_containers
 from elasticd.agent.slicer.carried import NotCarried, snapshot_state
 from elasticd.agent.slicer.local_arrays import (
+    fingerprint,
     from_snapshot,
     is_array,
     nbytes,
@@ -398,28 +398,10 @@ def _big(a: Any) -> bool:
     return nbytes(a) > _MAX_TENSOR_BYTES
 
 
-# Elements of a big array read for its fingerprint, evenly spaced: enough to tell one data shard from another,
-# few enough that a memory-mapped one is read in a few thousand pages, not whole.
-_SAMPLES = 1 << 12
-
-
 def _fingerprint(a: Any) -> tuple[Any, ...] | None:
-    """Shape, dtype and a CRC of the bytes (of 4 096 evenly spaced elements, for an array over 64 MiB, read
-    where it lives); None for one whose bytes cannot be read that way (it is then never given back: no
-    saved value can be shown to start from the same bytes)."""
-    try:
-        if not isinstance(a, torch.Tensor):
-            flat = a.reshape(-1)
-            if _big(a):
-                flat = flat[(numpy_module().linspace(0, flat.size - 1, _SAMPLES)).astype("int64")]
-            return tuple(a.shape), str(a.dtype), zlib.crc32(flat.tobytes())
-        flat = a.detach().reshape(-1)
-        if _big(a):
-            flat = flat[torch.linspace(0, flat.numel() - 1, _SAMPLES, device=flat.device).long()]
-        host = flat.to("cpu").contiguous()
-        return tuple(a.shape), str(a.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
-    except (RuntimeError, TypeError, ValueError):
-        return None
+    """local_arrays.fingerprint, sampled over 64 MiB; None for an array whose bytes cannot be read (it is then
+    never given back: no saved value can be shown to start from the same bytes)."""
+    return fingerprint(a, _MAX_TENSOR_BYTES)
 
 
 class LoopStart:

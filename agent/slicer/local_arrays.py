@@ -4,6 +4,7 @@ tensors autograd does not record and numpy arrays of numbers, copied to the host
 from __future__ import annotations
 
 import sys
+import zlib
 from typing import Any
 
 import torch
@@ -51,3 +52,26 @@ def from_snapshot(saved: Any, device: torch.device | None) -> Any:
         assert np is not None, "a numpy array in a snapshot, with numpy gone"
         return np.frombuffer(saved["numpy_bytes"].numpy().tobytes(), dtype=saved["dtype"]).reshape(saved["shape"]).copy()
     return saved.to(device) if device is not None else saved
+
+
+# Elements of a big array read for its fingerprint, evenly spaced: enough to tell one data shard from another,
+# few enough that a memory-mapped one is read in a few thousand pages, not whole.
+SAMPLES = 1 << 12
+
+
+def fingerprint(a: Any, whole_up_to: int) -> tuple[Any, ...] | None:
+    """Shape, dtype and a CRC of the bytes, read where the array lives: all of them up to `whole_up_to` bytes,
+    beyond that 4 096 evenly spaced elements; None for one whose bytes cannot be read that way."""
+    try:
+        if not isinstance(a, torch.Tensor):
+            flat = a.reshape(-1)
+            if nbytes(a) > whole_up_to and flat.size > SAMPLES:
+                flat = flat[(numpy_module().linspace(0, flat.size - 1, SAMPLES)).astype("int64")]
+            return tuple(a.shape), str(a.dtype), zlib.crc32(flat.tobytes())
+        flat = a.detach().reshape(-1)
+        if nbytes(a) > whole_up_to and flat.numel() > SAMPLES:
+            flat = flat[torch.linspace(0, flat.numel() - 1, SAMPLES, device=flat.device).long()]
+        host = flat.to("cpu").contiguous()
+        return tuple(a.shape), str(a.dtype), zlib.crc32(host.view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, TypeError, ValueError):
+        return None

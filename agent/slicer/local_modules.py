@@ -21,24 +21,17 @@ from __future__ import annotations
 
 import itertools
 import weakref
-import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from elasticd.agent.slicer.carried import NotCarried, _target, snapshot_state
-from elasticd.agent.slicer.local_arrays import writes
+from elasticd.agent.slicer.local_arrays import fingerprint, writes
+from elasticd.agent.slicer.tensor_containers import storage
 
 if TYPE_CHECKING:
     from elasticd.agent.worker import Worker
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError):
-        return 0
 
 
 def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -56,11 +49,11 @@ def _elsewhere(w: Worker) -> set[int]:
     found: set[int] = set()
     for m in modules:
         if isinstance(m, torch.nn.Module):
-            found.update(_storage(t) for _, t in _tensors(m))
+            found.update(storage(t) for _, t in _tensors(m))
         elif isinstance(m, torch.Tensor):
-            found.add(_storage(m))
+            found.add(storage(m))
         elif isinstance(m, dict | list | tuple):
-            found.update(_storage(t) for t in (m.values() if isinstance(m, dict) else m) if isinstance(t, torch.Tensor))
+            found.update(storage(t) for t in (m.values() if isinstance(m, dict) else m) if isinstance(t, torch.Tensor))
     found.discard(0)
     return found
 
@@ -82,27 +75,14 @@ def loose(named: list[tuple[str, Any]], w: Worker | None) -> dict[str, torch.nn.
             continue
         if elsewhere is None:
             elsewhere = _elsewhere(w)
-        if any(_storage(t) in elsewhere for _, t in tensors):
+        if any(storage(t) in elsewhere for _, t in tensors):
             continue
         out[key] = value
     return out
 
 
-_SAMPLES = 1 << 12
-
-
-def _crc(t: torch.Tensor) -> int | None:
-    try:
-        flat = t.detach().reshape(-1)
-        if flat.numel() > _SAMPLES:
-            flat = flat[torch.linspace(0, flat.numel() - 1, _SAMPLES, device=flat.device).long()]
-        return zlib.crc32(flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
-    except (RuntimeError, TypeError, ValueError):   # no bytes to read (meta, sparse): identity and version only
-        return None
-
-
 def _print(module: torch.nn.Module) -> dict[str, tuple[Any, ...]]:
-    return {name: (id(t), writes(t), _crc(t)) for name, t in _tensors(module)}
+    return {name: (id(t), writes(t), fingerprint(t, 0)) for name, t in _tensors(module)}
 
 
 class Noted:

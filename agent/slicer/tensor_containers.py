@@ -119,7 +119,8 @@ class Noted:
                                           for (ref, n), a in zip(self.arrays, arrays, strict=True))
 
 
-def _storage(t: torch.Tensor) -> int:
+def storage(t: torch.Tensor) -> int:
+    """Where `t`'s memory lives (its storage's address), the same for every view of it; 0 for none."""
     try:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):   # a tensor without storage of its own (a functional wrapper)
@@ -142,7 +143,7 @@ def _models_tensors(named: list[tuple[str, Any]]) -> Iterator[torch.Tensor]:
 
 def models_storages(named: list[tuple[str, Any]]) -> set[int]:
     """Where the tensors of the models and optimizers the function's variables hold live."""
-    found = {_storage(t) for t in _models_tensors(named)}
+    found = {storage(t) for t in _models_tensors(named)}
     found.discard(0)
     return found
 
@@ -155,7 +156,7 @@ class ModelState:
         self.storages: set[int] = set()
         self._by_kind: dict[tuple[Any, ...], list[torch.Tensor]] = collections.defaultdict(list)
         for t in _models_tensors(named):
-            self.storages.add(_storage(t))
+            self.storages.add(storage(t))
             self._by_kind[(tuple(t.shape), t.dtype, t.device)].append(t)
         self.storages.discard(0)
 
@@ -167,7 +168,7 @@ class ModelState:
         resize restored, so it is carried whether or not the loop changes it. A tensor equal to a model's
         by chance (zeros like a bias) is carried for nothing, at no cost to the result."""
         for a in arrays:
-            if not isinstance(a, torch.Tensor) or _storage(a) in self.storages or a.layout != torch.strided:
+            if not isinstance(a, torch.Tensor) or storage(a) in self.storages or a.layout != torch.strided:
                 continue
             for t in self._by_kind.get((tuple(a.shape), a.dtype, a.device), ()):
                 try:
@@ -179,7 +180,7 @@ class ModelState:
 
 
 def views_of(arrays: list[Any], storages: set[int]) -> bool:
-    return any(isinstance(a, torch.Tensor) and _storage(a) in storages for a in arrays)
+    return any(isinstance(a, torch.Tensor) and storage(a) in storages for a in arrays)
 
 
 def note(named: list[tuple[str, Any]], models: ModelState) -> dict[str, Noted]:
