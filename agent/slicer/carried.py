@@ -15,6 +15,14 @@ naming it.
 Deep copies of modules are tracked when made before `ctx.steps` began (an EMA copy, made before or after
 `ctx.replicate`): the function makes them again on re-entry. A copy made inside the loop (a best-so-far
 model) is not carried, as documented; nor are copies made outside a worker thread.
+
+A copy that is part of another module is that module's state, not one of its own: `nn.TransformerEncoder`
+and `nn.Transformer` deep-copy their layer in their constructors (`_get_clones`), user and library
+constructors do the same (timm's `ModelEmaV2`), and builder functions pass `copy.deepcopy(attn)` into the
+layers they assemble. Copies made while a module's constructor runs are never tracked, and a tracked copy
+found inside a module that `ctx.replicate`, `ctx.private` or a function variable carries is carried with
+it. Carried on its own, such a copy was loaded back into the replicated model at re-entry, which the
+replicated-state check rightly took for an in-place change by the user.
 """
 
 from __future__ import annotations
@@ -118,11 +126,23 @@ class _Copy:
 _copying = threading.local()   # inside a tracked module's deep copy: its submodules are part of it
 
 
+def _in_module_constructor(frame: Any) -> bool:
+    """Whether a frame up the stack is the `__init__` of an nn.Module: what it copies becomes part of it."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__init__" and code.co_argcount > 0:
+            if isinstance(frame.f_locals.get(code.co_varnames[0]), torch.nn.Module):
+                return True
+        frame = frame.f_back
+    return False
+
+
 def _module_deepcopy(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Module:
     """What `copy.deepcopy` does for a module (it defines no __deepcopy__ of its own), and remembers the
-    copies a worker makes before its loop."""
+    copies a worker makes before its loop, outside any module's constructor."""
     w = current_worker()
     track = w is not None and not w.entered_steps and w.constructing == 0 and not getattr(_copying, "active", False)
+    track = track and not _in_module_constructor(sys._getframe(1))
     if track:
         _copying.active = True
     try:
@@ -173,11 +193,23 @@ def _carried_elsewhere(w: Worker, obj: Any) -> bool:
 
 
 def mark_registered(w: Worker, *objs: Any) -> None:
-    """`ctx.replicate` / `ctx.private` carry these themselves: keep their slot in the order, save nothing."""
+    """`ctx.replicate` / `ctx.private` carry these themselves: keep their slot in the order, save nothing.
+    So are the tracked copies inside a module among them."""
     for obj in objs:
         for k, made in enumerate(w.created):
             if obj is not None and _target(made) is obj:
                 w.created[k] = _Registered(type(obj).__qualname__)
+        if isinstance(obj, torch.nn.Module):
+            absorb(w, obj)
+
+
+def absorb(w: Worker, module: torch.nn.Module) -> None:
+    """The tracked copies that are submodules of `module` are carried with it: keep their slots (creation
+    order must still match on re-entry) under the same type name, and save nothing for them."""
+    inside = {id(m) for m in module.modules() if m is not module}
+    for k, made in enumerate(w.created):
+        if isinstance(made, _Copy) and made.ref() is not None and id(made.ref()) in inside:
+            w.created[k] = _Registered(made.type_name)
 
 
 def save(w: Worker) -> list[dict[str, Any]]:

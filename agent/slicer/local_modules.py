@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from elasticd.agent.slicer.carried import NotCarried, _target, snapshot_state
+from elasticd.agent.slicer.carried import NotCarried, _Copy, _target, absorb, snapshot_state
 from elasticd.agent.slicer.local_arrays import fingerprint, writes
 from elasticd.agent.slicer.tensor_containers import storage
 
@@ -38,34 +38,54 @@ def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(itertools.chain(module.named_parameters(), module.named_buffers()))
 
 
-def _elsewhere(w: Worker) -> set[int]:
-    """Where the tensors that other means carry live: replicated, private, tracked copies and averages."""
-    modules: list[Any] = []
-    rt = getattr(w.ctx, "_rt", None)
-    if rt is not None:
-        modules += [g.model for g in getattr(rt, "groups", [])]
-    modules += list(w.private)
-    modules += [_target(made) for made in w.created]
-    found: set[int] = set()
-    for m in modules:
-        if isinstance(m, torch.nn.Module):
-            found.update(storage(t) for _, t in _tensors(m))
-        elif isinstance(m, torch.Tensor):
-            found.add(storage(m))
-        elif isinstance(m, dict | list | tuple):
-            found.update(storage(t) for t in (m.values() if isinstance(m, dict) else m) if isinstance(t, torch.Tensor))
+def _storages(m: Any) -> set[int]:
+    if isinstance(m, torch.nn.Module):
+        found = {storage(t) for _, t in _tensors(m)}
+    elif isinstance(m, torch.Tensor):
+        found = {storage(m)}
+    elif isinstance(m, dict | list | tuple):
+        found = {storage(t) for t in (m.values() if isinstance(m, dict) else m) if isinstance(t, torch.Tensor)}
+    else:
+        found = set()
     found.discard(0)
     return found
 
 
+class _Elsewhere:
+    """Where the tensors that other means carry live: replicated, private, tracked objects and copies."""
+
+    def __init__(self, w: Worker) -> None:
+        rt = getattr(w.ctx, "_rt", None)
+        self.base: set[int] = set()
+        for m in [g.model for g in getattr(rt, "groups", [])] + list(w.private):
+            self.base |= _storages(m)
+        self.copies: dict[int, set[int]] = {}   # id of a tracked copy -> its storages
+        for made in w.created:
+            target = _target(made)
+            if isinstance(made, _Copy) and target is not None:
+                self.copies[id(target)] = _storages(target)
+            else:
+                self.base |= _storages(target)
+
+    def overlaps(self, tensors: list[tuple[str, torch.Tensor]], inside: set[int]) -> bool:
+        """Whether any of `tensors` is carried otherwise, not counting the tracked copies in `inside`."""
+        mine = {storage(t) for _, t in tensors}
+        if mine & self.base:
+            return True
+        return any(mine & found for key, found in self.copies.items() if key not in inside)
+
+
 def loose(named: list[tuple[str, Any]], w: Worker | None) -> dict[str, torch.nn.Module]:
     """key -> each module the variables hold that has tensors and shares none with what is carried otherwise
-    (the first key of a module two variables hold: DINO's `teacher` and `teacher_without_ddp`)."""
+    (the first key of a module two variables hold: DINO's `teacher` and `teacher_without_ddp`).
+
+    Tracked copies inside such a module (a teacher built from `copy.deepcopy(attn)` pieces) are carried with
+    it, not on their own (slicer/carried.py `absorb`)."""
     if w is None:
         return {}
     out: dict[str, torch.nn.Module] = {}
     seen: set[int] = set()
-    elsewhere: set[int] | None = None
+    elsewhere: _Elsewhere | None = None
     for key, value in named:
         if not isinstance(value, torch.nn.Module) or id(value) in seen:
             continue
@@ -74,9 +94,11 @@ def loose(named: list[tuple[str, Any]], w: Worker | None) -> dict[str, torch.nn.
         if not tensors:
             continue
         if elsewhere is None:
-            elsewhere = _elsewhere(w)
-        if any(storage(t) in elsewhere for _, t in tensors):
+            elsewhere = _Elsewhere(w)
+        inside = {id(m) for m in value.modules() if m is not value}
+        if elsewhere.overlaps(tensors, inside):
             continue
+        absorb(w, value)
         out[key] = value
     return out
 
