@@ -71,6 +71,7 @@ class ReplicatedState:
         self.swaps = ParamSwaps()   # values set through a parameter's .data: each worker's own (swaps.py)
         self.attr_writes = WriteCounts()   # plain attributes worker code sets on replicated modules (write_once.py)
         self._params: dict[int, ReplicatedGroup] = {}
+        self._frozen: set[int] = set()   # parameters of a replicated model that need no gradient
         self._building = False  # inside a scheduler's constructor: nested constructors are part of it
         self._stepping = False  # inside a scheduler's step run once: nested steps are part of it
 
@@ -96,6 +97,7 @@ class ReplicatedState:
                 data_attr.share_param(p, writer)
             self.groups.append(group)
             self._params.update({id(p): group for p in group.params})
+            self._frozen.update(id(p) for p in model.parameters() if id(p) not in self._params)
         group = self.groups[index]
         if model is group.model and w.rank != group.builder:
             hooks.release(model)   # one model for all, built outside the function: its hooks are all's
@@ -120,8 +122,11 @@ class ReplicatedState:
         return group.model, group.opt_view, group.sched_view
 
     def replicated_share(self, params: list[torch.Tensor]) -> int:
-        """How many of `params` are replicated parameters (callers reject a mix with private ones)."""
-        return sum(id(p) in self._params for p in params)
+        """How many of `params` are parameters of a replicated model (callers reject a mix with private ones).
+
+        A frozen one counts: `clip_grad_norm_(model.parameters())` over a model with a frozen part is one
+        call over replicated state, and clipping skips a parameter that has no gradient."""
+        return sum(id(p) in self._params or id(p) in self._frozen for p in params)
 
     def is_replicated_param(self, t: torch.Tensor) -> bool:
         return id(t) in self._params
