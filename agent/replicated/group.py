@@ -298,14 +298,26 @@ class ReplicatedGroup:
 
     def snapshot(self) -> GroupSnapshot:
         """The replicated state at the step boundary where the agents stopped, gradients included."""
-        return GroupSnapshot(model=self.model.state_dict(),
+        model = self.model.state_dict()
+        return GroupSnapshot(model=model,
                              optimizer=self.optimizer.state_dict() if self.optimizer is not None else None,
                              scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-                             grads=self.ledger.common_grads())
+                             grads=self.ledger.common_grads(),
+                             buffers={n: b.detach() for n, b in self.model.named_buffers() if n not in model})
 
     def load(self, snap: GroupSnapshot) -> None:
         """Adopt the replicated state saved at the step boundary where the job was resized."""
         self.model.load_state_dict(snap.model)
+        if snap.buffers:
+            held = dict(self.model.named_buffers())
+            with torch.no_grad():
+                for name, saved in snap.buffers.items():
+                    if name not in held or held[name].shape != saved.shape:
+                        raise RuntimeError(
+                            f"elasticd: cannot give the replicated model's non-persistent buffer {name!r} its value "
+                            f"from before the resize: the re-entered function built "
+                            f"{'no such buffer' if name not in held else f'one of shape {tuple(held[name].shape)}'}")
+                    held[name].copy_(saved)
         if self.optimizer is not None and snap.optimizer is not None:
             self.optimizer.load_state_dict(snap.optimizer)
         if self.scheduler is not None and snap.scheduler is not None:

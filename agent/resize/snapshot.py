@@ -14,7 +14,8 @@ from __future__ import annotations
 import io
 import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -49,13 +50,21 @@ class GroupSnapshot:
     # The common gradient at the boundary, by trainable parameter (None: no gradient). Under DDP it carries
     # over into the next step unless the job clears it first, so it survives a resize as well.
     grads: list[torch.Tensor | None] | None = None
+    # Buffers registered with persistent=False, by name: state_dict() leaves them out, but a forward may
+    # change them (a running count), and DDP carries them along with the model's other buffers.
+    buffers: dict[str, torch.Tensor] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "grads": self.grads}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def mapped(self, fn: Callable[[Any], Any]) -> GroupSnapshot:
+        """The same snapshot with `fn` applied to each part (a copy, a host view)."""
+        return GroupSnapshot(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GroupSnapshot:
-        return cls(model=d["model"], optimizer=d["optimizer"], scheduler=d["scheduler"], grads=d.get("grads"))
+        return cls(model=d["model"], optimizer=d["optimizer"], scheduler=d["scheduler"], grads=d.get("grads"),
+                   buffers=d.get("buffers"))
 
 
 @dataclass(slots=True)

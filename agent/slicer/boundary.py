@@ -27,7 +27,7 @@ from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.private import saving
 from elasticd.agent.resize.periodic import FLAG_BUSY, FLAG_DUE, FLAG_NONE, PeriodicSnapshots
-from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.agent.resize.snapshot import AgentSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import carried, function_locals, loader_tracking, rng
 from elasticd.agent.slicer.loader import ResumableBatches
 from elasticd.agent.worker import Worker
@@ -307,9 +307,7 @@ class StepBoundary:
         assert periodic is not None
         self._snap_at = None
         clone = saving.clone_state
-        groups = [GroupSnapshot(model=clone(s.model), optimizer=clone(s.optimizer), scheduler=clone(s.scheduler),
-                                grads=clone(s.grads)).to_dict()
-                  for s in (g.snapshot() for g in self.rt.groups)]
+        groups = [g.snapshot().mapped(clone).to_dict() for g in self.rt.groups]
         periodic.submit(step, {"groups": groups})
 
     @property
@@ -338,9 +336,7 @@ class StepBoundary:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""
         # In host memory: the next segment's model is built on the device while this is still referenced.
         host = saving.host_view
-        groups = [GroupSnapshot(model=host(s.model), optimizer=host(s.optimizer), scheduler=host(s.scheduler),
-                                grads=host(s.grads))
-                  for s in (g.snapshot() for g in self.rt.groups)]
+        groups = [g.snapshot().mapped(host) for g in self.rt.groups]
         missing = [r for r, w in workers.items() if w.snapshot is None]
         if missing:
             raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "
