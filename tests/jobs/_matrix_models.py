@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,7 +46,7 @@ class Case:
     register_scheduler: bool = True   # passed to ctx.replicate, else left for elasticd to find
     plateau: bool = False             # scheduler.step(metric): the loss averaged over every rank
     ema_teacher: bool = False         # a second instance, moved towards the model after every step (DINO)
-    notes: dict[str, str] = field(default_factory=dict)
+    evaluate: Callable[[nn.Module, Batch], torch.Tensor] | None = None   # in eval mode, no grad; default: loss
 
 
 # --- batches -------------------------------------------------------------------------------------------
@@ -98,9 +98,9 @@ class EncoderLM(nn.Module):
                                          enable_nested_tensor=nested and not norm_first)
         self.head = nn.Linear(D, VOCAB)
 
-    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.enc(self.emb(x), mask=causal(x.shape[1]), is_causal=True, src_key_padding_mask=pad)
-        return self.head(h)
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None, is_causal: bool = True) -> torch.Tensor:
+        mask = causal(x.shape[1]) if is_causal else None
+        return self.head(self.enc(self.emb(x), mask=mask, is_causal=is_causal, src_key_padding_mask=pad))
 
 
 class DecoderLM(nn.Module):
@@ -189,7 +189,8 @@ ATTENTION = [
     Case("encoder_post_norm", lambda: EncoderLM(), padded_tokens,
          lambda m, b: lm_loss(m(b[0], b[2]), b[1]), _sgd_momentum,
          lambda o: lr.OneCycleLR(o, max_lr=0.1, total_steps=STEPS + 4),
-         notes={"attention": "key biases: trained with SGD"}),
+         # without a causal mask, an evaluation with a padding mask takes torch's nested-tensor fast path
+         evaluate=lambda m, b: lm_loss(m(b[0], b[2], is_causal=False).masked_fill(b[2][..., None], 0), b[1])),
     Case("encoder_pre_norm_causal", lambda: EncoderLM(norm_first=True, bias=False), tokens,
          lambda m, b: lm_loss(m(b[0]), b[1]),
          lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.1, foreach=True),

@@ -7,7 +7,7 @@ the loss averaged over every rank, as a DDP script must give it). Schedulers are
 left for elasticd to find, as each case says. Each rank draws its batch from its own seeded generator, so data
 needs no loader; dropout draws from each rank's own global stream. Logical rank 0 writes every model's state
 as `{case.name}.{key}` to ELASTICD_TEST_OUT (and before training to
-ELASTICD_TEST_INIT). With ELASTICD_TEST_RELEASE set, each step waits for that file to
+ELASTICD_TEST_INIT), with each model's loss on a fixed batch in eval mode under no_grad after training. With ELASTICD_TEST_RELEASE set, each step waits for that file to
 exist (up to ELASTICD_TEST_PACE_S), so that a test can resize the job through the daemon while it trains.
 """
 
@@ -81,17 +81,25 @@ def train(ctx) -> None:
                         t.mul_(0.9).add_(s.detach(), alpha=0.1)
         ctx.log(loss=loss.item())
         pace()
+    evals = {}
+    for case, model, _, _ in trained:   # eval mode, no grad: the inference paths (nested tensors)
+        model.eval()
+        with torch.no_grad():
+            batch = tuple(t.to(ctx.device) for t in case.batch(torch.Generator().manual_seed(999)))
+            evals[f"{case.name}.eval_loss"] = (case.evaluate or case.loss)(model, batch).detach()
     if ctx.rank == 0:
         save(cases, [model for _, model, _, _ in trained], "ELASTICD_TEST_OUT",
-             {f"{name}.teacher": t for name, t in teachers.items()})
+             {f"{name}.teacher": t for name, t in teachers.items()}, evals)
 
 
-def save(cases: list, models: list[torch.nn.Module], env: str, more: dict | None = None) -> None:
+def save(cases: list, models: list[torch.nn.Module], env: str, more: dict | None = None,
+         tensors: dict[str, torch.Tensor] | None = None) -> None:
     path = os.environ.get(env)
     if path:
         named = {**{case.name: model for case, model in zip(cases, models, strict=True)}, **(more or {})}
-        torch.save({f"{name}.{k.removeprefix('module.')}": v.detach().cpu().clone()
-                    for name, model in named.items() for k, v in _state(model).items()}, path)
+        state = {f"{name}.{k.removeprefix('module.')}": v.detach().cpu().clone()
+                 for name, model in named.items() for k, v in _state(model).items()}
+        torch.save({**state, **{k: v.cpu() for k, v in (tensors or {}).items()}}, path)
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
