@@ -3,7 +3,8 @@
 ELASTICD_TEST_EMA picks how: `averaged` — torch's `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn)`
 made after `ctx.replicate` (its `n_averaged` counter is state too); `copy` — `copy.deepcopy(model)` made
 before `ctx.replicate` (timm's order: the EMA before the DDP wrap) and updated by hand, buffers included;
-`tensors` — a dict of detached copies of the model's state (`{k: v.detach().clone() ...}`, floating-point
+`module` — an `nn.Module` wrapper whose constructor deep-copies the model, made before `ctx.replicate` and
+updated through its own method, as timm's `ModelEmaV2`; `tensors` — a dict of detached copies of the model's state (`{k: v.detach().clone() ...}`, floating-point
 entries only) made after `ctx.replicate` and updated in place, the way many scripts keep an EMA by hand.
 Each rank updates its own average every step, as each DDP process does.
 A resize re-enters the function, which builds the average again from the current weights: it must get its
@@ -31,6 +32,21 @@ STEPS = 20
 DECAY = 0.8   # short memory, so that an average restarted at a resize is far from the true one by the end
 
 
+class ModuleEma(nn.Module):
+    """timm's `ModelEmaV2` shape: the copy is made inside a module's constructor and is a submodule of it."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(model)
+        self.decay = decay
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for e, p in zip(self.module.state_dict().values(), model.state_dict().values(), strict=True):
+            if e.is_floating_point():
+                e.mul_(self.decay).add_(p, alpha=1 - self.decay)
+
+
 @elasticd.elastic(workers=WORKERS, deterministic=DETERMINISTIC)
 def train(ctx) -> None:
     torch.manual_seed(0)
@@ -40,6 +56,8 @@ def train(ctx) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     if VARIANT == "copy":
         ema = copy.deepcopy(model)
+    if VARIANT == "module":
+        ema = ModuleEma(model, DECAY)
     model, opt = ctx.replicate(model, opt)
     if VARIANT == "averaged":
         ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(DECAY), use_buffers=True)
@@ -64,10 +82,12 @@ def train(ctx) -> None:
                 for e, p in zip(ema.state_dict().values(), model.state_dict().values(), strict=True):
                     if e.is_floating_point():
                         e.mul_(DECAY).add_(p, alpha=1 - DECAY)
+        elif VARIANT == "module":
+            ema.update(model)
         else:
             ema.update_parameters(model)
     if ctx.rank == 0:
-        average = ema.module if isinstance(ema, AveragedModel) else ema
+        average = ema.module if isinstance(ema, AveragedModel | ModuleEma) else ema
         held = average if isinstance(average, dict) else average.state_dict()
         extra = {f"ema.{k.removeprefix('module.')}": v.detach().cpu().clone() for k, v in held.items()}
         if isinstance(ema, AveragedModel):
