@@ -198,6 +198,17 @@ class PhysicalGroup:
             dist.all_gather(out, t.contiguous(), group=self.side if side else None)
         return out
 
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every agent's `data` (any length), in agent order: two all_gathers of CPU tensors (gloo)."""
+        if self.world == 1:
+            return [data]
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [int(s.item()) for s in self.all_gather(size)]
+        payload = torch.zeros(max(sizes), dtype=torch.uint8)
+        if data:
+            payload[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return [ctypes.string_at(t.data_ptr(), n) for t, n in zip(self.all_gather(payload), sizes, strict=True)]
+
     def barrier(self) -> None:
         if self.world > 1:
             self.collectives += 1

@@ -60,7 +60,7 @@ def _ctx() -> WorkerContext | None:
     return None if w is None else w.ctx
 
 
-def _op_name(op: Any) -> str:
+def op_name(op: Any) -> str:
     for known, name in _REDUCE_OPS:
         if op == known:  # RedOpType and ReduceOp instances both compare equal to the enum members
             return name
@@ -68,7 +68,7 @@ def _op_name(op: Any) -> str:
                               f"(supported: SUM, AVG, PRODUCT, MIN, MAX)")
 
 
-def _check_group(group: Any, fn: str) -> None:
+def check_group(group: Any, fn: str) -> None:
     # With M > 1 agents `group.WORLD` is the physical group object; user code means the logical world.
     if group is None or group is c10d.GroupMember.WORLD:
         return
@@ -78,7 +78,7 @@ def _check_group(group: Any, fn: str) -> None:
     )
 
 
-def _logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register `impl(ctx, *args, **kwargs)` as the in-worker behaviour of `torch.distributed.<name>`."""
     original = getattr(c10d, name)
 
@@ -122,7 +122,7 @@ def _refuse_inside_backward(name: str) -> None:
             f"use BatchNorm instead of SyncBatchNorm, or communicate before or after backward")
 
 
-class _DeliverWork(Work):
+class DeliverWork(Work):
     """A handle whose op's result is written into the caller's output tensors when the flush completes it."""
 
     def __init__(self, runtime: Any, op: Any, deliver: Callable[[Any], None]) -> None:
@@ -134,10 +134,30 @@ class _DeliverWork(Work):
         super()._complete()
 
 
-def _gather(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
+def gather_all(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
             deliver: Callable[[list[torch.Tensor]], None]) -> Work | None:
     op = AllGather(ctx.rank, tensor=tensor)
-    work = _DeliverWork(ctx._rt, op, deliver)
+    work = DeliverWork(ctx._rt, op, deliver)
+    ctx._rt.enqueue(ctx._w, op, work)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def root(ctx: WorkerContext, given: int | None, group_given: int | None, what: str, fn: str) -> int:
+    """The root rank of a call: `dst`/`src`, or `group_dst`/`group_src` (the same on the default group)."""
+    r = given if given is not None else group_given
+    if r is None:
+        r = 0
+    if not 0 <= r < ctx.world_size:
+        raise ValueError(f"{fn}: {what}={r} is not a logical rank of {ctx.world_size}")
+    return r
+
+
+def run(ctx: WorkerContext, op: Any, async_op: bool, deliver: Any = None) -> Work | None:
+    """Queue `op`; `deliver(op)` runs when the flush completes it. Waits unless `async_op`."""
+    work = DeliverWork(ctx._rt, op, (lambda _result: deliver(op)) if deliver else (lambda _result: None))
     ctx._rt.enqueue(ctx._w, op, work)
     if async_op:
         return work
@@ -147,14 +167,14 @@ def _gather(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
 
 # -- the logical world ----------------------------------------------------------------------------
 
-@_logical("is_initialized")
+@logical("is_initialized")
 def _is_initialized(ctx: WorkerContext) -> bool:
     # The logical world exists even when a single agent has no process group: an @elastic function sees it
     # initialized (None) until it destroys it; a torchrun-mode script (False) once it calls init_process_group.
     return ctx._w.dist_initialized is not False
 
 
-@_logical("init_process_group")
+@logical("init_process_group")
 def _init_process_group(ctx: WorkerContext, backend: Any = None, init_method: Any = None, timeout: Any = None,
                         world_size: int = -1, rank: int = -1, store: Any = None, group_name: str = "",
                         pg_options: Any = None, device_id: Any = None, **_: Any) -> None:
@@ -171,59 +191,59 @@ def _init_process_group(ctx: WorkerContext, backend: Any = None, init_method: An
     ctx._w.dist_backend = str(backend).lower() if backend else None
 
 
-@_logical("destroy_process_group")
+@logical("destroy_process_group")
 def _destroy_process_group(ctx: WorkerContext, group: Any = None) -> None:
-    _check_group(group, "destroy_process_group")  # the agents' own group is the runtime's to close
+    check_group(group, "destroy_process_group")  # the agents' own group is the runtime's to close
     ctx._w.dist_initialized = False
 
 
-@_logical("get_backend")
+@logical("get_backend")
 def _get_backend(ctx: WorkerContext, group: Any = None) -> str:
-    _check_group(group, "get_backend")
+    check_group(group, "get_backend")
     if ctx._w.dist_backend:
         return ctx._w.dist_backend
     return "nccl" if ctx.device.type == "cuda" else "gloo"
 
 
-@_logical("get_rank")
+@logical("get_rank")
 def _get_rank(ctx: WorkerContext, group: Any = None) -> int:
-    _check_group(group, "get_rank")
+    check_group(group, "get_rank")
     return ctx.rank
 
 
-@_logical("get_world_size")
+@logical("get_world_size")
 def _get_world_size(ctx: WorkerContext, group: Any = None) -> int:
-    _check_group(group, "get_world_size")
+    check_group(group, "get_world_size")
     return ctx.world_size
 
 
-@_logical("new_group")
+@logical("new_group")
 def _new_group(ctx: WorkerContext, *args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("elasticd: torch.distributed.new_group is not supported inside an elastic "
-                              "function; only the default group (the logical world) is")
+                              "function or a torchrun-mode script; only the default group (the logical world) is")
 
 
-@_logical("all_reduce")
+@logical("all_reduce")
 def _all_reduce(ctx: WorkerContext, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
                 async_op: bool = False) -> Work | None:
-    _check_group(group, "all_reduce")
-    return ctx.all_reduce(tensor, op=_op_name(op), async_op=async_op)
+    check_group(group, "all_reduce")
+    return ctx.all_reduce(tensor, op=op_name(op), async_op=async_op)
 
 
-@_logical("broadcast")
+@logical("broadcast")
 def _broadcast(ctx: WorkerContext, tensor: torch.Tensor, src: int | None = None, group: Any = None,
                async_op: bool = False, group_src: int | None = None) -> Work | None:
-    _check_group(group, "broadcast")
+    check_group(group, "broadcast")
     root = src if src is not None else group_src  # the default group's ranks are the global ones
     if root is None:
         raise ValueError("broadcast needs src (or group_src)")
     return ctx.broadcast(tensor, root, async_op=async_op)
 
 
-@_logical("all_gather")
+@logical("all_gather")
 def _all_gather(ctx: WorkerContext, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
                 async_op: bool = False) -> Work | None:
-    _check_group(group, "all_gather")
+    check_group(group, "all_gather")
     if len(tensor_list) != ctx.world_size:
         raise ValueError(f"all_gather needs a list of {ctx.world_size} tensors, got {len(tensor_list)}")
 
@@ -231,13 +251,13 @@ def _all_gather(ctx: WorkerContext, tensor_list: list[torch.Tensor], tensor: tor
         for out, t in zip(tensor_list, every, strict=True):
             out.copy_(t)
 
-    return _gather(ctx, tensor, async_op, deliver)
+    return gather_all(ctx, tensor, async_op, deliver)
 
 
-@_logical("all_gather_into_tensor")
+@logical("all_gather_into_tensor")
 def _all_gather_into_tensor(ctx: WorkerContext, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                             group: Any = None, async_op: bool = False) -> Work | None:
-    _check_group(group, "all_gather_into_tensor")
+    check_group(group, "all_gather_into_tensor")
     if output_tensor.numel() != ctx.world_size * input_tensor.numel():
         raise ValueError(f"all_gather_into_tensor: output must hold {ctx.world_size} x the input's "
                          f"{input_tensor.numel()} elements, got {output_tensor.numel()}")
@@ -246,62 +266,64 @@ def _all_gather_into_tensor(ctx: WorkerContext, output_tensor: torch.Tensor, inp
         # Concatenated or stacked along dim 0: the same memory order either way.
         output_tensor.copy_(torch.stack(every).reshape(output_tensor.shape))
 
-    return _gather(ctx, input_tensor, async_op, deliver)
+    return gather_all(ctx, input_tensor, async_op, deliver)
 
 
-@_logical("reduce_scatter")
+@logical("reduce_scatter")
 def _reduce_scatter(ctx: WorkerContext, output: torch.Tensor, input_list: list[torch.Tensor],
                     op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    _check_group(group, "reduce_scatter")
-    return ctx.reduce_scatter(output, list(input_list), op=_op_name(op), async_op=async_op)
+    check_group(group, "reduce_scatter")
+    return ctx.reduce_scatter(output, list(input_list), op=op_name(op), async_op=async_op)
 
 
-@_logical("reduce_scatter_tensor")
+@logical("reduce_scatter_tensor")
 def _reduce_scatter_tensor(ctx: WorkerContext, output: torch.Tensor, input: torch.Tensor,
                            op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    _check_group(group, "reduce_scatter_tensor")
-    return ctx.reduce_scatter(output, input, op=_op_name(op), async_op=async_op)
+    check_group(group, "reduce_scatter_tensor")
+    return ctx.reduce_scatter(output, input, op=op_name(op), async_op=async_op)
 
 
-@_logical("barrier")
+@logical("barrier")
 def _barrier(ctx: WorkerContext, group: Any = None, async_op: bool = False, device_ids: Any = None,
              timeout: Any = None) -> Work | None:
-    _check_group(group, "barrier")
+    check_group(group, "barrier")
     return ctx.barrier(async_op=async_op)
 
 
 # torch 2.13 renames the tensor forms (the old names warn); code uses both.
 if hasattr(c10d, "all_gather_single"):
-    _logical("all_gather_single")(_all_gather_into_tensor)
+    logical("all_gather_single")(_all_gather_into_tensor)
 if hasattr(c10d, "reduce_scatter_single"):
-    _logical("reduce_scatter_single")(_reduce_scatter_tensor)
+    logical("reduce_scatter_single")(_reduce_scatter_tensor)
 
+
+# -- the rest of the collectives, in modules of their own ---------------------------------------------------
+
+from elasticd.agent.compat import dist_objects, dist_rooted  # noqa: E402,F401 - they register their patches
 
 # -- what has no logical form here ----------------------------------------------------------------
 
-# Object collectives pickle through torch's own all_gather/broadcast on the agents' group, and rooted or
-# point-to-point ops would run once per hosted rank over agents, not logical ranks: inside a worker they
-# would hang or answer wrongly, so they fail at once, naming themselves.
+# Point-to-point ops and subgroups involve some ranks and not others, where the baton hands over only at
+# points every hosted worker reaches: inside a worker they would hang or answer wrongly, so they fail at
+# once, naming themselves.
 UNSUPPORTED = (
-    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-    "send_object_list", "recv_object_list",
-    "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
-    "send", "recv", "isend", "irecv", "batch_isend_irecv",
-    "all_reduce_coalesced", "all_gather_coalesced", "monitored_barrier",
+    "send_object_list", "recv_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
 )
+SUPPORTED = ("all_reduce, broadcast, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, "
+             "reduce, gather, scatter, all_to_all, all_to_all_single, barrier, monitored_barrier, the coalesced "
+             "forms, broadcast_object_list, all_gather_object, gather_object, scatter_object_list")
 
 
 def _unsupported(name: str) -> None:
     def impl(ctx: WorkerContext, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
-            f"elasticd: torch.distributed.{name} is not supported inside an elastic function (logical ranks "
-            f"share an agent process, so it would run over agents, not ranks). Supported on the default "
-            f"group: all_reduce, broadcast, all_gather, all_gather_into_tensor, reduce_scatter, "
-            f"reduce_scatter_tensor, barrier; for objects, all_gather a tensor encoding them."
+            f"elasticd: torch.distributed.{name} is not supported inside an elastic function or a torchrun-mode "
+            f"script: point-to-point operations between logical ranks are not implemented. Supported on the "
+            f"default group: {SUPPORTED}."
         )
 
     if hasattr(c10d, name):  # names differ between torch versions
-        _logical(name)(impl)
+        logical(name)(impl)
 
 
 for _name in UNSUPPORTED:
