@@ -80,6 +80,7 @@ class LogicalDDP(torch.nn.Module):
         self.broadcast_buffers = self.forward_sync_buffers
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
+        self.static_graph = bool(options.get("static_graph", False))   # read by Lightning's DDP strategy
         self._ctx: WorkerContext = worker.ctx
         self._ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         self._params = [p for n, p in module.named_parameters() if n not in self._ignored and p.requires_grad]
@@ -134,6 +135,12 @@ class LogicalDDP(torch.nn.Module):
 
     def _set_static_graph(self) -> None:
         """Graph-shape hint for the real reducer; nothing to do here."""
+        self.static_graph = True
+
+    def _get_ddp_logging_data(self) -> dict[str, Any]:
+        """The real reducer's statistics (Lightning reads them at teardown): there is no reducer here, so
+        nothing is measured, and no static-graph advice follows from it."""
+        return {"can_set_static_graph": False}
 
     # -- gradient averaging (called by the runtime after each backward outside ctx.no_sync) -----------
     def _on_grad(self, _p: torch.Tensor) -> None:
