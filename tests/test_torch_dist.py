@@ -281,32 +281,20 @@ def test_mismatched_torch_distributed_calls_fail_naming_both_ranks() -> None:
     assert "CollectiveMismatch" in info.value.message and "logical ranks 0 and 1" in info.value.message
 
 
-def test_collectives_without_a_logical_form_raise_naming_themselves_inside_workers() -> None:
-    """Object collectives, rooted and point-to-point ops would run over agents once per hosted rank (a hang
-    or a wrong answer): inside a worker each raises NotImplementedError naming the function."""
+def test_point_to_point_calls_raise_naming_themselves_inside_workers() -> None:
+    """Point-to-point ops involve two ranks, where the baton hands over only at points every hosted worker
+    reaches: inside a worker each raises NotImplementedError naming the function, not a hang."""
     from elasticd.agent.compat.torch_dist import UNSUPPORTED
 
     t = torch.ones(2)
     calls = {
-        "all_gather_object": lambda: dist.all_gather_object([None, None], {"a": 1}),
-        "broadcast_object_list": lambda: dist.broadcast_object_list([{"a": 1}], src=0),
-        "gather_object": lambda: dist.gather_object({"a": 1}, None, dst=0),
-        "scatter_object_list": lambda: dist.scatter_object_list([None], [{"a": 1}, {"b": 2}], src=0),
         "send_object_list": lambda: dist.send_object_list([1], dst=1),
         "recv_object_list": lambda: dist.recv_object_list([None], src=0),
-        "reduce": lambda: dist.reduce(t, dst=0),
-        "gather": lambda: dist.gather(t, None, dst=0),
-        "scatter": lambda: dist.scatter(t, None, src=0),
-        "all_to_all": lambda: dist.all_to_all([t, t], [t, t]),
-        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(2), t),
         "send": lambda: dist.send(t, dst=1),
         "recv": lambda: dist.recv(t, src=0),
         "isend": lambda: dist.isend(t, dst=1),
         "irecv": lambda: dist.irecv(t, src=0),
         "batch_isend_irecv": lambda: dist.batch_isend_irecv([]),
-        "all_reduce_coalesced": lambda: dist.all_reduce_coalesced([t]),
-        "all_gather_coalesced": lambda: dist.all_gather_coalesced([[t, t]], [t]),
-        "monitored_barrier": lambda: dist.monitored_barrier(),
     }
     assert sorted(calls) == sorted(UNSUPPORTED)
     errors: dict[int, dict[str, str]] = {}
@@ -328,12 +316,12 @@ def test_collectives_without_a_logical_form_raise_naming_themselves_inside_worke
 
 
 @pytest.mark.timeout(300)
-def test_an_object_collective_fails_a_real_run_with_its_name() -> None:
+def test_a_point_to_point_call_fails_a_real_run_with_its_name() -> None:
     """Through `elasticd run` on 2 agents (a real physical group, where the call would otherwise reach it)."""
-    args = ["run", str(JOBS / "object_collective.py"), "--workers", "4", "--devices", "2"]
-    run = cli(*args, env={"ELASTICD_TEST_WORKERS": "4"}, timeout=RUN_TIMEOUT)
+    args = ["run", str(JOBS / "unsupported_call.py"), "--workers", "4", "--devices", "2"]
+    run = cli(*args, env={"ELASTICD_TEST_WORKERS": "4", "ELASTICD_TEST_CALL": "send"}, timeout=RUN_TIMEOUT)
     assert run.code == 1, run.output
-    assert "NotImplementedError: elasticd: torch.distributed.all_gather_object is not supported" in run.output
+    assert "NotImplementedError: elasticd: torch.distributed.send is not supported" in run.output
     assert "logical rank 0" in run.output
 
 

@@ -1,9 +1,10 @@
 """A Hugging Face `Trainer` script as people launch it with torchrun: a tiny GPT-2 built from its config,
-synthetic token data, `TrainingArguments` on CPU. It knows nothing of elasticd.
+synthetic token data with an evaluation set (evaluated every 4 steps: a gather over ranks of the eval
+loss), `TrainingArguments` on CPU. It knows nothing of elasticd.
 
     torchrun --nproc_per_node 4 torchrun_hf_trainer.py OUT.pt LOSSES.json
 
-Rank 0 writes the final weights to OUT.pt and the logged training losses to LOSSES.json.
+Rank 0 writes the final weights to OUT.pt and the logged training and evaluation losses to LOSSES.json.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 
 class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int = 256, seq: int = 16, vocab: int = 64) -> None:
-        g = torch.Generator().manual_seed(7)
+    def __init__(self, n: int = 256, seq: int = 16, vocab: int = 64, seed: int = 7) -> None:
+        g = torch.Generator().manual_seed(seed)
         self.data = torch.randint(0, vocab, (n, seq), generator=g)
 
     def __len__(self) -> int:
@@ -34,13 +35,15 @@ def main(out: str, losses: str) -> None:
     args = TrainingArguments(output_dir="hf_out", max_steps=8, per_device_train_batch_size=4, learning_rate=3e-3,
                              weight_decay=0.01, warmup_steps=2, lr_scheduler_type="cosine", logging_steps=1,
                              save_strategy="no", report_to=[], use_cpu=True, seed=0, dataloader_num_workers=0,
-                             disable_tqdm=True, max_grad_norm=1.0)
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+                             disable_tqdm=True, max_grad_norm=1.0, eval_strategy="steps", eval_steps=4,
+                             per_device_eval_batch_size=8)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), eval_dataset=Tokens(n=40, seed=8))
     trainer.train()
     if trainer.is_world_process_zero():
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
         with open(losses, "w") as f:
-            json.dump([e["loss"] for e in trainer.state.log_history if "loss" in e], f)
+            json.dump({"train": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+                       "eval": [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e]}, f)
     # Trainer leaves the process group up; gloo can abort in interpreter teardown if it is never destroyed.
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
