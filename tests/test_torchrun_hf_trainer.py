@@ -1,6 +1,7 @@
 """torchrun mode with a Hugging Face `Trainer` script (tests/jobs/torchrun_hf_trainer.py: a tiny GPT-2 from its
-config, warmup and cosine schedule, gradient clipping), run unchanged: against real torchrun with 4 processes
-over gloo, the same logged losses and the same weights within DDP's tolerance, on 1 device and on 2."""
+config, warmup and cosine schedule, gradient clipping, an evaluation set), run unchanged: against real
+torchrun with 4 processes over gloo, the same training and evaluation losses and the same weights within
+DDP's tolerance, on 1 device and on 2."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def test_hf_trainer_script_unchanged_matches_torchrun(torchrun_run: Path, tmp_pa
     assert run.code == 0, run.output
     want = json.loads((torchrun_run / "losses.json").read_text())
     got = json.loads((tmp_path / "losses.json").read_text())
-    assert len(want) == 8 and len(set(want)) > 1, want
-    assert got == pytest.approx(want, rel=1e-5), (got, want)
+    assert len(want["train"]) == 8 and len(set(want["train"])) > 1 and len(want["eval"]) == 2, want
+    assert got["train"] == pytest.approx(want["train"], rel=1e-5), (got, want)
+    assert got["eval"] == pytest.approx(want["eval"], rel=1e-5), (got, want)
     assert_ddp_close(load_state(torchrun_run / "final.pt"), load_state(tmp_path / "final.pt"))

@@ -9,6 +9,7 @@ Lightning synchronised over ranks to LOSSES.json.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -58,7 +59,10 @@ def main(out: str, losses: str) -> None:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
         with open(losses, "w") as f:
             json.dump({"train": model.losses, "val": float(trainer.callback_metrics["val_loss"])}, f)
-    # Lightning leaves the process group up; gloo can abort in interpreter teardown if it is never destroyed.
+    # Lightning leaves the process group up: gloo can abort in interpreter teardown when it is never destroyed,
+    # and can hang there when the trainer is collected only after destroy_process_group (as HF's Trainer did).
+    del trainer, model
+    gc.collect()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
