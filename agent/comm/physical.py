@@ -209,6 +209,16 @@ class PhysicalGroup:
             payload[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return [ctypes.string_at(t.data_ptr(), n) for t, n in zip(self.all_gather(payload), sizes, strict=True)]
 
+    def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
+        """A point-to-point send to agent `dst`, started and returned at once (comm/p2p.py); CPU tensors, which
+        gloo carries on every backend. Not counted in `collectives`: only its two agents take part."""
+        with _peers():
+            return dist.isend(t, dst, tag=tag)
+
+    def irecv(self, t: torch.Tensor, src: int, tag: int) -> Any:
+        with _peers():
+            return dist.irecv(t, src, tag=tag)
+
     def barrier(self) -> None:
         if self.world > 1:
             self.collectives += 1

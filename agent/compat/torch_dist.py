@@ -50,7 +50,7 @@ _REDUCE_OPS = (
     (dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.PRODUCT, "product"),
     (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.MAX, "max"),
 )
-_PATCHES: dict[str, Callable[..., Any]] = {}  # torch.distributed name -> its worker-aware replacement
+PATCHES: dict[str, Callable[..., Any]] = {}  # torch.distributed name -> its worker-aware replacement
 # What torch answers with no default group as well; everything else raises there, and does here.
 _WITHOUT_GROUP = frozenset({"is_initialized", "init_process_group", "destroy_process_group"})
 
@@ -97,7 +97,7 @@ def logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             return impl(ctx, *args, **kwargs)
 
         patched.__elasticd_logical__ = True  # type: ignore[attr-defined]
-        _PATCHES[name] = patched
+        PATCHES[name] = patched
         return impl
 
     return register
@@ -297,38 +297,9 @@ if hasattr(c10d, "reduce_scatter_single"):
     logical("reduce_scatter_single")(_reduce_scatter_tensor)
 
 
-# -- the rest of the collectives, in modules of their own ---------------------------------------------------
+# -- the rest of the API, in modules of their own ------------------------------------------------------
 
-from elasticd.agent.compat import dist_objects, dist_rooted  # noqa: E402,F401 - they register their patches
-
-# -- what has no logical form here ----------------------------------------------------------------
-
-# Point-to-point ops and subgroups involve some ranks and not others, where the baton hands over only at
-# points every hosted worker reaches: inside a worker they would hang or answer wrongly, so they fail at
-# once, naming themselves.
-UNSUPPORTED = (
-    "send_object_list", "recv_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
-)
-SUPPORTED = ("all_reduce, broadcast, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, "
-             "reduce, gather, scatter, all_to_all, all_to_all_single, barrier, monitored_barrier, the coalesced "
-             "forms, broadcast_object_list, all_gather_object, gather_object, scatter_object_list")
-
-
-def _unsupported(name: str) -> None:
-    def impl(ctx: WorkerContext, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"elasticd: torch.distributed.{name} is not supported inside an elastic function or a torchrun-mode "
-            f"script: point-to-point operations between logical ranks are not implemented. Supported on the "
-            f"default group: {SUPPORTED}."
-        )
-
-    if hasattr(c10d, name):  # names differ between torch versions
-        logical(name)(impl)
-
-
-for _name in UNSUPPORTED:
-    _unsupported(_name)
-
+from elasticd.agent.compat import dist_objects, dist_p2p, dist_rooted  # noqa: E402,F401 - they register patches
 
 # -- DistributedDataParallel ----------------------------------------------------------------------
 
@@ -384,8 +355,9 @@ def install(fn: Callable[..., Any] | None = None) -> None:
     """Patch torch.distributed and DDP in this process (idempotent); rebind names in `fn`'s module."""
     global _installed
     if not _installed:
-        for name, patched in _PATCHES.items():
+        for name, patched in PATCHES.items():
             setattr(dist, name, patched)
+        dist_p2p.install()   # P2POp(dist.isend, ...) inside workers
         torch.nn.parallel.DistributedDataParallel = DistributedDataParallel  # type: ignore[misc]
         ddp_module.DistributedDataParallel = DistributedDataParallel  # type: ignore[misc]
         _installed = True
@@ -422,7 +394,7 @@ def rebind_loaded() -> None:
 def rebind(namespace: dict[str, Any]) -> None:
     """Point names bound to the unpatched objects (`from torch.distributed import all_reduce`) at the patches."""
     replacements: dict[int, Any] = {id(RealDDP): DistributedDataParallel}
-    replacements.update({id(getattr(c10d, name)): patched for name, patched in _PATCHES.items()})
+    replacements.update({id(getattr(c10d, name)): patched for name, patched in PATCHES.items()})
     for key, value in list(namespace.items()):
         new = replacements.get(id(value))
         if new is not None:

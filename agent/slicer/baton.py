@@ -1,12 +1,16 @@
 """The baton: which hosted worker runs next, and when the agent flushes.
 
 A pure state machine (no threads, no torch): the runtime feeds it events and executes the action it
-returns. Exactly one hosted worker holds the baton at a time. A worker gives it up only at a
-collective (its `seq`-th) or when it returns. When every live worker waits at the same collective the
-agent flushes: one physical collective, after which all of them are runnable again and the baton goes
-back to the lowest rank, so the order of work inside an agent is always rank order.
+returns. Exactly one hosted worker holds the baton at a time. A worker gives it up at a collective (its
+`seq`-th), when it must wait for a point-to-point message (comm/p2p.py), or when it returns. When every
+live worker waits at the same collective the agent flushes: one physical collective, after which all of
+them are runnable again and the baton goes back to the lowest rank, so the order of work inside an agent
+is always rank order. A blocked worker becomes runnable when its message comes: from a hosted sender
+(`unblock`, while the sender holds the baton) or from another agent (`resume`, when nobody holds it and
+the agent waited for the message: `Idle`).
 
     RUNNABLE --arrive--> WAITING --flushed--> RUNNABLE
+    RUNNABLE --block--> BLOCKED --unblock/resume--> RUNNABLE
     RUNNABLE --finish--> DONE
 """
 
@@ -19,6 +23,7 @@ from enum import Enum
 class WorkerState(str, Enum):
     RUNNABLE = "runnable"
     WAITING = "waiting"
+    BLOCKED = "blocked"
     DONE = "done"
 
 
@@ -51,7 +56,15 @@ class Stranded:
     returned: tuple[int, ...]
 
 
-Action = Run | Flush | AllDone | Stranded
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nobody can run: the `blocked` workers wait for point-to-point messages (the others wait at a collective
+    or returned). The runtime waits for a message and `resume`s its receiver."""
+
+    blocked: tuple[int, ...]
+
+
+Action = Run | Flush | AllDone | Stranded | Idle
 
 
 class BatonError(RuntimeError):
@@ -79,6 +92,25 @@ class Baton:
         self.state[rank] = WorkerState.WAITING
         return self._next_after(rank)
 
+    def block(self, rank: int) -> Action:
+        """`rank` (the holder) waits for a point-to-point message."""
+        self._expect_holder(rank)
+        self.state[rank] = WorkerState.BLOCKED
+        return self._next_after(rank)
+
+    def unblock(self, rank: int) -> None:
+        """A hosted sender (the holder) delivered what blocked `rank`: it runs when the baton comes to it."""
+        if self.state[rank] is WorkerState.BLOCKED:
+            self.state[rank] = WorkerState.RUNNABLE
+
+    def resume(self, rank: int) -> Action:
+        """While idle: `rank`'s message came from another agent; it takes the baton."""
+        if self.holder is not None or self.state[rank] is not WorkerState.BLOCKED:
+            raise BatonError(f"rank {rank} resumed while {self.holder} holds the baton or it is {self.state[rank]}")
+        self.state[rank] = WorkerState.RUNNABLE
+        self.holder = rank
+        return Run(rank)
+
     def finish(self, rank: int) -> Action:
         """`rank` (the holder) returned from the user function."""
         self._expect_holder(rank)
@@ -103,8 +135,11 @@ class Baton:
             if self.state[r] is WorkerState.RUNNABLE:
                 self.holder = r
                 return Run(r)
-        waiting = tuple(r for r in self.order if self.state[r] is WorkerState.WAITING)
         self.holder = None
+        blocked = tuple(r for r in self.order if self.state[r] is WorkerState.BLOCKED)
+        if blocked:
+            return Idle(blocked)
+        waiting = tuple(r for r in self.order if self.state[r] is WorkerState.WAITING)
         if not waiting:
             return AllDone()
         done = tuple(r for r in self.order if self.state[r] is WorkerState.DONE)

@@ -230,7 +230,14 @@ class StepBoundary:
         return step, self._ballot(step, self.rt._workers[self.rt.hosted[0]].total_steps)
 
     def _capture(self, w: Worker, step: int) -> WorkerSnapshot:
-        """Everything of `w` a resumed worker needs, in host memory (private and carried state copied)."""
+        """Everything of `w` a resumed worker needs, in host memory (private and carried state copied).
+
+        Raises:
+            carried.NotCarried: a point-to-point message of `w`'s is in flight (agent/comm/p2p.py).
+        """
+        in_flight = self.rt.p2p.in_flight(w.rank)
+        if in_flight is not None:
+            raise carried.NotCarried(in_flight)
         return WorkerSnapshot(
             rank=w.rank, step=step + 1, rng=rng.capture(self.rt._cuda).to_dict(),
             loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),

@@ -22,6 +22,7 @@ import torch
 
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
 from elasticd.agent.comm.layout import Layout, blocks_problem
+from elasticd.agent.comm.p2p import PointToPoint
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
@@ -34,7 +35,7 @@ from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.slicer import reentry_writes, rng, shared_globals
 from elasticd.agent.slicer.backward_hook import install_backward_hook
-from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Run, Stranded, WorkerState
+from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Idle, Run, Stranded, WorkerState
 from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
@@ -81,6 +82,7 @@ class Runtime:
         if layout is not None and layout.hosted(phys.rank) != self.hosted:
             raise ValueError(f"agent {phys.rank} hosts ranks {self.hosted}, not its block of layout {layout}")
         self.baton = Baton(self.hosted)
+        self.p2p = PointToPoint(self)   # send/recv between logical ranks (agent/comm/p2p.py)
         # Compute vs physical-collective seconds per step, reported with each step (agent/timing.py).
         self.timing = StepTiming(len(self.hosted))
         self.current: Worker | None = None
@@ -227,6 +229,12 @@ class Runtime:
                 self.current = None
                 self._done.set()
                 return False
+            if isinstance(action, Idle):
+                ready = self.p2p.await_message(action.blocked, lambda: self._aborted)
+                if ready < 0:
+                    raise _Aborted()
+                action = self.baton.resume(ready)
+                continue
             if isinstance(action, Stranded):
                 raise CollectiveMismatch(
                     f"logical ranks {list(action.returned)} returned from the function while ranks "
@@ -297,6 +305,14 @@ class Runtime:
         if w is None or w is not current_worker():
             raise RuntimeError("elasticd: a collective handle was waited on outside its worker")
         if not self._execute(w, self.baton.arrive(w.rank)):
+            self._wait_turn(w)
+        w.judged = False
+
+    def block(self, w: Worker) -> None:
+        """Give up the baton until `w`'s point-to-point message is there (agent/comm/p2p.py)."""
+        if w is not current_worker():
+            raise RuntimeError("elasticd: a receive was waited on outside its worker")
+        if not self._execute(w, self.baton.block(w.rank)):
             self._wait_turn(w)
         w.judged = False
 
