@@ -1,11 +1,12 @@
-"""The baton state machine, without threads: hand-off order, flush timing, stranded workers."""
+"""The baton state machine, without threads: hand-off order, flush timing, stranded workers, workers blocked
+on point-to-point messages."""
 
 from __future__ import annotations
 
 import pytest
 
 from elasticd.agent.comm.layout import hosted_ranks, owner_of
-from elasticd.agent.slicer.baton import AllDone, Baton, BatonError, Flush, Run, Stranded
+from elasticd.agent.slicer.baton import AllDone, Baton, BatonError, Flush, Idle, Run, Stranded
 
 
 def test_round_robin_then_flush_then_lowest_rank_again() -> None:
@@ -62,3 +63,25 @@ def test_layout_is_contiguous_balanced_and_complete(n: int, m: int) -> None:
 def test_layout_rejects_impossible_sizes(n: int, m: int, p: int) -> None:
     with pytest.raises(ValueError):
         hosted_ranks(n, m, p)
+
+
+def test_a_blocked_worker_runs_again_after_its_hosted_sender_delivers_and_holds_back_the_flush() -> None:
+    b = Baton([0, 1, 2])
+    b.start()
+    assert b.block(0) == Run(1)          # rank 0 waits for rank 1's message
+    b.unblock(0)                         # rank 1 sends it, still holding the baton
+    assert b.arrive(1) == Run(2)
+    assert b.arrive(2) == Run(0)         # no flush while rank 0 has not reached the collective
+    assert b.arrive(0) == Flush(seq=0, ranks=(0, 1, 2))
+
+
+def test_when_only_blocked_workers_are_left_the_agent_idles_until_one_resumes() -> None:
+    b = Baton([0, 1])
+    b.start()
+    assert b.block(0) == Run(1)
+    assert b.arrive(1) == Idle(blocked=(0,))     # rank 1 at a collective, rank 0 waits for another agent
+    assert b.holder is None
+    assert b.resume(0) == Run(0)
+    assert b.arrive(0) == Flush(seq=0, ranks=(0, 1))
+    with pytest.raises(BatonError):
+        b.resume(1)                              # not blocked, and a holder exists

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from cluster import status, wait_state
-from util import JOBS, REFERENCE_WORKERS, cli, load_state, wait_until
+from util import JOBS, REFERENCE_WORKERS, cli, element_diff, global_diff, load_state, wait_until
 
 JOB = str(JOBS / "matrix_job.py")
 RUNS = {"one": ("--devices", "1"), "two": ("--devices", "2"), "resized": ("--devices", "2", "--scale-at", "3:1,6:2")}
@@ -48,19 +48,6 @@ def by_model(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
         case, rest = k.split(".", 1)
         out.setdefault(f"{case}.teacher" if rest.startswith("teacher.") else case, []).append(k)
     return out
-
-
-def global_diff(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], keys: list[str]) -> float:
-    num = sum(float((want[k].double() - got[k].double()).square().sum()) for k in keys)
-    den = sum(float(want[k].double().square().sum()) for k in keys)
-    return (num / den) ** 0.5 if den else float(num > 0)
-
-
-def element_diff(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], keys: list[str]) -> float:
-    delta = max((float((want[k].double() - got[k].double()).abs().max()) for k in keys if want[k].numel()),
-                default=0.0)
-    scale = max((float(want[k].double().abs().max()) for k in keys if want[k].numel()), default=0.0)
-    return delta / scale if scale else delta
 
 
 @pytest.fixture(scope="module")

@@ -281,47 +281,13 @@ def test_mismatched_torch_distributed_calls_fail_naming_both_ranks() -> None:
     assert "CollectiveMismatch" in info.value.message and "logical ranks 0 and 1" in info.value.message
 
 
-def test_point_to_point_calls_raise_naming_themselves_inside_workers() -> None:
-    """Point-to-point ops involve two ranks, where the baton hands over only at points every hosted worker
-    reaches: inside a worker each raises NotImplementedError naming the function, not a hang."""
-    from elasticd.agent.compat.torch_dist import UNSUPPORTED
-
-    t = torch.ones(2)
-    calls = {
-        "send_object_list": lambda: dist.send_object_list([1], dst=1),
-        "recv_object_list": lambda: dist.recv_object_list([None], src=0),
-        "send": lambda: dist.send(t, dst=1),
-        "recv": lambda: dist.recv(t, src=0),
-        "isend": lambda: dist.isend(t, dst=1),
-        "irecv": lambda: dist.irecv(t, src=0),
-        "batch_isend_irecv": lambda: dist.batch_isend_irecv([]),
-    }
-    assert sorted(calls) == sorted(UNSUPPORTED)
-    errors: dict[int, dict[str, str]] = {}
-
-    @elasticd.elastic(workers=2)
-    def train(ctx):
-        errors[ctx.rank] = {}
-        for name, call in calls.items():
-            try:
-                call()
-            except NotImplementedError as e:
-                errors[ctx.rank][name] = str(e)
-
-    train()
-    for r in (0, 1):
-        assert sorted(errors[r]) == sorted(calls), f"rank {r}: did not raise NotImplementedError: " \
-                                                   f"{sorted(set(calls) - set(errors[r]))}"
-        assert all(f"torch.distributed.{name} is not supported" in msg for name, msg in errors[r].items())
-
-
 @pytest.mark.timeout(300)
-def test_a_point_to_point_call_fails_a_real_run_with_its_name() -> None:
+def test_a_subgroup_fails_a_real_run_with_its_name() -> None:
     """Through `elasticd run` on 2 agents (a real physical group, where the call would otherwise reach it)."""
     args = ["run", str(JOBS / "unsupported_call.py"), "--workers", "4", "--devices", "2"]
-    run = cli(*args, env={"ELASTICD_TEST_WORKERS": "4", "ELASTICD_TEST_CALL": "send"}, timeout=RUN_TIMEOUT)
+    run = cli(*args, env={"ELASTICD_TEST_WORKERS": "4"}, timeout=RUN_TIMEOUT)
     assert run.code == 1, run.output
-    assert "NotImplementedError: elasticd: torch.distributed.send is not supported" in run.output
+    assert "NotImplementedError: elasticd: torch.distributed.new_group is not supported" in run.output
     assert "logical rank 0" in run.output
 
 

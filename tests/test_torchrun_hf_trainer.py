@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_torchrun_mode import RUN_TIMEOUT, assert_ddp_close
-from util import JOBS, cli, load_state
+from test_torchrun_mode import RUN_TIMEOUT
+from util import JOBS, cli, element_diff, global_diff, load_state
 
 pytest.importorskip("transformers")   # a test extra (pyproject.toml): installed by scripts/setup.sh
 
@@ -41,4 +41,11 @@ def test_hf_trainer_script_unchanged_matches_torchrun(torchrun_run: Path, tmp_pa
     assert len(want["train"]) == 8 and len(set(want["train"])) > 1 and len(want["eval"]) == 2, want
     assert got["train"] == pytest.approx(want["train"], rel=1e-5), (got, want)
     assert got["eval"] == pytest.approx(want["eval"], rel=1e-5), (got, want)
-    assert_ddp_close(load_state(torchrun_run / "final.pt"), load_state(tmp_path / "final.pt"))
+    # GPT-2's attention has key biases, whose gradient is round-off only: AdamW turns it into O(lr) noise under
+    # any summation order, so the weights compare as the conformance matrix compares them (a global relative
+    # and an elementwise bound over the model), not tensor by tensor.
+    ref, ours = load_state(torchrun_run / "final.pt"), load_state(tmp_path / "final.pt")
+    assert ref.keys() == ours.keys()
+    keys = list(ref)
+    assert global_diff(ref, ours, keys) <= 1e-6 and element_diff(ref, ours, keys) <= 5e-5, \
+        (global_diff(ref, ours, keys), element_diff(ref, ours, keys))

@@ -54,6 +54,22 @@ def max_rel_diff(ref: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor
     return max(rel_diffs(ref, got).values(), default=0.0)
 
 
+def global_diff(want: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor], keys: list[str]) -> float:
+    """||got - want|| / ||want|| over the tensors `keys` name, taken together: a model's own figure, which a
+    tensor whose gradient is round-off only (an attention key bias under Adam) cannot dominate."""
+    num = sum(float((want[k].double() - got[k].double()).square().sum()) for k in keys)
+    den = sum(float(want[k].double().square().sum()) for k in keys)
+    return (num / den) ** 0.5 if den else float(num > 0)
+
+
+def element_diff(want: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tensor], keys: list[str]) -> float:
+    """The largest elementwise |got - want| over `keys`, relative to the largest |want| among them."""
+    delta = max((float((want[k].double() - got[k].double()).abs().max()) for k in keys if want[k].numel()),
+                default=0.0)
+    scale = max((float(want[k].double().abs().max()) for k in keys if want[k].numel()), default=0.0)
+    return delta / scale if scale else delta
+
+
 def wait_until(pred: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> T:
     """Poll `pred` until it returns something truthy (returned); AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout
