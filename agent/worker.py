@@ -46,6 +46,7 @@ class Worker:
     judged: bool = False
     once_running: str | None = None  # inside an operation run once per device for all hosted workers (replicated/once.py)
     replicate_calls: int = 0
+    groups_made: int = 0   # torch.distributed.new_group calls so far: the next one's channel (compat/dist_groups.py)
     start_step: int = 0
     total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar
     metrics: dict[str, Any] = field(default_factory=dict)

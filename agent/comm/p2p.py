@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 _GRACE_S = 5.0   # at a snapshot, how long a send to another agent may take to be received before it counts as left over
 
 
+_TAG_SPACE = 2 ** 30
+
+
 class Deadlock(RuntimeError):
     """Every hosted worker waits, and no message any of them waits for can come."""
 
@@ -208,9 +211,15 @@ class PointToPoint:
             s[0].result()
 
     def _tag(self, key: Key) -> int:
+        """The physical tag of a (source, destination, tag): users' tags below 2**30, subgroups' channels
+        (negative tags, compat/dist_groups.py) above, so the two never match."""
         src, dst, tag = key
         n = self.rt.workers
-        return (tag * n + src) * n + dst
+        physical = ((tag if tag >= 0 else -1 - tag) * n + src) * n + dst
+        if physical >= _TAG_SPACE:
+            raise ValueError(f"elasticd: tag {tag} is too large for {n} logical ranks (tag x N x N must stay "
+                             f"below 2**30)")
+        return physical if tag >= 0 else _TAG_SPACE + physical
 
     def _check_peer(self, w: Worker, peer: int, what: str) -> None:
         if not isinstance(peer, int) or not 0 <= peer < self.rt.workers:

@@ -36,6 +36,7 @@ import torch.nn.parallel
 import torch.nn.parallel.distributed as ddp_module
 
 from elasticd.agent.comm.collectives import AllGather
+from elasticd.agent.compat import dist_groups
 from elasticd.agent.compat.logical_ddp import LogicalDDP
 from elasticd.agent.slicer.context import Work
 from elasticd.agent.worker import current_worker, worker_in_backward
@@ -73,8 +74,9 @@ def check_group(group: Any, fn: str) -> None:
     if group is None or group is c10d.GroupMember.WORLD:
         return
     raise NotImplementedError(
-        f"elasticd: torch.distributed.{fn} on a group other than the default one is not supported inside "
-        f"an elastic function; the default group is the logical world of N workers"
+        f"elasticd: torch.distributed.{fn} on a process group elasticd did not make is not supported inside an "
+        f"elastic function; the default group is the logical world of N workers, and new_group makes subgroups "
+        f"of it"
     )
 
 
@@ -94,6 +96,8 @@ def logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 # torch's own answer outside an initialized world (before init, after destroy)
                 raise ValueError(f"Default process group has not been initialized, please make sure to call "
                                  f"init_process_group. (elasticd: torch.distributed.{name} in logical rank {ctx.rank})")
+            if any(dist_groups.is_group(x) for x in (*args, *kwargs.values())):
+                return dist_groups.call(name, original, ctx, args, kwargs)   # a subgroup's collective
             return impl(ctx, *args, **kwargs)
 
         patched.__elasticd_logical__ = True  # type: ignore[attr-defined]
@@ -218,9 +222,32 @@ def _get_world_size(ctx: WorkerContext, group: Any = None) -> int:
 
 
 @logical("new_group")
-def _new_group(ctx: WorkerContext, *args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("elasticd: torch.distributed.new_group is not supported inside an elastic "
-                              "function or a torchrun-mode script; only the default group (the logical world) is")
+def _new_group(ctx: WorkerContext, ranks: list[int] | None = None, *args: Any, **kwargs: Any) -> Any:
+    return dist_groups.new_group(ctx, ranks, sort_ranks=kwargs.get("sort_ranks", True))
+
+
+@logical("new_subgroups")
+def _new_subgroups(ctx: WorkerContext, group_size: int | None = None, group: Any = None, *args: Any,
+                   **kwargs: Any) -> Any:
+    return dist_groups.new_subgroups(ctx, group_size, group)
+
+
+@logical("get_process_group_ranks")
+def _get_process_group_ranks(ctx: WorkerContext, group: Any) -> list[int]:
+    check_group(group, "get_process_group_ranks")
+    return list(range(ctx.world_size))
+
+
+@logical("get_group_rank")
+def _get_group_rank(ctx: WorkerContext, group: Any, global_rank: int) -> int:
+    check_group(group, "get_group_rank")
+    return global_rank
+
+
+@logical("get_global_rank")
+def _get_global_rank(ctx: WorkerContext, group: Any, group_rank: int) -> int:
+    check_group(group, "get_global_rank")
+    return group_rank
 
 
 @logical("all_reduce")
