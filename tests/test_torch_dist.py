@@ -175,16 +175,19 @@ def test_ddp_wrapped_model_is_private_state_swapped_under_a_budget() -> None:
         assert all(torch.equal(a, b) for a, b in zip(free[r], tight[r], strict=True)), f"rank {r} changed by swapping"
 
 
-def test_other_groups_are_not_supported_inside_workers() -> None:
+def test_process_groups_elasticd_did_not_make_are_refused_inside_workers() -> None:
+    """new_group makes subgroups of the logical world (tests/test_torch_dist_groups.py); a process group from
+    elsewhere, and DDP over a subgroup, are refused by name."""
     errors: dict[str, str] = {}
 
     @elasticd.elastic(workers=2)
     def train(ctx):
+        sub = dist.new_group([0, 1])
         for name, call in {
-            "new_group": lambda: dist.new_group([0]),
             "all_reduce": lambda: dist.all_reduce(torch.ones(1), group=object()),
             "get_rank": lambda: dist.get_rank(group=object()),
             "ddp": lambda: DistributedDataParallel(nn.Linear(1, 1), process_group=object()),
+            "ddp_subgroup": lambda: DistributedDataParallel(nn.Linear(1, 1), process_group=sub),
         }.items():
             try:
                 call()
@@ -192,7 +195,7 @@ def test_other_groups_are_not_supported_inside_workers() -> None:
                 errors[name] = str(e)
 
     train()
-    assert sorted(errors) == ["all_reduce", "ddp", "get_rank", "new_group"], errors
+    assert sorted(errors) == ["all_reduce", "ddp", "ddp_subgroup", "get_rank"], errors
     assert all("elasticd" in msg for msg in errors.values()), errors
 
 
@@ -282,12 +285,13 @@ def test_mismatched_torch_distributed_calls_fail_naming_both_ranks() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_subgroup_fails_a_real_run_with_its_name() -> None:
+def test_a_foreign_process_group_fails_a_real_run_with_its_name() -> None:
     """Through `elasticd run` on 2 agents (a real physical group, where the call would otherwise reach it)."""
     args = ["run", str(JOBS / "unsupported_call.py"), "--workers", "4", "--devices", "2"]
     run = cli(*args, env={"ELASTICD_TEST_WORKERS": "4"}, timeout=RUN_TIMEOUT)
     assert run.code == 1, run.output
-    assert "NotImplementedError: elasticd: torch.distributed.new_group is not supported" in run.output
+    assert "NotImplementedError: elasticd: torch.distributed.all_reduce on a process group elasticd did not " \
+           "make is not supported" in run.output
     assert "logical rank 0" in run.output
 
 

@@ -1,5 +1,5 @@
 """A job that calls a torch.distributed function elasticd cannot run over logical ranks
-(a subgroup): the run must fail naming it, not hang or answer with the
+(a collective on a process group it did not make): the run must fail naming it, not hang or answer with the
 agents' view."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def train(ctx) -> None:
     for _ in ctx.steps(2):
         t = torch.ones(1)
         dist.all_reduce(t)  # supported: the job is fine up to the call below
-        dist.new_group([0, 1])
+        dist.all_reduce(t, group=object())
 
 
 if __name__ == "__main__":
