@@ -26,6 +26,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from elasticd.agent.comm.objects import dumps, loads
 from elasticd.agent.comm.p2p import PointToPoint
+from elasticd.agent.compat.dist_registry import SUBGROUPS, op_name
 
 if TYPE_CHECKING:
     from elasticd.agent.slicer.context import WorkerContext
@@ -145,7 +146,6 @@ def _reduce(every: list[torch.Tensor], op: str, like: torch.Tensor) -> torch.Ten
 
 
 def _op(a: dict[str, Any]) -> str:
-    from elasticd.agent.compat.torch_dist import op_name
     return op_name(a.get("op", dist.ReduceOp.SUM))
 
 
@@ -360,3 +360,7 @@ def call(name: str, original: Callable[..., Any], ctx: WorkerContext, args: tupl
     if impl is None:
         raise NotImplementedError(f"elasticd: torch.distributed.{name} on a subgroup is not supported")
     return impl(ctx, group, a)
+
+
+SUBGROUPS.is_group = is_group
+SUBGROUPS.call = call

@@ -1,6 +1,6 @@
 """`torch.distributed`'s object collectives on the logical world: broadcast_object_list, all_gather_object,
 gather_object and scatter_object_list (comm/objects.py carries the pickles). Registered into
-compat/torch_dist.py's table of patches when it loads.
+the table of compat/dist_registry.py.
 
 Every receiver gets its own unpickled copy, as a separate process would, so two workers of one agent never
 share a received object; the source of a broadcast keeps its own objects, as under torch.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elasticd.agent.comm.objects import Exchange, dumps, loads
-from elasticd.agent.compat.torch_dist import check_group, logical, root, run
+from elasticd.agent.compat.dist_registry import check_group, logical, root, run
 
 if TYPE_CHECKING:
     from elasticd.agent.slicer.context import WorkerContext

@@ -1,6 +1,6 @@
 """`torch.distributed`'s point-to-point functions between logical ranks: send, recv, isend, irecv,
 batch_isend_irecv, send_object_list and recv_object_list (agent/comm/p2p.py carries the messages).
-Registered into compat/torch_dist.py's table of patches when it loads.
+Registered into the table of compat/dist_registry.py.
 
 Receiving from any source (`recv(t)` without `src`) is refused by name: which message a receive without a
 source gets depends on timing under torchrun, and here on the baton's order, so it could not be the same.
@@ -16,7 +16,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from elasticd.agent.comm.objects import dumps, loads
 from elasticd.agent.comm.p2p import Receive
-from elasticd.agent.compat.torch_dist import PATCHES, check_group, logical
+from elasticd.agent.compat.dist_registry import PATCHES, check_group, logical
 from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """`torch.distributed`'s rooted and all-to-all collectives on the logical world: reduce, gather, scatter,
 all_to_all, all_to_all_single, the coalesced forms and monitored_barrier (comm/rooted.py and
-comm/objects.py do the work). Registered into compat/torch_dist.py's table of patches when it loads.
+comm/objects.py do the work). Registered into the table of compat/dist_registry.py.
 
 Checks follow torch's: a destination passes the list it gathers into and only it does; a source passes the
 chunks it scatters and only it does; an `async_op` caller gets a handle whose `wait()` delivers.
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from elasticd.agent.comm.objects import Exchange, dumps, loads
 from elasticd.agent.comm.rooted import AllToAll, GatherTo, Reduce, Scatter
-from elasticd.agent.compat.torch_dist import check_group, gather_all, logical, op_name, root, run
+from elasticd.agent.compat.dist_registry import check_group, gather_all, logical, op_name, root, run
 from elasticd.agent.slicer.context import Work
 
 if TYPE_CHECKING:

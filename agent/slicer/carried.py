@@ -21,8 +21,8 @@ and `nn.Transformer` deep-copy their layer in their constructors (`_get_clones`)
 constructors do the same (timm's `ModelEmaV2`), and builder functions pass `copy.deepcopy(attn)` into the
 layers they assemble. Copies made while a module's constructor runs are never tracked, and a tracked copy
 found inside a module that `ctx.replicate`, `ctx.private` or a function variable carries is carried with
-it. Carried on its own, such a copy was loaded back into the replicated model at re-entry, which the
-replicated-state check rightly took for an in-place change by the user.
+it. Carried on its own, such a copy would be loaded back into the replicated model at re-entry: an in-place
+change of replicated state, which the replicated-state check refuses.
 """
 
 from __future__ import annotations
