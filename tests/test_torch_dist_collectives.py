@@ -9,65 +9,33 @@ and two ranks calling different collectives failing with both named.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_torchrun_mode import RUN_TIMEOUT
-from util import JOBS, cli
+from util import JOBS, assert_ranks_saw_what_torchrun_showed, ranks_saw, torchrun
 
 import elasticd
 from elasticd.agent.slicer.runtime import WorkerFailed
 
 SCRIPT = JOBS / "torchrun_collectives.py"
-RANKS = 4
-
-
-def same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, list | tuple):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b
-
-
-def seen(out: Path) -> list[dict[str, Any]]:
-    sys.path.insert(0, str(JOBS))   # the script's own Report class, pickled in what the ranks saw
-    try:
-        return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
-    finally:
-        sys.path.remove(str(JOBS))
 
 
 @pytest.fixture(scope="module")
 def torchrun_seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("torchrun_collectives")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
-           str(SCRIPT), str(tmp)]
-    run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
-    return seen(tmp)
+    torchrun(tmp, SCRIPT, str(tmp))
+    return ranks_saw(tmp)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("devices", [1, 2])
 def test_every_collective_gives_every_rank_what_torchrun_gives_it(torchrun_seen: list, tmp_path: Path,
                                                                    devices: int) -> None:
-    run = cli("run", "--workers", str(RANKS), "--devices", str(devices), str(SCRIPT), str(tmp_path), cwd=tmp_path,
-              timeout=RUN_TIMEOUT)
-    assert run.code == 0, run.output
-    ours = seen(tmp_path)
     assert "reduce.2.sum" in torchrun_seen[2] and "gather_object" in torchrun_seen[3]
-    for r, (want, got) in enumerate(zip(torchrun_seen, ours, strict=True)):
-        assert want.keys() == got.keys(), (r, set(want) ^ set(got))
-        differ = [k for k in want if not same(want[k], got[k])]
-        assert not differ, f"rank {r} saw other values than under torchrun: {[(k, want[k], got[k]) for k in differ]}"
+    assert_ranks_saw_what_torchrun_showed(SCRIPT, devices, torchrun_seen, tmp_path)
 
 
 def test_inside_an_elastic_function_objects_are_each_ranks_own_and_unequal_all_to_all_routes() -> None:

@@ -9,49 +9,30 @@ and group reductions are bitwise the same on every layout in deterministic mode.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_torch_dist_collectives import same
-from test_torchrun_mode import RUN_TIMEOUT
-from util import JOBS, cli
+from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, ranks_saw, torchrun
 
 import elasticd
 
 SCRIPT = JOBS / "torchrun_groups.py"
-RANKS = 4
-
-
-def seen(out: Path) -> list[dict]:
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
 
 
 @pytest.fixture(scope="module")
 def torchrun_seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("torchrun_groups")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
-           str(SCRIPT), str(tmp)]
-    run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
-    return seen(tmp)
+    torchrun(tmp, SCRIPT, str(tmp))
+    return ranks_saw(tmp)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("devices", [1, 2])
-def test_every_collective_on_a_subgroup_gives_what_torchrun_gives(torchrun_seen: list, tmp_path: Path,
-                                                                  devices: int) -> None:
-    run = cli("run", "--workers", str(RANKS), "--devices", str(devices), str(SCRIPT), str(tmp_path), cwd=tmp_path,
-              timeout=RUN_TIMEOUT)
-    assert run.code == 0, run.output
+def test_every_collective_on_a_subgroup_gives_what_torchrun_gives(torchrun_seen: list, tmp_path: Path, devices: int) -> None:
     assert "all_reduce.three" in torchrun_seen[0] and "gather.pair" in torchrun_seen[3]
-    for r, (want, got) in enumerate(zip(torchrun_seen, seen(tmp_path), strict=True)):
-        assert want.keys() == got.keys(), (r, set(want) ^ set(got))
-        differ = [k for k in want if not same(want[k], got[k])]
-        assert not differ, f"rank {r} saw other values than under torchrun: {[(k, want[k], got[k]) for k in differ]}"
+    assert_ranks_saw_what_torchrun_showed(SCRIPT, devices, torchrun_seen, tmp_path)
 
 
 def test_a_rank_outside_a_group_gets_torchs_answers() -> None:
@@ -83,7 +64,7 @@ def _sums(devices: int, tmp: Path) -> dict[str, torch.Tensor]:
         "        torch.save(t, os.environ['OUT'])\n"
         "if __name__ == '__main__':\n    train()\n")
     out = tmp / f"sum{devices}.pt"
-    run = cli("run", "--workers", "4", "--devices", str(devices), str(script), env={"OUT": str(out)}, timeout=RUN_TIMEOUT)
+    run = cli("run", "--workers", "4", "--devices", str(devices), str(script), env={"OUT": str(out)}, timeout=240.0)
     assert run.code == 0, run.output
     return torch.load(out)
 

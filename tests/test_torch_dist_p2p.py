@@ -11,50 +11,31 @@ the job trains on.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_torch_dist_collectives import same
-from test_torchrun_mode import RUN_TIMEOUT
-from util import JOBS, cli
+from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, ranks_saw, torchrun
 
 import elasticd
 from elasticd.agent.slicer.runtime import WorkerFailed
 
 SCRIPT = JOBS / "torchrun_p2p.py"
-RANKS = 4
-
-
-def seen(out: Path) -> list[dict]:
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
 
 
 @pytest.fixture(scope="module")
 def torchrun_seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("torchrun_p2p")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
-           str(SCRIPT), str(tmp)]
-    run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
-    return seen(tmp)
+    torchrun(tmp, SCRIPT, str(tmp))
+    return ranks_saw(tmp)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("devices", [1, 2])
 def test_every_exchange_delivers_what_torchrun_delivers(torchrun_seen: list, tmp_path: Path, devices: int) -> None:
-    run = cli("run", "--workers", str(RANKS), "--devices", str(devices), str(SCRIPT), str(tmp_path), cwd=tmp_path,
-              timeout=RUN_TIMEOUT)
-    assert run.code == 0, run.output
     assert "objects" in torchrun_seen[2] and "tags" in torchrun_seen[1]
-    for r, (want, got) in enumerate(zip(torchrun_seen, seen(tmp_path), strict=True)):
-        assert want.keys() == got.keys(), (r, set(want) ^ set(got))
-        differ = [k for k in want if not same(want[k], got[k])]
-        assert not differ, f"rank {r} received other values than under torchrun: " \
-                           f"{[(k, want[k], got[k]) for k in differ]}"
+    assert_ranks_saw_what_torchrun_showed(SCRIPT, devices, torchrun_seen, tmp_path)
 
 
 def test_an_exchange_that_deadlocks_under_torchrun_fails_naming_who_waits_for_whom() -> None:
@@ -96,7 +77,7 @@ def test_a_receive_without_a_source_and_a_send_to_oneself_are_refused() -> None:
 @pytest.mark.timeout(300)
 def test_a_resize_while_a_message_is_in_flight_is_refused_and_the_job_trains_on() -> None:
     run = cli("run", str(JOBS / "p2p_across_steps.py"), "--workers", "4", "--devices", "2", "--scale-at", "2:1",
-              env={"ELASTICD_TEST_WORKERS": "4"}, timeout=RUN_TIMEOUT)
+              env={"ELASTICD_TEST_WORKERS": "4"}, timeout=240.0)
     assert run.code == 1, run.output   # the result is right; the resize asked for did not happen
     assert "refused" in run.output and "a message from logical rank 1 to rank 0 (tag 0) is sent and not received" \
         in run.output, run.output

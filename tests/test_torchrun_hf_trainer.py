@@ -6,13 +6,11 @@ DDP's tolerance, on 1 device and on 2."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_torchrun_mode import RUN_TIMEOUT
-from util import JOBS, cli, element_diff, global_diff, load_state
+from util import JOBS, cli, element_diff, global_diff, load_state, torchrun
 
 pytest.importorskip("transformers")   # a test extra (pyproject.toml): installed by scripts/setup.sh
 
@@ -23,10 +21,7 @@ RANKS = 4
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("torchrun_hf_trainer")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
-           str(SCRIPT), str(tmp / "final.pt"), str(tmp / "losses.json")]
-    run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
+    torchrun(tmp, SCRIPT, str(tmp / "final.pt"), str(tmp / "losses.json"), ranks=RANKS)
     return tmp
 
 

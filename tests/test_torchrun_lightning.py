@@ -7,13 +7,11 @@ loss and the same weights within DDP's tolerance, on 1 device and on 2."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_torchrun_mode import RUN_TIMEOUT, assert_ddp_close
-from util import JOBS, cli, load_state
+from util import JOBS, cli, load_state, torchrun
 
 pytest.importorskip("lightning")   # a test extra (pyproject.toml): installed by scripts/setup.sh
 
@@ -24,10 +22,7 @@ RANKS = 4
 @pytest.fixture(scope="module")
 def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("torchrun_lightning")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
-           str(SCRIPT), str(tmp / "final.pt"), str(tmp / "losses.json")]
-    run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
+    torchrun(tmp, SCRIPT, str(tmp / "final.pt"), str(tmp / "losses.json"), ranks=RANKS)
     return tmp
 
 

@@ -70,6 +70,48 @@ def element_diff(want: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tenso
     return delta / scale if scale else delta
 
 
+def torchrun(cwd: Path, script: Path, *args: str, ranks: int = REFERENCE_WORKERS, timeout: float = 240.0) -> None:
+    """`script ARGS` under real torchrun, `ranks` processes over gloo, from `cwd`: the reference a torchrun-mode
+    test compares with. Fails the test with torchrun's output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+           str(script), *args]
+    run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
+
+
+def ranks_saw(out: Path, ranks: int = REFERENCE_WORKERS) -> list[dict[str, Any]]:
+    """What each rank of a tests/jobs/torchrun_*.py script recorded (OUT_DIR/rank{r}.pt; objects of the
+    scripts' own classes included)."""
+    sys.path.insert(0, str(JOBS))
+    try:
+        return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
+    finally:
+        sys.path.remove(str(JOBS))
+
+
+def same(a: Any, b: Any) -> bool:
+    """Exactly equal, through lists, tuples and dicts: tensors by dtype and value, everything else by ==."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def assert_ranks_saw_what_torchrun_showed(script: Path, devices: int, want: list[dict[str, Any]], tmp: Path) -> None:
+    """`elasticd run` of a tests/jobs/torchrun_*.py script on `devices`: every rank recorded exactly `want`."""
+    run = cli("run", "--workers", str(len(want)), "--devices", str(devices), str(script), str(tmp), cwd=tmp,
+              timeout=240.0)
+    assert run.code == 0, run.output
+    for r, (theirs, ours) in enumerate(zip(want, ranks_saw(tmp, len(want)), strict=True)):
+        assert theirs.keys() == ours.keys(), (r, set(theirs) ^ set(ours))
+        differ = [k for k in theirs if not same(theirs[k], ours[k])]
+        assert not differ, f"rank {r} saw other values than under torchrun: " \
+                           f"{[(k, theirs[k], ours[k]) for k in differ]}"
+
+
 def wait_until(pred: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> T:
     """Poll `pred` until it returns something truthy (returned); AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout
