@@ -1,7 +1,7 @@
 """What runs inside a training process: the time-slicer and the worker contexts.
 
 One agent process per (job, device) hosts a contiguous block of logical ranks, runs each in its own
-thread, and passes a baton so exactly one runs at a time (see the README's "Design" section).
+thread, and passes a baton so exactly one runs at a time (see docs/architecture.md).
 
 This package imports nothing: the daemon and the scheduler read its torch-free parts (`config`,
 `resize.parts`) without paying for torch.

@@ -1,7 +1,7 @@
 """The real-DDP reference: run an `@elastic` function under plain torch DDP with N real processes.
 
 elasticd promises that N logical workers on M devices compute what `DistributedDataParallel` with N
-processes computes (README, Design: "What must hold"). This module is the other side of that
+processes computes (docs/architecture.md, "What must hold"). This module is the other side of that
 comparison: the same user script, unchanged, with `ctx` backed by real `torch.distributed` (gloo, CPU)
 and one OS process per rank. Nothing here is shared with the time-slicing runtime on purpose, so a bug
 in the runtime cannot hide in the reference.

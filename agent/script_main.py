@@ -5,7 +5,7 @@ with `sys.argv == [script.py, *ARGS]` and their own RANK, LOCAL_RANK, ... in the
 logical worker thread executes the script's code in a fresh `__main__` namespace of its own, so every
 module-level name of the script (its model, optimizer, loader, `Trainer`) is per worker, as per process;
 what the script imports is shared by the workers of an agent (one `sys.modules`), which is why a script
-may not keep mutable state in the modules it imports (README, "torchrun mode"). Its environment
+may not keep mutable state in the modules it imports (docs/torchrun-mode.md). Its environment
 variables come from agent/compat/worker_env.py, its `init_process_group` / `destroy_process_group` act on
 the logical world (agent/compat/torch_dist.py).
 
@@ -139,7 +139,7 @@ class ScriptMain:
         Shared code objects would tie the ranks' namespaces together: torch.compile caches its compiled
         frames on the code object and installs the callable they name in the globals of the rank that
         compiled them, so another rank reusing the cache entry found no such name (`NameError:
-        __compiled_fn_9_...`, modded-nanogpt's `@torch.compile` Newton-Schulz in session 23).
+        __compiled_fn_9_...`, modded-nanogpt's `@torch.compile` Newton-Schulz).
         `dont_inherit`: this module's `from __future__ import annotations` must not reach the script.
         """
         return compile(self.source, self.path, "exec", dont_inherit=True)

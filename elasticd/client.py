@@ -5,7 +5,7 @@ env ELASTICD_STATE_DIR, default ~/.elasticd); with no daemon there, a standalone
 in that state dir is used. `--endpoint tcp://H:P --server-key KEY` talks to a scheduler over CURVE
 with the state dir's identity key instead.
 
-Exit codes (README, Design): 0 ok, 1 the daemon answered with an error, 2 usage error, 3 cannot reach it.
+Exit codes (docs/architecture.md): 0 ok, 1 the daemon answered with an error, 2 usage error, 3 cannot reach it.
 """
 
 from __future__ import annotations

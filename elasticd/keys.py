@@ -10,7 +10,7 @@ Layout (all under ``STATE_DIR/keys``, directory mode 0700):
 Roles are written into the key file at `elasticd keygen --allow` time. A key file written before roles
 existed (no ``role`` line) is read as a *client*: the least trust that keeps `status`/`submit` working.
 Nothing upgrades it silently; a node allowed that way is refused until re-allowed with
-``--role node --node-id ID`` (README, "Security"). Files the daemon did not write itself (another owner,
+``--role node --node-id ID`` (docs/security.md). Files the daemon did not write itself (another owner,
 group/world-writable, a symlink) are skipped with a warning, never trusted.
 
 A key is given on the command line either as a path to a certificate file or as its 40-character

@@ -31,7 +31,7 @@ interleaved (scripts/_interleave.py): each is set up, then they take turns of --
 others are frozen, and only steps wholly inside a job's own turns count; --repeats such rounds, each
 sized for about --interleave-s seconds of stepping per job. The ratios are medians of per-round ratios.
 The parameter checksums must agree (same math: (a) with (b), and the interleaved runs, which take more
-steps, with each other), and (c) / (d) is printed (the README's Figures: elasticd on 2 devices must be
+steps, with each other), and (c) / (d) is printed (docs/benchmarks.md: elasticd on 2 devices must be
 faster than DDP with N processes on the same cores). --sweep N1,N2,... repeats (c) against (e) for other N
 (only subprocesses, so this process's job module keeps its N); --model-2 many for a second model whose
 step is dominated by per-parameter and communication costs (many small layers); --bucket-kb K1,K2,... for
@@ -50,7 +50,7 @@ with the one-agent gradient flush done in place (both leave this job's result un
 
 The last line is `vs_ddp_accumulation=X.XX`: (c) / (e) seconds per step, elasticd on 2 devices over DDP on
 2 devices with accumulation (goal <= 1.03, issue #17); with (c) or (e) skipped, (b') / (f). Before it,
-`overhead_vs_ideal=X.XX`: (b) / (a) (goal <= 1.05, README Figures).
+`overhead_vs_ideal=X.XX`: (b) / (a) (goal <= 1.05, docs/benchmarks.md).
 """
 
 from __future__ import annotations

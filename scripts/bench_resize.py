@@ -15,7 +15,7 @@ is wall time from the kill to that step's completion: teardown, process start, i
 checkpoint load, first step. (A real torchrun adds its rendezvous timeouts and a failure detector on top.)
 
 Variants alternate round by round; figures are medians over rounds. The last line is
-`resize_seconds=X.XX`: the worse of the shrink and grow medians of `seconds` (goal < 5 s, README Figures).
+`resize_seconds=X.XX`: the worse of the shrink and grow medians of `seconds` (goal < 5 s, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ One `elasticd run --workers 4 --devices 2 --scale-at 3:1,6:2,9:1,12:2` of a job 
 MLP under Adam (about 200 MiB of parameters, gradients and optimizer state) and 16 MiB of `ctx.private`
 state per worker. Agent 0 stays in every segment; each time its logical rank 0 starts (once per
 segment) it reports its process RSS. A resize that frees the segment before it leaves that RSS flat
-from the first resize on; one that keeps it alive grows it by a segment's state per resize (session 18
-found both the private-state store and deterministic mode's autograd hooks keeping every segment).
+from the first resize on; one that keeps it alive grows it by a segment's state per resize (the
+private-state store and deterministic mode's autograd hooks each kept every segment once).
 
 Prints agent 0's RSS at each segment start, and as the last line `rss_last_vs_first_resize=X.XX`: the
 RSS at the last segment's start over that at the first resize's (1.00: nothing kept; about 2 when each

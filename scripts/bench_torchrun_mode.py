@@ -19,7 +19,7 @@ stops every agent and starts the new size (the script would then load its own ch
 none and starts over): seconds from the request to the first step at the new size, as `--summary` reports.
 
 The last line is `torchrun_mode_vs_torchrun=X.XX`: steps/s of (c) over steps/s of (a), elasticd on 2
-devices against torchrun with 4 processes on the same cores (goal >= 1: at least as fast, README Figures).
+devices against torchrun with 4 processes on the same cores (goal >= 1: at least as fast, docs/benchmarks.md).
 """
 
 from __future__ import annotations

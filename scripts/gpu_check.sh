@@ -68,8 +68,8 @@ sys.exit(0 if ok else 1)"
 step "pytest -m cuda" "" "$PY" -m pytest -m cuda -q -s -rs --timeout=600 ${GPU_CHECK_PYTEST_ARGS:-} tests/test_cuda.py
 STEP_TIMEOUT=$BENCH_TIMEOUT
 # Twice each way, alternating: freeing the outgoing worker's cuBLAS workspace at every hand-over (the
-# default) against keeping every worker's (ELASTICD_KEEP_BLAS_WORKSPACES=1); session 18's one round each
-# could not tell them apart from the noise.
+# default) against keeping every worker's (ELASTICD_KEEP_BLAS_WORKSPACES=1); one round each could not
+# tell them apart from the noise.
 for round in 1 2; do
     step "bench multiplex $round" "overhead_vs_ideal" "$PY" scripts/bench_multiplex.py --device cuda --threads 0 --cpu -1
     step "bench multiplex kept $round" "overhead_vs_ideal" env ELASTICD_KEEP_BLAS_WORKSPACES=1 \

@@ -1,7 +1,7 @@
 """The recipes in deploy/ (issue 14) name only commands and options the CLI has, and the Slurm script parses.
 
 A renamed option would otherwise break a recipe silently: nothing here can run systemd, Slurm or
-Kubernetes (README, "Watching the island" says what was checked with which tool).
+Kubernetes (docs/observability.md says what was checked with which tool).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DDP equivalence (README, Design: what must hold, 1): N=4 logical workers on M=1, 2, 4 devices vs real DDP.
+"""DDP equivalence (docs/architecture.md, what must hold, 1): N=4 logical workers on M=1, 2, 4 devices vs real DDP.
 
 Each job in tests/jobs/ is run once under `torch.nn.parallel.DistributedDataParallel` with 4 gloo
 processes (agent/ddp_reference.py) and through `elasticd run` on M devices; logical rank 0's final state_dict

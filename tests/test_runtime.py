@@ -363,8 +363,8 @@ def test_a_second_ctx_steps_loop_in_one_run_fails_naming_the_one_loop_that_works
 
 def test_writes_through_a_replicated_gradients_data_are_made_once_per_device_as_once_per_rank() -> None:
     """`.data` has a version counter of its own: `p.grad.data.mul_(0.5)` went unseen and each hosted worker
-    halved the shared gradient again (exit 0); session 22 refused it, which stopped DINO's per-parameter
-    clipping. While the gradient holds the flush's average it is now made once per device, as once per DDP
+    halved the shared gradient again (exit 0), and refusing it stops DINO's per-parameter clipping. While
+    the gradient holds the flush's average it is now made once per device, as once per DDP
     rank, and every worker reads the average as its DDP rank does (agent/replicated/grad_data.py), when the
     device's first worker is held at a collective of the next step before its `zero_grad()` (DINO's loss
     all-reduces in the forward). Without one, it has cleared and accumulated again by the time a later

@@ -25,7 +25,7 @@ from elasticd.agent.ddp_reference import run_native_ddp
 from elasticd.agent.private.registry import SwapStats, attach
 from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
 
-DDP_TOLERANCE = 1e-5    # max|Δ|/max|p| per tensor after training (README, Design: what must hold, 1)
+DDP_TOLERANCE = 1e-5    # max|Δ|/max|p| per tensor after training (docs/architecture.md, what must hold, 1)
 VALUE_TOLERANCE = 1e-6  # float collective results: only the order of a 4-term sum differs
 MOVED = 1e-3
 RUN_TIMEOUT = 240.0

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 BUCKET_ENV = "ELASTICD_BUCKET_KB"
 # DDP's own default (`bucket_cap_mb=25`). A small cap buys overlap only where the all-reduce has something
 # to run on while backward computes (a GPU's communication stream, an idle core); on CPU agents pinned to a
-# core each bucket is one more collective on the critical path. Measured on 2 CPU cores (session 12, N=8 on
+# core each bucket is one more collective on the critical path. Measured on 2 CPU cores (N=8 on
 # 2 agents against DDP 2 processes x 4 accumulation, 3 interleaved rounds): 0.66M-parameter MLP 1.00x at
 # 25 MiB (one bucket) and 1.01x at 0, against 1.10x at 256 KiB (three buckets).
 DEFAULT_BUCKET_KB = 25 * 1024

@@ -13,7 +13,7 @@ Parameters: a write through a replicated parameter's `.data` by worker code (a h
 decay `p.data.mul_(0.999)`, a soft target-network update) was applied once per hosted worker, exit 0;
 refusing them all would also stop the writes that give DDP's result however often they are applied
 (WGAN's `p.data.clamp_`, copying an EMA into the model at the end). Every rank of a DDP job makes the same
-write to its own copy, so one such update per device is DDP's (since session 23). A worker's `.data` of
+write to its own copy, so one such update per device is DDP's. A worker's `.data` of
 a replicated parameter is a `ParamData`: the parameter's memory, on which an in-place update that reads
 what it overwrites (`add_`, `mul_`, `clamp_`, `+=`) is made by the device's first hosted worker only, and a
 write that sets values whatever was there (`copy_`, `fill_`, `zero_`, item assignment) by every worker,

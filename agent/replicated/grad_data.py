@@ -2,8 +2,8 @@
 
 DINO (facebookresearch/dino `utils.clip_gradients`) clips each gradient after backward with
 `p.grad.data.norm(2)` and `p.grad.data.mul_(clip / norm)`. Under DDP every rank does it to its own copy of
-the same average; on the one `.grad` a device's hosted workers share it would compound, so since session 22
-`.data` was a counted alias and the write was refused, which stopped DINO at its first step.
+the same average; on the one `.grad` a device's hosted workers share it would compound, and refusing it (`.data` as a
+counted alias) would stop DINO at its first step.
 
 While a gradient holds the last flush's average (the window from a flush to the next accumulation into it,
 `_Entry.synced` in ledger.py), every hosted worker holds the same value, as every DDP rank does. Then:

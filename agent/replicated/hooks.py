@@ -5,7 +5,7 @@ hook sees its rank's forward and backward passes and no other. Here a hook regis
 function, after `ctx.replicate`, on a shared module or parameter ran for every hosted worker's passes:
 `p.register_hook(lambda g: g * 0.1)` (a layer's learning-rate multiplier) scaled every gradient once per
 hosted worker, and a forward hook that changes an output changed it once per hosted worker too: exit 0,
-1.5e-2 and 0.15 from DDP (session 23). Such a hook now runs only while its own worker's pass runs: the
+1.5e-2 and 0.15 from DDP. Such a hook runs only while its own worker's pass runs: the
 calling thread's worker for a forward, the baton's holder for a backward (on CUDA autograd calls backward
 hooks from a device thread).
 
@@ -70,8 +70,8 @@ def claim(own: torch.nn.Module, shared: torch.nn.Module, owner: Worker) -> None:
     """At `ctx.replicate`: the hooks `owner` registered on its own model before (as a DDP script registers
     them before wrapping) run for its own passes only, on the shared model. The first worker's model is the
     shared one: its hooks are wrapped where they are. A later worker's model is set aside: its hooks move to
-    the shared modules and parameters, where until session 23 they never ran (an activation penalty they
-    collected was missing from its loss, exit 0). Call before `share_into` replaces its parameters."""
+    the shared modules and parameters, where they run for that worker's passes (left on the set-aside model,
+    an activation penalty they collected would be missing from its loss). Call before `share_into` replaces its parameters."""
     if isinstance(own, torch.jit.ScriptModule):
         return
     theirs = dict(shared.named_modules(remove_duplicate=False))

@@ -3,7 +3,7 @@
 `with ema.average_parameters(): evaluate()` (torch_ema; the same by hand with `p.data.copy_`) swaps each
 DDP rank's EMA weights into its own model and back. Hosted workers share one model: when the evaluation
 made a collective (its metric all-reduced), the next worker ran with the first one's EMA weights in place,
-took them for its training weights and restored those at the end; 0.49 from DDP, exit 0 (session 23).
+took them for its training weights and restored those at the end; 0.49 from DDP, exit 0.
 A worker that leaves the device (a hand-over) with a parameter it set through `.data` still changed keeps
 those values as its own and the parameter gets back what it held before; they come back when the worker
 runs again, until it sets the parameter back. The optimizer's step (run once, for every hosted worker)

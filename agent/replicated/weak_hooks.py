@@ -3,7 +3,7 @@
 An autograd node keeps its pre-hooks in C++, and a parameter's post-accumulate-grad hooks are reached
 from C++ too: a hook bound strongly to the object that owns the parameters (a replicated group, a
 logical DDP model) closes a cycle the collector cannot free, and every resize then kept the finished
-segment alive with its model, optimizer and private state (found on a GPU in session 18). A worker's
+segment alive with its model, optimizer and private state (found on a GPU). A worker's
 `backward_hooks` list is plain Python, but the same holder lets a dropped model go there as well.
 """
 

@@ -4,7 +4,7 @@ Every DDP rank has an optimizer and a model of its own and makes the same writes
 into the optimizer's `param_groups` after each epoch, `model.tau *= 0.99` annealing a temperature kept on
 the model. Hosted workers share one optimizer and one model, so a write that reads what it overwrites was
 made once per hosted worker: the learning rate fell 0.7 per hosted worker at each step (0.28 from DDP), the
-temperature grew 1.2 per hosted worker (0.15), exit 0 (session 23). The k-th write of a key by each worker
+temperature grew 1.2 per hosted worker (0.15), exit 0. The k-th write of a key by each worker
 is one logical write, as the k-th call of a step is (agent/replicated/once.py): the first worker to make it
 writes, the others' are dropped. Writes made inside what runs once per step (the optimizer's step, a
 scheduler's) are made as they come. On modules, only numbers, booleans and strings set outside a forward

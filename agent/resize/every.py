@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # On by default: a write in the background every half minute costs a copy to host memory at one step
-# boundary (figures in the README: scripts/bench_recovery.py), and bounds what a failure redoes.
+# boundary (figures in docs/benchmarks.md: scripts/bench_recovery.py), and bounds what a failure redoes.
 DEFAULT_SNAPSHOT_EVERY = "30s"
 # Restarts after an infrastructure failure before the job fails (torchrun's --max-restarts; its default is 0).
 DEFAULT_MAX_RESTARTS = 3

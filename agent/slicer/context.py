@@ -1,6 +1,6 @@
 """`ctx`: what the decorated function sees of its logical worker.
 
-The surface is a contract (README, "Using it"); `elasticd.agent.ddp_reference.NativeContext` offers the
+The surface is a contract (docs/using.md); `elasticd.agent.ddp_reference.NativeContext` offers the
 same one over plain torch DDP so the same script can be checked against the real thing.
 """
 

@@ -2,7 +2,7 @@
 
 One command per module (circus style): each module under this package defines a click command
 named like the module, and its docstring is the command's help text. Exit codes are a contract
-(README, Design): 0 ok, 1 the daemon answered with an error, 2 usage error, 3 cannot reach the daemon.
+(docs/architecture.md): 0 ok, 1 the daemon answered with an error, 2 usage error, 3 cannot reach the daemon.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 9450
 # /metrics of 500 nodes and 200 jobs takes prometheus_client ~36 ms to render, holding the GIL the
 # scheduler's loop needs; Prometheus scrapes every 15-60 s, so a body up to 5 s old costs it nothing and
-# keeps a scraper polling every 100 ms from costing the loop more than ~1% (README, Figures).
+# keeps a scraper polling every 100 ms from costing the loop more than ~1% (docs/benchmarks.md).
 METRICS_MAX_AGE_S = 5.0
 _PAGE = "page.html"
 

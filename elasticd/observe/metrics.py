@@ -23,7 +23,7 @@ from elasticd.scheduler.state import SchedulerState
 
 REFRESH_S = 1.0            # snapshots per second at most (the page polls at this rate too)
 SAMPLE_S = 2.0             # history samples for the page's charts
-# control-plane requests take ~0.1-2 ms on loopback (README, Control plane); resizes and recoveries seconds
+# control-plane requests take ~0.1-2 ms on loopback (docs/benchmarks.md); resizes and recoveries seconds
 _REQUEST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 _PHASE_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 

@@ -25,7 +25,7 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         # bias=False before BatchNorm: BN cancels a conv bias, so its gradient is mathematically zero and
-        # round-off-only, which AdamW would blow up into O(lr) steps (README, Design: what must hold, 1).
+        # round-off-only, which AdamW would blow up into O(lr) steps (docs/architecture.md, what must hold, 1).
         self.conv1 = nn.Conv2d(1, 4, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(4)
         self.conv2 = nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False)

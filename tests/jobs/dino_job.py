@@ -5,7 +5,7 @@ optimizer's param_groups, per-parameter clipping through `p.grad.data` (DINO's `
 last layer's gradients dropped for the first epoch (`p.grad = None`). Float64: AdamW and the clipping
 threshold turn fp32 round-off into differences that say nothing about the runtime.
 
-Before session 25: the clipping was refused (a write through a replicated gradient's `.data`); with it
+What this job pins, each once a defect: the clipping refused (a write through a replicated gradient's `.data`); with it
 allowed, the first resize failed loading its own snapshot (a numpy float in the optimizer's param_groups);
 past that, the resumed function rebuilt the teacher from the restored student and the center from zeros,
 0.98 from DDP, exit 0. Rank 0 writes the student, the teacher (`teacher.`) and the center.

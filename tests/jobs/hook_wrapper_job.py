@@ -2,7 +2,7 @@
 the layer's output in `self.hidden`, which its forward reads right after (byol-pytorch's NetWrapper, made
 in its constructor as BYOL's mock forward makes it: before `ctx.replicate`, on each worker's own model).
 
-Before session 25 `ctx.replicate` moved a later worker's hook to the shared layer still bound to the
+What this job pins: `ctx.replicate` once moved a later worker's hook to the shared layer still bound to the
 wrapper of its own model, set aside, while its forward read the shared wrapper's `hidden`: KeyError in every
 later worker. Rank 0 writes the model and how many outputs each rank's hook kept.
 """

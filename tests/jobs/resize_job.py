@@ -52,7 +52,7 @@ def train(ctx) -> None:
     y = (x @ torch.randn(12, 3, generator=g)).argmax(dim=1)
     ds = TensorDataset(x, y, torch.arange(400))
     # bias=False before BatchNorm: BN cancels a bias, leaving it a round-off-only gradient that AdamW
-    # would turn into lr-sized steps under any reordering of the sum (README, Design).
+    # would turn into lr-sized steps under any reordering of the sum (docs/architecture.md).
     model = nn.Sequential(nn.Linear(12, 24, bias=False), nn.BatchNorm1d(24), nn.ReLU(), nn.Dropout(0.2),
                           nn.Linear(24, 3)).to(ctx.device)  # a no-op on CPU; tests/test_cuda.py runs it on a GPU
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -2,7 +2,7 @@
 
 Embedding, LayerNorm, dropout and AdamW; the attention has bias-free q/k/v projections because a key
 bias has a mathematically zero gradient that AdamW would turn into round-off-driven O(lr) steps
-(README, Design: what must hold, 1). The auxiliary head is used only on odd ranks, so on even ranks its gradient
+(docs/architecture.md, what must hold, 1). The auxiliary head is used only on odd ranks, so on even ranks its gradient
 is None and DDP (find_unused_parameters) averages it with a zero contribution.
 """
 

@@ -1,8 +1,8 @@
 """Idiom job: `p.grad.data.zero_()` before backward, the pre-1.0 way to clear gradients.
 
 Under DDP every rank clears its own. Through `.data`, which the version counters do not see, each hosted
-worker wiped what the workers before it had accumulated (exit 0) until session 22, which refused it on
-every M; since session 25 a later worker's write is the first worker's, made once
+worker would wipe what the workers before it had accumulated (exit 0); a later worker's write is the
+first worker's, made once
 (agent/replicated/grad_data.py), on every M.
 """
 
