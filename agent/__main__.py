@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from elasticd.agent.config import parse_args
+from elasticd.core.agent_config import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,10 +30,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elasticd.agent import module_command
 from elasticd.agent.compat.worker_env import torchrun_variables
 from elasticd.agent.script import import_script
 from elasticd.agent.script_main import script_args
+from elasticd.core.commands import module_command
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,

@@ -17,25 +17,25 @@ from typing import Any, TypeVar
 import torch
 
 from elasticd.agent import proc_name
-from elasticd.agent.comm.layout import Layout
-from elasticd.agent.comm.physical import PeerLost, PhysicalGroup, shares_devices
+from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
-from elasticd.agent.config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.cpu_pin import allowed_cores, pin
-from elasticd.agent.exits import EXIT_PEER_LOST
 from elasticd.agent.private.registry import attach as attach_private
 from elasticd.agent.resize import fallback
-from elasticd.agent.resize.every import Every
 from elasticd.agent.resize.moves import grow, relayout, shrink
-from elasticd.agent.resize.parts import periodic_dir
 from elasticd.agent.resize.periodic import PeriodicSnapshots, latest_complete
 from elasticd.agent.resize.snapshot import AgentSnapshot
+from elasticd.agent.runtime import Runtime, WorkerFailed
 from elasticd.agent.script import load_target
 from elasticd.agent.script_main import script_args
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.device import set_deterministic
-from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
+from elasticd.core.agent_config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal, shares_devices
+from elasticd.core.cadence import Every
+from elasticd.core.exits import EXIT_PEER_LOST
+from elasticd.core.layout import Layout
+from elasticd.core.parts import periodic_dir
 from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import sys
 from types import ModuleType
 
 from elasticd.agent.decorator import ElasticFunction
-from elasticd.agent.script_main import ScriptMain, is_torchrun_script
+from elasticd.agent.script_main import ScriptMain
+from elasticd.core.script_source import is_torchrun_script
 
 
 class ScriptError(Exception):

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from elasticd.agent.comm.layout import hosted_ranks
 from elasticd.agent.comm.physical import PhysicalGroup
+from elasticd.agent.runtime import Runtime, WorkerFailed
 from elasticd.agent.slicer.device import set_deterministic
-from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
+from elasticd.core.layout import hosted_ranks
 
 if TYPE_CHECKING:
     from elasticd.agent.decorator import ElasticFunction

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from elasticd.agent.capture.carried import CarriedRestore
+    from elasticd.agent.capture.loader import ResumableBatches
+    from elasticd.agent.capture.loader_tracking import LoaderTracks
     from elasticd.agent.comm.collectives import Collective
     from elasticd.agent.resize.snapshot import WorkerSnapshot
-    from elasticd.agent.slicer.carried import CarriedRestore
     from elasticd.agent.slicer.context import Work, WorkerContext
-    from elasticd.agent.slicer.loader import ResumableBatches
-    from elasticd.agent.slicer.loader_tracking import LoaderTracks
     from elasticd.agent.slicer.rng import RngState
 
 
@@ -53,12 +53,12 @@ class Worker:
     loaders: list[ResumableBatches] = field(default_factory=list)
     private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
     # Optimizers, LR schedulers, GradScalers and model averages/copies this worker's thread built, in creation
-    # order, and the ids of those ctx.replicate / ctx.private carry themselves (agent/slicer/carried.py).
+    # order, and the ids of those ctx.replicate / ctx.private carry themselves (agent/capture/carried.py).
     created: list[Any] = field(default_factory=list)
     registered: set[int] = field(default_factory=set)
     carried_restore: CarriedRestore | None = None  # resuming: their saved states, until the first boundary
     constructing: int = 0   # inside such an object's constructor: the copies it makes are part of it
-    loader_tracks: LoaderTracks | None = None      # plain DataLoader iterators (agent/slicer/loader_tracking.py)
+    loader_tracks: LoaderTracks | None = None      # plain DataLoader iterators (agent/capture/loader_tracking.py)
     entered_steps: bool = False                    # ctx.steps has started in this run of the function
     loop_start: Any = None   # the function's plain local values when ctx.steps began (slicer/function_locals.py)
     # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
@@ -92,7 +92,7 @@ def current_worker() -> Worker | None:
     return getattr(_tls, "worker", None)
 
 
-_runtimes: weakref.WeakSet[Any] = weakref.WeakSet()   # this process's runtimes (agent/slicer/runtime.py)
+_runtimes: weakref.WeakSet[Any] = weakref.WeakSet()   # this process's runtimes (agent/runtime.py)
 
 
 def register_runtime(runtime: Any) -> None:

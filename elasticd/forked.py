@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from elasticd.agent import module_command
+from elasticd.core.commands import module_command
 from elasticd.startup_env import startup_differences
 
 log = logging.getLogger(__name__)

@@ -30,16 +30,16 @@ from typing import Any
 import psutil
 
 from elasticd import protocol as p
-from elasticd.agent import module_command
-from elasticd.agent.comm.layout import Layout
-from elasticd.agent.config import AgentConfig, launch_device_index
-from elasticd.agent.control.pipe_channel import LineReader, encode_line
-from elasticd.agent.exits import EXIT_PEER_LOST
-from elasticd.agent.resize import parts
-from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
-from elasticd.agent.timing import clean_timing, merge_timing
+from elasticd.core import parts
+from elasticd.core.agent_config import AgentConfig, launch_device_index
+from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
+from elasticd.core.commands import module_command
+from elasticd.core.exits import EXIT_PEER_LOST
+from elasticd.core.layout import Layout
+from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
+from elasticd.protocol.lines import LineReader, encode_line
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, Refuse, ResizePlan, RollBack
 from elasticd.torchrun_restart import recoverable, relaunch
 

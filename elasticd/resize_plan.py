@@ -11,7 +11,7 @@ events and execute the actions it returns (`Go`, `Done`, `Abort`, `Refuse`, `Rol
 
 A resize may also keep M and change the block sizes (a live re-layout, speed-aware placement): every
 agent stays, nobody joins or leaves, and ranks move between them. `blocks`/`src_blocks` are the new and
-old layouts in wire form (elasticd.agent.comm.layout `Layout.wire()`: empty = uniform); a fall-back
+old layouts in wire form (elasticd.core.layout `Layout.wire()`: empty = uniform); a fall-back
 restarts on `src`, `src_blocks`.
 
 Who moves: ranks 0..min(M, M2)-1 stay (their agents keep their process), a grow adds joining ranks
@@ -29,7 +29,7 @@ the new group's rank 0, whose node picks the rendezvous port, is then old rank `
              agreed to train on at M before anything moved: `Refuse`, the joiners go, the leavers stay.
 ``rollback`` the shell reports the places (nodes; the launcher's one machine) whose agents are all gone;
              once none is left, `FallBack` if the parts the agents saved at the step boundary
-             (elasticd.agent.resize.parts) cover every logical rank and the replicated state, else
+             (elasticd.core.parts) cover every logical rank and the replicated state, else
              `Fail` naming what is missing. A deadline passing here is a `Fail` too.
 
 The plan is also the record the scheduler persists with the job (`Job.resize`): every field is plain
@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.agent.resize import parts
+from elasticd.core import parts
 
 NO_DEADLINE = math.inf   # a plan's timeout_s for a shell that waits as long as it takes (`elasticd run`)
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.agent.compat.worker_env import RESTARTS_VAR
-from elasticd.agent.script_main import STEP_OFFSET_VAR
+from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.ports import free_port
 
 

@@ -1,7 +1,7 @@
 """Control-plane benchmark: request round trip CLI-client -> scheduler, and one scheduler under many nodes.
 
 Starts a real standalone scheduler (`elasticd scheduler`) on loopback TCP with CURVE, then
-1. times `status` requests from a client (the CLI's `elasticd.client.Client`) one after another;
+1. times `status` requests from a client (the CLI's `elasticd.cli.client.Client`) one after another;
 2. connects --nodes simulated nodes (one CURVE DEALER each), submits jobs that the scheduler places
    on them, and has every node heartbeat every --heartbeat seconds (phases spread over the period)
    with the full report of its job, as a real daemon does; measures heartbeat -> ack latency, how
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from elasticd import keys, transport  # noqa: E402
 from elasticd import protocol as p  # noqa: E402
-from elasticd.client import Client, Target  # noqa: E402
+from elasticd.cli.client import Client, Target  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

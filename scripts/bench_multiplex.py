@@ -418,9 +418,9 @@ def _profile(bench: Bench) -> str:
     """
     from elasticd.agent.replicated.grad_sync import GradSync
     from elasticd.agent.replicated.group import ReplicatedGroup
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.slicer import rng
     from elasticd.agent.slicer.boundary import StepBoundary
-    from elasticd.agent.slicer.runtime import Runtime
 
     clock = _Clock()
 

@@ -51,7 +51,7 @@ from _benchjob_common import (
 )
 from bench_resize import restart
 
-from elasticd.agent.resize.every import DEFAULT_SNAPSHOT_EVERY, Every
+from elasticd.core.cadence import DEFAULT_SNAPSHOT_EVERY, Every
 
 WORKERS, DEVICES = 8, 2
 

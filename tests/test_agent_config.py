@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from elasticd.agent.config import AgentConfig, parse_args
+from elasticd.core.agent_config import AgentConfig, parse_args
 
 
 def test_every_field_survives_the_command_line():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.agent.comm.layout import hosted_ranks, owner_of
 from elasticd.agent.slicer.baton import AllDone, Baton, BatonError, Flush, Idle, Run, Stranded
+from elasticd.core.layout import hosted_ranks, owner_of
 
 
 def test_round_robin_then_flush_then_lowest_rank_again() -> None:

@@ -21,8 +21,8 @@ from cluster import Proc, status, wait_state
 from test_resize_daemon import JOB, job_env, submit, wait_resized
 from util import assert_same_run, cli, wait_until
 
-from elasticd.agent import module_command
 from elasticd.agent.proc_name import STANDBY
+from elasticd.core.commands import module_command
 from elasticd.daemon.spares import SparePool
 from elasticd.ports import free_port
 from elasticd.startup_env import startup_differences

@@ -15,7 +15,7 @@ from elasticd import protocol as p
 from elasticd.daemon import supervision
 from elasticd.daemon.agents import Supervisor
 from elasticd.daemon.devices import cpu_devices, discover
-from elasticd.daemon.statedir import StateDir
+from elasticd.statedir import StateDir
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from elasticd.agent.comm.collectives import SHARD_MIN, FlushEnv
-from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.rank_tree import pieces, tree_sum
+from elasticd.core.layout import Layout
 from elasticd.ports import free_port
 
 WORKERS = 7

@@ -12,8 +12,8 @@ from test_resize_scheduler import agent, of, report
 from test_scheduler_state import Island, kills, launches, rep
 
 from elasticd import protocol as p
-from elasticd.agent.comm.layout import Layout, hosted_ranks, owner_of
 from elasticd.agent.resize.moves import plan_moves, plan_relayout
+from elasticd.core.layout import Layout, hosted_ranks, owner_of
 from elasticd.resize_plan import ResizePlan
 from elasticd.scheduler.jobs import JobState
 from elasticd.scheduler.state import SchedulerError

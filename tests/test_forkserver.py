@@ -21,10 +21,10 @@ import torch
 from util import JOBS, cli, wait_until
 
 from elasticd import protocol as p
-from elasticd.agent.config import AgentConfig
-from elasticd.agent.control.pipe_channel import LineReader
 from elasticd.agent.proc_name import STANDBY, agents_under
+from elasticd.core.agent_config import AgentConfig
 from elasticd.forked import ForkServer, supported
+from elasticd.protocol.lines import LineReader
 
 pytestmark = pytest.mark.skipif(not supported(), reason="needs Linux pidfds and descriptor passing")
 JOB = str(JOBS / "resize_job.py")  # BatchNorm, dropout, AdamW, StepLR, clipping, ctx.private

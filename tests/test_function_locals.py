@@ -1,4 +1,4 @@
-"""agent/slicer/function_locals.py in process: what a resumed function gets back of its own variables.
+"""agent/capture/function_locals.py in process: what a resumed function gets back of its own variables.
 
 The end-to-end case (real agents, a resize, against DDP) is tests/test_resize_averages_and_generators.py;
 these pin the rules: loop-changed plain values come back, `for` targets and layout-dependent values do not,
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from elasticd.agent.slicer import function_locals as fl
+from elasticd.agent.capture import function_locals as fl
 
 
 def _entry(fn: Any, *args: Any) -> Any:
@@ -324,7 +324,7 @@ def test_containers_of_tensors_the_loop_changed_come_back_as_under_ddp() -> None
 
 
 def test_a_changed_container_too_big_to_carry_fails_the_snapshot_naming_it(monkeypatch: Any) -> None:
-    from elasticd.agent.slicer import tensor_containers
+    from elasticd.agent.capture import tensor_containers
 
     monkeypatch.setattr(tensor_containers, "_MAX_BYTES", 7)   # the 2-float EMA, 8 bytes, is over the limit
     with pytest.raises(fl.NotCarried, match=r"cannot carry `ema` in _containers_job\(\) across the resize: the "
@@ -478,7 +478,7 @@ def test_attributes_whose_names_no_name_of_ours_could_hold_are_left_alone() -> N
 
 
 def test_copies_taken_from_the_model_too_big_to_carry_fail_the_snapshot_saying_so(monkeypatch: Any) -> None:
-    from elasticd.agent.slicer import tensor_containers
+    from elasticd.agent.capture import tensor_containers
 
     monkeypatch.setattr(tensor_containers, "_MAX_BYTES", 16)   # the anchor's 8 floats, 32 bytes, are over it
     with pytest.raises(fl.NotCarried, match=r"cannot carry `anchor` in _state_job\(\) across the resize: it holds "

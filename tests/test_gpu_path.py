@@ -12,8 +12,15 @@ import pytest
 import torch
 from util import JOBS, cli
 
-from elasticd.agent.comm.physical import DEVICE_BACKEND_ENV, GroupSpec, group_spec, shares_devices
-from elasticd.agent.config import DEVICE_AT_JOIN, cuda_capacity_problem, cuda_ordinal, launch_device_index
+from elasticd.agent.comm.physical import GroupSpec, group_spec
+from elasticd.core.agent_config import (
+    DEVICE_AT_JOIN,
+    cuda_capacity_problem,
+    cuda_ordinal,
+    launch_device_index,
+    shares_devices,
+)
+from elasticd.core.env_names import DEVICE_BACKEND_ENV
 
 # -- the agents' process group ----------------------------------------------------------------------
 

@@ -124,13 +124,59 @@ def test_no_import_circles():
     assert _cycles(_graph()) == []
 
 
+# The user surface that runs the user's own script in its process, and so loads the runtime with it.
+RUNS_USER_CODE = {
+    "elasticd": "re-exports @elastic, and marks the process start for streams nobody seeded",
+    "elasticd.cli.run": "imports the script when its N is not a literal; --ddp runs the DDP reference",
+}
+RUNTIME = "elasticd.agent"
+CORE = "elasticd.core"
+
+
+def _package(module: str) -> str:
+    """The package a module belongs to: `elasticd.agent.X` for the runtime's, `elasticd.X` for the rest."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if module.startswith(RUNTIME + ".") else parts[:2])
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_control_plane_imports_no_runtime_module():
+    # The daemon, the scheduler and the CLI read what they share with the agents from elasticd.core;
+    # importing the runtime would drag torch into them and tie their layout to its insides.
+    graph = _graph()
+    found = sorted((m, d) for m, deps in graph.items() for d in deps
+                   if not _inside(m, RUNTIME) and _inside(d, RUNTIME) and m not in RUNS_USER_CODE)
+    assert found == []
+    assert set(RUNS_USER_CODE) <= set(graph)
+
+
+def test_the_core_imports_only_itself():
+    found = sorted((m, d) for m, deps in _graph().items() for d in deps if _inside(m, CORE) and not _inside(d, CORE))
+    assert found == []
+
+
+def test_no_import_circles_between_packages():
+    # Packages that import each other are one package in disguise: the layering is
+    # core <- protocol <- runtime, and core <- protocol <- scheduler <- observe, placement <- daemon <- cli.
+    graph: dict[str, set[str]] = {}
+    for m, deps in _graph().items():
+        graph.setdefault(_package(m), set()).update(_package(d) for d in deps if _package(d) != _package(m))
+    for deps in list(graph.values()):
+        for d in deps:
+            graph.setdefault(d, set())
+    assert _cycles(graph) == []
+
+
 def test_the_cycle_finder_sees_a_lazy_import_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
     src = textwrap.dedent("""
         from typing import TYPE_CHECKING
         if TYPE_CHECKING:
-            from elasticd.agent.slicer import runtime
+            from elasticd.agent import runtime
         def f():
             from elasticd.agent.comm import physical
     """)
@@ -138,7 +184,7 @@ def test_the_cycle_finder_sees_a_lazy_import_circle():
     path.parent.mkdir(exist_ok=True)
     path.write_text(src)
     try:
-        assert _imports("elasticd.probe", path, {"elasticd.agent.slicer.runtime", "elasticd.agent.comm.physical",
+        assert _imports("elasticd.probe", path, {"elasticd.agent.runtime", "elasticd.agent.comm.physical",
                                                  "elasticd.agent.comm"}) == {"elasticd.agent.comm.physical"}
     finally:
         path.unlink()

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from elasticd.agent.comm.layout import Layout, blocks_problem, hosted_ranks, owner_of, parse_blocks
 from elasticd.agent.resize.moves import plan_moves, plan_relayout
+from elasticd.core.layout import Layout, blocks_problem, hosted_ranks, owner_of, parse_blocks
 from elasticd.resize_plan import ResizePlan
 
 

@@ -1,4 +1,4 @@
-"""The agents' step timing (agent/timing.py, issue #15): the pure accounting, its merging when a channel
+"""The agents' step timing (elasticd/core/timing.py): the pure accounting, its merging when a channel
 throttles reports, and a really slowed agent (its process duty-cycled with SIGSTOP/SIGCONT) reporting more
 compute per hosted worker while the fast agent's collective time absorbs the waiting."""
 
@@ -21,7 +21,7 @@ from util import JOBS, wait_until
 from elasticd import protocol as p
 from elasticd.agent.control.zmq_channel import ZmqControl
 from elasticd.agent.proc_name import agents_under
-from elasticd.agent.timing import StepTiming, clean_timing, merge_timing
+from elasticd.core.timing import StepTiming, clean_timing, merge_timing
 
 
 def test_compute_is_the_step_less_its_collectives_and_the_first_boundary_only_starts_the_clock():

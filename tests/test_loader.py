@@ -1,11 +1,11 @@
-"""`ctx.batches` (agent/slicer/loader.py): a walk over a DataLoader that resumes at the next unseen batch."""
+"""`ctx.batches` (agent/capture/loader.py): a walk over a DataLoader that resumes at the next unseen batch."""
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from elasticd.agent.slicer.loader import ResumableBatches
+from elasticd.agent.capture.loader import ResumableBatches
 
 DATA = TensorDataset(torch.arange(40).float())
 

@@ -9,8 +9,8 @@ import pytest
 
 from elasticd.placement import CostModel, block_sizes, choose, uniform_sizes
 from elasticd.placement.placer import EXACT_CANDIDATES
+from elasticd.placement.policy import best_device_count
 from elasticd.placement.simulate import heuristic_gap
-from elasticd.scheduler.policy import best_device_count
 
 
 def _compositions(n: int, parts: int):

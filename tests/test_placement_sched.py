@@ -17,8 +17,8 @@ from elasticd.daemon.devices import cpu_devices, parse_speeds, with_speeds
 from elasticd.daemon.supervision import Supervision
 from elasticd.placement import device_key
 from elasticd.placement import uniform_sizes as uniform
+from elasticd.placement.speeds import Speeds
 from elasticd.scheduler.jobs import JobState
-from elasticd.scheduler.speeds import Speeds
 from elasticd.scheduler.store import JobStore
 
 # --- declared speeds --------------------------------------------------------------------------------

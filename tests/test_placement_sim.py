@@ -8,8 +8,8 @@ import statistics
 import pytest
 
 from elasticd.placement import CostModel
+from elasticd.placement.policy import JobRequest, NodeView, RunningJob, place, place_grants, rebalance, spread
 from elasticd.placement.simulate import MIXED, UNIFORM, Learning, SimJob, compare, make_trace, simulate
-from elasticd.scheduler.policy import JobRequest, NodeView, RunningJob, place, place_grants, rebalance, spread
 
 
 def _old_spread(count: int, nodes: list[NodeView]) -> list[tuple[str, str]]:

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import elasticd  # noqa: F401 - installs the package the way a user script does
-from elasticd.agent.comm.layout import hosted_ranks
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.private.registry import DeviceMemoryError, SwapStats, attach
-from elasticd.agent.slicer.runtime import Runtime, WorkerFailed
+from elasticd.agent.runtime import Runtime, WorkerFailed
+from elasticd.core.layout import hosted_ranks
 
 CPU = torch.device("cpu")
 
@@ -223,7 +223,7 @@ import os
 import torch
 
 import elasticd
-from elasticd.agent.slicer.runtime import Runtime
+from elasticd.agent.runtime import Runtime
 
 
 @elasticd.elastic(workers=4, deterministic=os.environ["JOB_DETERMINISTIC"] == "1")

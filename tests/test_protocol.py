@@ -15,8 +15,9 @@ import pytest
 import zmq
 
 from elasticd import protocol as p
-from elasticd.agent.control.pipe_channel import LineReader, PipeControl, encode_line
+from elasticd.agent.control.pipe_channel import PipeControl
 from elasticd.agent.control.zmq_channel import ZmqControl
+from elasticd.protocol.lines import LineReader, encode_line
 
 
 def sample(tp, rng: random.Random):

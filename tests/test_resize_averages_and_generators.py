@@ -60,7 +60,7 @@ def test_a_model_average_is_bitwise_the_unscaled_run_in_deterministic_mode(tmp_p
 
 def test_deep_copies_outside_workers_are_plain_copies() -> None:
     """elasticd gives nn.Module a __deepcopy__ (to see a worker's copies): elsewhere it must be deepcopy's own."""
-    from elasticd.agent.slicer import carried
+    from elasticd.agent.capture import carried
 
     carried.install()
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))

@@ -19,7 +19,7 @@ import pytest
 from cluster import status, wait_state
 from util import JOBS, assert_same_run, cli, wait_until
 
-from elasticd.daemon.statedir import StateDir
+from elasticd.statedir import StateDir
 
 JOB = str(JOBS / "resize_job.py")
 FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")

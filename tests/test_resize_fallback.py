@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from elasticd.agent.comm.layout import Layout
 from elasticd.agent.resize import fallback
-from elasticd.agent.resize.parts import GROUPS, epoch_dir, epochs, parts
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
+from elasticd.core.layout import Layout
+from elasticd.core.parts import GROUPS, epoch_dir, epochs, parts
 from elasticd.ports import free_port
 
 WORKERS = 4

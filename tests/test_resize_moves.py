@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.agent.comm.layout import Layout, hosted_ranks, owner_of
 from elasticd.agent.resize.moves import Move, plan_moves
+from elasticd.core.layout import Layout, hosted_ranks, owner_of
 
 
 def layouts(max_workers: int = 12):

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from elasticd.agent.resize.parts import GROUPS
+from elasticd.core.parts import GROUPS
 from elasticd.resize_plan import Abort, Done, Fail, FallBack, Go, Refuse, ResizePlan, RollBack
 
 

@@ -77,7 +77,7 @@ def test_scale_at_resizes_after_the_step_asked_for_and_the_summary_says_so(forgo
 
 def test_ctx_step_is_the_step_the_function_resumes_at_from_its_first_line(forgot_runs: tuple[Path, Path]) -> None:
     """Code before the loop runs again after each resize; `if ctx.step == 0:` tells it a fresh start, and a file
-    that code empties again is named in the job's output (agent/slicer/reentry_writes.py)."""
+    that code empties again is named in the job's output (agent/capture/reentry_writes.py)."""
     ref, out = forgot_runs
     for rank in range(REFERENCE_WORKERS):
         assert (ref / f"starts{rank}.log").read_text().split() == ["0"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import elasticd
-from elasticd.agent.slicer.runtime import WorkerFailed
+from elasticd.agent.runtime import WorkerFailed
 
 
 class CountingSGD(torch.optim.SGD):
@@ -282,7 +282,7 @@ ACCUM_STEPS = 8   # a script's top-level setting, as nanoGPT's gradient_accumula
 
 
 def test_a_function_that_assigns_a_module_global_fails_before_it_runs() -> None:
-    """`global ACCUM_STEPS; ACCUM_STEPS //= world` would divide once per hosted worker (agent/slicer/shared_globals.py)."""
+    """`global ACCUM_STEPS; ACCUM_STEPS //= world` would divide once per hosted worker (agent/capture/shared_globals.py)."""
     ran: list[int] = []
 
     @elasticd.elastic(workers=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.scheduler.policy import JobRequest, NodeView, best_device_count, place, spread
+from elasticd.placement.policy import JobRequest, NodeView, best_device_count, place, spread
 
 
 def nodes(*counts: int) -> list[NodeView]:
@@ -73,7 +73,7 @@ def test_same_priority_goes_by_submission_order():
 
 
 def test_rebalance_preempts_lowest_priority_newest_first_just_enough_and_never_for_nothing():
-    from elasticd.scheduler.policy import RunningJob, rebalance
+    from elasticd.placement.policy import RunningJob, rebalance
 
     head = JobRequest("q", workers=2, min_devices=2, max_devices=2, priority=5, seq=9)
     old = RunningJob("old", workers=4, devices=4, min_devices=1, max_devices=4, priority=0, seq=1)
@@ -94,7 +94,7 @@ def test_rebalance_preempts_lowest_priority_newest_first_just_enough_and_never_f
 
 
 def test_rebalance_grows_into_free_devices_only_when_nothing_can_start_and_it_helps():
-    from elasticd.scheduler.policy import RunningJob, rebalance
+    from elasticd.placement.policy import RunningJob, rebalance
 
     job = RunningJob("a", workers=4, devices=2, min_devices=1, max_devices=4)
     two_free = [NodeView("n0", ("cpu:2", "cpu:3"), 2, 4)]

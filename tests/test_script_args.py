@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from util import JOBS, cli
 
-from elasticd.agent.script_main import declared_workers
+from elasticd.core.script_source import declared_workers
 
 SCRIPT = JOBS / "argv_job.py"
 

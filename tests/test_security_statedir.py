@@ -13,7 +13,7 @@ import pytest
 from util import cli, wait_until
 
 from elasticd import keys
-from elasticd.daemon.statedir import unsafe_dir
+from elasticd.statedir import unsafe_dir
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, ranks_saw, torchrun
 
 import elasticd
-from elasticd.agent.slicer.runtime import WorkerFailed
+from elasticd.agent.runtime import WorkerFailed
 
 SCRIPT = JOBS / "torchrun_p2p.py"
 

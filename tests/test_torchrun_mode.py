@@ -25,7 +25,7 @@ from util import JOBS, cli, kill_session, load_state, rel_diff, wait_until
 import elasticd
 from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.proc_name import agents_under
-from elasticd.agent.slicer.runtime import WorkerFailed
+from elasticd.agent.runtime import WorkerFailed
 from elasticd.agent.worker import Worker, set_current_worker
 
 SCRIPT = JOBS / "torchrun_tutorial.py"

@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import torch
 
 from elasticd.agent.comm.carried_vote import CarriedVote
-from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.comm.rank_tree import Node, pieces, tree_sum
+from elasticd.core.layout import Layout
 
 
 class CollectiveMismatch(RuntimeError):

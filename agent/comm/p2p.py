@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.worker import Worker
 
 _GRACE_S = 5.0   # at a snapshot, how long a send to another agent may take to be received before it counts as left over

@@ -27,11 +27,10 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in worker threads, where torch.distributed.* is logical (agent/compat/torch_dist.py)
 
+from elasticd.core.env_names import DEVICE_BACKEND_ENV
+
 log = logging.getLogger(__name__)
 
-# Test-only switch: "gloo" makes the group of CUDA agents plain gloo (which carries CUDA tensors too),
-# so that two agents can share one GPU, which NCCL refuses. Slower; never for real runs.
-DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +68,6 @@ def group_spec(device: torch.device, environ: Mapping[str, str] | None = None) -
     if device.index is None:
         raise ValueError(f"the agents' group needs a CUDA device with an index, got {device}")
     return GroupSpec("cpu:gloo,cuda:nccl", device_id=device, barrier_device_ids=[device.index])
-
-
-def shares_devices(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether agents may share a GPU (only with the gloo test switch: NCCL refuses two ranks on one GPU)."""
-    env = os.environ if environ is None else environ
-    return env.get(DEVICE_BACKEND_ENV, "") == "gloo"
 
 
 class PeerLost(BaseException):

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from elasticd.agent.worker import current_worker
+from elasticd.core.env_names import RESTARTS_VAR
 
 _Environ = type(os.environ)
 _GONE = None  # a worker deleted one of its own variables
@@ -39,9 +40,6 @@ def torchrun_variables(rank: int, world: int, master_addr: str, master_port: int
     }
 
 
-# Set on the agents of a restarted job: by `elasticd run` (a resize or recovery of a torchrun-mode job), and
-# by the scheduler after a recovery.
-RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
 
 
 def variables_for(rank: int, world: int) -> dict[str, str | None]:

@@ -26,7 +26,7 @@ class ControlChannel(Protocol):
 
     def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
         """A physical step finished; `metrics` holds the last `ctx.log` values of the agent's lowest rank,
-        `timing` this agent's step timing since its last report (elasticd.agent.timing; {} or None: none)."""
+        `timing` this agent's step timing since its last report (elasticd.core.timing; {} or None: none)."""
 
     def done(self, result: dict[str, Any]) -> None:
         """Every hosted worker returned normally."""

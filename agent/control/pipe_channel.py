@@ -11,47 +11,11 @@ direction raises `ProtocolError` instead of being skipped, since launcher and ag
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from elasticd import protocol as p
-
-
-def encode_line(msg: p.Message) -> bytes:
-    """One message as one JSON line."""
-    return (json.dumps(msg.to_wire()) + "\n").encode()
-
-
-def decode_line(line: bytes, expected: tuple[type[p.Message], ...]) -> p.Message:
-    """The message of one JSON line, which must be one of `expected`.
-
-    Raises:
-        ProtocolError: not JSON, not a map, an unknown op, a bad field, or a message of the other direction.
-    """
-    try:
-        d = json.loads(line)
-    except ValueError as e:
-        raise p.ProtocolError(p.BAD_FRAME, f"not a JSON line ({e})") from None
-    if not isinstance(d, dict):
-        raise p.ProtocolError(p.BAD_FRAME, f"a line must hold a JSON object, got {type(d).__name__}")
-    msg = p.from_dict(d)
-    if not isinstance(msg, expected):
-        raise p.ProtocolError(p.UNEXPECTED, f"{msg.op!r} does not belong on this side of an agent's pipe")
-    return msg
-
-
-class LineReader:
-    """Splits what a pipe delivered into messages; keeps an incomplete last line for the next read."""
-
-    def __init__(self, expected: tuple[type[p.Message], ...]) -> None:
-        self._expected = expected
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> list[p.Message]:
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        return [decode_line(line, self._expected) for line in lines if line.strip()]
+from elasticd.protocol.lines import LineReader, encode_line
 
 
 class PipeControl:

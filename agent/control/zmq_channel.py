@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from elasticd import protocol as p
-from elasticd.agent.timing import merge_timing
+from elasticd.core.timing import merge_timing
 
 log = logging.getLogger(__name__)
 

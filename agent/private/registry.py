@@ -37,11 +37,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from elasticd.agent.private.swap import Copier, CpuMover, Slot, SwapStats, tensors_of
-from elasticd.agent.slicer.baton import WorkerState
 
 if TYPE_CHECKING:
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.slicer.context import WorkerContext
-    from elasticd.agent.slicer.runtime import Runtime
     from elasticd.agent.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -382,7 +381,7 @@ class PrivateStore:
 
     def _done(self, rank: int) -> bool:
         rt = self._runtime()
-        return rt is not None and rt.baton.state.get(rank) is WorkerState.DONE
+        return rt is not None and rt.baton.finished(rank)
 
     def _next_after(self, rank: int) -> int | None:
         order = self._order()

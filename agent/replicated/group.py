@@ -25,7 +25,7 @@ from elasticd.agent.replicated.weak_hooks import weakly
 from elasticd.agent.resize.snapshot import GroupSnapshot
 
 if TYPE_CHECKING:
-    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.worker import Worker
 
 

@@ -30,7 +30,7 @@ from elasticd.agent.replicated.write_once import WriteCounts, shared_groups
 
 if TYPE_CHECKING:
     from elasticd.agent.resize.snapshot import GroupSnapshot
-    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.worker import Worker
 
 SCHEDULERS = "replicated_schedulers"  # snapshot extras: state_dicts of schedulers built after replicate

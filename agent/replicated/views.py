@@ -17,7 +17,7 @@ from elasticd.agent.replicated.write_once import shared_groups
 
 if TYPE_CHECKING:
     from elasticd.agent.replicated.group import ReplicatedGroup
-    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.runtime import Runtime
 
 
 class ReplicatedOptimizer(torch.optim.Optimizer):

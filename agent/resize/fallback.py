@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
-from elasticd.agent.resize.parts import GROUPS, describe, epoch_dir, part_name, parts_in
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, load_file
+from elasticd.core.layout import Layout
+from elasticd.core.parts import GROUPS, describe, epoch_dir, part_name, parts_in
 
 
 class SnapshotMissing(RuntimeError):

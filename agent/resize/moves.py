@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from elasticd.agent.comm.layout import Layout
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, to_bytes
+from elasticd.core.layout import Layout
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
-from elasticd.agent.resize.every import Every
 from elasticd.agent.resize.fallback import save_parts, write_bytes
-from elasticd.agent.resize.parts import (
+from elasticd.core.cadence import Every
+from elasticd.core.parts import (
     GROUPS,
     describe,
     missing,

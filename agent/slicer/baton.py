@@ -117,6 +117,10 @@ class Baton:
         self.state[rank] = WorkerState.DONE
         return self._next_after(rank)
 
+    def finished(self, rank: int) -> bool:
+        """Whether `rank` has returned from the user function (a rank not hosted here has not)."""
+        return self.state.get(rank) is WorkerState.DONE
+
     def flushed(self) -> Action:
         """The physical collective for the waiting workers completed."""
         for r in self.order:

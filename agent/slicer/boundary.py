@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from elasticd.agent.capture import carried, function_locals, loader_tracking
+from elasticd.agent.capture.loader import ResumableBatches
 from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.private import saving
 from elasticd.agent.resize.periodic import FLAG_BUSY, FLAG_DUE, FLAG_NONE, PeriodicSnapshots
 from elasticd.agent.resize.snapshot import AgentSnapshot, WorkerSnapshot
-from elasticd.agent.slicer import carried, function_locals, loader_tracking, rng
-from elasticd.agent.slicer.loader import ResumableBatches
+from elasticd.agent.slicer import rng
 from elasticd.agent.worker import Worker
 
 if TYPE_CHECKING:
-    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

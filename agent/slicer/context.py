@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent.capture.carried import mark_registered
+from elasticd.agent.capture.loader import ResumableBatches
 from elasticd.agent.comm.collectives import (
     AllGather,
     AllReduce,
@@ -21,11 +23,9 @@ from elasticd.agent.comm.collectives import (
     validate_reduce_op,
 )
 from elasticd.agent.private.registry import attach
-from elasticd.agent.slicer.carried import mark_registered
-from elasticd.agent.slicer.loader import ResumableBatches
 
 if TYPE_CHECKING:
-    from elasticd.agent.slicer.runtime import Runtime
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.worker import Worker
 
 

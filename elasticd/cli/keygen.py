@@ -37,12 +37,12 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
     allowed before roles existed are read as clients until allowed again with a role.
     """
     from elasticd import keys
-    from elasticd.daemon.statedir import StateDir
+    from elasticd.statedir import StateDir
 
     if allow is None and (node_id is not None or role != "client"):
         raise click.UsageError("--role and --node-id go with --allow KEY")
     from elasticd.cli import EXIT_DAEMON_ERROR
-    from elasticd.daemon.statedir import UnsafeStateDir
+    from elasticd.statedir import UnsafeStateDir
 
     try:
         sd = StateDir.resolve(state_dir).create()
@@ -62,7 +62,7 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
     except keys.BadKeyError as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_USAGE)
-    from elasticd.daemon.statedir import default_node_id
+    from elasticd.statedir import default_node_id
 
     # node_id: what to bind this key to on the scheduler when a daemon started without --node-id uses it
     doc = {"public_key": public.decode(), "path": str(keys.keys_dir(sd.root) / "id.key"),

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from elasticd import client
+from elasticd.cli import client
 
 
 @click.command("logs")

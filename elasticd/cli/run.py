@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from elasticd.agent.resize.every import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
 from elasticd.cli import EXIT_USAGE
 from elasticd.cli.script_args import ScriptCommand, split_target
+from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
 
 
 def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...] = ()) -> tuple[str, str | None, int]:
@@ -29,7 +29,7 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
         raise click.UsageError(f"{script} has no @elasticd.elastic function: it runs as under torchrun "
                                f"(torchrun mode), with N given by --workers N (torchrun's --nproc_per_node)")
     if workers is None:
-        from elasticd.agent.script_main import declared_workers
+        from elasticd.core.script_source import declared_workers
 
         try:
             workers = declared_workers(script, func)
@@ -55,7 +55,7 @@ def torchrun_mode(script: str) -> bool:
     Raises:
         click.UsageError: the script does not parse.
     """
-    from elasticd.agent.script_main import is_torchrun_script
+    from elasticd.core.script_source import is_torchrun_script
 
     try:
         return is_torchrun_script(script)
@@ -157,7 +157,7 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     if script_args:
         import json
 
-        from elasticd.agent.script_main import ARGS_VAR
+        from elasticd.core.env_names import ARGS_VAR
 
         env = {ARGS_VAR: json.dumps(list(script_args))}
     if ddp:
@@ -178,15 +178,14 @@ def _cuda_problem(devices: int) -> str | None:
     """Checked here, before any agent starts, so that too few GPUs is a usage error, not M agent crashes."""
     import torch  # only for --device-type cuda: `elasticd run` on CPU does not pay torch's import here
 
-    from elasticd.agent.comm.physical import shares_devices
-    from elasticd.agent.config import cuda_capacity_problem
+    from elasticd.core.agent_config import cuda_capacity_problem, shares_devices
 
     return cuda_capacity_problem(devices, torch.cuda.device_count(), shares_devices())
 
 
 def parse_layout(text: str, workers: int, devices: int) -> list[int]:
     """--layout "6,2" -> [6, 2], with a usage error naming what is wrong ("" -> [], the uniform layout)."""
-    from elasticd.agent.comm.layout import blocks_problem, parse_blocks
+    from elasticd.core.layout import blocks_problem, parse_blocks
 
     try:
         blocks = parse_blocks(text)
@@ -201,7 +200,7 @@ def parse_layout(text: str, workers: int, devices: int) -> list[int]:
 def parse_scale_at(text: str, workers: int) -> list[tuple[int, int, list[int]]]:
     """"10:2,20:1:1,30:2:6/2" -> [(10, 2, []), (20, 1, []), (30, 2, [6, 2])], with a usage error for anything
     malformed (blocks: the new layout's sizes, "/"-separated; none: uniform)."""
-    from elasticd.agent.comm.layout import blocks_problem, parse_blocks
+    from elasticd.core.layout import blocks_problem, parse_blocks
 
     schedule = []
     for item in filter(None, (part.strip() for part in text.split(","))):

@@ -8,8 +8,7 @@ import sys
 
 import click
 
-from elasticd import client
-from elasticd.cli import EXIT_DAEMON_ERROR
+from elasticd.cli import EXIT_DAEMON_ERROR, client
 from elasticd.protocol import limits as L
 
 # Only what cannot be sent (beyond msgpack's integers) is a usage error here; 0 or more than the job's N
@@ -44,7 +43,7 @@ def scale(job_id: str, devices: int, as_json: bool, **opts: object) -> None:
 
 
 def _torchrun_mode(script: str) -> bool:
-    from elasticd.agent.script_main import is_torchrun_script
+    from elasticd.core.script_source import is_torchrun_script
 
     try:
         return bool(script) and os.path.isfile(script) and is_torchrun_script(script)

@@ -38,10 +38,11 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
     """
     from elasticd.cli.start import setup_logging
     from elasticd.daemon.server import DaemonError, lock_state_dir
-    from elasticd.daemon.statedir import StateDir, UnsafeStateDir
     from elasticd.keys import BadKeyError
+    from elasticd.observe.serving import watch_at
     from elasticd.scheduler.server import SchedulerServer
     from elasticd.scheduler.state import Config
+    from elasticd.statedir import StateDir, UnsafeStateDir
     from elasticd.transport import TransportError, ipc_endpoint
 
     try:
@@ -55,7 +56,7 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
         server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),
                                  config=Config(heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                                                start_timeout_s=start_timeout, relayout_enabled=relayout), limits=limits_from(limits),
-                                 metrics=metrics)
+                                 watch=watch_at(metrics))
     except (DaemonError, TransportError, RuntimeError, BadKeyError, OSError) as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from elasticd import client
+from elasticd.cli import client
 
 
 @click.command("shutdown")
@@ -17,8 +17,8 @@ from elasticd import client
 def shutdown(as_json: bool, no_wait: bool, **opts: object) -> None:
     """Stop the daemon: its agents are stopped (their jobs fail) and, if it runs the island's
     scheduler, the scheduler stops too (its job table stays in the state dir for the next start)."""
-    from elasticd.daemon.statedir import StateDir, pid_alive, read_info
     from elasticd.protocol import Shutdown
+    from elasticd.statedir import StateDir, pid_alive, read_info
 
     sd = StateDir.resolve(opts.get("state_dir"))  # type: ignore[arg-type]
     info = read_info(sd.daemon_info) or read_info(sd.scheduler_info) or {}

@@ -94,7 +94,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     from elasticd import keys
     from elasticd.daemon.devices import parse_speeds
     from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
-    from elasticd.daemon.statedir import StateDir, UnsafeStateDir
+    from elasticd.statedir import StateDir, UnsafeStateDir
 
     if device_speed is not None:
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from elasticd import client
+from elasticd.cli import client
 from elasticd.cli.text import printable as safe
 
 

@@ -9,8 +9,7 @@ import time
 
 import click
 
-from elasticd import client
-from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK
+from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK, client
 from elasticd.cli.run import recovery_options
 from elasticd.cli.script_args import ScriptCommand
 from elasticd.protocol import limits as L
@@ -71,8 +70,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     --min-devices and may not exceed it. ARGS are the script's; one spelled like an option
     here is elasticd's unless the script declares it itself or it follows `--` (see `elasticd run --help`).
     """
-    from elasticd.agent.script_main import ARGS_VAR
     from elasticd.cli.run import resolve_target, torchrun_mode
+    from elasticd.core.env_names import ARGS_VAR
     from elasticd.protocol import Submit
 
     why = L.bad_text("--name", name, L.MAX_NAME)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from elasticd import client
+from elasticd.cli import client
 
 
 @click.command("undrain")

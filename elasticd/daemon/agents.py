@@ -29,15 +29,15 @@ import psutil
 
 from elasticd import forked
 from elasticd import protocol as p
-from elasticd.agent import module_command
-from elasticd.agent.config import AgentConfig
-from elasticd.agent.resize import parts as saved_parts
+from elasticd.core import parts as saved_parts
+from elasticd.core.agent_config import AgentConfig
+from elasticd.core.commands import module_command
 from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
 from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
-from elasticd.daemon.statedir import StateDir
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
 from elasticd.forked import ForkedProcess
 from elasticd.ports import free_port
+from elasticd.statedir import StateDir
 
 log = logging.getLogger(__name__)
 

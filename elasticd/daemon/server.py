@@ -23,7 +23,12 @@ from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.agents import Supervisor
 from elasticd.daemon.grace import GraceDrain
-from elasticd.daemon.statedir import (
+from elasticd.observe.serving import watch_at
+from elasticd.scheduler.admission import Limits
+from elasticd.scheduler.server import SchedulerServer
+from elasticd.scheduler.state import Config
+from elasticd.scheduler.store import StoreError
+from elasticd.statedir import (
     StateDir,
     UnsafeStateDir,
     default_node_id,
@@ -31,10 +36,6 @@ from elasticd.daemon.statedir import (
     read_info,
     write_info,
 )
-from elasticd.scheduler.admission import Limits
-from elasticd.scheduler.server import SchedulerServer
-from elasticd.scheduler.state import Config
-from elasticd.scheduler.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class NodeDaemon:
                     self.sd, bind=cfg.bind, local=local, ctx=self.ctx, allow_shutdown=False, limits=cfg.limits,
                     config=Config(heartbeat_s=cfg.heartbeat_s, node_timeout_s=cfg.node_timeout_s,
                                   relayout_enabled=cfg.relayout),
-                    metrics=cfg.metrics)
+                    watch=watch_at(cfg.metrics))
                 self.link_endpoint = local
             else:
                 if not transport.is_tcp(cfg.scheduler):

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticd.agent import module_command
+from elasticd.core.commands import module_command
 from elasticd.forked import ForkedProcess, ForkServer
 from elasticd.startup_env import startup_differences
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.agent.timing import clean_timing, merge_timing
+from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
 from elasticd.daemon.records import Agent, LocalJob
 from elasticd.daemon.resizing import NodeResizes

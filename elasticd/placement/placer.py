@@ -55,7 +55,7 @@ class Placement:
 
 
 def uniform_sizes(workers: int, devices: int) -> list[int]:
-    """Today's layout (agent/comm/layout.py): the first N % M devices host one extra worker."""
+    """Today's layout (elasticd/core/layout.py): the first N % M devices host one extra worker."""
     base, extra = divmod(workers, devices)
     return [base + 1] * extra + [base] * (devices - extra)
 

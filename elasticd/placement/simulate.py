@@ -1,7 +1,7 @@
 """A trace simulator of the island policy: today's uniform placement against the speed-aware one.
 
 Pure and deterministic (a seed in, numbers out; no clock, no I/O). It drives the real policy functions
-(`elasticd.scheduler.policy.place_grants` and `rebalance`) over a synthetic job trace on a fleet of devices
+(`elasticd.placement.policy.place_grants` and `rebalance`) over a synthetic job trace on a fleet of devices
 with fixed relative speeds, and reports each job's completion time (finish - arrival).
 
 Units: a speed-1.0 device runs one logical worker-step per time unit. A step of a job laid out as blocks
@@ -22,10 +22,10 @@ import random
 import time
 from dataclasses import dataclass
 
+from elasticd.placement import policy
 from elasticd.placement.cost import CostModel, device_key, ring_shape
 from elasticd.placement.hysteresis import RelayoutGate
 from elasticd.placement.placer import block_sizes, choose, uniform_sizes
-from elasticd.scheduler import policy
 
 MIXED = ((1.0, 1.0, 1.0, 1.0), (0.5, 0.5, 0.5, 0.5), (1 / 3, 1 / 3, 1 / 3, 1 / 3))
 UNIFORM = ((1.0, 1.0, 1.0, 1.0),) * 3

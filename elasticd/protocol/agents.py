@@ -27,7 +27,7 @@ class AgentStep(Message):
     rank: int
     step: int
     metrics: dict[str, Any] = field(default_factory=dict)
-    # This agent's step timing since its last report (elasticd.agent.timing): {"hosted": n, "compute_s":
+    # This agent's step timing since its last report (elasticd.core.timing): {"hosted": n, "compute_s":
     # mean compute seconds per step summed over its hosted workers, "flush_s": mean physical-collective
     # seconds per step, "steps": k}; empty when no whole step was measured since.
     timing: dict[str, Any] = field(default_factory=dict)

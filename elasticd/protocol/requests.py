@@ -100,7 +100,7 @@ class JobInfo:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     snapshot: dict[str, Any] | None = None   # newest complete periodic snapshot: step, bytes (per node)
     blocks: list[int] = field(default_factory=list)   # logical workers per agent, rank order (empty: uniform)
-    # Speed-aware placement (elasticd.scheduler.speeds): per agent {rank, device ("NODE/INDEX"), workers,
+    # Speed-aware placement (elasticd.placement.speeds): per agent {rank, device ("NODE/INDEX"), workers,
     # speed, worker_step_s (fitted; None: not measured yet)}, and predicted_step_s, measured_step_s, comm_s.
     layout: dict[str, Any] | None = None
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from elasticd.scheduler import policy
+from elasticd.placement import policy
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.jobs import Job, JobState
 
 if TYPE_CHECKING:   # annotations only (as in the shells): state.py is what implements this
-    from elasticd.scheduler.speeds import Speeds
+    from elasticd.placement.speeds import Speeds
     from elasticd.scheduler.state import Config, Node
 
 

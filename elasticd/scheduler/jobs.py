@@ -80,7 +80,7 @@ class JobSpec:
     name: str = ""
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    snapshot_every: str = "30s"   # periodic snapshots (agent/resize/every.py); "0": none
+    snapshot_every: str = "30s"   # periodic snapshots (elasticd/core/cadence.py); "0": none
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
     owner: str = ""   # who submitted it (elasticd.scheduler.authz); "" for rows older than owners
 
@@ -124,7 +124,7 @@ class Job:
     incarnation: int = 0
     restore_latest: bool = False
     snapshot: dict[str, Any] = field(default_factory=dict)   # newest complete periodic snapshot: step, bytes
-    # Speed-aware placement (elasticd.scheduler.speeds): logical workers per agent in rank order (empty: the
+    # Speed-aware placement (elasticd.placement.speeds): logical workers per agent in rank order (empty: the
     # uniform layout; those of a resize in flight are its plan's); and for a re-layout in flight (same
     # devices, other blocks) its reason and predicted gain, for the resize history.
     blocks: list[int] = field(default_factory=list)

@@ -34,13 +34,13 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.placement import policy, speeds
+from elasticd.placement.speeds import Relayout
 from elasticd.resize_plan import Abort, Action, Done, Fail, Go, Refuse, ResizePlan, RollBack
-from elasticd.scheduler import policy, speeds
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.rollback import Rollbacks
-from elasticd.scheduler.speeds import Relayout
 
 log = logging.getLogger(__name__)
 

@@ -12,19 +12,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
 
 from elasticd import keys, transport
 from elasticd import protocol as p
-from elasticd.daemon.statedir import StateDir, write_info
-from elasticd.observe.http import ObserveHTTP
-from elasticd.observe.metrics import Observer
+from elasticd.placement.speeds import Speeds
 from elasticd.scheduler import admission, authz
-from elasticd.scheduler.speeds import Speeds
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
 from elasticd.scheduler.store import JobStore
+from elasticd.scheduler.watch import Watcher
+from elasticd.statedir import StateDir, write_info
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +37,18 @@ class SchedulerServer:
 
     `bind` is its TCP endpoint (CURVE, allow-list from the state dir) or None; `local` is an extra
     ipc:// or inproc:// endpoint without CURVE (the embedded scheduler's daemon, or local CLIs);
-    `metrics` (host, port) serves Prometheus metrics and the status page over HTTP (elasticd.observe).
+    `watch` makes what is told of every request, heartbeat and tick (elasticd.observe's metrics and
+    status page); the server closes it.
 
     Raises:
         transport.TransportError: if an endpoint cannot be bound.
-        OSError: if the metrics address cannot be bound.
+        OSError: if `watch` cannot bind its address.
     """
 
     def __init__(self, state_dir: StateDir, *, bind: str | None, local: str | None,
                  ctx: zmq.Context | None = None, config: Config | None = None,
                  allow_shutdown: bool = True, limits: admission.Limits | None = None,
-                 metrics: tuple[str, int] | None = None) -> None:
+                 watch: Callable[[], Watcher] | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.cfg = config or Config()
@@ -74,12 +75,10 @@ class SchedulerServer:
         self.allow: transport.AllowList | None = None
         self._tcp: zmq.Socket | None = None
         self._refusals_logged: set[tuple[str, str, str]] = set()
-        self.observer: Observer | None = None
-        self.http: ObserveHTTP | None = None
+        self.watch: Watcher | None = None
         try:
-            if metrics is not None:
-                self.observer = Observer()
-                self.http = ObserveHTTP(self.observer, *metrics)
+            if watch is not None:
+                self.watch = watch()
             if bind:
                 transport.raise_fd_limit()
                 self.allow = transport.AllowList(self.sd.root)
@@ -114,7 +113,7 @@ class SchedulerServer:
 
     @property
     def metrics_url(self) -> str | None:
-        return self.http.url if self.http is not None else None
+        return self.watch.url if self.watch is not None else None
 
     def stop(self) -> None:
         self._stop.set()
@@ -138,8 +137,8 @@ class SchedulerServer:
                         self._execute(self.state.tick(time.time()))
                         self._expire()
                         self._purge(time.time())
-                        if self.observer is not None:
-                            self.observer.refresh(self.state)
+                        if self.watch is not None:
+                            self.watch.refresh(self.state)
                     except Exception:  # a bug in one tick must not take the island down
                         log.exception("scheduler tick failed")
         finally:
@@ -151,9 +150,9 @@ class SchedulerServer:
                 self.store.save_speeds(self.state.speeds.to_dict())
         except Exception:  # closing must go on; the speeds are learned again
             log.exception("could not save device speeds")
-        if self.http is not None:
-            self.http.close()
-            self.http = None
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
         for s in self.sockets:
             s.close(linger=0)
         self.sockets = []
@@ -170,12 +169,12 @@ class SchedulerServer:
             if got is None:
                 return
             ident, payload, extra, user_id = got
-            if self.observer is None:
+            if self.watch is None:
                 self._serve(sock, ident, payload, extra, user_id)
                 continue
             t0 = time.perf_counter()
             op = self._serve(sock, ident, payload, extra, user_id)
-            self.observer.request(op, time.perf_counter() - t0)
+            self.watch.request(op, time.perf_counter() - t0)
 
     def _principal(self, sock: zmq.Socket, user_id: str | None) -> authz.Principal | None:
         if sock is not self._tcp:
@@ -244,8 +243,8 @@ class SchedulerServer:
         now = time.time()
         if isinstance(msg, p.NodeStatus):
             actions = self.state.node_status(msg, now)   # raises for a node that has not said hello
-            if self.observer is not None:
-                self.observer.heartbeats.inc()
+            if self.watch is not None:
+                self.watch.heartbeat()
             self._nodes[msg.node_id] = (sock, ident)      # follow a node that reconnected
             return None, actions
         if isinstance(msg, p.NodeHello):

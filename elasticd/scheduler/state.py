@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.agent.compat.worker_env import RESTARTS_VAR
-from elasticd.agent.resize.every import Every
-from elasticd.scheduler import policy
+from elasticd.core.cadence import Every
+from elasticd.core.env_names import RESTARTS_VAR
+from elasticd.placement import policy
+from elasticd.placement.speeds import Speeds
 from elasticd.scheduler.actions import Send
 from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes
-from elasticd.scheduler.speeds import Speeds
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class SchedulerState:
     def __init__(self, jobs: list[Job] | None = None, *, now: float, config: Config | None = None,
                  speeds: Speeds | None = None) -> None:
         self.cfg = config or Config()
-        self.speeds = speeds or Speeds()   # device speeds and the re-layout gate (elasticd.scheduler.speeds)
+        self.speeds = speeds or Speeds()   # device speeds and the re-layout gate (elasticd.placement.speeds)
         self.jobs: dict[str, Job] = {}
         self.nodes: dict[str, Node] = {}
         self.dirty: set[str] = set()
@@ -441,7 +441,7 @@ class SchedulerState:
         return out
 
     def _relayouts(self, now: float) -> list[Send]:
-        """Live re-layouts of running jobs whose devices' measured speeds drifted (elasticd.scheduler.speeds):
+        """Live re-layouts of running jobs whose devices' measured speeds drifted (elasticd.placement.speeds):
         same devices, other block sizes, through the resize path. Not while the job may be resized for
         another reason (a drain holds its node, devices of its last resize are still being freed)."""
         if not (self.cfg.resize_enabled and self.cfg.relayout_enabled):

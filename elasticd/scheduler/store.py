@@ -75,7 +75,7 @@ class JobStore:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(next_seq),))
 
     def load_speeds(self) -> dict[str, Any]:
-        """The island's cost model and re-layout gate (elasticd.scheduler.speeds); {} if none was saved or
+        """The island's cost model and re-layout gate (elasticd.placement.speeds); {} if none was saved or
         the saved one cannot be read (the speeds are learned again: a bad row must not keep the scheduler down)."""
         row = self._db.execute("SELECT value FROM meta WHERE key='speeds'").fetchone()
         if row is None:

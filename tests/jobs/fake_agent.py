@@ -22,8 +22,8 @@ import os
 import sys
 import time
 
-from elasticd.agent.config import parse_args
 from elasticd.agent.control.zmq_channel import ZmqControl
+from elasticd.core.agent_config import parse_args
 
 
 def _as_job_script(elasticd) -> None:

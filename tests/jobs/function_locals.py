@@ -1,4 +1,4 @@
-"""What the function keeps in its own variables (agent/slicer/function_locals.py).
+"""What the function keeps in its own variables (agent/capture/function_locals.py).
 
 A `torch.Generator`, a numpy `default_rng`, a legacy `RandomState` and a `random.Random`, each seeded per
 rank before the loop and drawn from every step (input noise, a random subset of the batch): under DDP each

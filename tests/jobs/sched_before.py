@@ -2,7 +2,7 @@
 
 The first hosted worker's optimizer becomes the shared one, so its scheduler moves the shared learning
 rate; the other workers' schedulers move the optimizers `ctx.replicate` set aside, through the same
-values. Nothing registers the scheduler: a resize must carry its state anyway (agent/slicer/carried.py),
+values. Nothing registers the scheduler: a resize must carry its state anyway (agent/capture/carried.py),
 or the learning rate restarts and the result leaves DDP's.
 """
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from elasticd.agent.capture import reentry_writes, shared_globals
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
-from elasticd.agent.comm.layout import Layout, blocks_problem
 from elasticd.agent.comm.p2p import PointToPoint
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat import cuda_ranks, worker_env
@@ -33,15 +33,16 @@ from elasticd.agent.replicated.idioms import install as install_idioms
 from elasticd.agent.replicated.ledger import ReplicatedStateError
 from elasticd.agent.replicated.state import ReplicatedState
 from elasticd.agent.resize.snapshot import AgentSnapshot
-from elasticd.agent.slicer import reentry_writes, rng, shared_globals
+from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Idle, Run, Stranded, WorkerState
 from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.malloc import tune_malloc
-from elasticd.agent.timing import StepTiming
 from elasticd.agent.worker import Worker, current_worker, register_runtime, set_current_worker
+from elasticd.core.layout import Layout, blocks_problem
+from elasticd.core.timing import StepTiming
 from elasticd.protocol.agents import AgentResize, AgentStop
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Runtime:
             raise ValueError(f"agent {phys.rank} hosts ranks {self.hosted}, not its block of layout {layout}")
         self.baton = Baton(self.hosted)
         self.p2p = PointToPoint(self)   # send/recv between logical ranks (agent/comm/p2p.py)
-        # Compute vs physical-collective seconds per step, reported with each step (agent/timing.py).
+        # Compute vs physical-collective seconds per step, reported with each step (elasticd/core/timing.py).
         self.timing = StepTiming(len(self.hosted))
         self.current: Worker | None = None
         # ctx.replicate's groups and the once-per-step idioms over them (agent/replicated/state.py)

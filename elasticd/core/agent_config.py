@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from elasticd.agent.comm.layout import Layout
-from elasticd.agent.resize.every import Every
+from elasticd.core.cadence import Every
+from elasticd.core.env_names import DEVICE_BACKEND_ENV
+from elasticd.core.layout import Layout
 
 # device_index of a CUDA agent started as a standby: its rank, hence its GPU, is known only at its join.
 DEVICE_AT_JOIN = -1
@@ -43,6 +46,12 @@ def cuda_ordinal(device_index: int, rank: int, device_count: int, shared: bool =
     if problem is not None:
         raise ValueError(problem)
     return index % device_count
+
+
+def shares_devices(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether agents may share a GPU (only with the gloo test switch: NCCL refuses two ranks on one GPU)."""
+    env = os.environ if environ is None else environ
+    return env.get(DEVICE_BACKEND_ENV, "") == "gloo"
 
 
 def cuda_capacity_problem(devices: int, device_count: int, shared: bool = False) -> str | None:

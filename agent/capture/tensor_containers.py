@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.slicer.carried import NotCarried
-from elasticd.agent.slicer.local_arrays import from_snapshot, is_array, nbytes, to_snapshot, writes
+from elasticd.agent.capture.carried import NotCarried
+from elasticd.agent.capture.local_arrays import from_snapshot, is_array, nbytes, to_snapshot, writes
 
 _MAX_ITEMS = 100_000      # as function_locals: a bigger container is not looked into
 _MAX_BYTES = 1 << 30      # the arrays of one container a snapshot copies

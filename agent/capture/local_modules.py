@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from elasticd.agent.slicer.carried import NotCarried, _Copy, _target, absorb, snapshot_state
-from elasticd.agent.slicer.local_arrays import fingerprint, writes
-from elasticd.agent.slicer.tensor_containers import storage
+from elasticd.agent.capture.carried import NotCarried, _Copy, _target, absorb, snapshot_state
+from elasticd.agent.capture.local_arrays import fingerprint, writes
+from elasticd.agent.capture.tensor_containers import storage
 
 if TYPE_CHECKING:
     from elasticd.agent.worker import Worker

@@ -25,7 +25,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
-from elasticd.daemon.statedir import StateDir, pid_alive, read_info
+from elasticd.statedir import StateDir, pid_alive, read_info
 
 DEFAULT_TIMEOUT_S = 5.0
 F = TypeVar("F", bound=Callable[..., Any])

@@ -63,9 +63,9 @@ from typing import Any
 
 import torch
 
-from elasticd.agent.slicer import loader_tracking, local_modules, tensor_containers
-from elasticd.agent.slicer.carried import NotCarried, snapshot_state
-from elasticd.agent.slicer.local_arrays import (
+from elasticd.agent.capture import loader_tracking, local_modules, tensor_containers
+from elasticd.agent.capture.carried import NotCarried, snapshot_state
+from elasticd.agent.capture.local_arrays import (
     fingerprint,
     from_snapshot,
     is_array,

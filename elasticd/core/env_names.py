@@ -1,0 +1,16 @@
+"""Environment variables that the launcher, the scheduler and the agents pass between them."""
+
+# The script's own arguments, as a JSON list, in the agents' environment: one carrier for `elasticd run`
+# (the launcher sets it) and `elasticd submit` (a job's --env reaches agents and warm spares alike).
+ARGS_VAR = "ELASTICD_SCRIPT_ARGS"
+# Where the step count of restarted agents starts (the launcher's count when it restarted them), so that
+# `--scale-at` steps stay absolute across restarts.
+STEP_OFFSET_VAR = "ELASTICD_STEP_OFFSET"
+
+# Set on the agents of a restarted job: by `elasticd run` (a resize or recovery of a torchrun-mode job), and
+# by the scheduler after a recovery.
+RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
+
+# Test-only switch: "gloo" makes the group of CUDA agents plain gloo (which carries CUDA tensors too),
+# so that two agents can share one GPU, which NCCL refuses. Slower; never for real runs.
+DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"
