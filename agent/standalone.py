@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.runtime import Runtime, WorkerFailed
 from elasticd.agent.slicer.device import set_deterministic
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
 def run_standalone(ef: ElasticFunction) -> Any:
     """Run every logical worker; returns logical rank 0's return value.
 
-    One device (a CPU, or a single GPU) runs in this very process. Several GPUs get one agent process
-    each, through the same launcher as `elasticd run`.
+    One device (a CPU, or a single GPU) runs in this very process, which has torch as it was again when
+    this returns (elasticd.agent.patches). Several GPUs get one agent process each, through the same
+    launcher as `elasticd run`.
 
     Raises:
         WorkerFailed: a logical worker raised (its rank and traceback are printed to stderr first).
@@ -47,3 +49,5 @@ def run_standalone(ef: ElasticFunction) -> Any:
         # user needs (as `elasticd run` prints it), is text on it: print it before it propagates.
         print(f"[elasticd] logical rank {f.rank} failed: {f.message}\n{f.traceback}", file=sys.stderr, flush=True)
         raise
+    finally:
+        patches.remove_all()  # the rest of the script sees torch as it was (agent processes keep them: they exit)

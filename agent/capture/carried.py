@@ -38,8 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.private.saving import clone_state
 from elasticd.agent.worker import current_worker
+
+_LEDGER = patches.ledger("capture.carried")
 
 if TYPE_CHECKING:
     from elasticd.agent.worker import Worker
@@ -94,7 +97,7 @@ def _hook(cls: type) -> None:
             w.carried_restore.created(w, self)
 
     __init__._elasticd_carried = True  # type: ignore[attr-defined]
-    cls.__init__ = __init__  # type: ignore[method-assign]
+    _LEDGER.set(cls, "__init__", __init__)
 
 
 def install() -> None:
@@ -164,7 +167,7 @@ def _install_module_deepcopy() -> None:
     # uses for it; a subclass with a __deepcopy__ of its own (fx's GraphModule) keeps it and is not tracked.
     if "__deepcopy__" in vars(torch.nn.Module) or not hasattr(copy, "_reconstruct"):
         return
-    torch.nn.Module.__deepcopy__ = _module_deepcopy  # type: ignore[attr-defined]
+    _LEDGER.set(torch.nn.Module, "__deepcopy__", _module_deepcopy)
 
 
 @dataclass(frozen=True, slots=True)

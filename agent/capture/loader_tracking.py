@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
+
+_LEDGER = patches.ledger("capture.loader_tracking")
 
 if TYPE_CHECKING:
     from elasticd.agent.worker import Worker
@@ -259,7 +262,7 @@ def _hook(cls: type) -> None:
         return w.loader_tracks.iterate(self, original)
 
     __iter__._elasticd_tracked = True  # type: ignore[attr-defined]
-    cls.__iter__ = __iter__  # type: ignore[attr-defined]
+    _LEDGER.set(cls, "__iter__", __iter__)
 
 
 def install() -> None:

@@ -20,11 +20,13 @@ import os
 import threading
 from typing import Any
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
 
 log = logging.getLogger(__name__)
 
 _real_open = builtins.open
+_LEDGER = patches.ledger("capture.reentry_writes")
 _warned: set[tuple[int, str]] = set()   # (logical rank's first resumed step, path): one line per file per resume
 _lock = threading.Lock()
 
@@ -59,5 +61,5 @@ def _warn(rank: int, step: int, path: str, mode: str) -> None:
 
 def watch() -> None:
     """Wrap `builtins.open` and `io.open` for this process (idempotent): called when an agent resumes a function."""
-    builtins.open = _open
-    io.open = _open
+    _LEDGER.set(builtins, "open", _open)
+    _LEDGER.set(io, "open", _open)

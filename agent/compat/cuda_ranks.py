@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
 
 _agent_device: torch.device | None = None
+_LEDGER = patches.ledger("compat.cuda_ranks")
 _originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 
 
@@ -51,7 +53,7 @@ def _wrap(owner: Any, name: str, first_is_device: bool) -> None:
                 kwargs["device"] = mapped(kwargs["device"], device)
         return original(self, *args, **kwargs)
 
-    setattr(owner, name, patched)
+    _LEDGER.set(owner, name, patched)
 
 
 def _set_device(device: Any) -> None:
@@ -63,19 +65,17 @@ def install(device: torch.device) -> None:
     """Point LOCAL_RANK-chosen devices of worker threads at `device` (idempotent; the latest device wins)."""
     global _agent_device
     _agent_device = device
-    if _originals:
+    if _LEDGER.active:
         return
     for owner in (torch.Tensor, torch.nn.Module):
         _wrap(owner, "to", first_is_device=True)
         _wrap(owner, "cuda", first_is_device=True)
     _originals[(torch.cuda, "set_device")] = torch.cuda.set_device
-    torch.cuda.set_device = _set_device
+    _LEDGER.set(torch.cuda, "set_device", _set_device)
 
 
 def uninstall() -> None:
-    """Restore torch's own methods (tests)."""
+    """Restore torch's own methods (tests; `patches.remove_all` restores them too)."""
     global _agent_device
-    for (owner, name), original in _originals.items():
-        setattr(owner, name, original)
-    _originals.clear()
+    _LEDGER.restore()
     _agent_device = None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from elasticd.agent import patches
 from elasticd.agent.comm.objects import dumps, loads
 from elasticd.agent.comm.p2p import Receive
 from elasticd.agent.compat.dist_registry import PATCHES, check_group, logical
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from elasticd.agent.slicer.context import WorkerContext
 
 ORIGINAL_CHECK_OP = c10d._check_op
+_LEDGER = patches.ledger("compat.dist_p2p")
 
 
 class _Sent:
@@ -160,8 +162,8 @@ def _p2pop_init(self: Any, op: Any, tensor: torch.Tensor, peer: int | None = Non
 def install() -> None:
     """`P2POp(dist.isend, ...)` inside workers: torch checks `op` against its own isend/irecv and resolves
     the default group in the constructor; both are made to accept the logical world (idempotent)."""
-    c10d._check_op = check_op
-    c10d.P2POp.__init__ = _p2pop_init
+    _LEDGER.set(c10d, "_check_op", check_op)
+    _LEDGER.set(c10d.P2POp, "__init__", _p2pop_init)
 
 
 def check_op(op: Any) -> None:

@@ -19,7 +19,10 @@ import sys
 import types
 from typing import Any
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
+
+_LEDGER = patches.ledger("compat.per_rank_main")
 
 
 def _own() -> types.ModuleType | None:
@@ -53,6 +56,6 @@ def install() -> None:
     if isinstance(main, _PerWorkerMain):
         return
     if type(main) is types.ModuleType:
-        main.__class__ = _PerWorkerMain   # the same object: whoever holds it sees the workers' modules too
+        _LEDGER.set(main, "__class__", _PerWorkerMain)   # the same object: its holders see the workers' modules
     else:   # no `__main__`, or one of a class of its own: a stand-in, which outside workers has nothing
-        sys.modules["__main__"] = _PerWorkerMain("__main__")
+        _LEDGER.set_item(sys.modules, "__main__", _PerWorkerMain("__main__"))

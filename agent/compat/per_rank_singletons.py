@@ -30,7 +30,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
+
+_LEDGER = patches.ledger("compat.per_rank_singletons")
 
 # Hydra's classes that hold one run's state (names under hydra.core.*); the others are registries.
 HYDRA_RUN_STATE = frozenset({"GlobalHydra", "HydraConfig", "JobRuntime"})
@@ -99,7 +102,7 @@ def patch_hydra_singleton(module: ModuleType) -> None:
     instances = getattr(singleton, "_instances", None)
     if singleton is None or not isinstance(instances, dict) or isinstance(instances, PerWorkerInstances):
         return  # another Hydra than the one this was written against (1.x): leave it as it is
-    singleton._instances = PerWorkerInstances(instances, _hydra_run_state)
+    _LEDGER.set(singleton, "_instances", PerWorkerInstances(instances, _hydra_run_state))
 
 
 class PerWorkerSharedState:
@@ -135,7 +138,7 @@ def patch_accelerate_state(module: ModuleType) -> None:
         cls = getattr(module, name, None)
         shared = vars(cls).get("_shared_state") if isinstance(cls, type) else None
         if isinstance(shared, dict):   # not on TPU, where accelerate made it thread-local itself
-            cls._shared_state = PerWorkerSharedState(f"accelerate.{name}", shared)
+            _LEDGER.set(cls, "_shared_state", PerWorkerSharedState(f"accelerate.{name}", shared))
 
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {"hydra.core.singleton": patch_hydra_singleton,
@@ -173,3 +176,5 @@ def install() -> None:
             patch(sys.modules[name])
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
+        _LEDGER.on_remove(lambda: sys.meta_path.remove(_finder) if _finder in sys.meta_path else None,
+                          "sys.meta_path")

@@ -37,6 +37,7 @@ import torch.distributed.distributed_c10d as c10d
 import torch.nn.parallel
 import torch.nn.parallel.distributed as ddp_module
 
+from elasticd.agent import patches
 from elasticd.agent.compat import dist_groups, dist_objects, dist_p2p, dist_rooted  # noqa: F401 - they register
 from elasticd.agent.compat.dist_registry import (
     PATCHES,
@@ -260,19 +261,17 @@ _PROXY = DistributedDataParallel
 
 # -- installing -----------------------------------------------------------------------------------
 
-_installed = False
+_LEDGER = patches.ledger("compat.torch_dist")
 
 
 def install(fn: Callable[..., Any] | None = None) -> None:
     """Patch torch.distributed and DDP in this process (idempotent); rebind names in `fn`'s module."""
-    global _installed
-    if not _installed:
+    if not _LEDGER.active:
         for name, patched in PATCHES.items():
-            setattr(dist, name, patched)
+            _LEDGER.set(dist, name, patched)
         dist_p2p.install()   # P2POp(dist.isend, ...) inside workers
-        torch.nn.parallel.DistributedDataParallel = DistributedDataParallel  # type: ignore[misc]
-        ddp_module.DistributedDataParallel = DistributedDataParallel  # type: ignore[misc]
-        _installed = True
+        _LEDGER.set(torch.nn.parallel, "DistributedDataParallel", DistributedDataParallel)
+        _LEDGER.set(ddp_module, "DistributedDataParallel", DistributedDataParallel)
     namespace = getattr(fn, "__globals__", None)
     if namespace is not None:
         rebind(namespace)
@@ -310,4 +309,4 @@ def rebind(namespace: dict[str, Any]) -> None:
     for key, value in list(namespace.items()):
         new = replacements.get(id(value))
         if new is not None:
-            namespace[key] = new
+            _LEDGER.set_item(namespace, key, new)

@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
 from elasticd.core.env_names import RESTARTS_VAR
 
@@ -108,16 +109,15 @@ class WorkerEnviron(_Environ):  # type: ignore[misc, valid-type]
         return dict(self)
 
 
-_installed = False
+_LEDGER = patches.ledger("compat.worker_env")
 
 
 def install() -> None:
     """Make `os.environ` the per-worker view (idempotent); names bound to the old object keep it."""
-    global _installed
-    if _installed:
+    if _LEDGER.active:
         return
     if not isinstance(os.environ, WorkerEnviron):
-        os.environ = WorkerEnviron(os.environ)  # noqa: B003 - the same storage, viewed per worker
+        _LEDGER.set(os, "environ", WorkerEnviron(os.environ))  # the same storage, viewed per worker
     original = subprocess.Popen.__init__
 
     @functools.wraps(original)
@@ -127,5 +127,4 @@ def install() -> None:
             kwargs["env"] = dict(os.environ)
         original(self, *args, **kwargs)
 
-    subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
-    _installed = True
+    _LEDGER.set(subprocess.Popen, "__init__", popen_init)

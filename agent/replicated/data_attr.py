@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.replicated import grad_data
 from elasticd.agent.replicated.grad_data import is_update, plain
 from elasticd.agent.worker import current_worker
@@ -169,12 +170,10 @@ def _set(self: torch.Tensor, value: Any) -> None:
     _BASE.__set__(self, plain(value, ParamData))
 
 
-_installed = False
+_LEDGER = patches.ledger("replicated.data_attr")
 
 
 def install() -> None:
     """Route `Tensor.data` through `_get` in this process (idempotent)."""
-    global _installed
-    if not _installed:
-        torch.Tensor.data = property(_get, _set, doc=_BASE.__doc__)  # type: ignore[assignment]
-        _installed = True
+    if not _LEDGER.active:
+        _LEDGER.set(torch.Tensor, "data", property(_get, _set, doc=_BASE.__doc__))

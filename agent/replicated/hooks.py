@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.replicated.group import ThisModelOnly
 from elasticd.agent.worker import Worker, current_worker
 
@@ -163,7 +164,7 @@ def _patch_tensor_hook() -> None:
         owner = _owner(self, lambda state, t: state.is_replicated_param(t))
         return original(self, hook if owner is None else _owned(hook, owner))
 
-    torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
+    _LEDGER.set(torch.Tensor, "register_hook", register_hook)
 
 
 def _patch_module_hook(name: str) -> None:
@@ -174,17 +175,15 @@ def _patch_module_hook(name: str) -> None:
         owner = _owner(self, lambda state, m: state.is_replicated_module(m))
         return original(self, hook if owner is None else _owned(hook, owner), *args, **kwargs)
 
-    setattr(torch.nn.Module, name, register)
+    _LEDGER.set(torch.nn.Module, name, register)
 
 
-_installed = False
+_LEDGER = patches.ledger("replicated.hooks")
 
 
 def install() -> None:
     """Patch the hook registrations in this process (idempotent)."""
-    global _installed
-    if not _installed:
+    if not _LEDGER.active:
         _patch_tensor_hook()
         for name in _MODULE_HOOKS:
             _patch_module_hook(name)
-        _installed = True

@@ -32,6 +32,7 @@ import torch.nn.utils.clip_grad as clip_grad
 from torch.amp.grad_scaler import GradScaler
 from torch.optim import lr_scheduler
 
+from elasticd.agent import patches
 from elasticd.agent.replicated import data_attr, hooks, write_once
 from elasticd.agent.replicated.views import ReplicatedOptimizer
 from elasticd.agent.worker import Worker, current_worker
@@ -216,26 +217,24 @@ _SCHEDULER_CONSTRUCTORS: list[tuple[type, Callable[..., Any]]] = [
 
 # -- installing -----------------------------------------------------------------------------------
 
-_installed = False
+_LEDGER = patches.ledger("replicated.idioms")
 
 
 def install(fn: Callable[..., Any] | None = None) -> None:
     """Patch torch's idioms in this process (idempotent); rebind names imported into `fn`'s module."""
-    global _installed
-    if not _installed:
+    if not _LEDGER.active:
         for name, patched in _PATCHES.items():
-            setattr(clip_grad, name, patched)
-            setattr(torch.nn.utils, name, patched)
+            _LEDGER.set(clip_grad, name, patched)
+            _LEDGER.set(torch.nn.utils, name, patched)
         for name, patched in _UTILS_PATCHES.items():
-            setattr(torch.nn.utils, name, patched)
+            _LEDGER.set(torch.nn.utils, name, patched)
         data_attr.install()   # `.data` of replicated gradients and parameters (agent/replicated/data_attr.py)
         hooks.install()       # hooks registered on replicated state run for their worker's passes only
         write_once.install()  # `model.tau *= k` on a replicated model made once per device
-        GradScaler.__init__ = _scaler_init  # type: ignore[method-assign]
-        GradScaler.unscale_ = _unscale_  # type: ignore[method-assign]
+        _LEDGER.set(GradScaler, "__init__", _scaler_init)
+        _LEDGER.set(GradScaler, "unscale_", _unscale_)
         for cls, find in _SCHEDULER_CONSTRUCTORS:
-            cls.__init__ = _patch_constructor(cls, find)  # type: ignore[misc]
-        _installed = True
+            _LEDGER.set(cls, "__init__", _patch_constructor(cls, find))
     namespace = getattr(fn, "__globals__", None)
     if namespace is not None:
         replacements = {id(ORIGINAL_CLIPS[name]): patched for name, patched in _PATCHES.items()}
@@ -243,4 +242,4 @@ def install(fn: Callable[..., Any] | None = None) -> None:
         for key, value in list(namespace.items()):
             new = replacements.get(id(value))
             if new is not None:
-                namespace[key] = new
+                _LEDGER.set_item(namespace, key, new)

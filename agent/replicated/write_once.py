@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
 
 
@@ -103,13 +104,11 @@ def _module_setattr(self: torch.nn.Module, name: str, value: Any) -> None:
     _ORIGINAL_SETATTR(self, name, value)
 
 
-_installed = False
+_LEDGER = patches.ledger("replicated.write_once")
 
 
 def install() -> None:
     """Count plain attribute writes to replicated modules in this process (idempotent)."""
-    global _installed
-    if not _installed:
-        torch.nn.Module.__setattr__ = _module_setattr  # type: ignore[method-assign]
-        _installed = True
+    if not _LEDGER.active:
+        _LEDGER.set(torch.nn.Module, "__setattr__", _module_setattr)
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
+from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
 
-_installed = False
+_LEDGER = patches.ledger("slicer.backward_hook")
 
 
 def install_backward_hook() -> None:
-    global _installed
-    if _installed:
+    if _LEDGER.active:
         return
     original = torch.autograd.backward
 
@@ -39,5 +39,4 @@ def install_backward_hook() -> None:
         rt.after_backward(w)
         return None
 
-    torch.autograd.backward = backward
-    _installed = True
+    _LEDGER.set(torch.autograd, "backward", backward)
