@@ -156,7 +156,7 @@ def _fresh_streams() -> None:
 
 def _die_with(parent: int, sig: int) -> None:
     """Ask the kernel to send `sig` when this server, our parent, ends (as a daemon's agents are asked
-    about the daemon, elasticd/daemon/agents.py); exit if it has ended already."""
+    about the daemon, elasticd/daemon/processes.py); exit if it has ended already."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, sig)   # PR_SET_PDEATHSIG

@@ -45,7 +45,7 @@ class BadKeyError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class KeyGrant:
     """What one allowed key may do: its role and, for a node key, the one node id it may speak for."""
 
     name: str
@@ -173,7 +173,7 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
     ad = allowed_dir(state_dir)
     _private_dir(ad)
     target = ad / f"{name}.key"
-    want = Grant(name, role, node_id)
+    want = KeyGrant(name, role, node_id)
     try:
         current = _read_grant(target)
     except BadKeyError as e:   # something we did not write: replaced below (os.replace swaps a link itself)
@@ -207,7 +207,7 @@ def trusted_file(st: os.stat_result) -> str | None:
     return None
 
 
-def _read_grant(path: Path) -> tuple[bytes, Grant] | None:
+def _read_grant(path: Path) -> tuple[bytes, KeyGrant] | None:
     """The key and grant of one allow-list file, or None if it is missing.
 
     Raises:
@@ -241,20 +241,20 @@ def _read_grant(path: Path) -> tuple[bytes, Grant] | None:
     role = fields.get("role")
     name = path.name[:-len(".key")]
     if role is None:
-        return public, Grant(name, CLIENT, None, legacy=True)
+        return public, KeyGrant(name, CLIENT, None, legacy=True)
     node_id = fields.get("node-id")
     if role not in ROLES or (role == NODE) != bool(node_id):
         raise BadKeyError(f"{path}: role {role!r} with node id {node_id!r} is not a valid grant")
-    return public, Grant(name, role, node_id if role == NODE else None)
+    return public, KeyGrant(name, role, node_id if role == NODE else None)
 
 
-def allowed_grants(state_dir: Path) -> dict[bytes, Grant]:
+def allowed_grants(state_dir: Path) -> dict[bytes, KeyGrant]:
     """Z85 public key -> grant for every file on the allow-list that we can trust.
 
     Files we did not write, or cannot read, are skipped with a warning: an attacker who could plant
     a file in the directory must not gain access by it.
     """
-    out: dict[bytes, Grant] = {}
+    out: dict[bytes, KeyGrant] = {}
     ad = allowed_dir(state_dir)
     if not ad.is_dir():
         return out

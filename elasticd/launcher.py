@@ -59,7 +59,7 @@ class _Agent:
 
 
 @dataclass
-class Resize:
+class ResizeRecord:
     """One live resize, as the launcher saw it."""
 
     step: int               # the last step before the resize (the agents' report once they stopped there)
@@ -80,7 +80,7 @@ class Resize:
 
 
 @dataclass
-class LocalJob:
+class LocalRun:
     script: str
     func: str | None
     workers: int
@@ -113,10 +113,10 @@ class LocalJob:
         self.agents: dict[int, _Agent] = {}
         self.retired: list[_Agent] = []
         self.spares: list[_Agent] = []  # warm standby agents for the schedule's grows
-        self.resizes: list[Resize] = []
+        self.resizes: list[ResizeRecord] = []
         self._pending: list[tuple[int, int, list[int]]] = sorted(schedule, key=lambda e: e[0])
         self._plan: ResizePlan | None = None         # the decisions about the resize in flight
-        self._resizing: Resize | None = None         # its record, for the summary
+        self._resizing: ResizeRecord | None = None         # its record, for the summary
         self._command: p.AgentResize | None = None   # what the running agents are told at its go
         self._left: dict[int, _Agent] = {}           # its leavers, by old rank, until it is done or refused
         self._hold_at = _hold_steps(self.devices, self._pending, self.blocks)
@@ -132,7 +132,7 @@ class LocalJob:
         self.last_step = -1
         self.restarts = 0      # torchrun mode: agent restarts so far (resizes and recoveries)
         self.torchrun_recoveries = 0   # torchrun mode: restarts after an agent died (bounded by max_restarts)
-        self._restarting: Resize | None = None   # torchrun mode: the restart waiting for its first step
+        self._restarting: ResizeRecord | None = None   # torchrun mode: the restart waiting for its first step
         # Agents are forked from one process that imported torch once (elasticd/forked.py); started at
         # run(), so that it imports while the launcher sets up.
         self._forks: ForkServer | None = None
@@ -283,7 +283,7 @@ class LocalJob:
     def _restart(self, step: int, target: int, why: str) -> None:
         """torchrun mode: stop every agent and start the job again on `target` devices (torchrun_restart.py)."""
         now = time.monotonic()
-        r = Resize(step=step, src=self.world, dst=target, requested=now, commanded=now, outcome="restarting")
+        r = ResizeRecord(step=step, src=self.world, dst=target, requested=now, commanded=now, outcome="restarting")
         self.resizes.append(r)
         self._say(f"{why}: restarting the torchrun-mode job on {target} device(s) after step {step}; the script "
                   f"resumes from its own checkpoint")
@@ -309,7 +309,7 @@ class LocalJob:
         plan = self._plan = ResizePlan.begin(
             epoch=self.epoch, src=old, dst=target, why="--scale-at", now=now, step=step, timeout_s=NO_DEADLINE,
             placement=[[HERE, str(rank)] for rank in range(target)], blocks=blocks, src_blocks=self.blocks)
-        self._resizing = Resize(step=step, src=old, dst=target, requested=now, blocks=blocks)
+        self._resizing = ResizeRecord(step=step, src=old, dst=target, requested=now, blocks=blocks)
         self.resizes.append(self._resizing)
         # Agents that leave stay warm for a grow still to come, instead of exiting.
         keep_warm = max((m for _, m, _ in self._pending), default=0) > target
@@ -665,7 +665,7 @@ def run_local(script: str, func: str | None, workers: int, devices: int, device_
 
     `scale_at`: (after step, devices[, blocks]) entries; `blocks`: the starting layout (empty: uniform).
     """
-    job = LocalJob(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
+    job = LocalRun(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
                    snapshot_dir=snapshot_dir, torchrun=torchrun, snapshot_every=snapshot_every,
                    max_restarts=max_restarts, blocks=list(blocks or []))
     code = job.run()

@@ -17,7 +17,7 @@ from elasticd.ports import free_port
 
 
 def relaunch(job: Any, step: int, target: int) -> None:
-    """Stop every agent of `job` (a `LocalJob`), then start `target` new ones that count steps on from `step`."""
+    """Stop every agent of `job` (the launcher's `LocalRun`), then start `target` new ones that count steps on from `step`."""
     job._read(0)
     job.stop_all()   # synchronous: no agent of the job runs once it returns
     job._forget_agents()

@@ -144,7 +144,7 @@ def curve_client(sock: zmq.Socket, identity: tuple[bytes, bytes], server_public:
 
 class AllowList:
     """The ZAP check of a CURVE server: is this client's public key on the state dir's allow-list, and
-    with which grant (keys.Grant: role, node id)?
+    with which grant (keys.KeyGrant: role, node id)?
 
     The list is re-read when the directory changes, so `elasticd keygen --allow` takes effect on a
     running daemon without a restart. Refusals are logged once per key and then as one summary line per
@@ -157,7 +157,7 @@ class AllowList:
         self._state_dir = Path(state_dir)
         self._lock = threading.Lock()
         self._mtime: int | None = None
-        self._grants: dict[bytes, keys.Grant] = {}
+        self._grants: dict[bytes, keys.KeyGrant] = {}
         self._log_every_s = log_every_s
         self._clock = clock
         self._logged: set[bytes] = set()      # keys whose first refusal was logged (bounded below)
@@ -175,7 +175,7 @@ class AllowList:
             self._grants = keys.allowed_grants(self._state_dir)
             self._mtime = mtime
 
-    def grant(self, z85_key: bytes | str) -> keys.Grant | None:
+    def grant(self, z85_key: bytes | str) -> keys.KeyGrant | None:
         """The grant of an authenticated peer (its ZMQ User-Id is its Z85 key); None once removed."""
         k = z85_key.encode() if isinstance(z85_key, str) else z85_key
         with self._lock:

@@ -1,7 +1,7 @@
 """The node's agent supervision core (elasticd/daemon/supervision.py, resizing.py) driven by hand.
 
 No processes, sockets or clocks: pids are made up, `now` is passed in, and what the core asks for
-comes back as actions to check. tests/test_daemon_supervisor.py runs the I/O shell with real processes.
+comes back as actions to check. tests/test_daemon_processes.py runs the I/O shell with real processes.
 """
 
 from __future__ import annotations

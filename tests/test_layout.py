@@ -250,3 +250,13 @@ def test_a_users_own_agent_module_does_not_shadow_the_runtime_under_the_daemon(c
     job = r.out.split()[0]
     logs = cli("logs", job, "--state-dir", str(d.state_dir))
     assert "rank 0: the user agent" in logs.out and "rank 1: the user agent" in logs.out, logs.out
+
+
+def test_no_two_classes_share_a_name():
+    # A name read in a traceback or a grep must lead to one class.
+    where: dict[str, list[str]] = {}
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module)
+    assert {name: mods for name, mods in where.items() if len(mods) > 1} == {}

@@ -11,7 +11,7 @@ from util import cli
 
 from elasticd import protocol as p
 from elasticd.cli.status import render, render_job
-from elasticd.daemon.actions import Send as AgentSend
+from elasticd.daemon.actions import SendToAgent as AgentSend
 from elasticd.daemon.actions import Spawn
 from elasticd.daemon.devices import cpu_devices, parse_speeds, with_speeds
 from elasticd.daemon.supervision import Supervision

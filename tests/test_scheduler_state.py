@@ -6,7 +6,7 @@ import pytest
 
 from elasticd import protocol as p
 from elasticd.scheduler.jobs import InvalidTransition, Job, JobSpec, JobState
-from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
+from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, SendToNode
 
 
 class Island:
@@ -15,27 +15,27 @@ class Island:
     def __init__(self, jobs: list[Job] | None = None, **cfg) -> None:
         self.now = 100.0
         self.s = SchedulerState(jobs, now=self.now, config=Config(**cfg))
-        self.sent: list[Send] = []
+        self.sent: list[SendToNode] = []
 
-    def _take(self, out: list[Send]) -> list[Send]:
+    def _take(self, out: list[SendToNode]) -> list[SendToNode]:
         self.sent += out
         self.s.validate()
         return out
 
-    def hello(self, node: str, devices: int, jobs: list[p.JobReport] | None = None) -> list[Send]:
+    def hello(self, node: str, devices: int, jobs: list[p.JobReport] | None = None) -> list[SendToNode]:
         devs = [p.DeviceInfo(device_id=f"cpu:{i}", type="cpu", index=i) for i in range(devices)]
         return self._take(self.s.node_hello(p.NodeHello(node_id=node, host=f"{node}.host", devices=devs,
                                                         jobs=jobs or []), self.now))
 
-    def report(self, node: str, *reports: p.JobReport) -> list[Send]:
+    def report(self, node: str, *reports: p.JobReport) -> list[SendToNode]:
         return self._take(self.s.node_status(p.NodeStatus(node_id=node, jobs=list(reports)), self.now))
 
-    def submit(self, workers: int = 2, lo: int = 1, hi: int = 0, prio: int = 0) -> tuple[str, list[Send]]:
+    def submit(self, workers: int = 2, lo: int = 1, hi: int = 0, prio: int = 0) -> tuple[str, list[SendToNode]]:
         job, out = self.s.submit(p.Submit(script="/s.py", workers=workers, min_devices=lo, max_devices=hi,
                                           priority=prio), self.now)
         return job.job_id, self._take(out)
 
-    def tick(self, dt: float) -> list[Send]:
+    def tick(self, dt: float) -> list[SendToNode]:
         self.now += dt
         return self._take(self.s.tick(self.now))
 
@@ -43,11 +43,11 @@ class Island:
         return self.s.jobs[job_id].state
 
 
-def launches(out: list[Send]) -> list[tuple[str, p.LaunchJob]]:
+def launches(out: list[SendToNode]) -> list[tuple[str, p.LaunchJob]]:
     return [(a.node_id, a.msg) for a in out if isinstance(a.msg, p.LaunchJob)]
 
 
-def kills(out: list[Send]) -> list[tuple[str, str]]:
+def kills(out: list[SendToNode]) -> list[tuple[str, str]]:
     return [(a.node_id, a.msg.job_id) for a in out if isinstance(a.msg, p.KillJob)]
 
 

@@ -421,7 +421,7 @@ class LoopStart:
         self.storages = models.storages
         self.containers = tensor_containers.note(named, models)
         self.taken = {key for key in self.tensor_prints if models.taken_from([tensors[key]])}
-        self.modules = local_modules.Noted(local_modules.loose(named, current_worker()))
+        self.modules = local_modules.NotedModules(local_modules.loose(named, current_worker()))
 
     def changed_tensors(self, named: list[tuple[str, Any]]) -> dict[str, Any]:
         changed = {}

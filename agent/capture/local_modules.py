@@ -107,7 +107,7 @@ def _print(module: torch.nn.Module) -> dict[str, tuple[Any, ...]]:
     return {name: (id(t), writes(t), fingerprint(t, 0)) for name, t in _tensors(module)}
 
 
-class Noted:
+class NotedModules:
     """The loose modules where the loop began, and what their tensors were."""
 
     def __init__(self, modules: dict[str, torch.nn.Module]) -> None:

@@ -99,7 +99,7 @@ def _frozen(x: Any) -> Any:
     return tuple(_frozen(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-class Noted:
+class NotedContainer:
     """A container as the loop began: its shape, its arrays by identity and count of in-place writes, and
     whether it was taken from a model (`taken`: see ModelState.taken_from)."""
 
@@ -183,7 +183,7 @@ def views_of(arrays: list[Any], storages: set[int]) -> bool:
     return any(isinstance(a, torch.Tensor) and storage(a) in storages for a in arrays)
 
 
-def note(named: list[tuple[str, Any]], models: ModelState) -> dict[str, Noted]:
+def note(named: list[tuple[str, Any]], models: ModelState) -> dict[str, NotedContainer]:
     """key -> each container of plain values and arrays the function's variables (`named`:
     function_locals._named) hold, but views of its models' state; an empty list counts (a loss history
     begins so)."""
@@ -191,11 +191,11 @@ def note(named: list[tuple[str, Any]], models: ModelState) -> dict[str, Noted]:
     for key, value in named:
         seen = _shape(value)
         if seen is not None and not views_of(seen[1], models.storages):
-            found[key] = Noted(*seen, taken=models.taken_from(seen[1]))
+            found[key] = NotedContainer(*seen, taken=models.taken_from(seen[1]))
     return found
 
 
-def save(named: list[tuple[str, Any]], start: dict[str, Noted], where: Any) -> dict[str, Any]:
+def save(named: list[tuple[str, Any]], start: dict[str, NotedContainer], where: Any) -> dict[str, Any]:
     """key -> {"start": its shape as the loop began, "value": a host copy} for each container the loop changed.
 
     Raises:
@@ -222,7 +222,7 @@ def save(named: list[tuple[str, Any]], start: dict[str, Noted], where: Any) -> d
     return out
 
 
-def restored(saved: dict[str, Any], start: dict[str, Noted]) -> dict[str, Any]:
+def restored(saved: dict[str, Any], start: dict[str, NotedContainer]) -> dict[str, Any]:
     """key -> the value to give back, for each saved container the re-entered function began as the first
     run did."""
     return {key: _unpack(entry["value"]) for key, entry in saved.items()

@@ -1,6 +1,6 @@
 """What the node's agent supervision core (elasticd.daemon.supervision) asks its I/O shell to do.
 
-The core decides; the shell (elasticd.daemon.agents) starts processes, sends signals, talks on the agents'
+The core decides; the shell (elasticd.daemon.processes) starts processes, sends signals, talks on the agents'
 socket and touches files. Keeping these as plain records lets the core be tested without any process.
 """
 
@@ -47,7 +47,7 @@ class Signal:
 
 
 @dataclass(slots=True)
-class Send:
+class SendToAgent:
     """Action: deliver `msg` to the agent connected as `identity` on the agents' socket."""
 
     identity: bytes
@@ -67,4 +67,4 @@ class DropSnapshots:
     upto: int | None
 
 
-Action = Spawn | Signal | Send | Report | DropSnapshots
+Action = Spawn | Signal | SendToAgent | Report | DropSnapshots

@@ -1,7 +1,7 @@
 """The node's record of its agents and of the jobs they belong to: plain data, no processes.
 
 An `Agent` is known by its pid (unique while the daemon holds its unreaped process). A job's agents
-are indexed by physical rank; `LocalJob.retired` keeps, until they are gone, agents that left in a
+are indexed by physical rank; `NodeJob.retired` keeps, until they are gone, agents that left in a
 shrink (they exit 0 on their own, then their device is free) and joiners that were sent away. Live
 resize (elasticd.daemon.resizing) adds joiners: started warm before a grow and counted in only once
 they re-formed with the others.
@@ -50,7 +50,7 @@ class Agent:
 
 
 @dataclass(eq=False)
-class LocalJob:
+class NodeJob:
     job_id: str
     launch: p.LaunchJob
     master_port: int

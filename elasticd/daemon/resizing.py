@@ -7,7 +7,7 @@ heartbeats, what the scheduler needs to take the next step:
   port of the new group. The job's running agents are not touched.
 - `ResizeJob` (go): tell the running agents `resize` (they vote at the next step boundary, all stop at
   the same step and hand their state over) and the joiners `join`. Agents whose rank is beyond the
-  new size leave: they move to `LocalJob.retired`, exit 0 after the hand-over, and their device is
+  new size leave: they move to `NodeJob.retired`, exit 0 after the hand-over, and their device is
   free once they are gone.
 - `AbortResize`: the resize is called off before the go (the joiners are sent away), or after it because
   the agents refused it: they found a state they cannot carry at the step boundary and train on at the
@@ -32,8 +32,8 @@ from collections.abc import Collection
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
-from elasticd.daemon.records import Agent, LocalJob
+from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
+from elasticd.daemon.records import Agent, NodeJob
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class NodeResizes:
     def __init__(self, devices: Collection[str]) -> None:
         self.devices = devices
 
-    def prepare(self, job: LocalJob, msg: p.PrepareResize, port: int) -> list[Action]:
+    def prepare(self, job: NodeJob, msg: p.PrepareResize, port: int) -> list[Action]:
         """Spawn the joiners of resize `msg.epoch` (a repeated prepare does nothing); `port`: the
         rendezvous port picked for the new group, used when `msg.pick_port`."""
         if job.resize_epoch == msg.epoch:
@@ -70,13 +70,13 @@ class NodeResizes:
                  f"; rendezvous port {job.resize_port}" if job.resize_port else "")
         return out
 
-    def joiner_not_started(self, job: LocalJob, spawn: Spawn, reason: str) -> list[Action]:
+    def joiner_not_started(self, job: NodeJob, spawn: Spawn, reason: str) -> list[Action]:
         """A joiner's process could not be started: the resize cannot happen, the job goes on."""
         job.resize_error = {"message": f"cannot start joining agent {spawn.rank}: {reason}"}
         log.error("job %s resize %d: %s", job.job_id, job.resize_epoch, job.resize_error["message"])
         return []
 
-    def go(self, job: LocalJob, msg: p.ResizeJob) -> list[Action]:
+    def go(self, job: NodeJob, msg: p.ResizeJob) -> list[Action]:
         """The commands for this node's agents: `resize` for the running ones, `join` for the joiners."""
         job.resize_epoch, job.resize_error = msg.epoch, None   # an older resize's refusal is not this one's
         job.before_go = dict(job.agents)
@@ -84,7 +84,7 @@ class NodeResizes:
                                master_port=msg.master_port, keep=list(msg.keep), blocks=list(msg.blocks))
         out: list[Action] = []
         if msg.keep:   # a drain's shrink: every agent here hears it, then the stayers take their new ranks
-            out = [Send(a.identity, resize) for a in job.agents.values()
+            out = [SendToAgent(a.identity, resize) for a in job.agents.values()
                    if a.exitcode is None and a.identity is not None and not a.pending]
             job.renumber(list(msg.keep))
             log.info("job %s resize %d: %d agents here told to re-form as %d keeping old ranks %s at %s:%d",
@@ -98,17 +98,17 @@ class NodeResizes:
                 continue
             if a.standby:
                 a.standby, a.joining = False, True
-                out.append(Send(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.world_from,
+                out.append(SendToAgent(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.world_from,
                                                         master_addr=msg.master_addr, master_port=msg.master_port)))
             else:
-                out.append(Send(a.identity, resize))
+                out.append(SendToAgent(a.identity, resize))
                 if rank >= msg.devices:
                     job.retire(a)   # leaves after handing its workers over
         log.info("job %s resize %d: %d agents here told to re-form as %d at %s:%d", msg.job_id, msg.epoch, len(out),
                  msg.devices, msg.master_addr, msg.master_port)
         return out
 
-    def abort(self, job: LocalJob, msg: p.AbortResize, now: float) -> list[Action]:
+    def abort(self, job: NodeJob, msg: p.AbortResize, now: float) -> list[Action]:
         if job.before_go is not None and msg.epoch == job.resize_epoch:
             self._undo_go(job)
         dropped = [a for a in job.agents.values() if a.pending]
@@ -118,7 +118,7 @@ class NodeResizes:
         return out
 
     @staticmethod
-    def _undo_go(job: LocalJob) -> None:
+    def _undo_go(job: NodeJob) -> None:
         """The agents refused the resize: its leavers stay, a drain's stayers keep their old ranks."""
         before, job.before_go = job.before_go, None
         assert before is not None
@@ -128,7 +128,7 @@ class NodeResizes:
             a.rank, a.former_rank = rank, None
         job.agents = {rank: a for rank, a in before.items() if not a.dropped}
 
-    def refused(self, job: LocalJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
+    def refused(self, job: NodeJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
         """The agents refused the resize at a step boundary and train on (each says so): the scheduler
         hears it in the next report and calls the resize off (`abort`)."""
         if job.resize_error is None:
@@ -138,7 +138,7 @@ class NodeResizes:
                         info.get("step"), job.resize_error["message"])
         return [Report()]
 
-    def resized(self, job: LocalJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
+    def resized(self, job: NodeJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
         epoch = info.get("epoch")
         # A joiner does not know the epoch it joined (agent.process `_join`); this node does.
         agent.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else job.resize_epoch
@@ -154,7 +154,7 @@ class NodeResizes:
             del job.resizes[:-100]
         return [Report()]
 
-    def stepped(self, job: LocalJob, agent: Agent) -> list[Action]:
+    def stepped(self, job: NodeJob, agent: Agent) -> list[Action]:
         """An agent completed a step: the first at the new size ends a resize (tell at once)."""
         if agent.epoch > agent.stepped:
             agent.stepped = agent.epoch
@@ -166,7 +166,7 @@ class NodeResizes:
             return [DropSnapshots(job.job_id, job.launch.restore_epoch)]
         return []
 
-    def joiner_died(self, job: LocalJob, agent: Agent, code: int, error: dict[str, Any]) -> list[Action]:
+    def joiner_died(self, job: NodeJob, agent: Agent, code: int, error: dict[str, Any]) -> list[Action]:
         """A joiner exited before the hand-over: the resize is off, the job goes on without it."""
         agent.dropped = True
         job.retire(agent)
@@ -176,7 +176,7 @@ class NodeResizes:
                     job.resize_epoch, agent.rank, code)
         return [Report()]
 
-    def expire(self, job: LocalJob, now: float) -> list[Action]:
+    def expire(self, job: NodeJob, now: float) -> list[Action]:
         """SIGKILL the joiners sent away that did not go within their grace."""
         out: list[Action] = []
         for a in job.retired:
@@ -185,7 +185,7 @@ class NodeResizes:
                 out.append(Signal(a.pid, "KILL"))
         return out
 
-    def after_exits(self, job: LocalJob, now: float) -> list[Action]:
+    def after_exits(self, job: NodeJob, now: float) -> list[Action]:
         """Send joiners away once the job's own agents here have all ended; forget retired agents that are
         gone (the scheduler frees a device as soon as no live agent is reported on it)."""
         out: list[Action] = []
@@ -202,7 +202,7 @@ class NodeResizes:
             out.append(Report())
         return out
 
-    def _send_away(self, job: LocalJob, agent: Agent, now: float) -> list[Action]:
+    def _send_away(self, job: NodeJob, agent: Agent, now: float) -> list[Action]:
         agent.dropped = True
         agent.standby = agent.joining = False
         job.retire(agent)

@@ -21,8 +21,8 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.daemon import devices as devices_mod
-from elasticd.daemon.agents import Supervisor
 from elasticd.daemon.grace import GraceDrain
+from elasticd.daemon.processes import AgentProcesses
 from elasticd.observe.serving import watch_at
 from elasticd.scheduler.admission import Limits
 from elasticd.scheduler.server import SchedulerServer
@@ -154,7 +154,7 @@ class NodeDaemon:
         except BaseException:
             self._close()
             raise
-        self.sup = Supervisor(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
+        self.sup = AgentProcesses(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
                               spares=cfg.spares, pin_cpus=cfg.pin_cpus)
 
     # --- lifecycle -------------------------------------------------------------------------------

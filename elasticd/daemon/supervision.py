@@ -5,7 +5,7 @@ shell saw of the agents' processes (started, could not start, exited, resource u
 own control messages (hello, step, failed, resized, done) and clock ticks; `now` is always passed in.
 What comes out is a list of actions (elasticd.daemon.actions): spawn an agent, signal a process group,
 send a command to an agent, report to the scheduler now, drop snapshot files. No processes, signals,
-sockets or files in here: elasticd.daemon.agents executes the actions, so tests drive this core by hand
+sockets or files in here: elasticd.daemon.processes executes the actions, so tests drive this core by hand
 (tests/test_daemon_supervision.py), as the scheduler's core (elasticd.scheduler.state) is driven.
 
 Liveness comes from the process table (the shell reports exits), not from the agents' messages: a
@@ -27,8 +27,8 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.core.timing import clean_timing, merge_timing
-from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
-from elasticd.daemon.records import Agent, LocalJob
+from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
+from elasticd.daemon.records import Agent, NodeJob
 from elasticd.daemon.resizing import NodeResizes
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class Supervision:
 
     def __init__(self, devices: list[p.DeviceInfo]) -> None:
         self.devices = {d.device_id: d for d in devices}
-        self.jobs: dict[str, LocalJob] = {}
+        self.jobs: dict[str, NodeJob] = {}
         self.resizes = NodeResizes(self.devices.keys())
         self._by_identity: dict[bytes, tuple[str, Agent]] = {}
         self._by_pid: dict[int, tuple[str, Agent]] = {}   # agents whose exit was not reported yet
@@ -59,7 +59,7 @@ class Supervision:
         if old is not None:
             self._drop(old)
         unknown = [pl.device_id for pl in msg.placements if pl.device_id not in self.devices]
-        job = LocalJob(msg.job_id, msg, msg.master_port or port)
+        job = NodeJob(msg.job_id, msg, msg.master_port or port)
         self.jobs[msg.job_id] = job
         if unknown or not msg.placements:
             job.error = {"message": f"node has no device(s) {unknown}" if unknown else "launch without ranks"}
@@ -87,7 +87,7 @@ class Supervision:
         if job.term_at is not None:
             return []
         job.term_at = now + STOP_GRACE_S
-        return [Send(a.identity, p.AgentStop()) for a in job.everyone()
+        return [SendToAgent(a.identity, p.AgentStop()) for a in job.everyone()
                 if a.identity is not None and a.exitcode is None]
 
     def forget(self, job_ids: list[str]) -> list[Action]:
@@ -109,7 +109,7 @@ class Supervision:
             launch = p.LaunchJob(job_id=msg.job_id, script=msg.script, func=msg.func, workers=msg.workers,
                                  world=msg.world, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
                                  env=msg.env, snapshot_every=msg.snapshot_every)
-            job = LocalJob(msg.job_id, launch, 0)
+            job = NodeJob(msg.job_id, launch, 0)
             self.jobs[msg.job_id] = job
         return self.resizes.prepare(job, msg, port)
 
@@ -273,7 +273,7 @@ class Supervision:
 
     # --- internals -------------------------------------------------------------------------------
 
-    def _escalate(self, job: LocalJob, now: float) -> list[Action]:
+    def _escalate(self, job: NodeJob, now: float) -> list[Action]:
         out: list[Action] = []
         if job.term_at is not None and now >= job.term_at:
             job.term_at = float("inf")
@@ -286,7 +286,7 @@ class Supervision:
             out += [Signal(a.pid, "KILL") for a in job.everyone() if a.exitcode is None]
         return out
 
-    def _drop(self, job: LocalJob) -> None:
+    def _drop(self, job: NodeJob) -> None:
         for a in job.everyone():
             self._by_identity.pop(a.identity or b"", None)
             if self._by_pid.get(a.pid, (None, None))[1] is a:
@@ -297,7 +297,7 @@ class Supervision:
 _SIGTERM, _SIGKILL = 15, 9   # POSIX numbers: an exit code -N is death by signal N (the core imports no OS module)
 
 
-def _first_cause(job: LocalJob, error: dict[str, Any], code: int) -> bool:
+def _first_cause(job: NodeJob, error: dict[str, Any], code: int) -> bool:
     """Whether `error` names the failure better than the job's: an agent that lost its group was reaped
     before the agent whose death broke it (the order of reaping is not the order of dying). A signal this
     daemon sent while stopping the job is not a cause."""

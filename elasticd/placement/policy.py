@@ -114,7 +114,7 @@ def spread(count: int, nodes: Sequence[NodeView], costs: CostModel | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class Allotment:
     """Where a queued job starts: its devices in rank order and the logical workers each hosts."""
 
     devices: tuple[tuple[str, str], ...]
@@ -132,7 +132,7 @@ def place(queued: Sequence[JobRequest], nodes: Sequence[NodeView], costs: CostMo
 
 
 def place_grants(queued: Sequence[JobRequest], nodes: Sequence[NodeView], costs: CostModel | None = None
-                 ) -> dict[str, Grant]:
+                 ) -> dict[str, Allotment]:
     """`place` with the block sizes: speed-aware with `costs` (the header's last paragraph)."""
     island = sum(max(n.total, len(n.free)) for n in nodes)
     avail = sum(len(n.free) for n in nodes)
@@ -146,7 +146,7 @@ def place_grants(queued: Sequence[JobRequest], nodes: Sequence[NodeView], costs:
             break
         granted[job.job_id] = need
         avail -= need
-    out: dict[str, Grant] = {}
+    out: dict[str, Allotment] = {}
     views = list(nodes)
     for job in order:   # by priority: the first job's count is settled before the next's
         if job.job_id not in granted:
@@ -155,7 +155,7 @@ def place_grants(queued: Sequence[JobRequest], nodes: Sequence[NodeView], costs:
         hi = have if job.fixed is not None else max(have, min(job.max_devices, job.workers, have + avail))
         if costs is None:
             m = best_device_count(job.workers, have, hi) if hi > have else have
-            grant = Grant(tuple(spread(m, views)))
+            grant = Allotment(tuple(spread(m, views)))
         else:
             grant = _speed_aware(job, views, have, hi, costs)
         avail -= len(grant.devices) - have
@@ -168,13 +168,13 @@ def place_grants(queued: Sequence[JobRequest], nodes: Sequence[NodeView], costs:
     return out
 
 
-def _speed_aware(job: JobRequest, views: Sequence[NodeView], lo: int, hi: int, costs: CostModel) -> Grant:
+def _speed_aware(job: JobRequest, views: Sequence[NodeView], lo: int, hi: int, costs: CostModel) -> Allotment:
     order = spread_order(views)
     keys = {device_key(*p): p for p in order}
     pick = choose(job.workers, list(keys), lo, hi, costs, job.job_id)
     devices = group_by_node([keys[k] for k in pick.devices])
     final = block_sizes(job.workers, [device_key(*p) for p in devices], costs, job.job_id)
-    return Grant(tuple(devices), tuple(final.layout()), final.predicted_s)
+    return Allotment(tuple(devices), tuple(final.layout()), final.predicted_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +192,14 @@ class RunningJob:
 
 
 @dataclass(frozen=True, slots=True)
-class Resize:
+class ResizeOrder:
     job_id: str
     devices: int
     why: str
 
 
 def rebalance(queued: Sequence[JobRequest], running: Sequence[RunningJob], nodes: Sequence[NodeView],
-              costs: CostModel | None = None) -> list[Resize]:
+              costs: CostModel | None = None) -> list[ResizeOrder]:
     """Live resizes the policy wants now (rules 5 and 6), given the jobs `place` could not start.
 
     `running` lists only jobs that may be resized (elastic, not pinned, not resizing already). With
@@ -212,7 +212,7 @@ def rebalance(queued: Sequence[JobRequest], running: Sequence[RunningJob], nodes
     head = next((j for j in order if (j.fixed if j.fixed is not None else j.min_devices) <= island), None)
     if head is not None:
         return _preempt(head, running, avail)
-    out: list[Resize] = []
+    out: list[ResizeOrder] = []
     views = list(nodes)
     for job in sorted(running, key=lambda j: (-j.priority, j.seq)):
         hi = min(job.max_devices, job.workers, job.devices + avail)
@@ -221,14 +221,14 @@ def rebalance(queued: Sequence[JobRequest], running: Sequence[RunningJob], nodes
         if costs is not None and job.placed:
             extra = _growth(job, hi, views, costs)
             if extra:
-                out.append(Resize(job.job_id, job.devices + len(extra), "policy: grow into freed devices"))
+                out.append(ResizeOrder(job.job_id, job.devices + len(extra), "policy: grow into freed devices"))
                 avail -= len(extra)
                 views = [NodeView(v.node_id, tuple(d for d in v.free if (v.node_id, d) not in extra),
                                   v.load + sum(1 for n, _ in extra if n == v.node_id), v.total) for v in views]
             continue
         m = best_device_count(job.workers, job.devices, hi)
         if ceil_div(job.workers, m) < ceil_div(job.workers, job.devices):
-            out.append(Resize(job.job_id, m, "policy: grow into freed devices"))
+            out.append(ResizeOrder(job.job_id, m, "policy: grow into freed devices"))
             avail -= m - job.devices
     return out
 
@@ -247,18 +247,18 @@ def _growth(job: RunningJob, hi: int, views: Sequence[NodeView], costs: CostMode
     return set(free[:take])
 
 
-def _preempt(head: JobRequest, running: Sequence[RunningJob], avail: int) -> list[Resize]:
+def _preempt(head: JobRequest, running: Sequence[RunningJob], avail: int) -> list[ResizeOrder]:
     need = head.fixed if head.fixed is not None else head.min_devices
     deficit = need - avail
     if deficit <= 0:   # it fits: `place` starts it (or will, once devices being freed are)
         return []
     victims = sorted((j for j in running if j.priority < head.priority and j.devices > j.min_devices),
                      key=lambda j: (j.priority, -j.seq))
-    out: list[Resize] = []
+    out: list[ResizeOrder] = []
     for job in victims:
         if deficit <= 0:
             break
         target = best_device_count(job.workers, job.min_devices, max(job.min_devices, job.devices - deficit))
-        out.append(Resize(job.job_id, target, f"policy: preempted by job {head.job_id}"))
+        out.append(ResizeOrder(job.job_id, target, f"policy: preempted by job {head.job_id}"))
         deficit -= job.devices - target
     return out if deficit <= 0 else []

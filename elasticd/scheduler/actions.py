@@ -8,7 +8,7 @@ from elasticd import protocol as p
 
 
 @dataclass(slots=True)
-class Send:
+class SendToNode:
     """Action: deliver `msg` to node `node_id` (dropped by the server if the node is not connected)."""
 
     node_id: str

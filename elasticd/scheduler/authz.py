@@ -58,7 +58,7 @@ class Principal:
 LOCAL = Principal(owner=LOCAL_OWNER, role=keys.ADMIN, name="local", local=True)
 
 
-def principal_of(key: str, grant: keys.Grant) -> Principal:
+def principal_of(key: str, grant: keys.KeyGrant) -> Principal:
     return Principal(owner=key, role=grant.role, name=grant.name, node_id=grant.node_id)
 
 

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from elasticd.scheduler.actions import Send
+from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
 
 if TYPE_CHECKING:   # annotations only: state.py holds a `Drains` and is what it works on
@@ -77,7 +77,7 @@ class Drains:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def drain(self, node_id: str, deadline_s: float | None, now: float) -> tuple[str, list[Send]]:
+    def drain(self, node_id: str, deadline_s: float | None, now: float) -> tuple[str, list[SendToNode]]:
         """Start draining `node_id` (again: a new deadline replaces the old one).
 
         Raises:
@@ -123,9 +123,9 @@ class Drains:
 
     # --- the clock -------------------------------------------------------------------------------
 
-    def tick(self, now: float) -> list[Send]:
+    def tick(self, now: float) -> list[SendToNode]:
         """Move what can move off the draining nodes; fail what is still there at its node's deadline."""
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for d in list(self.nodes.values()):
             nd = self.state.nodes.get(d.node_id)
             if nd is None or not nd.alive:
@@ -184,7 +184,7 @@ class Drains:
         return None, 0, (f"it needs {need - len(stayers)} more device(s) off the node (--min-devices {need}), "
                          f"{free} free")
 
-    def _move(self, job: Job, d: NodeDrain, now: float, out: list[Send]) -> str:
+    def _move(self, job: Job, d: NodeDrain, now: float, out: list[SendToNode]) -> str:
         """Start moving `job` off the node if it can move now; the reason it waits otherwise ("" if moving)."""
         if job.state is not JobState.RUNNING or job.resize is not None:
             return ""   # starting, or a resize in flight: looked at again once it runs
@@ -205,7 +205,7 @@ class Drains:
             out += self.state.resizes.begin(job, grow, f"{what}: growing onto other nodes first", now)
         return why
 
-    def _fail(self, job: Job, d: NodeDrain, now: float) -> list[Send]:
+    def _fail(self, job: Job, d: NodeDrain, now: float) -> list[SendToNode]:
         if job.resize is not None:
             why = f"its move ({job.resize.why}, {job.resize.src} -> {job.resize.dst} devices) was still in flight"
         elif job.state is JobState.RUNNING:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from elasticd.placement import policy
-from elasticd.scheduler.actions import Send
+from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
 
 if TYPE_CHECKING:   # annotations only (as in the shells): state.py is what implements this
@@ -32,15 +32,15 @@ class ResizeHost(Protocol):
         """Live nodes with their free devices, for the policy."""
 
     def end_job(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
-                gone: str | None = None) -> list[Send]:
+                gone: str | None = None) -> list[SendToNode]:
         """Leave an active state for `dst`, killing agents wherever they may still run (not on `gone`)."""
 
     def kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False,
-             hard: bool = False) -> list[Send]:
+             hard: bool = False) -> list[SendToNode]:
         """Tell `node` to kill the job's agents (`hard`: no stop command first)."""
 
     def takes_work(self, node: str) -> bool:
         """Whether `node` may be given work (not being drained)."""
 
-    def launch(self, job: Job, node: str) -> Send:
+    def launch(self, job: Job, node: str) -> SendToNode:
         """Start the job's agents of `node` as its placement says."""

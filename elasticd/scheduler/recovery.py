@@ -29,13 +29,13 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.scheduler.actions import Send
+from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
 
 log = logging.getLogger(__name__)
 
-# What a node says about an agent that failed (elasticd/daemon/agents.py, agent/process.py): only these are
+# What a node says about an agent that failed (elasticd/daemon/processes.py, agent/process.py): only these are
 # the infrastructure's doing. Anything else -- a worker's exception, a script that does not load, a
 # launch the node refused -- is the job's, and retrying it would fail the same way.
 INFRASTRUCTURE = ("died", "peer_lost", "node_lost", "drained")
@@ -57,7 +57,7 @@ class Recoveries:
     def restarts_left(job: Job) -> bool:
         return job.restarts < job.spec.max_restarts
 
-    def begin(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[Send]:
+    def begin(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[SendToNode]:
         """An infrastructure failure of an active job with restarts left (`restarts_left`; else the caller
         fails it, with `restart_refusal` saying why): stop what is left of it to restart it."""
         assert self.restarts_left(job), job.job_id
@@ -71,7 +71,7 @@ class Recoveries:
         log.warning("job %s: %s; recovering (restart %d of at most %d)", job.job_id, cause, job.restarts + 1,
                     job.spec.max_restarts)
         self.host.changed(job)
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for node in job.launched:
             if node != gone:
                 out += self.host.kill(node, job.job_id, now, f"recovering: {cause}", force=True, hard=True)
@@ -84,7 +84,7 @@ class Recoveries:
         return (f"{err.get('message') or err.get('cause')}; not restarting: {job.restarts} restart(s) of "
                 f"--max-restarts {job.spec.max_restarts} used")
 
-    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         """A node's heartbeat about a job that is recovering."""
         rec = job.recovery
         assert rec is not None
@@ -103,7 +103,7 @@ class Recoveries:
         self._gone(job, node)
         return self.settle(job, now)
 
-    def lost(self, job: Job, node: str, now: float) -> list[Send]:
+    def lost(self, job: Job, node: str, now: float) -> list[SendToNode]:
         """A node of a recovering job died: its agents are gone with it."""
         self._gone(job, node)
         return self.settle(job, now)
@@ -115,7 +115,7 @@ class Recoveries:
             rec["gone"].append(node)
             self.host.changed(job)
 
-    def settle(self, job: Job, now: float) -> list[Send]:
+    def settle(self, job: Job, now: float) -> list[SendToNode]:
         """Restart once no agent of the job runs anywhere."""
         rec = job.recovery
         assert rec is not None

@@ -37,7 +37,7 @@ from elasticd import protocol as p
 from elasticd.placement import policy, speeds
 from elasticd.placement.speeds import Relayout
 from elasticd.resize_plan import Abort, Action, Done, Fail, Go, Refuse, ResizePlan, RollBack
-from elasticd.scheduler.actions import Send
+from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.rollback import Rollbacks
@@ -54,7 +54,7 @@ class Resizes:
 
     # --- starting ------------------------------------------------------------------------------------
 
-    def begin(self, job: Job, dst: int, why: str, now: float) -> list[Send]:
+    def begin(self, job: Job, dst: int, why: str, now: float) -> list[SendToNode]:
         """Start moving a running job to `dst` devices (phase 1).
 
         Raises:
@@ -70,7 +70,7 @@ class Resizes:
         blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
         return self._begin(job, placement, None, why, now, blocks)
 
-    def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[Send]:
+    def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[SendToNode]:
         """Shrink a running job onto the devices of its old ranks `keep`, which become ranks 0..len-1 in
         that order (a drain moving the job off a node, whichever ranks the node hosts).
 
@@ -82,7 +82,7 @@ class Resizes:
         blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
         return self._begin(job, placement, keep, why, now, blocks)
 
-    def begin_relayout(self, job: Job, rl: Relayout, now: float) -> list[Send]:
+    def begin_relayout(self, job: Job, rl: Relayout, now: float) -> list[SendToNode]:
         """Move a running job to other block sizes on the devices it has (a live re-layout): the same
         resize path with no joiner and no leaver, so workers move between its agents at a step boundary.
 
@@ -102,7 +102,7 @@ class Resizes:
             raise
 
     def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
-               now: float, blocks: list[int]) -> list[Send]:
+               now: float, blocks: list[int]) -> list[SendToNode]:
         src, dst = len(job.placement), len(placement)
         plan = ResizePlan.begin(epoch=job.epoch + 1, src=src, dst=dst, why=why, now=now, placement=placement,
                                 step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep,
@@ -116,14 +116,14 @@ class Resizes:
         log.info("job %s resize %d: %d -> %d devices (%s) at step %d%s", job.job_id, plan.epoch, src, dst, why,
                  job.step, "; joiners on " + " ".join(f"{n}/{d}" for n, d in placement[src:]) if dst > src else "")
         lead = plan.placement[0][0]   # the new rank 0's node picks the rendezvous port
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for node in dict.fromkeys([lead, *plan.nodes()]):
             joiners = plan.joiners_on(node)
             if node != lead and not joiners:
                 continue
             if node not in job.launched:
                 job.launched.append(node)
-            out.append(Send(node, p.PrepareResize(
+            out.append(SendToNode(node, p.PrepareResize(
                 job_id=job.job_id, epoch=plan.epoch, world_from=src, world=dst, pick_port=node == lead,
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
@@ -132,7 +132,7 @@ class Resizes:
 
     # --- progress, from node reports --------------------------------------------------------------
 
-    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         """A node's heartbeat about a resizing job (not rolling back: `rollbacks.report` takes those)."""
         plan = job.resize
         if plan is None or job.state is not JobState.RESIZING:
@@ -176,9 +176,9 @@ class Resizes:
                 return self._act(job, now, plan.stepped(now, handover))
         return []
 
-    def _act(self, job: Job, now: float, actions: list[Action], gone: str | None = None) -> list[Send]:
+    def _act(self, job: Job, now: float, actions: list[Action], gone: str | None = None) -> list[SendToNode]:
         """Carry out what the job's resize plan decided (`gone`: the node whose agents all died, if any)."""
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for action in actions:
             if isinstance(action, Go):
                 out += self._go(job, now)
@@ -195,13 +195,13 @@ class Resizes:
         return out
 
     def agent_failed(self, job: Job, now: float, error: dict[str, Any], *, joiner: bool,
-                     gone: str | None = None) -> list[Send]:
+                     gone: str | None = None) -> list[SendToNode]:
         """An agent of a resizing job died or failed (`gone`: its node has no agent of the job left)."""
         plan = job.resize
         assert plan is not None
         return self._act(job, now, plan.agent_failed(now, error, joiner=joiner), gone)
 
-    def _go(self, job: Job, now: float) -> list[Send]:
+    def _go(self, job: Job, now: float) -> list[SendToNode]:
         plan = job.resize
         assert plan is not None and plan.phase == "go"
         self.host.changed(job)
@@ -212,9 +212,9 @@ class Resizes:
         msg = p.ResizeJob(job_id=job.job_id, devices=plan.dst, epoch=plan.epoch, master_addr=addr,
                           master_port=plan.port, world_from=plan.src, keep=list(plan.keep),
                           blocks=list(plan.blocks))
-        return [Send(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
+        return [SendToNode(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
 
-    def _complete_resize(self, job: Job, now: float, seconds: float) -> list[Send]:
+    def _complete_resize(self, job: Job, now: float, seconds: float) -> list[SendToNode]:
         plan = job.resize
         assert plan is not None
         kept = {tuple(x) for x in plan.placement}
@@ -245,25 +245,25 @@ class Resizes:
 
     # --- ending ----------------------------------------------------------------------------------
 
-    def _abort_resize(self, job: Job, now: float, reason: str) -> list[Send]:
+    def _abort_resize(self, job: Job, now: float, reason: str) -> list[SendToNode]:
         """Phase 1 went wrong: stop the joiners; the job goes on at its old size, untouched."""
         assert job.resize is not None and job.resize.phase == "prepare"
         return self._call_off(job, now, reason, "aborted")
 
-    def _refuse_resize(self, job: Job, now: float, reason: str) -> list[Send]:
+    def _refuse_resize(self, job: Job, now: float, reason: str) -> list[SendToNode]:
         """After the go, the agents found a state they cannot carry and train on at the old size: every node
         of both layouts undoes the go (joiners sent away, leavers kept); the job keeps its placement."""
         assert job.resize is not None and job.resize.phase == "refused"
         return self._call_off(job, now, reason, "refused")
 
-    def _call_off(self, job: Job, now: float, reason: str, outcome: str) -> list[Send]:
+    def _call_off(self, job: Job, now: float, reason: str, outcome: str) -> list[SendToNode]:
         """The resize did not happen (`outcome`: "aborted" before the go, "refused" by the agents after it)."""
         plan = job.resize
         assert plan is not None
         out = self._drop_joiners(job, plan, reason)
         if outcome == "refused":   # the go reached the old layout's nodes too: each undoes it
             told = {s.node_id for s in out}
-            out += [Send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
+            out += [SendToNode(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
                     for node in dict.fromkeys(job.nodes) if node not in told and node not in job.ended]
         job.record_resize(plan, outcome, note=reason)
         job.resize = None
@@ -278,24 +278,24 @@ class Resizes:
                     reason)
         return out
 
-    def _drop_joiners(self, job: Job, plan: ResizePlan, reason: str) -> list[Send]:
-        out: list[Send] = []
+    def _drop_joiners(self, job: Job, plan: ResizePlan, reason: str) -> list[SendToNode]:
+        out: list[SendToNode] = []
         for node in plan.nodes():
             joiners = plan.joiners_on(node)
             if not joiners or node in job.ended:   # ended: every agent of the job there is gone already
                 continue
             devs = job.zombies.setdefault(node, [])
             devs += [plan.placement[r][1] for r in joiners if plan.placement[r][1] not in devs]
-            out.append(Send(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason)))
+            out.append(SendToNode(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason)))
         return out
 
-    def close(self, job: Job, now: float, ending: str) -> list[Send]:
+    def close(self, job: Job, now: float, ending: str) -> list[SendToNode]:
         """The job ends (`ending`: finished, failed, stopped) with a resize in flight: record it, free its
         joiners' devices once they are gone."""
         plan = job.resize
         if plan is None:
             return []
-        out: list[Send] = []
+        out: list[SendToNode] = []
         if plan.phase == "prepare":
             out = self._drop_joiners(job, plan, f"job {ending}")
             outcome, note = "not applied", f"the job {ending} before the hand-over"
@@ -322,7 +322,7 @@ class Resizes:
         self.host.changed(job)
         return out
 
-    def node_ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send] | None:
+    def node_ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode] | None:
         """A node that is not (or no longer) part of the job's layout reports its agents all gone.
 
         Returns None when the node still belongs to the job's current layout (the caller's business).
@@ -359,9 +359,9 @@ class Resizes:
         """Name the resize in an error that happened while the job was re-forming."""
         return job.resize.name_in(err) if job.resize is not None else err
 
-    def tick(self, now: float) -> list[Send]:
+    def tick(self, now: float) -> list[SendToNode]:
         """Phases past their deadline."""
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for job in list(self.host.jobs.values()):
             plan = job.resize
             if plan is not None and job.state is JobState.RESIZING:

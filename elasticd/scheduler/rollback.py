@@ -30,7 +30,7 @@ import logging
 
 from elasticd import protocol as p
 from elasticd.resize_plan import Fail, FallBack
-from elasticd.scheduler.actions import Send
+from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
 
@@ -47,7 +47,7 @@ class Rollbacks:
     def rolling_back(job: Job) -> bool:
         return job.resize is not None and job.resize.phase == "rollback"
 
-    def begin(self, job: Job, now: float, gone: str | None = None) -> list[Send]:
+    def begin(self, job: Job, now: float, gone: str | None = None) -> list[SendToNode]:
         """The plan rolled back (`RollBack`): stop every agent; the job restarts once they are all gone."""
         plan = job.resize
         assert plan is not None and plan.phase == "rollback", job.job_id
@@ -57,7 +57,7 @@ class Rollbacks:
         self.host.changed(job)
         log.warning("job %s resize %d failed half-way (%s); stopping its agents to fall back to the snapshot",
                     job.job_id, plan.epoch, (plan.failure or {}).get("message"))
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for node in job.launched:
             if node not in plan.gone:
                 out += self.host.kill(node, job.job_id, now, f"resize {plan.epoch} failed; falling back",
@@ -70,7 +70,7 @@ class Rollbacks:
         if plan is not None and r.snapshot_epoch == plan.epoch and plan.note_saved(node, r.snapshot_parts):
             self.host.changed(job)
 
-    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+    def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         """A node's heartbeat about a job that is rolling back."""
         plan = job.resize
         assert plan is not None
@@ -81,13 +81,13 @@ class Rollbacks:
             self.host.changed(job)
         return self.settle(job, now)
 
-    def settle(self, job: Job, now: float) -> list[Send]:
+    def settle(self, job: Job, now: float) -> list[SendToNode]:
         """Restart from the snapshot once no agent of the job runs anywhere (or fail, when it cannot)."""
         plan = job.resize
         assert plan is not None
         nodes = self.host.nodes
         dead = [n for n in job.nodes if n not in nodes or not nodes[n].alive]
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for action in plan.settle(job.launched, job.spec.workers, dead):
             if isinstance(action, FallBack):
                 out += self._fall_back(job, now)
@@ -107,7 +107,7 @@ class Rollbacks:
         job.zombies.pop(node, None)
         return True
 
-    def _fall_back(self, job: Job, now: float) -> list[Send]:
+    def _fall_back(self, job: Job, now: float) -> list[SendToNode]:
         """Restart the job on its old devices from the snapshot of this resize."""
         plan = job.resize
         assert plan is not None

@@ -21,7 +21,7 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.placement.speeds import Speeds
 from elasticd.scheduler import admission, authz
-from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, Send
+from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, SendToNode
 from elasticd.scheduler.store import JobStore
 from elasticd.scheduler.watch import Watcher
 from elasticd.statedir import StateDir, write_info
@@ -239,7 +239,7 @@ class SchedulerServer:
         log.warning("refused %s from %s: %s", msg.op, who.describe(), why)
 
     def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message,
-                  who: authz.Principal = authz.LOCAL) -> tuple[p.Message | None, list[Send]]:
+                  who: authz.Principal = authz.LOCAL) -> tuple[p.Message | None, list[SendToNode]]:
         now = time.time()
         if isinstance(msg, p.NodeStatus):
             actions = self.state.node_status(msg, now)   # raises for a node that has not said hello
@@ -344,7 +344,7 @@ class SchedulerServer:
             self._reply(sock, ident, p.Error(code=p.SCHEDULER_UNREACHABLE, rid=prid,
                                              message=f"no answer from the node within {FORWARD_TIMEOUT_S:.0f}s"))
 
-    def _execute(self, actions: list[Send]) -> None:
+    def _execute(self, actions: list[SendToNode]) -> None:
         self.store.save(self.state.take_dirty())
         for a in actions:
             route = self._nodes.get(a.node_id)

@@ -1,7 +1,7 @@
 """The island scheduler's core: the job table and node table as a synchronous state machine.
 
 Stimuli (requests from clients, hellos and heartbeats from nodes, clock ticks) go in; what comes out
-is a list of `Send` actions (messages for nodes) and the set of jobs to persist. No sockets, threads
+is a list of `SendToNode` actions (messages for nodes) and the set of jobs to persist. No sockets, threads
 or clocks in here: `now` is always passed in, so tests drive time by hand (as torch elastic's
 rendezvous tests do with a fake clock).
 
@@ -21,7 +21,7 @@ from elasticd.core.cadence import Every
 from elasticd.core.env_names import RESTARTS_VAR
 from elasticd.placement import policy
 from elasticd.placement.speeds import Speeds
-from elasticd.scheduler.actions import Send
+from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
@@ -40,7 +40,7 @@ class SchedulerError(Exception):
         self.message = message
 
 
-__all__ = ["Config", "Node", "SchedulerError", "SchedulerState", "Send"]
+__all__ = ["Config", "Node", "SchedulerError", "SchedulerState", "SendToNode"]
 
 
 @dataclass(slots=True)
@@ -95,7 +95,7 @@ class SchedulerState:
 
     # --- client requests -------------------------------------------------------------------------
 
-    def submit(self, req: p.Submit, now: float, owner: str = "") -> tuple[Job, list[Send]]:
+    def submit(self, req: p.Submit, now: float, owner: str = "") -> tuple[Job, list[SendToNode]]:
         """Queue a job; it may start right away.
 
         Raises:
@@ -131,14 +131,14 @@ class SchedulerState:
                  job.job_id, spec.script, n, spec.min_devices, hi, spec.priority)
         return job, self._schedule(now)
 
-    def stop(self, job_id: str, now: float) -> tuple[str, list[Send]]:
+    def stop(self, job_id: str, now: float) -> tuple[str, list[SendToNode]]:
         job = self._job(job_id)
         if job.state.terminal:
             return f"job {job_id} already {job.state.value}", []
         out = self.end_job(job, JobState.STOPPED, now, "stopped by user")
         return f"job {job_id} stopped", out + self._schedule(now)
 
-    def scale(self, job_id: str, devices: int, now: float) -> tuple[str, list[Send]]:
+    def scale(self, job_id: str, devices: int, now: float) -> tuple[str, list[SendToNode]]:
         job = self._job(job_id)
         n = job.spec.workers
         if not 1 <= devices <= n:
@@ -182,7 +182,7 @@ class SchedulerState:
         return (f"job {job_id} resizing {current} -> {devices} devices at its next step boundary "
                 f"(epoch {job.epoch}){caveat}"), out
 
-    def drain(self, node_id: str, deadline_s: float | None, now: float) -> tuple[str, list[Send]]:
+    def drain(self, node_id: str, deadline_s: float | None, now: float) -> tuple[str, list[SendToNode]]:
         """Move every job off `node_id` and give it no new work (elasticd.scheduler.draining).
 
         Raises:
@@ -197,7 +197,7 @@ class SchedulerState:
             raise SchedulerError(p.BAD_REQUEST, str(e)) from None
         return text, out + self._schedule(now)
 
-    def undrain(self, node_id: str, now: float) -> tuple[str, list[Send]]:
+    def undrain(self, node_id: str, now: float) -> tuple[str, list[SendToNode]]:
         """Put a draining node back into service.
 
         Raises:
@@ -268,7 +268,7 @@ class SchedulerState:
 
     # --- node stimuli ----------------------------------------------------------------------------
 
-    def node_hello(self, hello: p.NodeHello, now: float) -> list[Send]:
+    def node_hello(self, hello: p.NodeHello, now: float) -> list[SendToNode]:
         nd = self.nodes.get(hello.node_id)
         rejoin = nd is not None and nd.known
         nd = nd or Node(hello.node_id)
@@ -281,7 +281,7 @@ class SchedulerState:
                              f"host {hello.host}, devices {','.join(nd.devices) or '-'}")
         log.info("node %s %s: host=%s devices=%s jobs=%s", hello.node_id, "rejoined" if rejoin else "joined",
                  hello.host, ",".join(nd.devices), [r.job_id for r in hello.jobs])
-        out: list[Send] = [Send(nd.node_id, p.Welcome(node_id=nd.node_id, heartbeat_s=self.cfg.heartbeat_s))]
+        out: list[SendToNode] = [SendToNode(nd.node_id, p.Welcome(node_id=nd.node_id, heartbeat_s=self.cfg.heartbeat_s))]
         reported = {r.job_id for r in hello.jobs}
         # A hello means the daemon may be new: agents it should run but does not report are gone.
         for job in list(self.jobs.values()):
@@ -292,7 +292,7 @@ class SchedulerState:
         out += self._reports(nd.node_id, hello.jobs, now)[0]
         return out + self._schedule(now)
 
-    def node_status(self, st: p.NodeStatus, now: float) -> list[Send]:
+    def node_status(self, st: p.NodeStatus, now: float) -> list[SendToNode]:
         """A heartbeat.
 
         Raises:
@@ -304,18 +304,18 @@ class SchedulerState:
         nd.last_seen = now
         out, forget = self._reports(st.node_id, st.jobs, now)
         drained = bool((self.drains.info(st.node_id, now) or {}).get("drained"))
-        out.append(Send(st.node_id, p.NodeAck(seq=st.seq, forget=forget, drained=drained)))
+        out.append(SendToNode(st.node_id, p.NodeAck(seq=st.seq, forget=forget, drained=drained)))
         return out + self._schedule(now)
 
-    def node_bye(self, node_id: str, now: float) -> list[Send]:
+    def node_bye(self, node_id: str, now: float) -> list[SendToNode]:
         nd = self.nodes.get(node_id)
         if nd is None or not nd.alive:
             return []
         log.info("node %s left", node_id)
         return self._node_lost(nd, now, f"node {node_id} shut down", "node_left") + self._schedule(now)
 
-    def tick(self, now: float) -> list[Send]:
-        out: list[Send] = []
+    def tick(self, now: float) -> list[SendToNode]:
+        out: list[SendToNode] = []
         for nd in list(self.nodes.values()):
             if nd.alive and now - nd.last_seen > self.cfg.node_timeout_s:
                 log.warning("node %s lost: no heartbeat for %.1fs", nd.node_id, now - nd.last_seen)
@@ -404,20 +404,20 @@ class SchedulerState:
                 for nd in sorted(self.nodes.values(), key=lambda x: x.node_id)
                 if nd.alive and nd.known and not self.drains.holds(nd.node_id)]
 
-    def _schedule(self, now: float) -> list[Send]:
+    def _schedule(self, now: float) -> list[SendToNode]:
         if not self._resched:
             return []
         self._resched = False
         queued = [j for j in self.jobs.values() if j.state is JobState.QUEUED]
         reqs = [policy.JobRequest(j.job_id, j.spec.workers, j.spec.min_devices, j.spec.max_devices,
                                   j.spec.priority, j.seq, j.requested_devices) for j in queued]
-        out: list[Send] = []
+        out: list[SendToNode] = []
         started = policy.place(reqs, self.free_views(), self.speeds.costs) if queued else {}
         for job_id, chosen in started.items():
             out += self._start(self.jobs[job_id], chosen, now)
         return out + self._rebalance([r for r in reqs if r.job_id not in started], now)
 
-    def _rebalance(self, waiting: list[policy.JobRequest], now: float) -> list[Send]:
+    def _rebalance(self, waiting: list[policy.JobRequest], now: float) -> list[SendToNode]:
         """Policy-driven live resizes (policy rules 5 and 6), one wave at a time: nothing is decided while
         a resize is in flight or devices are still being freed, so decisions see the settled island."""
         if not self.cfg.resize_enabled:
@@ -432,7 +432,7 @@ class SchedulerState:
                    and not any(self.drains.holds(n) for n in j.nodes)]   # a drain is moving those
         if not running:
             return []
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for d in policy.rebalance(waiting, running, self.free_views(), self.speeds.costs):
             job = self.jobs[d.job_id]
             if d.devices > len(job.placement) and d.devices - len(job.placement) > self.free_count():
@@ -440,13 +440,13 @@ class SchedulerState:
             out += self.resizes.begin(job, d.devices, d.why, now)
         return out
 
-    def _relayouts(self, now: float) -> list[Send]:
+    def _relayouts(self, now: float) -> list[SendToNode]:
         """Live re-layouts of running jobs whose devices' measured speeds drifted (elasticd.placement.speeds):
         same devices, other block sizes, through the resize path. Not while the job may be resized for
         another reason (a drain holds its node, devices of its last resize are still being freed)."""
         if not (self.cfg.resize_enabled and self.cfg.relayout_enabled):
             return []
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for job in sorted(self.jobs.values(), key=lambda j: j.seq):
             if (job.state is not JobState.RUNNING or job.resize is not None or job.zombies
                     or len(job.placement) < 2 or not job.entered_steps
@@ -466,7 +466,7 @@ class SchedulerState:
             self.speeds.done(job.job_id, now)
         return out
 
-    def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[Send]:
+    def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[SendToNode]:
         job.placement = [[n, d] for n, d in chosen]
         job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
         job.relayout = None
@@ -481,13 +481,13 @@ class SchedulerState:
         # Rank 0's node goes first: it picks the rendezvous port, which the other nodes need.
         return [self.launch(job, job.nodes[0])]
 
-    def launch(self, job: Job, node: str) -> Send:
+    def launch(self, job: Job, node: str) -> SendToNode:
         job.launched.append(node)
         self.dirty.add(job.job_id)
         if p.bad_blocks(job.blocks, len(job.placement), job.spec.workers) is not None:
             # A restart on fewer devices (recovery, a fall-back) keeps no stale layout: placed afresh.
             job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
-        return Send(node, p.LaunchJob(
+        return SendToNode(node, p.LaunchJob(
             job_id=job.job_id, script=job.spec.script, func=job.spec.func, workers=job.spec.workers,
             world=len(job.placement),
             placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
@@ -502,8 +502,8 @@ class SchedulerState:
         as TORCHELASTIC_RESTART_COUNT (agent/compat/worker_env.py), as torchrun's restarted workers do."""
         return {**job.spec.env, RESTARTS_VAR: str(job.restarts)} if job.restarts else job.spec.env
 
-    def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[Send], list[str]]:
-        out: list[Send] = []
+    def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[SendToNode], list[str]]:
+        out: list[SendToNode] = []
         forget: list[str] = []
         for r in reports:
             job = self.jobs.get(r.job_id)
@@ -577,7 +577,7 @@ class SchedulerState:
         if snapshot and snapshot != job.snapshot:
             job.snapshot = snapshot
 
-    def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[Send]:
+    def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         if node in job.ended:
             return []
         if node == job.nodes[0]:
@@ -598,7 +598,7 @@ class SchedulerState:
             return self.end_job(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
         job.ended.append(node)
         self.dirty.add(job.job_id)
-        out: list[Send] = []
+        out: list[SendToNode] = []
         if set(job.nodes) <= set(job.ended):
             out += self.resizes.close(job, now, "finished")
             for other in job.launched:   # nodes holding only joiners of a resize that never happened
@@ -632,9 +632,9 @@ class SchedulerState:
         self._resched = True
 
     def end_job(self, job: Job, dst: JobState, now: float, reason: str, *, error: dict[str, Any] | None = None,
-                gone: str | None = None) -> list[Send]:
+                gone: str | None = None) -> list[SendToNode]:
         """Leave an active (or queued) state for `dst`; kill agents wherever they may still run."""
-        out: list[Send] = []
+        out: list[SendToNode] = []
         if job.resize is not None:
             out += self.resizes.close(job, now, dst.value)
         if job.state.active:
@@ -655,7 +655,7 @@ class SchedulerState:
         self.dirty.add(job.job_id)
         return out
 
-    def _lost(self, job: Job, node: str, now: float, reason: str) -> list[Send]:
+    def _lost(self, job: Job, node: str, now: float, reason: str) -> list[SendToNode]:
         """Agents of an active job are gone on `node`: a start is retried, a running job fails (a resize
         that only started joiners there is called off)."""
         plan = job.resize
@@ -685,18 +685,18 @@ class SchedulerState:
     def takes_work(self, node: str) -> bool:
         return not self.drains.holds(node)
 
-    def recover(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[Send] | None:
+    def recover(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[SendToNode] | None:
         """Restart the job from its newest snapshot after an infrastructure failure (None: no restarts left)."""
         if not self.recoveries.restarts_left(job):
             return None
         out = self.resizes.close(job, now, "failed")   # a resize in flight is off: the restart decides the size
         return out + self.recoveries.begin(job, now, err, gone=gone)
 
-    def _node_lost(self, nd: Node, now: float, reason: str, event: str = "node_lost") -> list[Send]:
+    def _node_lost(self, nd: Node, now: float, reason: str, event: str = "node_lost") -> list[SendToNode]:
         nd.alive = False
         self.node_events.add(now, event, nd.node_id, reason)
         self._resched = True
-        out: list[Send] = []
+        out: list[SendToNode] = []
         for job in list(self.jobs.values()):
             job.zombies.pop(nd.node_id, None)
             involved = nd.node_id in job.nodes or (job.resize is not None and nd.node_id in job.resize.nodes())
@@ -711,13 +711,13 @@ class SchedulerState:
             self._resched = True
 
     def kill(self, node: str, job_id: str, now: float, reason: str, force: bool = False,
-             hard: bool = False) -> list[Send]:
+             hard: bool = False) -> list[SendToNode]:
         """`force`: send now even if a kill went there a moment ago; `hard`: no stop command first."""
         last = self._kill_sent.get((node, job_id))
         if not force and last is not None and now - last < self.cfg.kill_repeat_s:
             return []
         self._kill_sent[(node, job_id)] = now
-        return [Send(node, p.KillJob(job_id=job_id, reason=reason, force=hard))]
+        return [SendToNode(node, p.KillJob(job_id=job_id, reason=reason, force=hard))]
 
     @staticmethod
     def _resizing_info(job: Job) -> dict[str, Any] | None:

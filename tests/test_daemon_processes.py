@@ -13,26 +13,26 @@ from util import wait_until
 
 from elasticd import protocol as p
 from elasticd.daemon import supervision
-from elasticd.daemon.agents import Supervisor
 from elasticd.daemon.devices import cpu_devices, discover
+from elasticd.daemon.processes import AgentProcesses
 from elasticd.statedir import StateDir
 
 
 @pytest.fixture
 def sup(tmp_path):
-    s = Supervisor(StateDir(tmp_path / "state").create(), cpu_devices(2), f"ipc://{tmp_path}/nobody.sock",
+    s = AgentProcesses(StateDir(tmp_path / "state").create(), cpu_devices(2), f"ipc://{tmp_path}/nobody.sock",
                    "127.0.0.1", agent_command=[sys.executable, str(FAKE_AGENT)])
     yield s
     s.shutdown(timeout_s=2.0)
 
 
-def launch(sup: Supervisor, job: str, env: dict[str, str], devices=("cpu:0", "cpu:1")) -> bool:
+def launch(sup: AgentProcesses, job: str, env: dict[str, str], devices=("cpu:0", "cpu:1")) -> bool:
     return sup.launch(p.LaunchJob(job_id=job, script="/s.py", func=None, workers=4, world=len(devices),
                                   placements=[p.RankPlacement(rank=r, device_id=d) for r, d in enumerate(devices)],
                                   master_addr="127.0.0.1", master_port=0, cwd=os.getcwd(), env=env), time.time())
 
 
-def report(sup: Supervisor, job: str) -> p.JobReport:
+def report(sup: AgentProcesses, job: str) -> p.JobReport:
     sup.poll(time.time())
     return next(r for r in sup.reports() if r.job_id == job)
 

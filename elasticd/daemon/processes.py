@@ -1,7 +1,7 @@
 """Spawning and watching this node's agent processes: the I/O shell of elasticd.daemon.supervision.
 
 The pure core decides (which agent to start, whom to signal, what to tell an agent or the scheduler);
-`Supervisor` feeds it what happened and carries out the actions it returns, as the scheduler's server
+`AgentProcesses` feeds it what happened and carries out the actions it returns, as the scheduler's server
 carries out its state machine's. Here live the processes (`Popen`, psutil for RSS and CPU), signals,
 the warm spare pool (elasticd.daemon.spares) and the files under the state dir: logs, error reports,
 resize snapshots.
@@ -32,7 +32,7 @@ from elasticd import protocol as p
 from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
-from elasticd.daemon.actions import Action, DropSnapshots, Report, Send, Signal, Spawn
+from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
 from elasticd.forked import ForkedProcess
@@ -81,7 +81,7 @@ class _Process:
     error_path: Path
 
 
-class Supervisor:
+class AgentProcesses:
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
@@ -237,7 +237,7 @@ class Supervisor:
                     queue += self.core.spawn_failed(a, str(e), now)
             elif isinstance(a, Signal):
                 self._signal(a.pid, _SIGNALS[a.sig])
-            elif isinstance(a, Send):
+            elif isinstance(a, SendToAgent):
                 sends.append((a.identity, a.msg))
             elif isinstance(a, Report):
                 self.changed = True
