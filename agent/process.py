@@ -30,10 +30,10 @@ from elasticd.agent.runtime import Runtime, WorkerFailed
 from elasticd.agent.script import load_target
 from elasticd.agent.script_main import script_args
 from elasticd.agent.slicer import rng
+from elasticd.agent.slicer.boundary import RunOutcome
 from elasticd.agent.slicer.device import set_deterministic
 from elasticd.core.agent_config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal, shares_devices
 from elasticd.core.cadence import Every
-from elasticd.core.exits import EXIT_PEER_LOST
 from elasticd.core.layout import Layout
 from elasticd.core.parts import periodic_dir
 from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
@@ -195,7 +195,7 @@ class AgentProcess:
                     return code
         except PeerLost as e:   # outside the workers: restoring, or re-forming the group in a resize
             _report(self.cfg, self.control, None, str(e), traceback.format_exc(), "peer_lost")
-            return EXIT_PEER_LOST
+            return e.exit_code
         finally:
             if self.periodic is not None:
                 self.periodic.close(timeout_s=10.0)
@@ -283,9 +283,9 @@ class AgentProcess:
             runtime.run()
         except WorkerFailed as f:
             _report(cfg, control, f.rank, f.message, f.traceback, "peer_lost" if f.peer_lost else "user")
-            return EXIT_PEER_LOST if f.peer_lost else 1, None
-        if runtime.outcome != "resize":
-            control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome == "stop"})
+            return PeerLost.exit_code if f.peer_lost else f.exit_code, None
+        if runtime.outcome is not RunOutcome.RESIZE:
+            control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome is RunOutcome.STOP})
             return 0, None
         started = time.monotonic()
         # Another agent may have voted for the resize; this one waits for its own copy of it.

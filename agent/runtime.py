@@ -36,11 +36,19 @@ from elasticd.agent.resize.snapshot import AgentSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.backward_hook import install_backward_hook
 from elasticd.agent.slicer.baton import AllDone, Baton, Flush, Idle, Run, Stranded, WorkerState
-from elasticd.agent.slicer.boundary import VOTE_NONE, VOTE_RESIZE, VOTE_STOP, Preempted, StepBoundary
+from elasticd.agent.slicer.boundary import (
+    VOTE_NONE,
+    VOTE_RESIZE,
+    VOTE_STOP,
+    Preempted,
+    RunOutcome,
+    StepBoundary,
+)
 from elasticd.agent.slicer.context import Work, WorkerContext
 from elasticd.agent.slicer.device import enter_thread, finish_run, record_handover, wait_handover
 from elasticd.agent.slicer.malloc import tune_malloc
 from elasticd.agent.worker import Worker, current_worker, register_runtime, set_current_worker
+from elasticd.core.errors import ElasticdInterrupt, JobError
 from elasticd.core.layout import Layout, blocks_problem
 from elasticd.core.timing import StepTiming
 from elasticd.protocol.agents import AgentResize, AgentStop
@@ -48,7 +56,7 @@ from elasticd.protocol.agents import AgentResize, AgentStop
 log = logging.getLogger(__name__)
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(JobError, RuntimeError):
     """A logical worker raised; carries its rank and formatted traceback to the launcher."""
 
     def __init__(self, rank: int, message: str, tb: str, peer_lost: bool = False) -> None:
@@ -59,7 +67,7 @@ class WorkerFailed(RuntimeError):
         self.peer_lost = peer_lost   # another agent died: not the user's error (comm/physical.py PeerLost)
 
 
-class _Aborted(BaseException):
+class _Aborted(ElasticdInterrupt):
     """Unwinds a worker thread after another worker failed (BaseException: user `except Exception` can't eat it)."""
 
 
@@ -96,7 +104,7 @@ class Runtime:
             for r, w in self._workers.items():
                 w.restore = restore.workers[r]
                 w.start_step = w.restore.step
-        self.outcome = "running"            # then "done", "resize" or "stop"
+        self.outcome = RunOutcome.RUNNING
         self.command: AgentResize | None = None  # the resize command this agent received, if any
         self.stale_resizes = 0   # resize commands still to come for resizes refused already (boundary.agree)
         self._done = threading.Event()
@@ -160,8 +168,8 @@ class Runtime:
             raise self._failure
         for t in threads:
             t.join()
-        if self.outcome == "running":
-            self.outcome = "done"
+        if self.outcome is RunOutcome.RUNNING:
+            self.outcome = RunOutcome.DONE
         return {r: w.result for r, w in self._workers.items()}
 
     def _body(self, w: Worker) -> None:
@@ -378,7 +386,7 @@ class Runtime:
     def backward_owner(self) -> Worker | None:
         """The running worker while it is inside a backward pass (None once the run ended or failed)."""
         w = self.current
-        if w is None or self._aborted or self.outcome != "running" or w.backward_depth <= 0:
+        if w is None or self._aborted or self.outcome is not RunOutcome.RUNNING or w.backward_depth <= 0:
             return None
         return w
 

@@ -9,10 +9,11 @@ from types import ModuleType
 
 from elasticd.agent.decorator import ElasticFunction
 from elasticd.agent.script_main import ScriptMain
+from elasticd.core.errors import UsageError
 from elasticd.core.script_source import is_torchrun_script
 
 
-class ScriptError(Exception):
+class ScriptError(UsageError):
     """The script cannot be imported, or holds no (or several) elastic functions."""
 
 

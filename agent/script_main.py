@@ -24,9 +24,10 @@ from typing import Any
 
 from elasticd.agent.compat import per_rank_main, per_rank_singletons
 from elasticd.core.env_names import ARGS_VAR, STEP_OFFSET_VAR
+from elasticd.core.errors import JobError
 
 
-class ScriptExit(RuntimeError):
+class ScriptExit(JobError, RuntimeError):
     """The script called `sys.exit` with a failure status in a worker (torchrun would see that process fail)."""
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
+from elasticd.core.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 _Z85 = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
@@ -40,7 +42,7 @@ _NODE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 MAX_KEY_FILE = 4096   # a key file is ~200 bytes; anything bigger was not written by us
 
 
-class BadKeyError(ValueError):
+class BadKeyError(UsageError, ValueError):
     """A key argument that is neither a readable certificate file nor a Z85 public key."""
 
 

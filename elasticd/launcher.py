@@ -36,6 +36,7 @@ from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.core.commands import module_command
 from elasticd.core.exits import EXIT_PEER_LOST
 from elasticd.core.layout import Layout
+from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
@@ -71,12 +72,12 @@ class ResizeRecord:
     last_old_step: float | None = None
     seconds: float | None = None  # request -> first completed step at the new size
     stall: float | None = None    # last step at the old size -> first step at the new size
-    outcome: str = "pending"      # "done", "refused" (a state not carried), "rolled back" (an agent died)
+    outcome: ResizeOutcome = ResizeOutcome.PENDING
     note: str = ""                # why it was refused
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "from": self.src, "to": self.dst, "blocks": self.blocks, "seconds": self.seconds,
-                "stall": self.stall, "outcome": self.outcome, **({"note": self.note} if self.note else {})}
+                "stall": self.stall, "outcome": self.outcome.value, **({"note": self.note} if self.note else {})}
 
 
 @dataclass
@@ -283,7 +284,7 @@ class LocalRun:
     def _restart(self, step: int, target: int, why: str) -> None:
         """torchrun mode: stop every agent and start the job again on `target` devices (torchrun_restart.py)."""
         now = time.monotonic()
-        r = ResizeRecord(step=step, src=self.world, dst=target, requested=now, commanded=now, outcome="restarting")
+        r = ResizeRecord(step=step, src=self.world, dst=target, requested=now, commanded=now, outcome=ResizeOutcome.RESTARTING)
         self.resizes.append(r)
         self._say(f"{why}: restarting the torchrun-mode job on {target} device(s) after step {step}; the script "
                   f"resumes from its own checkpoint")
@@ -294,7 +295,7 @@ class LocalRun:
         r = self._restarting
         assert r is not None
         r.seconds = r.stall = now - r.requested
-        r.outcome = "restarted"
+        r.outcome = ResizeOutcome.RESTARTED
         self._restarting = None
         self._say(f"restarted on {r.dst} device(s): first step {r.seconds:.2f}s after the request")
 
@@ -365,7 +366,7 @@ class LocalRun:
         now = time.monotonic()
         r.seconds = done.seconds
         r.stall = now - (r.last_old_step or r.requested)
-        r.outcome = "done"
+        r.outcome = ResizeOutcome.DONE
         self._plan, self._resizing, self._command, self._left = None, None, None, {}
         self._drop_snapshots()   # a step ran on the new group: nothing falls back to them any more
         self._say(f"resized {r.src} -> {r.dst} devices{_shown(r.blocks)} after step {r.step} in {r.seconds:.2f}s "
@@ -387,7 +388,7 @@ class LocalRun:
                     pool.remove(agent)
             self.agents[rank] = agent
         self.world, self.blocks = plan.src, list(plan.src_blocks)
-        r.outcome, r.note = "refused", reason
+        r.outcome, r.note = ResizeOutcome.REFUSED, reason
         dropped = [f"{s}:{m}" for s, m, _ in self._pending]
         self._pending, self._hold_at = [], ()
         self._plan, self._resizing, self._command, self._left = None, None, None, {}
@@ -441,7 +442,7 @@ class LocalRun:
         self._say(f"agent {bad.rank} exited with code {bad.proc.returncode} during the resize {r.src} -> {r.dst}; "
                   f"restarting on {r.src} devices from the snapshot saved at its step boundary")
         self._forget_agents()
-        r.outcome = "rolled back"
+        r.outcome = ResizeOutcome.ROLLED_BACK
         self._plan, self._resizing, self._command = None, None, None
         self.world = r.src
         self._restore_epoch = self.epoch
@@ -516,10 +517,10 @@ class LocalRun:
         could not happen: refused, not ignored), else 0, saying which resizes the job ended before."""
         plan, r = self._plan, self._resizing
         if plan is not None and r is not None and r.commanded is not None and len(plan.acked) == r.dst:
-            r.outcome, self._plan, self._resizing = "done", None, None   # handed over after the last step
+            r.outcome, self._plan, self._resizing = ResizeOutcome.DONE, None, None   # handed over after the last step
         left = [f"{s}:{m}" for s, m, _ in self._pending] + ([f"{r.step}:{r.dst}"] if self._resizing is not None and
                                                              r is not None else [])
-        refused = "; ".join(f"{x.step}:{x.dst}: {x.note}" for x in self.resizes if x.outcome == "refused")
+        refused = "; ".join(f"{x.step}:{x.dst}: {x.note}" for x in self.resizes if x.outcome is ResizeOutcome.REFUSED)
         if refused:
             print(f"[elasticd] error: --scale-at refused ({refused}). The job trained on at its size from there; its "
                   "result is what its N workers compute, but the resizes asked for did not happen",
@@ -593,7 +594,7 @@ class LocalRun:
                 # Done when every agent of the job has exited; spares, and joiners the job finished
                 # without, have no one left to join.
                 plan = self._plan
-                waiting = set(plan.joiners) - set(plan.ready) if plan is not None and plan.phase == "prepare" else set()
+                waiting = set(plan.joiners) - set(plan.ready) if plan is not None and plan.phase == ResizePhase.PREPARE else set()
                 job = [a for a in [*self.agents.values(), *self.retired] if a.rank not in waiting]
                 if all(a.proc.poll() == 0 for a in job):
                     self._read(0)

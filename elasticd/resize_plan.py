@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.core import parts
+from elasticd.core.lifecycle import ResizePhase
 
 NO_DEADLINE = math.inf   # a plan's timeout_s for a shell that waits as long as it takes (`elasticd run`)
 
@@ -110,7 +111,7 @@ class ResizePlan:
     requested_at: float
     placement: list[list[str]]     # the whole new layout, rank -> [place (node), device]
     deadline: float                # for the current phase
-    phase: str = "prepare"         # "prepare" | "go" | "refused" | "rollback"
+    phase: ResizePhase = ResizePhase.PREPARE
     step: int = 0                  # job step when requested; then the step the agents stopped after
     port: int = 0
     ready: list[int] = field(default_factory=list)   # joining ranks warm (said hello)
@@ -181,14 +182,14 @@ class ResizePlan:
 
     def port_known(self, port: int, now: float) -> list[Action]:
         """The new group's rendezvous port was chosen (the first report of it counts)."""
-        if self.phase != "prepare" or self.port or not port:
+        if self.phase != ResizePhase.PREPARE or self.port or not port:
             return []
         self.port = port
         return self._maybe_go(now)
 
     def joiner_ready(self, rank: int, now: float) -> list[Action]:
         """A joining rank's agent is warm (script loaded, said hello)."""
-        if self.phase != "prepare" or rank not in self.joiners or rank in self.ready:
+        if self.phase != ResizePhase.PREPARE or rank not in self.joiners or rank in self.ready:
             return []
         self.ready.append(rank)
         return self._maybe_go(now)
@@ -196,7 +197,7 @@ class ResizePlan:
     def _maybe_go(self, now: float) -> list[Action]:
         if not self.port or len(self.ready) != len(self.joiners):
             return []
-        self.phase = "go"
+        self.phase = ResizePhase.GO
         self.commanded_at = now
         self.deadline = now + self.timeout_s
         return [Go()]
@@ -205,14 +206,14 @@ class ResizePlan:
 
     def reformed(self, rank: int) -> bool:
         """A rank of the new layout reported its re-formation finished; True if that is news."""
-        if self.phase != "go" or not 0 <= rank < self.dst or rank in self.acked:
+        if self.phase != ResizePhase.GO or not 0 <= rank < self.dst or rank in self.acked:
             return False
         self.acked.append(rank)
         return True
 
     def stepped(self, now: float, handover_s: float | None = None) -> list[Action]:
         """Rank 0 completed a step at the new size (`handover_s`: its own time from vote to new group)."""
-        if self.phase != "go":
+        if self.phase != ResizePhase.GO:
             return []
         self.handover_s = handover_s
         return [Done(now - self.requested_at)] if len(self.acked) == self.dst else []
@@ -220,9 +221,9 @@ class ResizePlan:
     def refused(self, reason: str) -> list[Action]:
         """The agents refused the resize at a step boundary (each says so; the first report counts). Before
         the go only `elasticd run`'s agents can, stopped at a held step while the joiners warm up."""
-        if self.phase not in ("prepare", "go"):
+        if self.phase not in (ResizePhase.PREPARE, ResizePhase.GO):
             return []
-        self.phase = "refused"
+        self.phase = ResizePhase.REFUSED
         self.failure = {"message": reason}
         return [Refuse(reason)]
 
@@ -234,22 +235,22 @@ class ResizePlan:
         Before the go a joiner's death calls the resize off, while an old agent's is the job's own
         failure (no action: the shell ends the job). After the go any death rolls the resize back.
         """
-        if self.phase == "prepare":
+        if self.phase == ResizePhase.PREPARE:
             return [Abort(str(error.get("message", "a joining agent failed")))] if joiner else []
-        if self.phase == "go":
+        if self.phase == ResizePhase.GO:
             return self._roll_back(now, self.name_in(error))
         return []
 
     def tick(self, now: float, places: list[str]) -> list[Action]:
         """The clock: a phase past its deadline (`places`: where agents of the job were started)."""
-        if now <= self.deadline or self.phase == "refused":
+        if now <= self.deadline or self.phase == ResizePhase.REFUSED:
             return []
         t = self.timeout_s
-        if self.phase == "prepare":
+        if self.phase == ResizePhase.PREPARE:
             missing = [r for r in self.joiners if r not in self.ready]
             what = f"joining ranks {missing} not ready" if missing else "no rendezvous port from rank 0's node"
             return [Abort(f"{what} within {t:.0f}s")]
-        if self.phase == "go":
+        if self.phase == ResizePhase.GO:
             missing = [r for r in range(self.dst) if r not in self.acked]
             what = f"ranks {missing} did not re-form" if missing else "rank 0 did not complete a step"
             return self._roll_back(now, self.name_in({"message": f"{what} within {t:.0f}s"}))
@@ -261,7 +262,7 @@ class ResizePlan:
     def name_in(self, error: dict[str, Any]) -> dict[str, Any]:
         """Name the resize in an error that happened while the job was re-forming (once: a shell may
         have named it already, to log it)."""
-        if self.phase != "go" or error.get("resize_epoch") == self.epoch:
+        if self.phase != ResizePhase.GO or error.get("resize_epoch") == self.epoch:
             return error
         error = dict(error)
         error["message"] = (f"resize {self.epoch} ({self.src} -> {self.dst} devices, {self.why}) failed: "
@@ -270,7 +271,7 @@ class ResizePlan:
         return error
 
     def _roll_back(self, now: float, error: dict[str, Any]) -> list[Action]:
-        self.phase = "rollback"
+        self.phase = ResizePhase.ROLLBACK
         self.failure = error
         self.deadline = now + self.timeout_s
         return [RollBack(error)]
@@ -297,7 +298,7 @@ class ResizePlan:
     def settle(self, places: list[str], workers: int, dead: list[str] | None = None) -> list[Action]:
         """Once no agent runs at any of `places`: `FallBack`, or `Fail` when the snapshot lacks a part
         or a place of the old layout (`dead`) is gone with its parts and its devices."""
-        if self.phase != "rollback" or not all(n in self.gone for n in places):
+        if self.phase != ResizePhase.ROLLBACK or not all(n in self.gone for n in places):
             return []
         lost = self.missing_parts(workers)
         if lost or dead:

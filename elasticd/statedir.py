@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elasticd.core.errors import ControlPlaneError
+
 ENV_VAR = "ELASTICD_STATE_DIR"
 
 
-class UnsafeStateDir(RuntimeError):
+class UnsafeStateDir(ControlPlaneError, RuntimeError):
     """The state dir, or a directory above it, could be written by someone other than this user."""
 
 

@@ -18,6 +18,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from elasticd import keys, protocol
+from elasticd.core.errors import ControlPlaneError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ HANDSHAKE_IVL_MS = 3000
 IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for the NUL
 
 
-class TransportError(RuntimeError):
+class TransportError(ControlPlaneError, RuntimeError):
     """A socket could not be set up (bad endpoint, path too long, port taken)."""
 
 

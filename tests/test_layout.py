@@ -7,6 +7,7 @@ under `if TYPE_CHECKING:`), so a lazy import that only hides a circle counts as 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -260,3 +261,12 @@ def test_no_two_classes_share_a_name():
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(module)
     assert {name: mods for name, mods in where.items() if len(mods) > 1} == {}
+
+
+def test_lifecycles_are_enums_not_string_literals():
+    # A resize's phase and outcome, and a run's outcome, compared or assigned as bare strings would let a typo
+    # pass silently; they are elasticd.core.lifecycle's and agent/slicer/boundary.py's enums.
+    pattern = re.compile(r"""\.(phase|outcome)\s*(==|!=|=|is|is not)\s*["']""")
+    found = [f"{m}:{n}" for m, path in _modules().items()
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []

@@ -41,6 +41,7 @@ import torch
 from elasticd.agent import patches
 from elasticd.agent.private.saving import clone_state
 from elasticd.agent.worker import current_worker
+from elasticd.core.errors import JobError
 
 _LEDGER = patches.ledger("capture.carried")
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 _PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
 
-class NotCarried(RuntimeError):
+class NotCarried(JobError, RuntimeError):
     """State elasticd can neither carry across a resize nor leave behind without changing the result."""
 
 

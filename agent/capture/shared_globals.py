@@ -23,13 +23,15 @@ from collections.abc import Callable
 from types import CodeType, ModuleType
 from typing import Any
 
+from elasticd.core.errors import JobError
+
 _CONTAINERS = (list, dict, set, collections.deque, collections.OrderedDict, collections.defaultdict,
                collections.Counter)
 _MUTATORS = frozenset({"append", "extend", "insert", "pop", "popleft", "appendleft", "extendleft", "remove",
                        "clear", "update", "setdefault", "popitem", "add", "discard", "sort", "reverse", "rotate"})
 
 
-class SharedGlobalError(RuntimeError):
+class SharedGlobalError(JobError, RuntimeError):
     """The function assigns a module global, which the hosted workers of an agent would share."""
 
 

@@ -19,10 +19,11 @@ import torch
 from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.comm.rank_tree import Node, pieces, tree_sum
+from elasticd.core.errors import JobError
 from elasticd.core.layout import Layout
 
 
-class CollectiveMismatch(RuntimeError):
+class CollectiveMismatch(JobError, RuntimeError):
     """Two logical ranks called different collectives at the same point of the program."""
 
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.core.errors import JobError
+
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
     from elasticd.agent.worker import Worker
@@ -34,7 +36,7 @@ _GRACE_S = 5.0   # at a snapshot, how long a send to another agent may take to b
 _TAG_SPACE = 2 ** 30
 
 
-class Deadlock(RuntimeError):
+class Deadlock(JobError, RuntimeError):
     """Every hosted worker waits, and no message any of them waits for can come."""
 
 

@@ -28,6 +28,8 @@ import torch
 import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in worker threads, where torch.distributed.* is logical (agent/compat/torch_dist.py)
 
 from elasticd.core.env_names import DEVICE_BACKEND_ENV
+from elasticd.core.errors import ElasticdInterrupt
+from elasticd.core.exits import EXIT_PEER_LOST
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ def group_spec(device: torch.device, environ: Mapping[str, str] | None = None) -
     return GroupSpec("cpu:gloo,cuda:nccl", device_id=device, barrier_device_ids=[device.index])
 
 
-class PeerLost(BaseException):
+class PeerLost(ElasticdInterrupt):
     """A physical collective failed: another agent of the job died or became unreachable.
 
     Not the user's error, and it must not look like one: the job is recovered from its last snapshot
@@ -78,6 +80,8 @@ class PeerLost(BaseException):
     A BaseException, so that a user's `except Exception` around a collective cannot swallow it and train
     on with a group that no longer works.
     """
+
+    exit_code = EXIT_PEER_LOST
 
 
 @contextlib.contextmanager

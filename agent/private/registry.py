@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from elasticd.agent.private.swap import Copier, CpuMover, Slot, SwapStats, tensors_of
+from elasticd.core.errors import JobError
 
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class DeviceMemoryError(MemoryError):
+class DeviceMemoryError(JobError, MemoryError):
     """The budget cannot hold one worker's private state plus the replicated state."""
 
 

@@ -41,13 +41,14 @@ import torch
 
 from elasticd.agent.replicated import data_attr
 from elasticd.agent.replicated.flat import by_dtype, flatten_grads
+from elasticd.core.errors import JobError
 
 INSTEAD = ("clear gradients with optimizer.zero_grad() or model.zero_grad() (set_to_none=True), clip with "
            "ctx.clip_grad_norm_, scale the loss rather than the gradients, or keep such a model private to "
            "each worker (DistributedDataParallel inside the function)")
 
 
-class ReplicatedStateError(RuntimeError):
+class ReplicatedStateError(JobError, RuntimeError):
     """A worker changed replicated gradients or parameters in a way hosted workers cannot share."""
 
 

@@ -22,11 +22,12 @@ import torch
 
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot, from_bytes, load_file
+from elasticd.core.errors import RuntimeFault
 from elasticd.core.layout import Layout
 from elasticd.core.parts import GROUPS, describe, epoch_dir, part_name, parts_in
 
 
-class SnapshotMissing(RuntimeError):
+class SnapshotMissing(RuntimeFault, RuntimeError):
     """A part of the snapshot to restore is on no agent's node."""
 
 

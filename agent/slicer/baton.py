@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from elasticd.core.errors import RuntimeFault
+
 
 class WorkerState(str, Enum):
     RUNNABLE = "runnable"
@@ -67,7 +69,7 @@ class Idle:
 Action = Run | Flush | AllDone | Stranded | Idle
 
 
-class BatonError(RuntimeError):
+class BatonError(RuntimeFault, RuntimeError):
     """An event that the baton's state does not allow (a runtime bug, not a user error)."""
 
 

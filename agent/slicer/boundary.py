@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -32,6 +33,7 @@ from elasticd.agent.resize.periodic import FLAG_BUSY, FLAG_DUE, FLAG_NONE, Perio
 from elasticd.agent.resize.snapshot import AgentSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.worker import Worker
+from elasticd.core.errors import ElasticdInterrupt, JobError
 
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
@@ -43,11 +45,20 @@ VOTE_NONE, VOTE_RESIZE, VOTE_STOP = 0, 1, 2
 _MESSAGE_BYTES = 4096   # a refused resize's reason, as every agent reports it
 
 
-class StepsAgain(RuntimeError):
+class RunOutcome(str, Enum):
+    """How a runtime's run of the function ends."""
+
+    RUNNING = "running"
+    DONE = "done"        # every hosted worker returned
+    RESIZE = "resize"    # unwound at the step boundary the agents agreed to resize at
+    STOP = "stop"        # unwound at the step boundary the agents agreed to stop at
+
+
+class StepsAgain(JobError, RuntimeError):
     """The function started `ctx.steps` again in one run: its steps cannot be numbered across a resize."""
 
 
-class Preempted(BaseException):
+class Preempted(ElasticdInterrupt):
     """Unwinds a worker at the step boundary where the agents agreed to resize or stop."""
 
 
@@ -200,12 +211,12 @@ class StepBoundary:
                 periodic.voted(flag)
             if vote != VOTE_NONE:
                 self._stop_at = step
-                self.rt.outcome = "stop" if vote == VOTE_STOP else "resize"
+                self.rt.outcome = RunOutcome.STOP if vote == VOTE_STOP else RunOutcome.RESIZE
             elif flag == FLAG_DUE and periodic is not None:
                 # (An agent without snapshots -- e.g. a joiner started without the job's interval -- votes
                 # none and writes nothing: that snapshot stays incomplete and is never restored.)
                 self._snap_at = step
-        if self._stop_at == step and self.rt.outcome == "resize":
+        if self._stop_at == step and self.rt.outcome is RunOutcome.RESIZE:
             self._capture_for_resize(w, step)   # a stop keeps nothing: its agents just exit
         if self._stop_at == step:
             raise Preempted()
@@ -288,7 +299,7 @@ class StepBoundary:
             self.rt.stale_resizes += 1
         # Training goes on as if nobody had asked: no stop, no held step, no command waiting to be voted.
         self._stop_at = None
-        self.rt.outcome = "running"
+        self.rt.outcome = RunOutcome.RUNNING
         self.rt.command = None
         self._polled = VOTE_NONE
         self.hold_at = frozenset()   # `elasticd run` drops the rest of its --scale-at schedule too

@@ -2,7 +2,8 @@
 
 One command per module (circus style): each module under this package defines a click command
 named like the module, and its docstring is the command's help text. Exit codes are a contract
-(docs/architecture.md): 0 ok, 1 the daemon answered with an error, 2 usage error, 3 cannot reach the daemon.
+(docs/architecture.md, elasticd/core/exits.py): 0 ok, 1 the daemon answered with an error, 2 usage error,
+3 cannot reach the daemon; an elasticd error no command handled exits with its class's code.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ import importlib
 
 import click
 
-EXIT_OK = 0
-EXIT_DAEMON_ERROR = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+from elasticd.core.errors import ElasticdError
+from elasticd.core.exits import EXIT_ERROR as EXIT_DAEMON_ERROR  # noqa: F401 - the commands import them here
+from elasticd.core.exits import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE  # noqa: F401
 
 # module name -> attribute holding the click command. Imported lazily so `elasticd --help`
 # and the control-plane commands do not pay for importing torch.
@@ -44,6 +44,16 @@ class _LazyGroup(click.Group):
             return None
         module = importlib.import_module(f"elasticd.cli.{name}")
         return getattr(module, _COMMANDS[name])
+
+    def invoke(self, ctx: click.Context) -> object:
+        # An elasticd error no command handled ends it with the exit code its class means, not a traceback.
+        try:
+            return super().invoke(ctx)
+        except ElasticdError as e:
+            from elasticd.cli.text import printable
+
+            click.echo(f"Error: {printable(e)}", err=True)
+            ctx.exit(e.exit_code)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

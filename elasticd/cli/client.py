@@ -25,17 +25,18 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_UNREACHABLE, EXIT_USAGE
+from elasticd.core.errors import ControlPlaneError, UnreachableError
 from elasticd.statedir import StateDir, pid_alive, read_info
 
 DEFAULT_TIMEOUT_S = 5.0
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Unreachable(Exception):
+class Unreachable(UnreachableError):
     """No answer: no daemon, a dead one, a wrong endpoint, or a refused key."""
 
 
-class ErrorReply(Exception):
+class ErrorReply(ControlPlaneError):
     """The daemon or scheduler answered with a typed error."""
 
     def __init__(self, error: p.Error) -> None:

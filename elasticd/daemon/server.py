@@ -20,6 +20,7 @@ import zmq
 
 from elasticd import keys, transport
 from elasticd import protocol as p
+from elasticd.core.errors import ControlPlaneError
 from elasticd.daemon import devices as devices_mod
 from elasticd.daemon.grace import GraceDrain
 from elasticd.daemon.processes import AgentProcesses
@@ -44,7 +45,7 @@ _BATCH = 256
 MAX_LOG_REPLY = 512 * 1024
 
 
-class DaemonError(RuntimeError):
+class DaemonError(ControlPlaneError, RuntimeError):
     """The daemon cannot start (state dir in use, endpoint not bindable, bad key)."""
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from elasticd.core.errors import UsageError
 from elasticd.observe.metrics import Observer
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ METRICS_MAX_AGE_S = 5.0
 _PAGE = "page.html"
 
 
-class BadAddress(ValueError):
+class BadAddress(UsageError, ValueError):
     """An --metrics value that is not HOST:PORT."""
 
 

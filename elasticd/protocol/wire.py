@@ -22,6 +22,8 @@ from typing import Any, ClassVar, TypeVar, Union
 
 import msgpack
 
+from elasticd.core.errors import ControlPlaneError
+
 PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
@@ -45,7 +47,7 @@ _HINTS: dict[type, dict[str, Any]] = {}
 M = TypeVar("M", bound="Message")
 
 
-class ProtocolError(Exception):
+class ProtocolError(ControlPlaneError):
     """A frame or request that cannot be accepted; `code` is one of the error codes above."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -190,8 +192,8 @@ _CHECKERS: dict[Any, _Checker] = {}
 _PLANS: dict[type, list[tuple[str, _Checker, bool]]] = {}
 
 
-class _Mismatch(Exception):
-    pass
+class _Mismatch(ControlPlaneError):
+    """A field of the wrong type, found while decoding; reported as the `ProtocolError` that names the field."""
 
 
 def _bad(tp: Any, v: Any) -> _Mismatch:

@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
 
@@ -190,7 +191,7 @@ class Drains:
             return ""   # starting, or a resize in flight: looked at again once it runs
         what = f"drain of node {d.node_id}"
         last = job.resizes[-1] if job.resizes else {}
-        if last.get("outcome") == "refused" and str(last.get("why", "")).startswith(what):
+        if last.get("outcome") == ResizeOutcome.REFUSED and str(last.get("why", "")).startswith(what):
             # Its agents cannot carry its state: asking again would only cost it a capture per attempt.
             return f"its agents refused to move it: {last.get('note', '')}"
         keep, grow, why = self._plan(job)

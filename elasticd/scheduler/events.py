@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.scheduler.jobs import Job
 
 MAX_NODE_EVENTS = 1000
@@ -49,8 +50,8 @@ def job_events(job: Job) -> list[dict[str, Any]]:
         out.append({"at": at, "event": name, "job": job.job_id, "detail": str(reason)})
     for r in job.resizes:
         outcome = str(r.get("outcome", ""))
-        name = "resized" if outcome == "done" else "resize_" + outcome.replace(" ", "_")
-        if outcome == "rolled back":
+        name = "resized" if outcome == ResizeOutcome.DONE else "resize_" + outcome.replace(" ", "_")
+        if outcome == ResizeOutcome.ROLLED_BACK:
             name = "rolled_back"
         took = r.get("seconds")
         at = r.get("at") or 0.0

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from elasticd.core.errors import RuntimeFault
+from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.resize_plan import ResizePlan
 
 
@@ -59,7 +61,7 @@ _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
-class InvalidTransition(RuntimeError):
+class InvalidTransition(RuntimeFault, RuntimeError):
     """A state change the lifecycle does not allow: a bug in the scheduler, never user input."""
 
 
@@ -151,11 +153,11 @@ class Job:
         if dst.terminal:
             self.ended_at = now
 
-    def record_resize(self, plan: ResizePlan, outcome: str, seconds: float | None = None, note: str = "") -> None:
+    def record_resize(self, plan: ResizePlan, outcome: ResizeOutcome, seconds: float | None = None, note: str = "") -> None:
         """Add a resize's outcome to the job's history (what `status` shows)."""
         entry: dict[str, Any] = {
             "epoch": plan.epoch, "at": round(plan.requested_at, 3), "from": plan.src, "to": plan.dst,
-            "why": plan.why, "step": plan.step, "outcome": outcome,
+            "why": plan.why, "step": plan.step, "outcome": outcome.value,
             "seconds": round(seconds, 3) if seconds is not None else None,
             "handover_s": round(plan.handover_s, 3) if plan.handover_s is not None else None,
         }
@@ -164,7 +166,7 @@ class Job:
             self.relayout = None
         if plan.commanded_at is not None:
             entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)   # joiners warming up
-        if outcome == "done":
+        if outcome is ResizeOutcome.DONE:
             entry["done_step"] = self.step   # rank 0's step when it was seen done
         if note:
             entry["note"] = note

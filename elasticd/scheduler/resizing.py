@@ -34,6 +34,7 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.placement import policy, speeds
 from elasticd.placement.speeds import Relayout
 from elasticd.resize_plan import Abort, Action, Done, Fail, Go, Refuse, ResizePlan, RollBack
@@ -139,14 +140,14 @@ class Resizes:
             return []
         self.rollbacks.note_saved(job, node, r)
         lead = plan.placement[0][0]   # the node of the new layout's rank 0
-        preparing = plan.phase == "prepare"
+        preparing = plan.phase == ResizePhase.PREPARE
         actions: list[Action] = []
         if r.resize_epoch == plan.epoch:
             if r.resize_error and preparing:
                 why = str(r.resize_error.get("message", "a joining agent failed"))
                 return self._act(job, now, plan.agent_failed(
                     now, {"message": f"a joining agent on {node} failed before the hand-over: {why}"}, joiner=True))
-            if r.resize_error and r.resize_error.get("refused") and plan.phase == "go":
+            if r.resize_error and r.resize_error.get("refused") and plan.phase == ResizePhase.GO:
                 return self._act(job, now, plan.refused(str(r.resize_error.get("message", "refused by its agents"))))
             if node == lead and r.resize_port and not plan.port:
                 actions += plan.port_known(r.resize_port, now)
@@ -203,7 +204,7 @@ class Resizes:
 
     def _go(self, job: Job, now: float) -> list[SendToNode]:
         plan = job.resize
-        assert plan is not None and plan.phase == "go"
+        assert plan is not None and plan.phase == ResizePhase.GO
         self.host.changed(job)
         lead = plan.placement[0][0]
         addr = self.host.nodes[lead].host if lead in self.host.nodes and self.host.nodes[lead].host else job.master_addr
@@ -234,7 +235,7 @@ class Resizes:
                 job.launched.remove(node)
                 job.ended.remove(node)
                 job.zombies.pop(node, None)
-        job.record_resize(plan, "done", seconds=seconds)
+        job.record_resize(plan, ResizeOutcome.DONE, seconds=seconds)
         job.resize = None
         what = "re-laid out" if plan.src == plan.dst else f"resized {plan.src} -> {plan.dst} devices"
         job.transition(JobState.RUNNING, now, f"{what} in {seconds:.2f}s")
@@ -247,21 +248,21 @@ class Resizes:
 
     def _abort_resize(self, job: Job, now: float, reason: str) -> list[SendToNode]:
         """Phase 1 went wrong: stop the joiners; the job goes on at its old size, untouched."""
-        assert job.resize is not None and job.resize.phase == "prepare"
-        return self._call_off(job, now, reason, "aborted")
+        assert job.resize is not None and job.resize.phase == ResizePhase.PREPARE
+        return self._call_off(job, now, reason, ResizeOutcome.ABORTED)
 
     def _refuse_resize(self, job: Job, now: float, reason: str) -> list[SendToNode]:
         """After the go, the agents found a state they cannot carry and train on at the old size: every node
         of both layouts undoes the go (joiners sent away, leavers kept); the job keeps its placement."""
-        assert job.resize is not None and job.resize.phase == "refused"
-        return self._call_off(job, now, reason, "refused")
+        assert job.resize is not None and job.resize.phase == ResizePhase.REFUSED
+        return self._call_off(job, now, reason, ResizeOutcome.REFUSED)
 
-    def _call_off(self, job: Job, now: float, reason: str, outcome: str) -> list[SendToNode]:
+    def _call_off(self, job: Job, now: float, reason: str, outcome: ResizeOutcome) -> list[SendToNode]:
         """The resize did not happen (`outcome`: "aborted" before the go, "refused" by the agents after it)."""
         plan = job.resize
         assert plan is not None
         out = self._drop_joiners(job, plan, reason)
-        if outcome == "refused":   # the go reached the old layout's nodes too: each undoes it
+        if outcome is ResizeOutcome.REFUSED:   # the go reached the old layout's nodes too: each undoes it
             told = {s.node_id for s in out}
             out += [SendToNode(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
                     for node in dict.fromkeys(job.nodes) if node not in told and node not in job.ended]
@@ -271,7 +272,7 @@ class Resizes:
             # Pinned at the size it has, so the policy does not retry the same resize in a loop (a
             # re-layout is not retried before the gate's cooldown either).
             job.requested_devices = plan.src
-        what = "aborted" if outcome == "aborted" else "refused by its agents"
+        what = "aborted" if outcome is ResizeOutcome.ABORTED else "refused by its agents"
         job.transition(JobState.RUNNING, now, f"resize {plan.src} -> {plan.dst} {what}: {reason}")
         self.host.changed(job, resched=True)
         log.warning("job %s resize %d %s, continuing on %d devices: %s", job.job_id, plan.epoch, what, plan.src,
@@ -296,20 +297,20 @@ class Resizes:
         if plan is None:
             return []
         out: list[SendToNode] = []
-        if plan.phase == "prepare":
+        if plan.phase == ResizePhase.PREPARE:
             out = self._drop_joiners(job, plan, f"job {ending}")
-            outcome, note = "not applied", f"the job {ending} before the hand-over"
+            outcome, note = ResizeOutcome.NOT_APPLIED, f"the job {ending} before the hand-over"
         elif ending == "finished" and len(plan.acked) == plan.dst:
-            outcome, note = "done", "the job finished right after the hand-over"
+            outcome, note = ResizeOutcome.DONE, "the job finished right after the hand-over"
         elif ending == "finished" and not job.entered_steps:
-            outcome, note = "refused", ("the job never reached a step boundary of `ctx.steps`, the only place a job "
+            outcome, note = ResizeOutcome.REFUSED, ("the job never reached a step boundary of `ctx.steps`, the only place a job "
                                         "can be resized; drive its loop with `for step in ctx.steps(n)` to resize it")
         elif ending == "finished":
-            outcome, note = "not applied", "the job finished before its agents reached a step boundary"
+            outcome, note = ResizeOutcome.NOT_APPLIED, "the job finished before its agents reached a step boundary"
         elif ending == "failed":
-            outcome, note = "failed", "the job failed during the hand-over"
+            outcome, note = ResizeOutcome.FAILED, "the job failed during the hand-over"
         else:
-            outcome, note = "not applied", f"the job was {ending} during the hand-over"
+            outcome, note = ResizeOutcome.NOT_APPLIED, f"the job was {ending} during the hand-over"
         for node in plan.nodes():
             if node in job.ended:
                 continue
@@ -331,7 +332,7 @@ class Resizes:
             return None
         plan = job.resize
         if plan is not None and node in plan.nodes():   # it hosts only joining ranks
-            if plan.phase == "prepare":
+            if plan.phase == ResizePhase.PREPARE:
                 err = (r.error or r.resize_error or {}).get("message", "agents exited")
                 return self.agent_failed(job, now, {"message": f"the joining agents on {node} are gone: {err}"},
                                          joiner=True)

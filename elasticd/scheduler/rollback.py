@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 from elasticd import protocol as p
+from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.resize_plan import Fail, FallBack
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
@@ -45,12 +46,12 @@ class Rollbacks:
 
     @staticmethod
     def rolling_back(job: Job) -> bool:
-        return job.resize is not None and job.resize.phase == "rollback"
+        return job.resize is not None and job.resize.phase == ResizePhase.ROLLBACK
 
     def begin(self, job: Job, now: float, gone: str | None = None) -> list[SendToNode]:
         """The plan rolled back (`RollBack`): stop every agent; the job restarts once they are all gone."""
         plan = job.resize
-        assert plan is not None and plan.phase == "rollback", job.job_id
+        assert plan is not None and plan.phase == ResizePhase.ROLLBACK, job.job_id
         # Nodes where every agent of the job already exited (ranks that left in a shrink, say) count as gone.
         for node in [*job.ended, *([gone] if gone else [])]:
             plan.place_gone(node)
@@ -100,7 +101,7 @@ class Rollbacks:
     def lost(self, job: Job, node: str) -> bool:
         """A node died: if it hosted only joiners, the rollback goes on without it. False: the job fails."""
         plan = job.resize
-        if plan is None or plan.phase not in ("go", "rollback") or node in job.nodes:
+        if plan is None or plan.phase not in (ResizePhase.GO, ResizePhase.ROLLBACK) or node in job.nodes:
             return False
         if node in job.launched:
             job.launched.remove(node)
@@ -112,7 +113,7 @@ class Rollbacks:
         plan = job.resize
         assert plan is not None
         reason = plan.reason()
-        job.record_resize(plan, "rolled back", seconds=now - plan.requested_at,
+        job.record_resize(plan, ResizeOutcome.ROLLED_BACK, seconds=now - plan.requested_at,
                           note=f"{reason}; restarted on its {plan.src} devices from the snapshot of this resize")
         job.resize = None
         job.blocks = list(plan.src_blocks)   # back on its old layout: the snapshot restores on any

@@ -19,6 +19,8 @@ from typing import Any
 from elasticd import protocol as p
 from elasticd.core.cadence import Every
 from elasticd.core.env_names import RESTARTS_VAR
+from elasticd.core.errors import ControlPlaneError
+from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.placement import policy
 from elasticd.placement.speeds import Speeds
 from elasticd.scheduler.actions import SendToNode
@@ -31,7 +33,7 @@ from elasticd.scheduler.resizing import Resizes
 log = logging.getLogger(__name__)
 
 
-class SchedulerError(Exception):
+class SchedulerError(ControlPlaneError):
     """A request the scheduler refuses; `code` is a protocol error code."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -451,7 +453,7 @@ class SchedulerState:
             if (job.state is not JobState.RUNNING or job.resize is not None or job.zombies
                     or len(job.placement) < 2 or not job.entered_steps
                     or any(self.drains.holds(n) for n in job.nodes)
-                    or job.resizes and job.resizes[-1]["outcome"] == "refused"):   # its agents would again
+                    or job.resizes and job.resizes[-1]["outcome"] == ResizeOutcome.REFUSED):   # its agents would again
                 continue
             rl = self.speeds.relayout(job.job_id, job.spec.workers, job.placement, job.blocks, now)
             if rl is None:
@@ -588,7 +590,7 @@ class SchedulerState:
             err["node"] = node
             err = self.resizes.name_error(job, err)
             log.warning("job %s failed on node %s: %s", job.job_id, node, err.get("message"))
-            if job.resize is not None and job.resize.phase == "go":
+            if job.resize is not None and job.resize.phase == ResizePhase.GO:
                 return self.resizes.agent_failed(job, now, err, joiner=False, gone=node)
             if infrastructure(err):
                 recovered = self.recover(job, now, err, gone=node)
@@ -659,7 +661,7 @@ class SchedulerState:
         """Agents of an active job are gone on `node`: a start is retried, a running job fails (a resize
         that only started joiners there is called off)."""
         plan = job.resize
-        if plan is not None and plan.phase == "prepare" and node not in job.nodes:
+        if plan is not None and plan.phase == ResizePhase.PREPARE and node not in job.nodes:
             job.zombies.pop(node, None)
             if node in job.launched:
                 job.launched.remove(node)
@@ -675,7 +677,7 @@ class SchedulerState:
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out
         err = {"message": reason, "node": node, "cause": "node_lost"}
-        if job.resize is None or job.resize.phase != "rollback":
+        if job.resize is None or job.resize.phase != ResizePhase.ROLLBACK:
             recovered = self.recover(job, now, err, gone=node)
             if recovered is not None:
                 return recovered
@@ -726,7 +728,7 @@ class SchedulerState:
             return None
         saved = {part for parts in plan.saved.values() for part in parts}
         # "saved": snapshot parts written so far (the job's logical ranks plus its replicated state).
-        return {"epoch": plan.epoch, "from": plan.src, "to": plan.dst, "why": plan.why, "phase": plan.phase,
+        return {"epoch": plan.epoch, "from": plan.src, "to": plan.dst, "why": plan.why, "phase": plan.phase.value,
                 "at": round(plan.requested_at, 3), "saved": len(saved), "parts": job.spec.workers + 1}
 
     def _info(self, job: Job) -> p.JobInfo:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from elasticd.core.errors import ControlPlaneError
 from elasticd.scheduler.jobs import Job
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 
 
-class StoreError(RuntimeError):
+class StoreError(ControlPlaneError, RuntimeError):
     """The job table cannot be opened safely (a symlink in its place, another schema)."""
 
 

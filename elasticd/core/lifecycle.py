@@ -1,0 +1,28 @@
+"""The named states a resize goes through, shared by the scheduler, the daemon and `elasticd run`."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ResizePhase(str, Enum):
+    """Where one resize stands (elasticd/resize_plan.py)."""
+
+    PREPARE = "prepare"    # joiners start and report ready; nothing has changed yet
+    GO = "go"              # every agent was told the new layout; waiting for them to say they resized
+    REFUSED = "refused"    # the agents refused it (state they cannot carry): the job trains on at its size
+    ROLLBACK = "rollback"  # it failed after the go: the job restarts from its fall-back snapshot
+
+
+class ResizeOutcome(str, Enum):
+    """How a resize ended, as the job's history and its events name it (stored and sent as the value)."""
+
+    PENDING = "pending"          # `elasticd run`: asked for, not ended yet
+    DONE = "done"
+    REFUSED = "refused"          # the agents refused it (state they cannot carry): the job trains on at its size
+    ABORTED = "aborted"          # called off before the go (a joiner did not start in time)
+    NOT_APPLIED = "not applied"  # the job ended before the hand-over
+    FAILED = "failed"            # the job failed during the hand-over
+    ROLLED_BACK = "rolled back"  # failed after the go: restarted from the fall-back snapshot
+    RESTARTING = "restarting"    # torchrun mode: the job is restarted at the new size
+    RESTARTED = "restarted"
