@@ -98,7 +98,7 @@ class Runtime:
         # ctx.replicate's groups and the once-per-step idioms over them (agent/replicated/state.py)
         self.replicated = ReplicatedState(self, restore.groups if restore is not None else [])
         self.groups = self.replicated.groups
-        self._workers = {r: Worker(r) for r in self.hosted}
+        self._workers = {r: Worker(r, runtime=self) for r in self.hosted}
         if restore is not None:
             reentry_writes.watch()   # the function runs its first lines again: say which files they empty
             for r, w in self._workers.items():

@@ -23,6 +23,7 @@ import types
 from typing import Any
 
 from elasticd.agent.compat import per_rank_main, per_rank_singletons
+from elasticd.agent.slicer.context import runtime_of, worker_of
 from elasticd.core.env_names import ARGS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import JobError
 
@@ -66,10 +67,10 @@ class ScriptMain:
         per_rank_main.install()        # pickle finds the script's classes as `__main__.Name`, as under torchrun
 
     def fn(self, ctx: Any) -> None:
-        worker = ctx._w
+        worker = worker_of(ctx)
         worker.dist_initialized = False  # a torchrun script initializes its process group itself
         if ctx.rank == 0:
-            worker.backward_hooks.append(StepCounter(ctx._rt))
+            worker.backward_hooks.append(StepCounter(runtime_of(ctx)))
         fresh_streams()
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,

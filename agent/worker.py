@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from elasticd.agent.capture.loader_tracking import LoaderTracks
     from elasticd.agent.comm.collectives import Collective
     from elasticd.agent.resize.snapshot import WorkerSnapshot
+    from elasticd.agent.runtime import Runtime
     from elasticd.agent.slicer.context import Work, WorkerContext
     from elasticd.agent.slicer.rng import RngState
 
@@ -36,6 +37,7 @@ class Worker:
     # the worker to wait for it. The C lock wakes in a fraction of threading.Semaphore's time.
     sem: Any = field(default_factory=_held_lock)
     ctx: WorkerContext | None = None
+    runtime: Runtime | None = None   # the runtime that hosts this worker (set when it is made)
     rng: RngState | None = None
     queued: list[tuple[Collective, Work | None]] = field(default_factory=list)
     touched_grads: bool = False

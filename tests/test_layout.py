@@ -270,3 +270,12 @@ def test_lifecycles_are_enums_not_string_literals():
     found = [f"{m}:{n}" for m, path in _modules().items()
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_nothing_outside_the_context_reaches_into_its_privates():
+    # A worker's runtime is `worker.runtime`; code holding a ctx uses slicer/context.py's `worker_of` and
+    # `runtime_of`. Reaching into `ctx._rt` ties every layer to the context's insides.
+    pattern = re.compile(r"\bctx\._(rt|w)\b")
+    found = [f"{m}:{n}" for m, path in _modules().items() if not m.endswith("slicer.context")
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []

@@ -276,7 +276,7 @@ import os
 import torch
 
 import elasticd
-from elasticd.agent.private.registry import stats
+from elasticd.agent.slicer.context import private_stats as stats
 
 
 @elasticd.elastic(workers=4)

@@ -27,6 +27,7 @@ import torch.distributed.distributed_c10d as c10d
 from elasticd.agent.comm.objects import dumps, loads
 from elasticd.agent.comm.p2p import PointToPoint
 from elasticd.agent.compat.dist_registry import SUBGROUPS, op_name
+from elasticd.agent.slicer.context import runtime_of, worker_of
 
 if TYPE_CHECKING:
     from elasticd.agent.slicer.context import WorkerContext
@@ -66,8 +67,8 @@ def new_group(ctx: WorkerContext, ranks: list[int] | None = None, sort_ranks: bo
         raise ValueError(f"new_group: ranks {ranks} are not distinct logical ranks of {n}")
     if sort_ranks:
         members.sort()
-    channel = ctx._w.groups_made
-    ctx._w.groups_made += 1
+    channel = worker_of(ctx).groups_made
+    worker_of(ctx).groups_made += 1
     if ctx.rank not in members:
         return c10d.GroupMember.NON_GROUP_MEMBER
     return LogicalGroup(channel, members, ctx.rank)
@@ -92,18 +93,18 @@ def new_subgroups(ctx: WorkerContext, group_size: int | None = None, group: Any 
 # -- the exchange every collective on a group is built on -----------------------------------------------
 
 def _send_bytes(ctx: WorkerContext, data: bytes, dst: int, tag: int) -> None:
-    p2p: PointToPoint = ctx._rt.p2p
-    p2p.send(ctx._w, torch.tensor([len(data)], dtype=torch.long), dst, tag)
-    p2p.send(ctx._w, torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+    p2p: PointToPoint = runtime_of(ctx).p2p
+    p2p.send(worker_of(ctx), torch.tensor([len(data)], dtype=torch.long), dst, tag)
+    p2p.send(worker_of(ctx), torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
              else torch.empty(0, dtype=torch.uint8), dst, tag)
 
 
 def _recv_bytes(ctx: WorkerContext, src: int, tag: int) -> bytes:
-    p2p: PointToPoint = ctx._rt.p2p
+    p2p: PointToPoint = runtime_of(ctx).p2p
     size = torch.empty(1, dtype=torch.long)
-    p2p.wait(ctx._w, p2p.post(ctx._w, size, src, tag))
+    p2p.wait(worker_of(ctx), p2p.post(worker_of(ctx), size, src, tag))
     payload = torch.empty(int(size), dtype=torch.uint8)
-    p2p.wait(ctx._w, p2p.post(ctx._w, payload, src, tag))
+    p2p.wait(worker_of(ctx), p2p.post(worker_of(ctx), payload, src, tag))
     return ctypes.string_at(payload.data_ptr(), payload.numel())
 
 

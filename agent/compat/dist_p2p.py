@@ -18,6 +18,7 @@ from elasticd.agent import patches
 from elasticd.agent.comm.objects import dumps, loads
 from elasticd.agent.comm.p2p import Receive
 from elasticd.agent.compat.dist_registry import PATCHES, check_group, logical
+from elasticd.agent.slicer.context import runtime_of, worker_of
 from elasticd.agent.worker import current_worker
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class _Receiving:
         self._ctx, self._rec = ctx, rec
 
     def wait(self, timeout: Any = None) -> bool:
-        self._ctx._rt.p2p.wait(self._ctx._w, self._rec)
+        runtime_of(self._ctx).p2p.wait(worker_of(self._ctx), self._rec)
         return True
 
     def is_completed(self) -> bool:
@@ -69,7 +70,7 @@ def _peer(given: int | None, group_given: int | None, fn: str, what: str) -> int
 def _send(ctx: WorkerContext, tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> None:
     check_group(group, "send")
-    ctx._rt.p2p.send(ctx._w, tensor, _peer(dst, group_dst, "send", "dst"), tag)
+    runtime_of(ctx).p2p.send(worker_of(ctx), tensor, _peer(dst, group_dst, "send", "dst"), tag)
 
 
 @logical("isend")
@@ -83,7 +84,7 @@ def _isend(ctx: WorkerContext, tensor: torch.Tensor, dst: int | None = None, gro
 def _irecv(ctx: WorkerContext, tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
            group_src: int | None = None) -> _Receiving:
     check_group(group, "irecv")
-    return _Receiving(ctx, ctx._rt.p2p.post(ctx._w, tensor, _peer(src, group_src, "irecv", "src"), tag))
+    return _Receiving(ctx, runtime_of(ctx).p2p.post(worker_of(ctx), tensor, _peer(src, group_src, "irecv", "src"), tag))
 
 
 @logical("recv")
@@ -91,7 +92,7 @@ def _recv(ctx: WorkerContext, tensor: torch.Tensor, src: int | None = None, grou
           group_src: int | None = None) -> int:
     check_group(group, "recv")
     peer = _peer(src, group_src, "recv", "src")
-    ctx._rt.p2p.wait(ctx._w, ctx._rt.p2p.post(ctx._w, tensor, peer, tag))
+    runtime_of(ctx).p2p.wait(worker_of(ctx), runtime_of(ctx).p2p.post(worker_of(ctx), tensor, peer, tag))
     return peer
 
 
@@ -123,10 +124,10 @@ def _send_object_list(ctx: WorkerContext, object_list: list[Any], dst: int | Non
     check_group(group, "send_object_list")
     peer = _peer(dst, group_dst, "send_object_list", "dst")
     blobs = [dumps(o) for o in object_list]
-    p2p = ctx._rt.p2p
-    p2p.send(ctx._w, torch.tensor([len(b) for b in blobs], dtype=torch.long), peer, 0)
+    p2p = runtime_of(ctx).p2p
+    p2p.send(worker_of(ctx), torch.tensor([len(b) for b in blobs], dtype=torch.long), peer, 0)
     payload = b"".join(blobs)
-    p2p.send(ctx._w, torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload
+    p2p.send(worker_of(ctx), torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload
              else torch.empty(0, dtype=torch.uint8), peer, 0)
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from elasticd.agent.comm.collectives import AllGather
-from elasticd.agent.slicer.context import Work
+from elasticd.agent.slicer.context import Work, runtime_of, worker_of
 from elasticd.agent.worker import current_worker, worker_in_backward
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 if name not in _ASKS:
                     _refuse_inside_backward(name)
                 return original(*args, **kwargs)
-            if ctx._w.dist_initialized is False and name not in _WITHOUT_GROUP:
+            if worker_of(ctx).dist_initialized is False and name not in _WITHOUT_GROUP:
                 # torch's own answer outside an initialized world (before init, after destroy)
                 raise ValueError(f"Default process group has not been initialized, please make sure to call "
                                  f"init_process_group. (elasticd: torch.distributed.{name} in logical rank {ctx.rank})")
@@ -129,8 +129,8 @@ class DeliverWork(Work):
 def gather_all(ctx: WorkerContext, tensor: torch.Tensor, async_op: bool,
             deliver: Callable[[list[torch.Tensor]], None]) -> Work | None:
     op = AllGather(ctx.rank, tensor=tensor)
-    work = DeliverWork(ctx._rt, op, deliver)
-    ctx._rt.enqueue(ctx._w, op, work)
+    work = DeliverWork(runtime_of(ctx), op, deliver)
+    runtime_of(ctx).enqueue(worker_of(ctx), op, work)
     if async_op:
         return work
     work.wait()
@@ -149,8 +149,8 @@ def root(ctx: WorkerContext, given: int | None, group_given: int | None, what: s
 
 def run(ctx: WorkerContext, op: Any, async_op: bool, deliver: Any = None) -> Work | None:
     """Queue `op`; `deliver(op)` runs when the flush completes it. Waits unless `async_op`."""
-    work = DeliverWork(ctx._rt, op, (lambda _result: deliver(op)) if deliver else (lambda _result: None))
-    ctx._rt.enqueue(ctx._w, op, work)
+    work = DeliverWork(runtime_of(ctx), op, (lambda _result: deliver(op)) if deliver else (lambda _result: None))
+    runtime_of(ctx).enqueue(worker_of(ctx), op, work)
     if async_op:
         return work
     work.wait()

@@ -41,7 +41,6 @@ from elasticd.core.errors import JobError
 
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
-    from elasticd.agent.slicer.context import WorkerContext
     from elasticd.agent.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -416,7 +415,3 @@ def attach(runtime: Runtime, budget: int | None = None, *, dedup: bool = True, p
     log.info("private state on %s: budget %s", runtime.device, "none" if budget is None else f"{budget} bytes")
     return store
 
-
-def stats(ctx: WorkerContext) -> SwapStats:
-    """The private-state accounting of the device `ctx`'s worker runs on (diagnostics, tests, benchmarks)."""
-    return attach(ctx._rt).stats

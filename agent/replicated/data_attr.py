@@ -142,7 +142,7 @@ class ParamData(torch.Tensor):
         if args and type(args[0]) is ParamData and (name in _SETS or is_update(name)):
             param, worker, later = args[0]._elasticd_of
             if name in _SETS:
-                worker.ctx._rt.replicated.swaps.before_set(worker.rank, param)
+                worker.runtime.replicated.swaps.before_set(worker.rank, param)
             elif later:
                 return args[0]   # `p.data.add_(...)`, `p.data *= k`: made once per device, by the first worker
         with torch._C.DisableTorchFunctionSubclass():

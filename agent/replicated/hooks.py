@@ -36,7 +36,7 @@ def _owner(target: Any, is_replicated: Callable[[Any, Any], bool]) -> Worker | N
     w = current_worker()
     if w is None or w.ctx is None:
         return None
-    return w if is_replicated(w.ctx._rt.replicated, target) else None
+    return w if is_replicated(w.runtime.replicated, target) else None
 
 
 class _Owned:
@@ -47,7 +47,7 @@ class _Owned:
     def __init__(self, hook: Callable[..., Any], owner: Worker, claimed: bool = False) -> None:
         self.hook = hook.hook if isinstance(hook, _Owned) else hook
         self.owner = owner
-        self.runtime = owner.ctx._rt  # type: ignore[union-attr]
+        self.runtime = owner.runtime  # type: ignore[union-attr]
         self.claimed = claimed   # registered before ctx.replicate, on the first worker's own model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -51,7 +51,7 @@ _UTILS_PATCHES: dict[str, Callable[..., Any]] = {}  # torch.nn.utils.<name> only
 def _state(w: Worker | None) -> ReplicatedState | None:
     if w is None or w.ctx is None:
         return None
-    return w.ctx._rt.replicated  # noqa: SLF001 - the runtime behind a worker's ctx
+    return w.runtime.replicated
 
 
 def _params(parameters: Any) -> list[torch.Tensor]:

@@ -46,7 +46,7 @@ def _sanctioned(rank: int, what: str, fn: Callable[[], Any]) -> Any:
     changes (parameters stepped, gradients cleared or clipped) is recorded as the new state afterwards.
     """
     w = current_worker()
-    groups = w.ctx._rt.groups if w is not None and w.ctx is not None else []
+    groups = w.runtime.groups if w is not None and w.ctx is not None else []
     for g in groups:
         g.ledger.check(rank)
     if w is not None:

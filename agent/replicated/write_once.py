@@ -97,7 +97,7 @@ def _module_setattr(self: torch.nn.Module, name: str, value: Any) -> None:
     if type(value) in _PLAIN and name != "training":
         w = _writer()
         if w is not None:
-            state = w.ctx._rt.replicated
+            state = w.runtime.replicated
             if (state.is_replicated_module(self) and not _in_a_forward()
                     and not state.attr_writes.made(w.rank, (id(self), name))):
                 return

@@ -29,7 +29,7 @@ def install_backward_hook() -> None:
         w = current_worker()
         if w is None or w.ctx is None:
             return original(*args, **kwargs)
-        rt = w.ctx._rt
+        rt = w.runtime
         try:
             rt.before_backward(w)   # may refuse what the worker did to replicated gradients
             original(*args, **kwargs)

@@ -23,6 +23,7 @@ from elasticd.agent.comm.collectives import (
     validate_reduce_op,
 )
 from elasticd.agent.private.registry import attach
+from elasticd.agent.private.swap import SwapStats
 
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
@@ -195,3 +196,17 @@ class WorkerContext:
             return work
         work.wait()
         return None
+
+
+# The runtime's layers reach a context's worker and runtime through these, never through its private names.
+def worker_of(ctx: WorkerContext) -> Worker:
+    return ctx._w
+
+
+def runtime_of(ctx: WorkerContext) -> Runtime:
+    return ctx._rt
+
+
+def private_stats(ctx: WorkerContext) -> SwapStats:
+    """The private-state accounting of the device `ctx`'s worker runs on (diagnostics, tests, benchmarks)."""
+    return attach(ctx._rt).stats

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import elasticd
-from elasticd.agent.private.registry import stats
+from elasticd.agent.slicer.context import private_stats as stats
 
 WORKERS = int(os.environ.get("ELASTICD_TEST_WORKERS", "4"))
 STEPS = int(os.environ.get("ELASTICD_TEST_STEPS", "12"))
