@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from elasticd import protocol as p
 from elasticd.agent import proc_name
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
@@ -39,6 +40,7 @@ from elasticd.core.parts import periodic_dir
 from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
 
 log = logging.getLogger(__name__)
+_REPORT_CHARS = 65536   # of a failure's message and of its traceback
 
 
 def _control(cfg: AgentConfig) -> ControlChannel:
@@ -67,24 +69,25 @@ def _device(cfg: AgentConfig) -> torch.device:
 
 
 def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None, message: str, tb: str,
-            cause: str = "user") -> None:
-    """`cause`: "user" (the script raised, or cannot load: retrying cannot help) or "peer_lost" (another
-    agent died: the job can be recovered from its snapshot)."""
-    error: dict[str, Any] = {"rank": cfg.rank, "logical_rank": logical_rank, "host": socket.gethostname(),
-                             "job": cfg.job_id, "message": message, "traceback": tb, "cause": cause}
+            cause: str = p.CAUSE_USER) -> None:
+    """`cause`: p.CAUSE_USER (the script raised, or cannot load: retrying cannot help) or p.CAUSE_PEER_LOST
+    (another agent died: the job can be recovered from its snapshot)."""
+    # Bounded as every peer-supplied string is: a report must fit in one frame to reach the launcher.
+    error = p.AgentError(message=message[:_REPORT_CHARS], traceback=tb[:_REPORT_CHARS], cause=cause,
+                         logical_rank=logical_rank, host=socket.gethostname())
     who = f"logical rank {logical_rank}" if logical_rank is not None else "agent"
-    if cause == "peer_lost":
+    if cause == p.CAUSE_PEER_LOST:
         # A survivor of another agent's death: its own traceback says nothing about that death, and "failed"
         # read as a second failure in the launcher's output just before it recovered the job.
         during = f" in logical rank {logical_rank}'s collective" if logical_rank is not None else ""
-        print(f"[elasticd] agent {cfg.rank} of {cfg.world} on {error['host']} lost a peer agent{during}: {message}",
+        print(f"[elasticd] agent {cfg.rank} of {cfg.world} on {error.host} lost a peer agent{during}: {message}",
               file=sys.stderr, flush=True)
     else:
-        print(f"[elasticd] {who} (agent {cfg.rank} of {cfg.world} on {error['host']}) failed: {message}\n{tb}",
+        print(f"[elasticd] {who} (agent {cfg.rank} of {cfg.world} on {error.host}) failed: {message}\n{tb}",
               file=sys.stderr, flush=True)
     if cfg.error_file:
         with open(cfg.error_file, "w") as f:
-            json.dump(error, f)
+            json.dump(error.as_dict(cfg.job_id, cfg.rank), f)
     try:
         control.failed(error)
     except Exception:  # noqa: BLE001 - reporting must not mask the original failure
@@ -165,8 +168,8 @@ class AgentProcess:
             warm_up()
             # Hello means ready: a joining agent is told to go only once it can start computing at once.
             cfg = self.cfg
-            self.control.hello({"job": cfg.job_id, "rank": cfg.rank, "world": cfg.world, "hosted": cfg.hosted,
-                                "pid": os.getpid(), "host": socket.gethostname(), "device": str(self.device)})
+            self.control.hello(p.AgentInfo(world=cfg.world, hosted=list(cfg.hosted), pid=os.getpid(),
+                                           host=socket.gethostname(), device=str(self.device)))
             snap: AgentSnapshot | None = None
             if not (cfg.standby or cfg.join_from):
                 self._start()
@@ -194,7 +197,7 @@ class AgentProcess:
                 if code is not None:
                     return code
         except PeerLost as e:   # outside the workers: restoring, or re-forming the group in a resize
-            _report(self.cfg, self.control, None, str(e), traceback.format_exc(), "peer_lost")
+            _report(self.cfg, self.control, None, str(e), traceback.format_exc(), p.CAUSE_PEER_LOST)
             return e.exit_code
         finally:
             if self.periodic is not None:
@@ -264,8 +267,8 @@ class AgentProcess:
         # The layout comes from agent 0: the old agents have the resize command that names it.
         self.phys, snap, layout = grow(None, None, None, cfg.rank, None, self.device, cfg.master_addr,
                                        cfg.master_port, world=cfg.world)
-        self.control.resized({"epoch": None, "world": cfg.world, "rank": cfg.rank, "left": False,
-                              "seconds": time.monotonic() - started, "blocks": str(layout)})
+        self.control.resized(p.ResizedInfo(epoch=None, world=cfg.world, rank=cfg.rank, left=False,
+                                           seconds=time.monotonic() - started, blocks=str(layout)))
         self.cfg = dataclasses.replace(cfg, join_from=0, blocks=tuple(layout.wire()))
         return snap
 
@@ -282,16 +285,16 @@ class AgentProcess:
         try:
             runtime.run()
         except WorkerFailed as f:
-            _report(cfg, control, f.rank, f.message, f.traceback, "peer_lost" if f.peer_lost else "user")
+            _report(cfg, control, f.rank, f.message, f.traceback, p.CAUSE_PEER_LOST if f.peer_lost else p.CAUSE_USER)
             return PeerLost.exit_code if f.peer_lost else f.exit_code, None
         if runtime.outcome is not RunOutcome.RESIZE:
-            control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": runtime.outcome is RunOutcome.STOP})
+            control.done(stopped=runtime.outcome is RunOutcome.STOP)
             return 0, None
         started = time.monotonic()
         # Another agent may have voted for the resize; this one waits for its own copy of it.
         command = runtime.command or _wait_for(control, AgentResize, 300.0)
         if command is None:  # stopped while waiting for the new layout
-            control.done({"job": cfg.job_id, "rank": cfg.rank, "stopped": True})
+            control.done(stopped=True)
             return 0, None
         snap = runtime.snapshot()
         self._stopped_at = runtime.boundary.stopped_at
@@ -334,9 +337,9 @@ class AgentProcess:
         # A drain's shrink may renumber the agents that stay: told under the old rank (the launcher knows
         # this connection by it), then the channel speaks as the new one.
         rank = cfg.rank if self.phys is None else self.phys.rank
-        self.control.resized({"epoch": command.epoch, "world": new_world, "rank": rank, "left": left,
-                              "seconds": time.monotonic() - started, "step": self._stopped_at,
-                              "blocks": str(new)})
+        self.control.resized(p.ResizedInfo(epoch=command.epoch, world=new_world, rank=rank, left=left,
+                                           seconds=time.monotonic() - started, blocks=str(new),
+                                           step=self._stopped_at))
         self.control.renumber(rank)
         proc_name.set_name(rank, left)
         if left:

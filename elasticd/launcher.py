@@ -218,18 +218,16 @@ class LocalRun:
                 self._execute(plan.joiner_ready(agent.rank, time.monotonic()))
         elif isinstance(ev, p.AgentResized) and plan is not None:
             plan.reformed(agent.rank)
-            step = ev.info.get("step")
-            if self._resizing is not None and isinstance(step, int):
-                self._resizing.step = step   # the step the agents stopped after: what the summary records
+            if self._resizing is not None and ev.info.step is not None:
+                self._resizing.step = ev.info.step   # the step the agents stopped after: what the summary records
             self._advance(time.monotonic())
         elif isinstance(ev, p.AgentResizeRefused):
             # Every agent says so; the first while a plan is in flight counts (before it, an agent other than
             # rank 0 may report its refusal of a held step before rank 0's step report made the plan).
-            step = ev.info.get("step")
             if plan is not None:
-                if self._resizing is not None and isinstance(step, int):
-                    self._resizing.step = step
-                self._execute(plan.refused(str(ev.info.get("message") or "a state could not be captured")))
+                if self._resizing is not None:
+                    self._resizing.step = ev.info.step
+                self._execute(plan.refused(ev.info.message or "a state could not be captured"))
 
     def _on_timing(self, rank: int, timing: dict[str, Any]) -> None:
         """Fold an agent's timing report into its whole-run means (per physical rank: a resize that

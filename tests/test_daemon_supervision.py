@@ -20,7 +20,15 @@ from elasticd.daemon.supervision import Supervision
 
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1000.0
-ERR = {"message": "ValueError: boom"}
+ERR = {"message": "ValueError: boom"}   # what an agent that died wrote to its error file
+
+
+def hello_info(pid: int) -> p.AgentInfo:
+    return p.AgentInfo(world=2, hosted=[0], pid=pid, host="h", device="cpu")
+
+
+def resized(epoch: int | None, rank: int, left: bool = False) -> p.ResizedInfo:
+    return p.ResizedInfo(epoch=epoch, world=2, rank=rank, left=left, seconds=0.1, blocks="")
 
 
 class Node:
@@ -53,7 +61,7 @@ class Node:
     def hello(self, job: str, rank: int) -> bytes:
         ident = f"{job}/{rank}/{self.pid[job, rank]}".encode()
         err, actions = self.core.agent_message(ident, p.AgentHello(job_id=job, rank=rank,
-                                                                   info={"pid": self.pid[job, rank]}), T0)
+                                                                   info=hello_info(self.pid[job, rank])), T0)
         assert err is None and actions == []
         return ident
 
@@ -160,8 +168,8 @@ def test_agent_messages_are_checked_against_the_agent_that_said_hello():
     node = Node()
     node.start(node.core.launch(launch_msg("j"), port=1))
     msg = node.core.agent_message
-    assert "no agent 5" in msg(b"x", p.AgentHello(job_id="j", rank=5), T0)[0]
-    assert "is pid 100, not 7" in msg(b"x", p.AgentHello(job_id="j", rank=0, info={"pid": 7}), T0)[0]
+    assert "no agent 5" in msg(b"x", p.AgentHello(job_id="j", rank=5, info=hello_info(1)), T0)[0]
+    assert "is pid 100, not 7" in msg(b"x", p.AgentHello(job_id="j", rank=0, info=hello_info(7)), T0)[0]
     assert msg(b"x", p.AgentStep(job_id="j", rank=0, step=1), T0)[0] == "say agent_hello first"
     ident = node.hello("j", 0)
     assert "this connection is agent 0" in msg(ident, p.AgentStep(job_id="j", rank=1, step=1), T0)[0]
@@ -171,8 +179,9 @@ def test_agent_messages_are_checked_against_the_agent_that_said_hello():
         assert msg(ident, p.AgentStep(job_id="j", rank=0, step=step, metrics={"loss": 0.5}), T0 + step) == (None, [])
     r = node.report("j")
     assert r.step == 3 and r.steps_per_s == 1.0 and r.metrics == {"loss": 0.5}
-    assert msg(ident, p.AgentFailed(job_id="j", rank=0, error=ERR), T0) == (None, [])
-    assert node.report("j").error == ERR
+    failed = p.AgentError(message="ValueError: boom", traceback="Traceback ...", logical_rank=0, host="h")
+    assert msg(ident, p.AgentFailed(job_id="j", rank=0, error=failed), T0) == (None, [])
+    assert node.report("j").error == failed.as_dict("j", 0)
 
 
 def test_usage_is_kept_for_the_jobs_own_agents():
@@ -229,9 +238,9 @@ def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_st
         *[(j, p.AgentJoin(rank=r, world=4, join_from=2, master_addr="h", master_port=29600))
           for r, j in zip((2, 3), joiners, strict=True)]]
     for rank, ident in enumerate([*idents, *joiners]):
-        info = {"epoch": 1} if rank < 2 else {}                 # a joiner does not know the epoch
+        info = resized(1 if rank < 2 else None, rank)           # a joiner does not know the epoch
         assert node.core.agent_message(ident, p.AgentResized(job_id="j", rank=rank, info=info), T0) == (None, [Report()])
-    assert node.report("j").resizes == [{"epoch": 1}]
+    assert [r["epoch"] for r in node.report("j").resizes] == [1]
     step = p.AgentStep(job_id="j", rank=3, step=9)
     assert node.core.agent_message(joiners[1], step, T0) == (None, [Report(), DropSnapshots("j", 1)])
     assert [(a.epoch, a.stepped) for a in node.report("j").agents] == [(1, 0), (1, 0), (1, 0), (1, 1)]
@@ -243,7 +252,7 @@ def test_a_shrink_retires_the_leaving_agents_until_they_are_gone():
     go = node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, world_from=4))
     assert [a.identity for a in go] == idents
     for rank in (2, 3):
-        node.core.agent_message(idents[rank], p.AgentResized(job_id="j", rank=rank, info={"epoch": 1, "left": True}),
+        node.core.agent_message(idents[rank], p.AgentResized(job_id="j", rank=rank, info=resized(1, rank, left=True)),
                                 T0)
     r = node.report("j")
     assert r.ranks == [0, 1] and [a.left for a in r.agents] == [False, False, True, True] and r.resizes == []
@@ -289,7 +298,7 @@ def test_an_aborted_resize_sends_the_joiners_away_and_kills_those_that_stay():
 
 
 def refuse(node: Node, ident: bytes, rank: int) -> None:
-    info = {"epoch": 1, "step": 6, "message": "cannot carry `w` in train() across the resize", "by": 0}
+    info = p.RefusedInfo(epoch=1, step=6, message="cannot carry `w` in train() across the resize", by=0)
     assert node.core.agent_message(ident, p.AgentResizeRefused(job_id="j", rank=rank, info=info), T0) == (
         None, [Report()])
 
@@ -383,7 +392,7 @@ def test_the_agent_that_died_is_the_cause_even_when_a_survivor_said_so_first():
     agent 1. The node reports agent 1's death."""
     node = Node()
     idents = running(node)
-    lost = {"message": "PeerLost: a collective of the agents' group failed", "cause": "peer_lost"}
+    lost = p.AgentError(message="PeerLost: a collective of the agents' group failed", cause=p.CAUSE_PEER_LOST)
     assert node.core.agent_message(idents[0], p.AgentFailed(job_id="j", rank=0, error=lost), T0) == (None, [])
     assert node.report("j").error["cause"] == "peer_lost"
     died = {"message": "agent 1 was killed by SIGKILL and left no error report", "cause": "died"}

@@ -82,13 +82,15 @@ def test_a_shrink_keeping_ranks_renumbers_the_stayers_and_retires_the_others():
     # until it re-formed an agent still speaks as its old rank; then as its new one only
     err, _ = node.core.agent_message(idents[2], p.AgentStep(job_id="j", rank=2, step=5), T0)
     assert err is None
-    err, _ = node.core.agent_message(idents[2], p.AgentResized(job_id="j", rank=2, info={"epoch": 1, "rank": 0}),
+    err, _ = node.core.agent_message(idents[2], p.AgentResized(job_id="j", rank=2, info=p.ResizedInfo(
+                                         epoch=1, world=2, rank=0, left=False, seconds=0.1, blocks="")),
                                      T0)
     assert err is None
     err, _ = node.core.agent_message(idents[2], p.AgentStep(job_id="j", rank=2, step=6), T0)
     assert err is not None and "agent 0" in err
     assert node.core.agent_message(idents[2], p.AgentStep(job_id="j", rank=0, step=6), T0)[0] is None
-    node.core.agent_message(idents[0], p.AgentResized(job_id="j", rank=0, info={"epoch": 1, "left": True}), T0)
+    node.core.agent_message(idents[0], p.AgentResized(job_id="j", rank=0, info=p.ResizedInfo(
+        epoch=1, world=2, rank=0, left=True, seconds=0.1, blocks="")), T0)
     assert node.exit("j", 0, 0) == []
     r = node.report("j")
     assert r.state == "running" and r.error is None and r.step == 6 and r.ranks == [0, 1]

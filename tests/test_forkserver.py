@@ -63,7 +63,7 @@ def test_a_forked_standby_talks_on_its_pipes_is_named_and_dies_as_a_popen_child(
     os.close(ev_w)
     try:
         hello = _read_event(ev_r, 300)
-        assert isinstance(hello, p.AgentHello) and hello.info["pid"] == proc.pid, hello
+        assert isinstance(hello, p.AgentHello) and hello.info.pid == proc.pid, hello
         child = psutil.Process(proc.pid)
         assert child.ppid() == server._proc.pid   # forked by the server, not started cold
         assert child.name() == STANDBY

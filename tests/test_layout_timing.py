@@ -62,7 +62,7 @@ def test_a_throttled_step_report_keeps_its_timing_in_the_next_one(tmp_path: Path
         control.step(0, {}, one)                                     # sent: the first report goes at once
         control.step(1, {}, one)                                     # throttled: pending
         control.step(2, {}, {**one, "compute_s": 4.0, "steps": 2})   # replaces it, its timing included
-        control.done({})                                             # flushes the pending report
+        control.done(stopped=False)                                  # flushes the pending report
         got = []
         router.rcvtimeo = 10_000
         while len(got) < 3:

@@ -133,11 +133,11 @@ def test_flat_scalars_bounds_peer_dicts():
 def test_zmq_control_never_blocks_without_a_daemon(tmp_path):
     ctl = ZmqControl(f"ipc://{tmp_path}/nobody.sock", "j1", 0, step_every_s=0.0)
     start = time.monotonic()
-    ctl.hello({"pid": 1})
+    ctl.hello(p.AgentInfo(world=1, hosted=[0], pid=1, host="h", device="cpu"))
     for i in range(5000):
         ctl.step(i, {"loss": 1.0})
     assert ctl.poll() == []
-    ctl.done({})
+    ctl.done(stopped=False)
     ctl.close()
     assert time.monotonic() - start < 5.0
     assert ctl.dropped > 0
@@ -148,17 +148,19 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     router = ctx.socket(zmq.ROUTER)
     router.bind(f"ipc://{tmp_path}/d.sock")
     ctl = ZmqControl(f"ipc://{tmp_path}/d.sock", "j1", 3, step_every_s=60.0)
-    ctl.hello({"pid": 42, "nested": {"dropped": 1}})
+    info = p.AgentInfo(world=4, hosted=[3], pid=42, host="h", device="cpu")
+    ctl.hello(info)
     for i in range(1, 1001):
-        ctl.step(i, {"loss": 1.0 / i})
-    ctl.done({"rank": 3})
+        ctl.step(i, {"loss": 1.0 / i, "nested": {"dropped": 1}})  # type: ignore[dict-item]  # what a user may log
+    ctl.done(stopped=False)
     got = []
     while len(got) < 4:
         assert router.poll(5000)
         ident, frame = router.recv_multipart()
         got.append(p.decode(frame))
     assert [type(m) for m in got] == [p.AgentHello, p.AgentStep, p.AgentStep, p.AgentDone]
-    assert got[0].info == {"pid": 42} and got[0].rank == 3 and got[0].job_id == "j1"
+    assert got[0].info == info and got[0].rank == 3 and got[0].job_id == "j1"
+    assert got[2].metrics == {"loss": 1.0 / 1000}       # bounded to scalars, as a daemon stores them
     assert got[1].step == 1 and got[2].step == 1000     # first sent, the rest coalesced, last flushed
     assert not router.poll(100)
     router.send_multipart([ident, p.AgentStop().encode()])
@@ -169,10 +171,10 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     while len(cmds) < 2 and time.monotonic() < deadline:
         cmds += ctl.poll()
     assert cmds == [p.AgentStop(), p.AgentResize(epoch=1, world=2, master_addr="h", master_port=5)]
-    ctl.resized({"epoch": 1, "world": 2, "rank": 3, "left": False, "seconds": 0.5})
+    ctl.resized(p.ResizedInfo(epoch=1, world=2, rank=1, left=False, seconds=0.5, blocks="2,2"))
     assert router.poll(5000)
     resized = p.decode(router.recv_multipart()[1])
-    assert isinstance(resized, p.AgentResized) and resized.info["seconds"] == 0.5 and resized.rank == 3
+    assert isinstance(resized, p.AgentResized) and resized.info.seconds == 0.5 and resized.rank == 3
     ctl.close()
     router.close(linger=0)
     ctx.term()
@@ -184,14 +186,15 @@ def test_pipe_control_speaks_the_daemons_messages_both_ways():
     ev_r, ev_w = os.pipe()
     ctl = PipeControl.from_spec(f"pipe:{cmd_r},{ev_w}", "local", 2)
     try:
-        ctl.hello({"pid": 42, "hosted": [4, 5]})
+        info = p.AgentInfo(world=4, hosted=[4, 5], pid=42, host="h", device="cpu")
+        done = p.ResizedInfo(epoch=1, world=2, rank=2, left=True, seconds=0.5, blocks="")
+        ctl.hello(info)
         ctl.step(7, {"loss": 0.25})
-        ctl.resized({"epoch": 1, "world": 2, "rank": 2, "left": True, "seconds": 0.5})
+        ctl.resized(done)
         events = LineReader(p.EVENTS).feed(os.read(ev_r, 65536))
-        assert events == [p.AgentHello(job_id="local", rank=2, info={"pid": 42}),   # flattened, as over ZeroMQ
+        assert events == [p.AgentHello(job_id="local", rank=2, info=info),   # typed records, as over ZeroMQ
                           p.AgentStep(job_id="local", rank=2, step=7, metrics={"loss": 0.25}),
-                          p.AgentResized(job_id="local", rank=2, info={"epoch": 1, "world": 2, "rank": 2,
-                                                                       "left": True, "seconds": 0.5})]
+                          p.AgentResized(job_id="local", rank=2, info=done)]
         sent = [p.AgentStop(), p.AgentResize(epoch=3, world=1, master_addr="127.0.0.1", master_port=9, standby=True),
                 p.AgentJoin(rank=1, world=2, join_from=1, master_addr="127.0.0.1", master_port=9)]
         wire = b"".join(encode_line(m) for m in sent)
@@ -268,3 +271,23 @@ def test_elasticd_run_ends_a_run_whose_agent_sends_what_is_no_event(tmp_path):
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "unreadable message from agent 0: unknown op 'launch_missiles'" in out.stderr, out.stderr[-3000:]
+
+
+def test_agent_reports_are_typed_records_decoded_strictly():
+    """An agent's report is a record with named fields; a field of the wrong type or a missing one is refused
+    by name, not stored for the daemon to trip over later."""
+    ok = p.AgentFailed(job_id="j", rank=1, error=p.AgentError(message="ValueError: x", logical_rank=3))
+    assert p.decode(ok.encode()) == ok
+    body = ok.to_wire()
+    body["error"] = {**body["error"], "logical_rank": "three"}
+    with pytest.raises(p.ProtocolError, match=r"error\.logical_rank"):
+        p.decode(msgpack.packb(body))
+    body = p.AgentHello(job_id="j", rank=0, info=p.AgentInfo(world=1, hosted=[0], pid=1, host="h",
+                                                                device="cpu")).to_wire()
+    del body["info"]["pid"]
+    with pytest.raises(p.ProtocolError, match="missing field 'pid'"):
+        p.decode(msgpack.packb(body))
+    # No agent message carries an untyped map any more: what is not a record is a map of scalars.
+    for cls in p.EVENTS + p.COMMANDS:
+        for f in dataclasses.fields(cls):
+            assert "Any" not in str(f.type), (cls.__name__, f.name, f.type)

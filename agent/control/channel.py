@@ -13,7 +13,7 @@ import logging
 import math
 import sys
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd import protocol as p
 
@@ -21,24 +21,24 @@ log = logging.getLogger(__name__)
 
 
 class ControlChannel(Protocol):
-    def hello(self, info: dict[str, Any]) -> None:
-        """Announce the agent (job, physical rank, hosted logical ranks, pid, host)."""
+    def hello(self, info: p.AgentInfo) -> None:
+        """Announce the agent: it is ready to compute."""
 
-    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
         """A physical step finished; `metrics` holds the last `ctx.log` values of the agent's lowest rank,
         `timing` this agent's step timing since its last report (elasticd.core.timing; {} or None: none)."""
 
-    def done(self, result: dict[str, Any]) -> None:
-        """Every hosted worker returned normally."""
+    def done(self, stopped: bool) -> None:
+        """Every hosted worker returned normally (`stopped`: unwound by a stop at a step boundary)."""
 
-    def failed(self, error: dict[str, Any]) -> None:
-        """A worker raised: logical rank, host, message and the formatted traceback."""
+    def failed(self, error: p.AgentError) -> None:
+        """A worker raised, or the agent could not load or lost its group."""
 
-    def resized(self, info: dict[str, Any]) -> None:
-        """A resize finished on this agent: {"epoch", "world", "rank", "left", "seconds"}."""
+    def resized(self, info: p.ResizedInfo) -> None:
+        """A resize finished on this agent."""
 
-    def refused(self, info: dict[str, Any]) -> None:
-        """The agents refused a resize at a step boundary and train on: {"epoch", "step", "message", "by"}."""
+    def refused(self, info: p.RefusedInfo) -> None:
+        """The agents refused a resize at a step boundary and train on."""
 
     def poll(self) -> list[p.AgentCommand]:
         """Commands waiting for the agent, never blocking: `AgentStop`, `AgentResize` or `AgentJoin`."""
@@ -57,26 +57,26 @@ class NullControl:
         self._every = every_s
         self._last = -math.inf   # the first step prints at once, however young the clock
 
-    def hello(self, info: dict[str, Any]) -> None:
+    def hello(self, info: p.AgentInfo) -> None:
         log.debug("agent up: %s", info)
 
-    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
         now = time.monotonic()
         if self._print and now - self._last >= self._every:
             self._last = now
             shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
             print(f"[elasticd] step {step} {shown}".rstrip(), file=sys.stderr, flush=True)
 
-    def done(self, result: dict[str, Any]) -> None:
+    def done(self, stopped: bool) -> None:
         pass
 
-    def failed(self, error: dict[str, Any]) -> None:
+    def failed(self, error: p.AgentError) -> None:
         pass
 
-    def resized(self, info: dict[str, Any]) -> None:
+    def resized(self, info: p.ResizedInfo) -> None:
         pass
 
-    def refused(self, info: dict[str, Any]) -> None:
+    def refused(self, info: p.RefusedInfo) -> None:
         pass
 
     def poll(self) -> list[p.AgentCommand]:

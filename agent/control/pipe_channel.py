@@ -12,7 +12,6 @@ direction raises `ProtocolError` instead of being skipped, since launcher and ag
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from elasticd import protocol as p
 from elasticd.protocol.lines import LineReader, encode_line
@@ -39,25 +38,25 @@ class PipeControl:
         except BrokenPipeError:
             pass  # the launcher is gone; the agent finishes or is killed on its own
 
-    # The peer-supplied dicts are flattened as on the ZeroMQ channel, so a launcher sees the same objects.
-    def hello(self, info: dict[str, Any]) -> None:
-        self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+    # The user's metrics are bounded as on the ZeroMQ channel, so a launcher sees the same objects.
+    def hello(self, info: p.AgentInfo) -> None:
+        self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info))
 
-    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
         self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics),
-                               timing=p.flat_scalars(timing or {})))
+                               timing=dict(timing or {})))
 
-    def done(self, result: dict[str, Any]) -> None:
-        self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, result=p.flat_scalars(result)))
+    def done(self, stopped: bool) -> None:
+        self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, stopped=stopped))
 
-    def failed(self, error: dict[str, Any]) -> None:
-        self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=p.flat_scalars(error)))
+    def failed(self, error: p.AgentError) -> None:
+        self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=error))
 
-    def resized(self, info: dict[str, Any]) -> None:
-        self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+    def resized(self, info: p.ResizedInfo) -> None:
+        self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=info))
 
-    def refused(self, info: dict[str, Any]) -> None:
-        self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+    def refused(self, info: p.RefusedInfo) -> None:
+        self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=info))
 
     def poll(self) -> list[p.AgentCommand]:
         """Commands that arrived, never blocking.

@@ -14,7 +14,6 @@ import math
 import sys
 import threading
 import time
-from typing import Any
 
 import zmq
 
@@ -56,13 +55,13 @@ class ZmqControl:
             self.dropped += 1
             log.debug("control send failed: %s", e)
 
-    def hello(self, info: dict[str, Any]) -> None:
+    def hello(self, info: p.AgentInfo) -> None:
         with self._lock:
-            self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+            self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info))
 
-    def step(self, step: int, metrics: dict[str, float], timing: dict[str, Any] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
         msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics),
-                          timing=p.flat_scalars(timing or {}))
+                          timing=dict(timing or {}))
         now = time.monotonic()
         with self._lock:
             if self._pending_step is not None:
@@ -80,30 +79,30 @@ class ZmqControl:
             self._send(self._pending_step)
             self._pending_step = None
 
-    def done(self, result: dict[str, Any]) -> None:
+    def done(self, stopped: bool) -> None:
         with self._lock:
             self._flush_step()
-            self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, result=p.flat_scalars(result)))
+            self._send(p.AgentDone(job_id=self.job_id, rank=self.rank, stopped=stopped))
 
-    def failed(self, error: dict[str, Any]) -> None:
+    def failed(self, error: p.AgentError) -> None:
         with self._lock:
             self._flush_step()
-            self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=p.flat_scalars(error)))
+            self._send(p.AgentFailed(job_id=self.job_id, rank=self.rank, error=error))
 
-    def resized(self, info: dict[str, Any]) -> None:
+    def resized(self, info: p.ResizedInfo) -> None:
         with self._lock:
             self._flush_step()
-            self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+            self._send(p.AgentResized(job_id=self.job_id, rank=self.rank, info=info))
             # The first step at the new size is what ends a resize for the daemon: report it unthrottled.
             self._last_step_sent = -math.inf   # the first report goes at once, however young the clock
 
-    def refused(self, info: dict[str, Any]) -> None:
+    def refused(self, info: p.RefusedInfo) -> None:
         if self.rank == 0:   # into the job's log, where its user looks (`elasticd logs`); `status` has it too
-            print(f"[elasticd] resize after step {info.get('step')} refused, training goes on: {info.get('message')}",
+            print(f"[elasticd] resize after step {info.step} refused, training goes on: {info.message}",
                   file=sys.stderr, flush=True)
         with self._lock:
             self._flush_step()
-            self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=p.flat_scalars(info)))
+            self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=info))
 
     def poll(self) -> list[p.AgentCommand]:
         """Commands from the daemon: `AgentStop`, `AgentResize` or `AgentJoin` (what the pipes of

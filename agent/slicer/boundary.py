@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from elasticd import protocol as p
 from elasticd.agent.capture import carried, function_locals, loader_tracking
 from elasticd.agent.capture.loader import ResumableBatches
 from elasticd.agent.comm.carried_vote import CarriedVote
@@ -304,7 +305,7 @@ class StepBoundary:
         self._polled = VOTE_NONE
         self.hold_at = frozenset()   # `elasticd run` drops the rest of its --scale-at schedule too
         log.info("resize refused after step %d: %s", step - 1, message)
-        self.rt.control.refused({"epoch": epoch, "step": step - 1, "message": message, "by": by})
+        self.rt.control.refused(p.RefusedInfo(epoch=epoch, step=step - 1, message=message, by=by))
 
     def _capture_periodic(self, w: Worker, step: int) -> None:
         periodic = self.periodic

@@ -128,25 +128,24 @@ class NodeResizes:
             a.rank, a.former_rank = rank, None
         job.agents = {rank: a for rank, a in before.items() if not a.dropped}
 
-    def refused(self, job: NodeJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
+    def refused(self, job: NodeJob, agent: Agent, info: p.RefusedInfo) -> list[Action]:
         """The agents refused the resize at a step boundary and train on (each says so): the scheduler
         hears it in the next report and calls the resize off (`abort`)."""
         if job.resize_error is None:
-            job.resize_error = {"message": str(info.get("message") or "a state could not be captured"),
-                                "refused": True, "step": info.get("step")}
+            job.resize_error = {"message": info.message or "a state could not be captured",
+                                "refused": True, "step": info.step}
             log.warning("job %s resize %d refused by its agents after step %s: %s", job.job_id, job.resize_epoch,
-                        info.get("step"), job.resize_error["message"])
+                        info.step, job.resize_error["message"])
         return [Report()]
 
-    def resized(self, job: NodeJob, agent: Agent, info: dict[str, Any]) -> list[Action]:
-        epoch = info.get("epoch")
+    def resized(self, job: NodeJob, agent: Agent, resized: p.ResizedInfo) -> list[Action]:
         # A joiner does not know the epoch it joined (agent.process `_join`); this node does.
-        agent.epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else job.resize_epoch
-        agent.left = bool(info.get("left"))
+        agent.epoch = resized.epoch if resized.epoch is not None else job.resize_epoch
+        agent.left = resized.left
         agent.joining = False
         agent.former_rank = None   # it speaks as its new rank from now on (agent.process `_relayout`)
         job.before_go = None       # the hand-over happened: nothing to put back
-        info = {**info, "epoch": agent.epoch}
+        info = {**resized.as_dict(), "epoch": agent.epoch}
         if agent.left:
             log.info("job %s: agent %d left in resize %d", job.job_id, agent.rank, agent.epoch)
         elif job.agents and agent is job.lead():

@@ -197,9 +197,8 @@ class Supervision:
             agent = job.agents.get(msg.rank) if job else None
             if agent is None:
                 return f"no agent {msg.rank} of job {msg.job_id} runs on this node", []
-            pid = msg.info.get("pid")
-            if isinstance(pid, int) and pid != agent.pid:
-                return f"agent {msg.rank} of job {msg.job_id} is pid {agent.pid}, not {pid}", []
+            if msg.info.pid != agent.pid:
+                return f"agent {msg.rank} of job {msg.job_id} is pid {agent.pid}, not {msg.info.pid}", []
             agent.identity = identity
             self._by_identity[identity] = (msg.job_id, agent)
             log.info("job %s: agent %d up (pid %d)%s", msg.job_id, msg.rank, agent.pid,
@@ -222,15 +221,16 @@ class Supervision:
                 _timed(agent, msg.timing)
             return None, self.resizes.stepped(job, agent)
         if isinstance(msg, p.AgentFailed):
+            error = msg.error.as_dict(msg.job_id, msg.rank)
             if agent.pending:
-                job.resize_error = job.resize_error or p.flat_scalars(msg.error)
+                job.resize_error = job.resize_error or error
             elif job.error is None:
-                job.error = p.flat_scalars(msg.error)
+                job.error = error
         elif isinstance(msg, p.AgentResized):
             agent.timing_acc = {}   # steps of the old layout say nothing of the new one's
-            return None, self.resizes.resized(job, agent, p.flat_scalars(msg.info))
+            return None, self.resizes.resized(job, agent, msg.info)
         elif isinstance(msg, p.AgentResizeRefused):
-            return None, self.resizes.refused(job, agent, p.flat_scalars(msg.info))
+            return None, self.resizes.refused(job, agent, msg.info)
         elif isinstance(msg, p.AgentDone):
             agent.done = True
         else:

@@ -8,19 +8,25 @@ the messages are grouped by who talks: `requests` (CLI), `nodes` (daemon <-> sch
 from __future__ import annotations
 
 from elasticd.protocol.agents import (  # noqa: F401
+    CAUSE_PEER_LOST,
+    CAUSE_USER,
     COMMANDS,
     EVENTS,
     AgentCommand,
     AgentDone,
+    AgentError,
     AgentEvent,
     AgentFailed,
     AgentHello,
+    AgentInfo,
     AgentJoin,
     AgentResize,
     AgentResized,
     AgentResizeRefused,
     AgentStep,
     AgentStop,
+    RefusedInfo,
+    ResizedInfo,
 )
 from elasticd.protocol.events import Events, EventsReply  # noqa: F401
 from elasticd.protocol.nodes import (  # noqa: F401

@@ -6,10 +6,72 @@ launchers read the same event objects, so there is one vocabulary for agents how
 
 from __future__ import annotations
 
-from dataclasses import field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from elasticd.protocol.wire import Message, message
+
+# A value of a user's `ctx.log` metric: what a report may carry, bounded in count and length (`flat_scalars`).
+Scalar = bool | int | float | str | None
+
+# The two causes an agent reports (`AgentError.cause`).
+CAUSE_USER = "user"            # the script raised or cannot load: retrying cannot help
+CAUSE_PEER_LOST = "peer_lost"  # another agent died under this one: the job can be recovered
+
+
+@dataclass(slots=True)
+class AgentInfo:
+    """Who an agent is, as it says hello (hello means ready to compute)."""
+
+    world: int            # agents in the job
+    hosted: list[int]     # the logical ranks it runs
+    pid: int
+    host: str
+    device: str           # torch's name of its device, e.g. "cuda:0"
+
+
+@dataclass(slots=True)
+class AgentError:
+    """Why an agent failed. `logical_rank`: the worker that raised (None: the agent itself, e.g. loading)."""
+
+    message: str
+    traceback: str = ""
+    cause: str = CAUSE_USER      # CAUSE_USER or CAUSE_PEER_LOST
+    logical_rank: int | None = None
+    host: str = ""
+
+    def as_dict(self, job_id: str, rank: int) -> dict[str, object]:
+        """The error record a launcher keeps and reports on (with the job and the agent's physical rank)."""
+        return {"rank": rank, "logical_rank": self.logical_rank, "host": self.host, "job": job_id,
+                "message": self.message, "traceback": self.traceback, "cause": self.cause}
+
+
+@dataclass(slots=True)
+class ResizedInfo:
+    """A resize finished on an agent."""
+
+    epoch: int | None     # None: a joiner, which does not know the epoch it joined (its launcher does)
+    world: int            # agents after it
+    rank: int             # this agent's physical rank after it (the message's `rank` is the one before)
+    left: bool            # this agent is not part of the new layout
+    seconds: float        # from the command to the re-formed group
+    blocks: str           # the new layout, as `Layout` prints it
+    step: int | None = None   # the step the agents stopped after (None: a joiner)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "world": self.world, "rank": self.rank, "left": self.left,
+                "seconds": self.seconds, "blocks": self.blocks,
+                **({"step": self.step} if self.step is not None else {})}
+
+
+@dataclass(slots=True)
+class RefusedInfo:
+    """The agents agreed at a step boundary that they cannot carry some state across a resize; nothing moved."""
+
+    epoch: int | None     # None: the command had not reached this agent yet
+    step: int             # the step they stopped after, and train on from
+    message: str          # what could not be carried, as the agent that found it says
+    by: int               # that agent's physical rank
 
 
 @message
@@ -17,7 +79,7 @@ class AgentHello(Message):
     op: ClassVar[str] = "agent_hello"
     job_id: str
     rank: int
-    info: dict[str, Any] = field(default_factory=dict)
+    info: AgentInfo
 
 
 @message
@@ -26,11 +88,11 @@ class AgentStep(Message):
     job_id: str
     rank: int
     step: int
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Scalar] = field(default_factory=dict)
     # This agent's step timing since its last report (elasticd.core.timing): {"hosted": n, "compute_s":
     # mean compute seconds per step summed over its hosted workers, "flush_s": mean physical-collective
     # seconds per step, "steps": k}; empty when no whole step was measured since.
-    timing: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, int | float] = field(default_factory=dict)
 
 
 @message
@@ -38,7 +100,7 @@ class AgentDone(Message):
     op: ClassVar[str] = "agent_done"
     job_id: str
     rank: int
-    result: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False   # ended by a stop at a step boundary, not by the function returning
 
 
 @message
@@ -46,7 +108,7 @@ class AgentFailed(Message):
     op: ClassVar[str] = "agent_failed"
     job_id: str
     rank: int
-    error: dict[str, Any] = field(default_factory=dict)
+    error: AgentError
 
 
 @message
@@ -91,25 +153,24 @@ class AgentJoin(Message):
 
 @message
 class AgentResized(Message):
-    """Agent -> launcher: a resize finished here: {"epoch", "world", "rank", "left", "seconds"}."""
+    """Agent -> launcher: a resize finished here (`rank`: its physical rank before the resize)."""
 
     op: ClassVar[str] = "agent_resized"
     job_id: str
     rank: int
-    info: dict[str, Any] = field(default_factory=dict)
+    info: ResizedInfo
 
 
 @message
 class AgentResizeRefused(Message):
     """Agent -> launcher: the agents agreed at the step boundary that they cannot carry some state across
     the resize (agent/slicer/boundary.py); nothing moved and they train on at the old size. Every agent
-    sends one: {"epoch" (None: the command had not come yet), "step", "message", "by" (the agent whose
-    worker could not be captured)}."""
+    sends one."""
 
     op: ClassVar[str] = "agent_resize_refused"
     job_id: str
     rank: int
-    info: dict[str, Any] = field(default_factory=dict)
+    info: RefusedInfo
 
 
 # What may travel each way: anything else on an agent's channel is a protocol error, not a command to skip.

@@ -24,7 +24,7 @@ import msgpack
 
 from elasticd.core.errors import ControlPlaneError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3   # 3: agents' reports carry typed records (protocol/agents.py)
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
 # Error codes (the ``code`` of an `Error` reply).
@@ -226,7 +226,7 @@ def _build_unchecked(cls: type[M], body: dict[str, Any]) -> M:
                 kwargs[name] = check(body[name])
             except _Mismatch as e:
                 msg = str(e)
-                raise _Mismatch(f".{name}{msg}" if msg.startswith(".") else f".{name}: {msg}") from None
+                raise _Mismatch(f".{name}{msg}" if msg.startswith((".", ":")) else f".{name}: {msg}") from None
         elif required:
             raise _Mismatch(f": missing field {name!r}")
     if len(kwargs) != len(body):

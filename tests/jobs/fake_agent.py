@@ -22,6 +22,7 @@ import os
 import sys
 import time
 
+from elasticd import protocol as p
 from elasticd.agent.control.zmq_channel import ZmqControl
 from elasticd.core.agent_config import parse_args
 
@@ -40,13 +41,17 @@ def _polled(ctl) -> list[dict]:
 
 
 def _error(cfg, ctl, message: str) -> None:
-    err = {"rank": cfg.rank, "logical_rank": cfg.hosted[0], "host": "fakehost",
-           "message": message, "traceback": f"Traceback (fake)\n{message}\n"}
+    err = p.AgentError(message=message, traceback=f"Traceback (fake)\n{message}\n", logical_rank=cfg.hosted[0],
+                       host="fakehost")
     if cfg.error_file:
         with open(cfg.error_file, "w") as f:
-            json.dump(err, f)
+            json.dump(err.as_dict(cfg.job_id, cfg.rank), f)
     if ctl:
         ctl.failed(err)
+
+
+def _info(cfg) -> p.AgentInfo:
+    return p.AgentInfo(world=cfg.world, hosted=list(cfg.hosted), pid=os.getpid(), host="fakehost", device="cpu")
 
 
 def _join(cfg, ctl) -> dict | None:
@@ -57,7 +62,7 @@ def _join(cfg, ctl) -> dict | None:
     if os.environ.get("FAKE_JOINER") == "fail":
         _error(cfg, ctl, "ImportError: fake joiner cannot load the script")
         return None
-    ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
+    ctl.hello(_info(cfg))
     while True:
         for cmd in _polled(ctl):
             if cmd.get("op") == "join":
@@ -82,9 +87,9 @@ def main() -> int:
                 return 1
             commands.append(join)
             rank, world = int(join["rank"]), int(join["world"])
-            ctl.resized({"epoch": None, "world": world, "rank": rank, "left": False, "seconds": 0.001})
+            ctl.resized(p.ResizedInfo(epoch=None, world=world, rank=rank, left=False, seconds=0.001, blocks=""))
         elif ctl:
-            ctl.hello({"pid": os.getpid(), "hosted": len(cfg.hosted)})
+            ctl.hello(_info(cfg))
         print(f"fake agent {cfg.rank}/{cfg.world} of {cfg.job_id} hosting {cfg.hosted}", flush=True)
         if mode == "crash":
             print("crashing hard", flush=True)
@@ -107,8 +112,8 @@ def main() -> int:
                         print("dying while re-forming", flush=True)
                         os._exit(3)
                     world = int(cmd["world"])
-                    ctl.resized({"epoch": cmd.get("epoch"), "world": world, "rank": rank, "left": rank >= world,
-                                 "seconds": 0.001})
+                    ctl.resized(p.ResizedInfo(epoch=cmd.get("epoch"), world=world, rank=rank, left=rank >= world,
+                                              seconds=0.001, blocks=""))
                     if rank >= world:
                         print(f"left in resize {cmd.get('epoch')}", flush=True)
                         return 0
@@ -117,7 +122,7 @@ def main() -> int:
             print("failing", file=sys.stderr, flush=True)
             return 1
         if ctl:
-            ctl.done({"rank": rank})
+            ctl.done(stopped=False)
         return 0
     finally:
         out = os.environ.get("FAKE_OUT")
