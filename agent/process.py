@@ -63,7 +63,7 @@ def _device(cfg: AgentConfig) -> torch.device:
             return torch.device("cuda")
         index = cuda_ordinal(cfg.device_index, cfg.rank, torch.cuda.device_count(), shares_devices())
         device = torch.device("cuda", index)
-        torch.cuda.set_device(device)  # this thread's; worker threads set their own (slicer/runtime.py)
+        torch.cuda.set_device(device)  # this thread's; worker threads set their own (agent/runtime.py)
         return device
     return torch.device("cpu")
 

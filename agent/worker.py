@@ -62,7 +62,7 @@ class Worker:
     constructing: int = 0   # inside such an object's constructor: the copies it makes are part of it
     loader_tracks: LoaderTracks | None = None      # plain DataLoader iterators (agent/capture/loader_tracking.py)
     entered_steps: bool = False                    # ctx.steps has started in this run of the function
-    loop_start: Any = None   # the function's plain local values when ctx.steps began (slicer/function_locals.py)
+    loop_start: Any = None   # the function's plain local values when ctx.steps began (capture/function_locals.py)
     # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
     # private model's gradient average), which the runtime then flushes with the replicated ones.
     backward_hooks: list[Callable[[], None]] = field(default_factory=list)

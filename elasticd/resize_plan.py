@@ -126,6 +126,9 @@ class ResizePlan:
     blocks: list[int] = field(default_factory=list)      # the new layout's block sizes (empty: uniform)
     src_blocks: list[int] = field(default_factory=list)  # the old layout's, to fall back to (empty: uniform)
 
+    def __post_init__(self) -> None:
+        self.phase = ResizePhase(self.phase)   # a plan read back from the job table holds its phase as text
+
     @classmethod
     def begin(cls, *, epoch: int, src: int, dst: int, why: str, now: float, placement: list[list[str]],
               step: int, timeout_s: float, keep: list[int] | None = None, blocks: list[int] | None = None,

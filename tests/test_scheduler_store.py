@@ -53,3 +53,20 @@ def test_unreadable_row_is_skipped_not_fatal(tmp_path):
     with sqlite3.connect(tmp_path / "jobs.db") as db:
         db.execute("INSERT INTO jobs VALUES ('bad', 99, 'queued', '{not json')")
     assert [j.job_id for j in store.load()] == ["j1"]
+
+
+def test_a_resize_in_flight_reads_back_with_its_phase(tmp_path):
+    from elasticd.core.lifecycle import ResizePhase
+    from elasticd.resize_plan import ResizePlan
+
+    store = JobStore(tmp_path / "jobs.db")
+    s = SchedulerState([], now=0.0)
+    job, _ = s.submit(p.Submit(script="/x.py", workers=4, min_devices=1, max_devices=4), 0.0)
+    job.resize = ResizePlan.begin(epoch=1, src=1, dst=2, why="test", now=0.0, placement=[["a", "cpu:0"], ["a", "cpu:1"]],
+                                  step=3, timeout_s=60.0)
+    job.resize.phase = ResizePhase.GO
+    store.save([job])
+    store.close()
+    [back] = JobStore(tmp_path / "jobs.db").load()
+    assert back.resize is not None and back.resize.phase is ResizePhase.GO
+    assert back.to_doc() == job.to_doc()

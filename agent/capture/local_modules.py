@@ -3,7 +3,7 @@
 DINO (facebookresearch/dino, main_dino.py) builds its teacher as a second network that loads the student's
 weights (`teacher.load_state_dict(student.state_dict())`), not as a `copy.deepcopy`, and moves it towards
 the student at every step (`param_k.data.mul_(m).add_(...)`); its loss is a module whose `center` buffer
-the loop updates. Neither is replicated, private or a tracked copy (slicer/carried.py), so a resized DINO
+the loop updates. Neither is replicated, private or a tracked copy (capture/carried.py), so a resized DINO
 job re-entered its function with a fresh teacher and a zero center: 0.98 from DDP, exit 0.
 
 At the start of `ctx.steps` each module a variable holds (a local, or an attribute function_locals looks
@@ -80,7 +80,7 @@ def loose(named: list[tuple[str, Any]], w: Worker | None) -> dict[str, torch.nn.
     (the first key of a module two variables hold: DINO's `teacher` and `teacher_without_ddp`).
 
     Tracked copies inside such a module (a teacher built from `copy.deepcopy(attn)` pieces) are carried with
-    it, not on their own (slicer/carried.py `absorb`)."""
+    it, not on their own (capture/carried.py `absorb`)."""
     if w is None:
         return {}
     out: dict[str, torch.nn.Module] = {}

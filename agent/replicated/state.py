@@ -163,7 +163,7 @@ class ReplicatedState:
         mine = self._workers[w.rank].schedulers
         k = len(mine)
         mine.append(sched)
-        w.registered.add(id(sched))   # carried here, not again as an unregistered object (slicer/carried.py)
+        w.registered.add(id(sched))   # carried here, not again as an unregistered object (capture/carried.py)
         saved = w.restore.extras.get(SCHEDULERS, []) if w.restore is not None else []
 
         led = False
@@ -236,7 +236,7 @@ class ReplicatedState:
         mine = self._workers[w.rank].scalers
         k = len(mine)
         mine.append(scaler)
-        w.registered.add(id(scaler))  # carried here, not again as an unregistered object (slicer/carried.py)
+        w.registered.add(id(scaler))  # carried here, not again as an unregistered object (capture/carried.py)
         saved = w.restore.extras.get(SCALERS, []) if w.restore is not None else []
         if k < len(saved) and saved[k]:
             scaler.load_state_dict(saved[k])
