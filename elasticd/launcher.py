@@ -37,6 +37,7 @@ from elasticd.core.commands import module_command
 from elasticd.core.exits import EXIT_PEER_LOST
 from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
+from elasticd.core.records import Recovery
 from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
@@ -127,8 +128,8 @@ class LocalRun:
         if not self.snapshot_dir:
             self.snapshot_dir = _private_snapshot_dir()
         self._restore_epoch = 0   # > 0 while the agents restarted from that resize's snapshot have not stepped
-        self.recoveries: list[dict[str, Any]] = []   # one per restart after an agent died
-        self._recovering: dict[str, Any] | None = None   # the recovery whose first step has not come yet
+        self.recoveries: list[Recovery] = []   # one per restart after an agent died
+        self._recovering: Recovery | None = None   # the recovery whose first step has not come yet
         self._last_print = 0.0
         self.last_step = -1
         self.restarts = 0      # torchrun mode: agent restarts so far (resizes and recoveries)
@@ -460,11 +461,11 @@ class LocalRun:
             self._say(f"{cause}; not restarting: {len(self.recoveries)} restart(s) of --max-restarts "
                       f"{self.max_restarts} used")
             return False
-        failed_at = time.monotonic()
+        failed_at = time.time()
         self.stop_all()   # synchronous: once it returns no agent of the job runs on this machine
         self._forget_agents()
-        self._recovering = {"cause": cause, "failed_after_step": self.last_step, "failed_at": failed_at,
-                            "devices": self.world}
+        self._recovering = Recovery(cause=cause, at=round(failed_at, 3), failed_after_step=self.last_step,
+                                    from_devices=self.world, devices=self.world)
         self.recoveries.append(self._recovering)
         self._say(f"{cause}; restarting on {self.world} device(s) from the newest complete snapshot "
                   f"(restart {len(self.recoveries)} of at most {self.max_restarts})")
@@ -495,13 +496,10 @@ class LocalRun:
         rec = self._recovering
         assert rec is not None
         resumed = int(metrics.get("resumed_from", 0))
-        rec["resumed_from"] = resumed
-        rec["steps_redone"] = max(0, rec["failed_after_step"] + 1 - resumed)
-        rec["seconds"] = round(now - rec.pop("failed_at"), 3)
-        rec["first_step_wall"] = time.time()   # comparable across processes (benchmarks time from the kill)
+        rec.resumed(resumed, time.time())   # wall clock, as `at`: comparable across processes
         self._recovering = None
-        self._say(f"recovered: resumed at step {resumed} ({rec['steps_redone']} step(s) redone), first step "
-                  f"{rec['seconds']:.2f}s after the failure")
+        self._say(f"recovered: resumed at step {resumed} ({rec.steps_redone} step(s) redone), first step "
+                  f"{rec.seconds:.2f}s after the failure")
 
     def _forget_agents(self) -> None:
         """Every agent has exited: close their pipes and start from an empty table."""
@@ -671,6 +669,7 @@ def run_local(script: str, func: str | None, workers: int, devices: int, device_
     if summary:
         with open(summary, "w") as f:
             json.dump({"exit": code, "last_step": job.last_step, "devices": job.world, "blocks": job.blocks,
-                       "resizes": [r.to_dict() for r in job.resizes], "recoveries": job.recoveries,
+                       "resizes": [r.to_dict() for r in job.resizes],
+                       "recoveries": [r.to_dict() for r in job.recoveries],
                        "agents": {str(rank): t for rank, t in sorted(job.timing.items())}}, f, indent=1)
     return code

@@ -5,6 +5,7 @@ the recovery. Real agents run tests/jobs/resize_job.py, paced until the test rel
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 from cluster import status, wait_state
 from test_resize_daemon import job_env, job_info, submit
 from util import JOBS, assert_same_run, cli, consumed, wait_until
+
+from elasticd.core.records import Recovery
 
 JOB = str(JOBS / "resize_job.py")
 STEPS = 60
@@ -55,6 +58,7 @@ def test_an_agent_killed_under_the_daemon_is_recovered_from_the_snapshot(cluster
     assert rec["resumed_from"] >= 10 and rec["resumed_from"] % 5 == 0, rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"], rec
     assert rec["devices"] == 2 and rec["seconds"] > 0
+    assert set(rec) == {f.name for f in dataclasses.fields(Recovery)}   # `elasticd run`'s record, field for field
     assert any(h[1] == "recovering" for h in info["history"])
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
     for epoch in range(STEPS // 10):

@@ -4,6 +4,7 @@ nobody disturbed, with every step and sample kept exactly once; a worker that ra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import pytest
 from util import JOBS, assert_same_run, consumed, wait_until
 
 from elasticd.agent.proc_name import agents_under
+from elasticd.core.records import Recovery
 
 JOB = str(JOBS / "resize_job.py")
 STEPS = 40
@@ -84,6 +86,7 @@ def test_a_killed_agent_restarts_the_job_from_its_snapshot_and_the_result_is_und
     assert rec["resumed_from"] % 5 == 0 and 10 <= rec["resumed_from"] <= rec["failed_after_step"] + 1, rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"] <= 5 + 1, rec
     assert rec["seconds"] > 0
+    assert set(rec) == {f.name for f in dataclasses.fields(Recovery)}   # the scheduler's record, field for field
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
     for epoch in range(STEPS // 10):
         idx = sorted(i for r in range(4) for s, b in consumed(out, r, kept=True) if s // 10 == epoch for i in b)

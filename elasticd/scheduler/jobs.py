@@ -117,7 +117,7 @@ class Job:
     restore_epoch: int = 0                  # > 0: (re)started from the snapshot of that resize
     history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
     # Recovery after infrastructure failures (elasticd.scheduler.recovery): the one in flight, the record of
-    # those done (cause, at, failed_after_step, resumed_from, steps_redone, seconds, devices), the count,
+    # those done (elasticd.core.records.Recovery, as dicts: the job table is JSON), the count,
     # the launch generation (reports of agents from before a restart are told apart by it), and whether
     # the next launch restores the newest periodic snapshot.
     recovery: dict[str, Any] | None = None

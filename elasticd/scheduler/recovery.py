@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.core.records import Recovery
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
@@ -155,14 +156,12 @@ class Recoveries:
         if rec is None or "resumed_from" not in r.metrics:
             return
         resumed = int(r.metrics["resumed_from"])
-        entry = {k: rec[k] for k in ("cause", "at", "failed_after_step", "from_devices", "devices")}
-        entry["resumed_from"] = resumed
-        entry["steps_redone"] = max(0, rec["failed_after_step"] + 1 - resumed)
-        entry["seconds"] = round(now - rec["at"], 3)
-        job.recoveries.append(entry)
+        done = Recovery(**{k: rec[k] for k in ("cause", "at", "failed_after_step", "from_devices", "devices")})
+        done.resumed(resumed, now)
+        job.recoveries.append(done.to_dict())
         del job.recoveries[:-100]
         job.recovery = None
         job.restore_latest = False
         self.host.changed(job)
         log.info("job %s recovered: resumed at step %d (%d redone) %.2fs after the failure", job.job_id, resumed,
-                 entry["steps_redone"], entry["seconds"])
+                 done.steps_redone, done.seconds)
