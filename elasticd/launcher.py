@@ -37,7 +37,7 @@ from elasticd.core.commands import module_command
 from elasticd.core.exits import EXIT_PEER_LOST
 from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
-from elasticd.core.records import Recovery
+from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
@@ -75,10 +75,15 @@ class ResizeRecord:
     stall: float | None = None    # last step at the old size -> first step at the new size
     outcome: ResizeOutcome = ResizeOutcome.PENDING
     note: str = ""                # why it was refused
+    why: str = "--scale-at"
+    at: float = field(default_factory=time.time)   # wall clock, as the job history's entries
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "from": self.src, "to": self.dst, "blocks": self.blocks, "seconds": self.seconds,
-                "stall": self.stall, "outcome": self.outcome.value, **({"note": self.note} if self.note else {})}
+        """The job history's entry (elasticd.core.records.ResizeEntry), as the scheduler keeps it."""
+        return ResizeEntry(src=self.src, dst=self.dst, outcome=self.outcome.value, at=round(self.at, 3),
+                           why=self.why, step=self.step, blocks=list(self.blocks), note=self.note,
+                           seconds=None if self.seconds is None else round(self.seconds, 3),
+                           stall=None if self.stall is None else round(self.stall, 3)).to_dict()
 
 
 @dataclass
@@ -283,7 +288,8 @@ class LocalRun:
     def _restart(self, step: int, target: int, why: str) -> None:
         """torchrun mode: stop every agent and start the job again on `target` devices (torchrun_restart.py)."""
         now = time.monotonic()
-        r = ResizeRecord(step=step, src=self.world, dst=target, requested=now, commanded=now, outcome=ResizeOutcome.RESTARTING)
+        r = ResizeRecord(step=step, src=self.world, dst=target, requested=now, commanded=now,
+                         outcome=ResizeOutcome.RESTARTING, why=why)
         self.resizes.append(r)
         self._say(f"{why}: restarting the torchrun-mode job on {target} device(s) after step {step}; the script "
                   f"resumes from its own checkpoint")

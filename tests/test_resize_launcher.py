@@ -17,6 +17,7 @@ import torch
 from util import JOBS, assert_same_run, consumed, max_rel_diff, wait_until
 
 from elasticd.agent.proc_name import agents_under
+from elasticd.core.records import ResizeEntry
 
 JOB = str(JOBS / "resize_job.py")
 STEPS = 40
@@ -106,6 +107,7 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
         log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert [(r["from"], r["to"], r["outcome"]) for r in summary["resizes"]] == [(2, 4, "rolled back")]
+    assert set(summary["resizes"][0]) == set(ResizeEntry(0, 0, "", 0.0).to_dict())   # the scheduler's schema
     assert summary["devices"] == 2 and summary["exit"] == 0
     assert_same_run(out, unscaled, STEPS, ranks=4)
     assert os.listdir(snaps) == [], "the snapshot stays only until a step completed after the restart"

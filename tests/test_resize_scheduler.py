@@ -7,6 +7,7 @@ import pytest
 from test_scheduler_state import Island, kills, launches
 
 from elasticd import protocol as p
+from elasticd.core.records import ResizeEntry
 from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.state import SchedulerError
 
@@ -112,6 +113,7 @@ def test_a_joiner_dying_before_the_hand_over_calls_the_resize_off_and_the_job_go
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and len(j.placement) == 2 and j.requested_devices == 2
     assert j.resizes[-1]["outcome"] == "aborted" and "ImportError" in j.resizes[-1]["note"]
+    assert set(j.resizes[-1]) == set(ResizeEntry(0, 0, "", 0.0).to_dict())   # elasticd run's schema
     isl.report("a", report(job, [agent(0, 0), agent(1, 1), agent(2, 2, standby=True)]))
     assert isl.s.free_count() == 1   # rank 2's joiner is still exiting
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)]))

@@ -28,3 +28,33 @@ class Recovery:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class ResizeEntry:
+    """One resize asked of a job, as its history keeps it (`to_dict`: "from" and "to" for `src` and `dst`)."""
+
+    src: int                          # devices before
+    dst: int                          # devices asked for
+    outcome: str                      # a ResizeOutcome's value
+    at: float                         # when it was asked: wall-clock seconds since the epoch
+    why: str = ""                     # who asked: a user's scale, the policy, a drain, a --scale-at schedule
+    epoch: int | None = None          # the scheduler's resize number (None: `elasticd run`)
+    step: int | None = None           # the last step before it: where the agents stopped
+    blocks: list[int] = dataclasses.field(default_factory=list)   # the new layout's block sizes (empty: uniform)
+    seconds: float | None = None      # from the request to the first step at the new size
+    stall: float | None = None        # training paused: last step at the old size to first at the new one
+    handover_s: float | None = None   # rank 0's own time from the vote to the new group
+    prepare_s: float | None = None    # joiners warming up before the agents were told
+    done_step: int | None = None      # rank 0's step when the scheduler saw it done
+    note: str = ""                    # why it was refused, aborted or not applied
+    # A re-layout (same devices, other block sizes): why, and what it was predicted to gain.
+    reason: str | None = None
+    predicted_gain: float | None = None
+    blocks_from: list[int] | None = None
+    blocks_to: list[int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["from"], d["to"] = d.pop("src"), d.pop("dst")
+        return d

@@ -8,6 +8,7 @@ from typing import Any
 
 from elasticd.core.errors import RuntimeFault
 from elasticd.core.lifecycle import ResizeOutcome
+from elasticd.core.records import ResizeEntry
 from elasticd.resize_plan import ResizePlan
 
 
@@ -155,22 +156,20 @@ class Job:
 
     def record_resize(self, plan: ResizePlan, outcome: ResizeOutcome, seconds: float | None = None, note: str = "") -> None:
         """Add a resize's outcome to the job's history (what `status` shows)."""
-        entry: dict[str, Any] = {
-            "epoch": plan.epoch, "at": round(plan.requested_at, 3), "from": plan.src, "to": plan.dst,
-            "why": plan.why, "step": plan.step, "outcome": outcome.value,
-            "seconds": round(seconds, 3) if seconds is not None else None,
-            "handover_s": round(plan.handover_s, 3) if plan.handover_s is not None else None,
-        }
+        entry = ResizeEntry(
+            src=plan.src, dst=plan.dst, outcome=outcome.value, at=round(plan.requested_at, 3), why=plan.why,
+            epoch=plan.epoch, step=plan.step, blocks=list(plan.blocks), note=note,
+            seconds=round(seconds, 3) if seconds is not None else None,
+            handover_s=round(plan.handover_s, 3) if plan.handover_s is not None else None,
+            prepare_s=round(plan.commanded_at - plan.requested_at, 3) if plan.commanded_at is not None else None,
+            done_step=self.step if outcome is ResizeOutcome.DONE else None)
         if self.relayout is not None:
-            entry.update(self.relayout)   # reason, predicted_gain, blocks_from, blocks_to
+            entry.reason = self.relayout["reason"]
+            entry.predicted_gain = self.relayout["predicted_gain"]
+            entry.blocks_from = self.relayout["blocks_from"]
+            entry.blocks_to = self.relayout["blocks_to"]
             self.relayout = None
-        if plan.commanded_at is not None:
-            entry["prepare_s"] = round(plan.commanded_at - plan.requested_at, 3)   # joiners warming up
-        if outcome is ResizeOutcome.DONE:
-            entry["done_step"] = self.step   # rank 0's step when it was seen done
-        if note:
-            entry["note"] = note
-        self.resizes.append(entry)
+        self.resizes.append(entry.to_dict())
         del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
 
     @property
