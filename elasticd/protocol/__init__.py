@@ -81,6 +81,7 @@ from elasticd.protocol.wire import (  # noqa: F401
     Message,
     Ok,
     ProtocolError,
+    Scalar,
     decode,
     error_from,
     flat_scalars,

@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from elasticd.protocol.wire import Message, message
-
-# A value of a user's `ctx.log` metric: what a report may carry, bounded in count and length (`flat_scalars`).
-Scalar = bool | int | float | str | None
+from elasticd.protocol.wire import Message, Scalar, message
 
 # The two causes an agent reports (`AgentError.cause`).
 CAUSE_USER = "user"            # the script raised or cannot load: retrying cannot help

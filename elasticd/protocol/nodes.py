@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from elasticd.protocol.wire import Message, message, record
+from elasticd.protocol.wire import Message, Scalar, message, record
 
 
 def bad_blocks(blocks: list[int], world: int, workers: int | None = None) -> str | None:
@@ -48,7 +48,7 @@ class AgentReport:
     stepped: int = 0              # last resize epoch after which it completed a step at the new size
     left: bool = False            # left the job in a shrink (exits 0; its device frees when it is gone)
     # The agent's latest step timing (AgentStep.timing): hosted, compute_s, flush_s, steps. Empty: none yet.
-    timing: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, int | float] = field(default_factory=dict)
 
 
 @record
@@ -61,14 +61,16 @@ class JobReport:
     master_port: int = 0          # chosen by the node hosting rank 0
     step: int = 0
     steps_per_s: float = 0.0
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Scalar] = field(default_factory=dict)
     ok: bool = True               # for "ended": every local agent exited 0
-    error: dict[str, Any] | None = None
+    # The first cause (protocol/agents.py AgentError.as_dict, or the daemon's words for an agent that died
+    # without a report), with the physical rank it came from.
+    error: dict[str, Scalar] | None = None
     agents: list[AgentReport] = field(default_factory=list)
-    resizes: list[dict[str, Any]] = field(default_factory=list)   # AgentResized infos of the lead agent
+    resizes: list[dict[str, Scalar]] = field(default_factory=list)   # ResizedInfo.as_dict() of the lead agent
     resize_epoch: int = 0         # the resize this node is preparing or carrying out (0: none)
     resize_port: int = 0          # its rendezvous port, picked by the node hosting rank 0
-    resize_error: dict[str, Any] | None = None   # a joining agent died before the hand-over; or, with
+    resize_error: dict[str, Scalar] | None = None   # a joining agent died before the hand-over; or, with
     # "refused": True, the agents refused the resize at its step boundary ("message": why, "step")
     # The newest resize snapshot kept on this node (agent.fallback) and its parts: logical ranks, -1 for
     # the replicated state. The scheduler falls back to it when a resize fails half-way.

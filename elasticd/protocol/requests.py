@@ -6,7 +6,7 @@ from dataclasses import field
 from typing import Any, ClassVar
 
 from elasticd.protocol import limits as L
-from elasticd.protocol.wire import Message, message, record
+from elasticd.protocol.wire import Message, Scalar, message, record
 
 
 def _job_id(job_id: str | None) -> str | None:
@@ -84,12 +84,12 @@ class JobInfo:
     nodes: list[str]
     step: int = 0
     steps_per_s: float = 0.0
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Scalar] = field(default_factory=dict)
     script: str = ""
     submitted_at: float = 0.0
     started_at: float | None = None
     ended_at: float | None = None
-    error: dict[str, Any] | None = None
+    error: dict[str, Scalar] | None = None
     requested_devices: int | None = None
     resizes: list[dict[str, Any]] = field(default_factory=list)   # at, from, to, why, seconds, outcome
     resizing: dict[str, Any] | None = None   # the resize in flight: epoch, from, to, why, phase, at
@@ -97,7 +97,7 @@ class JobInfo:
     agents: list[dict[str, Any]] = field(default_factory=list)   # rank, node, device, pid, alive, rss, cpu
     # one per restart after an infrastructure failure: cause, at, failed_after_step, resumed_from,
     # steps_redone, seconds (failure -> first step after it), devices
-    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    recoveries: list[dict[str, Scalar]] = field(default_factory=list)   # elasticd.core.records.Recovery
     snapshot: dict[str, Any] | None = None   # newest complete periodic snapshot: step, bytes (per node)
     blocks: list[int] = field(default_factory=list)   # logical workers per agent, rank order (empty: uniform)
     # Speed-aware placement (elasticd.placement.speeds): per agent {rank, device ("NODE/INDEX"), workers,

@@ -42,6 +42,10 @@ FORBIDDEN = "forbidden"                # the peer's key (role, node id, ownershi
 QUOTA = "quota"                        # a per-owner or island-wide limit on jobs is reached
 INTERNAL = "internal"
 
+# A value of a flat record (a user's `ctx.log` metric, a field of an error report): what a peer may send in
+# a map of scalars, bounded in count and length where it is made (`flat_scalars`).
+Scalar = bool | int | float | str | None
+
 _REGISTRY: dict[str, type[Message]] = {}
 _HINTS: dict[type, dict[str, Any]] = {}
 M = TypeVar("M", bound="Message")

@@ -738,7 +738,8 @@ class SchedulerState:
             min_devices=job.spec.min_devices, max_devices=job.spec.max_devices, priority=job.spec.priority,
             nodes=job.nodes, step=job.step, steps_per_s=job.steps_per_s, metrics=dict(job.metrics),
             script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
-            ended_at=job.ended_at, error=job.error, requested_devices=job.requested_devices,
+            ended_at=job.ended_at, error=p.flat_scalars(job.error) if job.error else None,
+            requested_devices=job.requested_devices,
             resizes=list(job.resizes), resizing=self._resizing_info(job), history=[list(h) for h in job.history],
             recoveries=list(job.recoveries), snapshot=dict(job.snapshot) or None, blocks=list(job.blocks),
             layout=(self.speeds.job_layout(job.job_id, job.spec.workers, job.placement, job.blocks, job.steps_per_s)
