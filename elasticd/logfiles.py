@@ -3,7 +3,7 @@
 Anyone who can reach the TCP port can make the daemon log (a refused key, a bad frame), so the file
 rotates (`RotatingFileHandler`: at most `backups` + 1 files of `max_bytes`). It is opened with
 O_NOFOLLOW: a `daemon.log` symlink planted in a state dir must not make the daemon append to a file of
-someone else's choosing (issue 16, finding 2).
+someone else's choosing.
 """
 
 from __future__ import annotations

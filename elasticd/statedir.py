@@ -16,7 +16,7 @@ The state dir trusts no one but its user (sshd's StrictModes, gpg's "unsafe owne
 refuses to start when the dir is owned by another user or writable by group or others, or when a
 parent directory is writable by someone other than root and this user (unless it is sticky, like
 /tmp). Otherwise whoever could write there could plant a key on the allow-list or a symlink where the
-daemon writes its log (issue 16, finding 2).
+daemon writes its log.
 """
 
 from __future__ import annotations

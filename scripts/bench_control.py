@@ -9,7 +9,7 @@ Starts a real standalone scheduler (`elasticd scheduler`) on loopback TCP with C
 
 With --scrape S the scheduler also serves metrics (`--metrics 127.0.0.1:0`) and a thread plays Prometheus
 and an open status page, fetching /metrics and /api/status.json every S seconds through the whole run
-(issue 14: scraping must not slow the control loop); compare the figures with and without it.
+(scraping must not slow the control loop); compare the figures with and without it.
 
 The last line is `rtt_p99_ms=X.XX` (idle round trip, 99th percentile).
 """
@@ -126,7 +126,7 @@ class SimNodes:
         self.index: dict[zmq.Socket, int] = {}
         for i in range(n):
             # Each node its own key, allowed as that node (a node key speaks only for its node id; the
-            # scheduler's own admin key may not send node messages at all since roles exist, issue 16).
+            # scheduler's own admin key may not send node messages at all).
             ident = zmq.curve_keypair()
             keys.allow_key(state, ident[0], f"sim{i:04d}", role=keys.NODE, node_id=self.ids[i])
             s = transport.dealer(ctx, immediate=False)

@@ -30,7 +30,7 @@ bench_multiplex.py's separate runs stay the absolute figures.
 Everything runs in this process, pinned to one core (--cpu, default the last), one torch thread, under the
 runtime's malloc settings for every variant (agent/slicer/malloc.py: the runtime sets them once per
 process, so the plain loop is timed under them too, as (a) is in bench_multiplex.py). The last line is
-`handover_overhead=X.XX`: the elasticd variant's median ratio (goal <= 1.05 at a 25 ms step, issue #17).
+`handover_overhead=X.XX`: the elasticd variant's median ratio (goal <= 1.05 at a 25 ms step).
 """
 
 from __future__ import annotations

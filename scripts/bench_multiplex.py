@@ -49,7 +49,7 @@ runtime is not modified), plus two what-ifs paired with (a): (b) without the num
 with the one-agent gradient flush done in place (both leave this job's result unchanged).
 
 The last line is `vs_ddp_accumulation=X.XX`: (c) / (e) seconds per step, elasticd on 2 devices over DDP on
-2 devices with accumulation (goal <= 1.03, issue #17); with (c) or (e) skipped, (b') / (f). Before it,
+2 devices with accumulation (goal <= 1.03); with (c) or (e) skipped, (b') / (f). Before it,
 `overhead_vs_ideal=X.XX`: (b) / (a) (goal <= 1.05, docs/benchmarks.md).
 """
 

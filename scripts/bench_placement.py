@@ -1,4 +1,4 @@
-"""Speed-aware placement (issue 15): steps/s of a job on devices of unequal speed, uniform vs learned vs oracle.
+"""Speed-aware placement: steps/s of a job on devices of unequal speed, uniform vs learned vs oracle.
 
 Cases: N=8 on 2 devices, one at 1/2 speed (arithmetic ceiling of learned over uniform: 8/6 = 1.33), and
 N=12 on 3 devices with speeds 1, 1, 1/3 (uniform 4/4/4 waits 12 units, 5/5/2 takes 6: ceiling 2.0).

@@ -1,4 +1,4 @@
-"""Bounds on what a user or a raw client can ask for (issue 16, findings 4 and 7): out-of-range numbers
+"""Bounds on what a user or a raw client can ask for: out-of-range numbers
 are usage errors (exit 2, no traceback), string fields are capped and checked on the server whatever
 sent them, requests the island can never satisfy are refused at once, and names or messages with
 terminal control characters are escaped when `status` prints them."""

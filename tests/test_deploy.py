@@ -1,4 +1,4 @@
-"""The recipes in deploy/ (issue 14) name only commands and options the CLI has, and the Slurm script parses.
+"""The recipes in deploy/ name only commands and options the CLI has, and the Slurm script parses.
 
 A renamed option would otherwise break a recipe silently: nothing here can run systemd, Slurm or
 Kubernetes (docs/observability.md says what was checked with which tool).

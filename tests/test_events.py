@@ -1,4 +1,4 @@
-"""`elasticd events` (issue 14): the island's events from the job table and the scheduler's node log.
+"""`elasticd events`: the island's events from the job table and the scheduler's node log.
 
 The pure part (naming history entries, paging) is tested on plain `Job`s; the rest against a real daemon
 with its embedded scheduler and fake agents (tests/jobs/fake_agent.py), driven through the CLI.

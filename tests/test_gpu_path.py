@@ -1,4 +1,4 @@
-"""The CUDA path's decisions that can be made and checked without a GPU (issue #10).
+"""The CUDA path's decisions that can be made and checked without a GPU.
 
 The CUDA code itself only runs in tests/test_cuda.py (`pytest -m cuda`, scripts/gpu_check.sh); what is
 checked here is the logic around it: which process group the agents form on a device, which GPU an

@@ -1,4 +1,4 @@
-"""Gradient-side idioms on replicated state (issue #12, part A): N=4 on M=1, 2 devices vs real DDP.
+"""Gradient-side idioms on replicated state: N=4 on M=1, 2 devices vs real DDP.
 
 Hosted workers share one `.grad` per replicated parameter. Idioms that are valid under DDP, where each
 rank owns its `.grad`, must give DDP's result (`model.zero_grad()`, a submodule's `zero_grad()` and

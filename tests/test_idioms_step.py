@@ -1,4 +1,4 @@
-"""Once-per-step idioms on replicated state (issue #12, part B): N=4 logical workers vs real DDP.
+"""Once-per-step idioms on replicated state: N=4 logical workers vs real DDP.
 
 With `ctx.replicate`, hosted workers share one model, one `.grad` and one optimizer, and after the
 gradient flush the first hosted worker runs its post-backward code and its next step's backward before

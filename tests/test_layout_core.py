@@ -1,4 +1,4 @@
-"""Uneven layouts in the pure parts (issue #15): the layout value, its validation, and the moves of a
+"""Uneven layouts in the pure parts: the layout value, its validation, and the moves of a
 resize between any two layouts, re-layouts at the same number of agents and drains included."""
 
 from __future__ import annotations

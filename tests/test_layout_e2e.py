@@ -1,4 +1,4 @@
-"""Uneven layouts through real agents (issue #15): `elasticd run --layout` and live re-layouts by
+"""Uneven layouts through real agents: `elasticd run --layout` and live re-layouts by
 `--scale-at STEP:M:B1/B2/...` compute what the uniform layout computes, bitwise in deterministic mode,
 and what DDP computes within round-off in default mode."""
 

@@ -1,4 +1,4 @@
-"""Metrics, status page and its JSON over HTTP (issue 14), against a real daemon with its embedded scheduler
+"""Metrics, status page and its JSON over HTTP, against a real daemon with its embedded scheduler
 and fake agents: what Prometheus scrapes, what the page polls, what a bad request gets, and, with Debian's
 `chromium` installed, what a person sees in a real headless browser.
 """

@@ -1,4 +1,4 @@
-"""The island policy with the cost model (issue #15) and its trace simulator: pure, no processes."""
+"""The island policy with the cost model and its trace simulator: pure, no processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue #12: a decorated job resized live keeps what it never registered, or the resize fails loudly.
+"""A decorated job resized live keeps what it never registered, or the resize fails loudly.
 
 Real agent processes over gloo (`elasticd run --scale-at`) against real torch DDP (`elasticd run --ddp`):
 plain optimizers, schedulers, GradScalers and DataLoader iterators survive a shrink and a grow; a state a

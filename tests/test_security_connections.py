@@ -1,4 +1,4 @@
-"""Connection hygiene (issue 16, findings 5 and 6): idle unauthenticated TCP connections do not keep an
+"""Connection hygiene: idle unauthenticated TCP connections do not keep an
 allowed client from getting answers, they are dropped after the short CURVE handshake interval, and a
 flood of refused keys grows the log by a bounded number of lines."""
 

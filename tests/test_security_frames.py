@@ -1,4 +1,4 @@
-"""Multi-frame messages (issue 16, finding 3). The protocol has one payload frame; a message of more is
+"""Multi-frame messages. The protocol has one payload frame; a message of more is
 refused with `bad_frame` naming the count, its frames are released one by one (never joined or copied
 into Python objects), and the scheduler keeps serving.
 

@@ -1,4 +1,4 @@
-"""The job table stays bounded and `status` keeps working whatever it holds (issue 16, finding 4): a
+"""The job table stays bounded and `status` keeps working whatever it holds: a
 table of 4000 jobs is listed in pages that each fit a frame, ended jobs are purged after
 --job-retention (their ids never handed out again), and quotas cap queued jobs per key and in total."""
 

@@ -1,4 +1,4 @@
-"""Roles bound to keys (issue 16, finding 1): a key allowed only as a client cannot act as a node, a node
+"""Roles bound to keys: a key allowed only as a client cannot act as a node, a node
 key cannot speak for another node, only a job's owner or an admin may stop or scale it, and a key
 allowed before roles existed is read as a client (no silent upgrade of trust).
 

@@ -1,4 +1,4 @@
-"""A state dir that trusts no one (issue 16, finding 2): the daemon refuses to start, with one clear
+"""A state dir that trusts no one: the daemon refuses to start, with one clear
 line and a nonzero exit, in a dir another user owns or others may write (or below such a parent);
 it does not append its log through a planted `daemon.log` symlink; and a key file on the allow-list
 that it did not write (another owner, a symlink) lets no one in."""

@@ -1,7 +1,7 @@
 """Text from the island (job names, error messages, tracebacks, node ids) made safe for a terminal.
 
 Any peer that may submit a job chooses its name, and any job chooses its error message: printed raw,
-an escape sequence in them could rewrite the operator's screen or title bar (issue 16, finding 7).
+an escape sequence in them could rewrite the operator's screen or title bar.
 Control characters are shown as \\xNN escapes, like Python's repr does; `--json` output needs none of
 this (json.dumps escapes them already).
 """

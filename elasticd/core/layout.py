@@ -3,7 +3,7 @@
 A layout is a list of contiguous blocks of logical ranks, one per agent in agent order (sizes n_i >= 1,
 sum N). Concatenating every agent's hosted tensors in agent order gives rank order, which all_gather and
 the deterministic sharded sum rely on; nothing else about the sizes matters to what the job computes, so
-a faster device may host more ranks than a slower one (speed-aware placement, issue #15). On the wire and
+a faster device may host more ranks than a slower one (speed-aware placement). On the wire and
 in job tables a layout is `blocks: list[int]`; the empty list means the uniform layout of `workers` over
 `devices` (the first `workers % devices` agents one extra), so peers and state from before uneven layouts
 stay valid.

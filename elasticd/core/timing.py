@@ -1,4 +1,4 @@
-"""Per-step timing an agent reports, so a scheduler can learn how fast its device is (issue #15).
+"""Per-step timing an agent reports, so a scheduler can learn how fast its device is.
 
 Per physical step an agent spends its wall time in two ways: its hosted workers computing in turn
 (the time the baton is held, hand-overs included) and physical collectives (flushes, and the step

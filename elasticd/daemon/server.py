@@ -68,7 +68,7 @@ class DaemonConfig:
     drain_grace_s: float = 0.0             # SIGTERM drains the node for up to this long (elasticd/daemon/grace.py)
     metrics: tuple[str, int] | None = None  # the embedded scheduler's metrics and status page (elasticd.observe)
     device_speed: str | None = None        # declared relative device speeds (devices.parse_speeds)
-    relayout: bool = True                  # the embedded scheduler's live re-layouts (issue 15)
+    relayout: bool = True                  # the embedded scheduler's live re-layouts
     pin_cpus: bool = False                 # CPU agents bound to a block of cores each (agent/cpu_pin.py)
 
 

@@ -1,4 +1,4 @@
-"""Speed-aware placement (issue #15), pure policy: the cost model, the placer, the re-layout gate, a simulator.
+"""Speed-aware placement, pure policy: the cost model, the placer, the re-layout gate, a simulator.
 
 No I/O, no sockets, no torch: the scheduler feeds measurements in and carries decisions out.
 """

@@ -24,7 +24,7 @@ Elasticity (`rebalance`, for running jobs that may change size live: min < max, 
 6. Growth: when nothing that could start is queued, running elastic jobs take free devices up to
    their maximum, by priority, whenever that lowers their workers per device (rule 3).
 
-Speed-aware (issue #15; when a `CostModel` is passed): rules 3, 4 and 6 ask the placer instead of
+Speed-aware (when a `CostModel` is passed): rules 3, 4 and 6 ask the placer instead of
 ceil(N/M). A job gets the M, and the devices, with the shortest predicted step (busiest device's n_i * c_i
 plus the flush at M), taking the fastest free devices -- ties going to the order of rule 4 -- and its
 ranks then grouped by node as in rule 4, with block sizes fitted to the chosen devices. When every device

@@ -1,5 +1,5 @@
 """Speed-aware placement, the scheduler's side: what it learns of its devices' speeds and what it does
-about it (issue 15).
+about it.
 
 The model (elasticd.placement: `CostModel`, the placer, `RelayoutGate`) is pure policy; this class feeds
 it from node reports and asks it three things:

@@ -3,7 +3,7 @@ scheduler's quotas and the CLI's option ranges, so a value the CLI accepts is ne
 and a raw client cannot get past what the CLI would refuse.
 
 The sizes are far above any real job (a script path of 4 KiB, 64 KiB of --env) and far below what
-would let one request grow the job table or a status reply without bound (issue 16, finding 4).
+would let one request grow the job table or a status reply without bound.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 paging of job lists. Pure functions over the job and node tables; the server loop calls them.
 
 Without these, the job table only grew: 4000 jobs made the `status` reply exceed the frame limit for
-good, and a request that no island could ever place queued forever (issue 16, findings 4 and 7).
+good, and a request that no island could ever place queued forever.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ class JobState(str, Enum):
 
     ``queued`` until the policy finds devices for it; then ``starting`` while the nodes spawn its M
     agents (gang: the job holds all M devices or none); ``running`` once every node reports its
-    agents up; ``resizing`` while live resize moves it to another M (issue 5), then ``running``
+    agents up; ``resizing`` while live resize moves it to another M, then ``running``
     again, or ``starting`` once more when the resize failed half-way and the job restarts on the
     devices it had from the snapshot its agents saved at that resize (elasticd.scheduler.rollback).
     ``recovering`` after an infrastructure failure (an agent killed, a node lost) while its remaining

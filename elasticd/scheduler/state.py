@@ -63,7 +63,7 @@ class Config:
     kill_repeat_s: float = 2.0
     resize_enabled: bool = True   # False: `scale` of a running job is only recorded (applies when next placed)
     resize_timeout_s: float = 120.0   # per resize phase: joiners warm, then every agent re-formed
-    relayout_enabled: bool = True   # live re-layouts when measured device speeds drift (issue 15)
+    relayout_enabled: bool = True   # live re-layouts when measured device speeds drift
 
 
 class SchedulerState:

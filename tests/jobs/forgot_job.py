@@ -1,4 +1,4 @@
-"""A minGPT-style trainer that registers nothing but its step loop (issue #12).
+"""A minGPT-style trainer that registers nothing but its step loop.
 
 The model is wrapped in torch's own DistributedDataParallel; the optimizer, the LR scheduler and the
 GradScaler are plain objects never passed to ctx.replicate / ctx.private; the data comes from a plain
