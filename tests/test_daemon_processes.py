@@ -27,7 +27,7 @@ def sup(tmp_path):
 
 
 def launch(sup: AgentProcesses, job: str, env: dict[str, str], devices=("cpu:0", "cpu:1")) -> bool:
-    return sup.launch(p.LaunchJob(job_id=job, script="/s.py", func=None, workers=4, world=len(devices),
+    return sup.launch(p.LaunchJob(job_id=job, script="/s.py", func=None, workers=4, devices=len(devices),
                                   placements=[p.RankPlacement(rank=r, device_id=d) for r, d in enumerate(devices)],
                                   master_addr="127.0.0.1", master_port=0, cwd=os.getcwd(), env=env), time.time())
 

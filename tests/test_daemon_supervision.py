@@ -73,7 +73,7 @@ class Node:
 
 
 def launch_msg(job: str, ranks: int = 2, **kw) -> p.LaunchJob:
-    return p.LaunchJob(job_id=job, script="/s.py", func=None, workers=4, world=ranks,
+    return p.LaunchJob(job_id=job, script="/s.py", func=None, workers=4, devices=ranks,
                        placements=[p.RankPlacement(rank=r, device_id=f"cpu:{r}") for r in range(ranks)],
                        master_addr="10.0.0.1", master_port=0, **kw)
 
@@ -215,7 +215,7 @@ def test_a_first_step_after_a_restore_drops_the_snapshot_it_started_from():
 # --- live resize (elasticd/daemon/resizing.py) -------------------------------------------------------
 
 def prepare_msg(job: str = "j", epoch: int = 1, joiners=((2, "cpu:2"), (3, "cpu:3")), **kw) -> p.PrepareResize:
-    return p.PrepareResize(job_id=job, epoch=epoch, world_from=2, world=2 + len(joiners),
+    return p.PrepareResize(job_id=job, epoch=epoch, devices_from=2, devices=2 + len(joiners),
                            joiners=[p.RankPlacement(rank=r, device_id=d) for r, d in joiners], script="/s.py",
                            workers=4, **kw)
 
@@ -231,7 +231,7 @@ def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_st
     r = node.report("j")
     assert r.resize_port == 29600 and r.state == "running" and [a.standby for a in r.agents] == [0, 0, 1, 1]
     joiners = [node.hello("j", 2), node.hello("j", 3)]
-    go = node.core.go(p.ResizeJob(job_id="j", devices=4, epoch=1, master_addr="h", master_port=29600, world_from=2))
+    go = node.core.go(p.ResizeJob(job_id="j", devices=4, epoch=1, master_addr="h", master_port=29600, devices_from=2))
     resize = p.AgentResize(epoch=1, world=4, master_addr="h", master_port=29600)
     assert [(a.identity, a.msg) for a in go] == [
         (idents[0], resize), (idents[1], resize),
@@ -249,7 +249,7 @@ def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_st
 def test_a_shrink_retires_the_leaving_agents_until_they_are_gone():
     node = Node()
     idents = running(node, ranks=4)
-    go = node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, world_from=4))
+    go = node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, devices_from=4))
     assert [a.identity for a in go] == idents
     for rank in (2, 3):
         node.core.agent_message(idents[rank], p.AgentResized(job_id="j", rank=rank, info=resized(1, rank, left=True)),
@@ -308,7 +308,7 @@ def test_a_grow_its_agents_refuse_sends_the_joiners_away_and_leaves_the_job_as_i
     idents = running(node)
     node.start(node.core.prepare(prepare_msg(), port=0))
     joiners = [node.hello("j", 2), node.hello("j", 3)]
-    node.core.go(p.ResizeJob(job_id="j", devices=4, epoch=1, master_addr="h", master_port=1, world_from=2))
+    node.core.go(p.ResizeJob(job_id="j", devices=4, epoch=1, master_addr="h", master_port=1, devices_from=2))
     refuse(node, idents[0], 0)
     refuse(node, idents[1], 1)
     assert node.report("j").resize_error == {"message": "cannot carry `w` in train() across the resize",
@@ -327,7 +327,7 @@ def test_a_grow_its_agents_refuse_sends_the_joiners_away_and_leaves_the_job_as_i
 def test_a_shrink_its_agents_refuse_keeps_every_agent_under_its_old_rank(keep):
     node = Node()
     idents = running(node, ranks=4)
-    node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, world_from=4,
+    node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, devices_from=4,
                              keep=keep))
     refuse(node, idents[0], 0)
     assert signals(node.core.abort(p.AbortResize(job_id="j", epoch=1, reason="refused"), T0)) == []
@@ -337,7 +337,7 @@ def test_a_shrink_its_agents_refuse_keeps_every_agent_under_its_old_rank(keep):
     for rank, ident in enumerate(idents):   # each speaks as its old rank, as before the go
         assert node.core.agent_message(ident, p.AgentStep(job_id="j", rank=rank, step=7), T0)[0] is None
     # the next resize's go starts clean: the refusal was the last one's
-    node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=2, master_addr="h", master_port=1, world_from=4))
+    node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=2, master_addr="h", master_port=1, devices_from=4))
     assert node.report("j").resize_error is None and node.report("j").ranks == [0, 1]
 
 

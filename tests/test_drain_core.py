@@ -73,7 +73,7 @@ def test_a_plan_keeps_only_a_shrink_of_the_old_ranks():
 def test_a_shrink_keeping_ranks_renumbers_the_stayers_and_retires_the_others():
     node = Node()
     idents = running(node, ranks=3)
-    go = node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, world_from=3,
+    go = node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, devices_from=3,
                                   keep=[2, 1]))
     assert [a.identity for a in go] == idents and all(a.msg.keep == [2, 1] for a in go)
     r = node.report("j")
@@ -119,7 +119,7 @@ def test_draining_the_node_of_rank_0_shrinks_onto_the_other_which_picks_the_port
     isl._take(out)
     assert f"node {lead} draining" in text and job in text
     ((node, prep),) = of(out, p.PrepareResize)
-    assert node == other and prep.pick_port and (prep.world_from, prep.world) == (2, 1)
+    assert node == other and prep.pick_port and (prep.devices_from, prep.devices) == (2, 1)
     plan = isl.s.jobs[job].resize
     assert plan.keep == [1] and plan.placement == [[other, "cpu:0"]] and plan.why == f"drain of node {lead}"
     out = isl.report(other, report(job, [agent(1, 0)], resize_epoch=1, resize_port=777))

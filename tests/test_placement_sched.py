@@ -41,11 +41,11 @@ def test_device_speed_spec_one_value_or_per_index_with_clear_errors():
 
 
 def test_wire_refuses_blocks_that_are_no_layout_and_speeds_out_of_range():
-    ok = p.LaunchJob(job_id="j1", script="/s.py", func=None, workers=8, world=2, placements=[], master_addr="",
+    ok = p.LaunchJob(job_id="j1", script="/s.py", func=None, workers=8, devices=2, placements=[], master_addr="",
                      master_port=0, blocks=[6, 2])
     assert p.decode(ok.encode()).blocks == [6, 2]
     for blocks, why in [([4, 3], "sum to 7"), ([8, 0], "at least one"), ([8], "name 1 agents")]:
-        bad = p.LaunchJob(job_id="j1", script="/s.py", func=None, workers=8, world=2, placements=[],
+        bad = p.LaunchJob(job_id="j1", script="/s.py", func=None, workers=8, devices=2, placements=[],
                           master_addr="", master_port=0, blocks=blocks)
         with pytest.raises(p.ProtocolError, match=why):
             p.decode(bad.encode())
@@ -146,7 +146,7 @@ def test_a_straggler_is_learned_and_the_job_re_laid_out_live_then_back_when_it_g
     rounds, preps = relayout_until_prepared(isl, job, t, [0.01, 0.02])
     ((node, prep),) = preps
     assert rounds >= 2   # the gate's patience: not on the first measurement
-    assert node == "a" and prep.world == prep.world_from == 2 and prep.joiners == []
+    assert node == "a" and prep.devices == prep.devices_from == 2 and prep.joiners == []
     assert sum(prep.blocks) == 8 and prep.blocks[0] > prep.blocks[1]
     k0, k1 = device_key("a", "cpu:0"), device_key("a", "cpu:1")
     ratio = isl.s.speeds.costs.speed(k0) / isl.s.speeds.costs.speed(k1)
@@ -232,7 +232,7 @@ def test_the_model_and_gate_survive_a_scheduler_restart(tmp_path):
 
 def test_daemon_passes_blocks_to_agents_and_numbers_their_timings():
     sup = Supervision(cpu_devices(2))
-    launch = p.LaunchJob(job_id="j1", script="/s.py", func=None, workers=8, world=2, master_addr="h",
+    launch = p.LaunchJob(job_id="j1", script="/s.py", func=None, workers=8, devices=2, master_addr="h",
                          master_port=5, blocks=[6, 2],
                          placements=[p.RankPlacement(rank=0, device_id="cpu:0"),
                                      p.RankPlacement(rank=1, device_id="cpu:1")])
@@ -252,7 +252,7 @@ def test_daemon_passes_blocks_to_agents_and_numbers_their_timings():
     (rep,) = sup.reports({})
     assert rep.agents[0].timing == {"hosted": 6, "compute_s": pytest.approx(0.0675), "flush_s": pytest.approx(0.001),
                                     "steps": 4, "seq": 1} and rep.agents[1].timing == {}
-    out = sup.go(p.ResizeJob(job_id="j1", devices=2, epoch=1, master_addr="h", master_port=6, world_from=2,
+    out = sup.go(p.ResizeJob(job_id="j1", devices=2, epoch=1, master_addr="h", master_port=6, devices_from=2,
                              blocks=[5, 3]))
     cmds = [a.msg for a in out if isinstance(a, AgentSend)]
     assert len(cmds) == 2 and all(isinstance(c, p.AgentResize) and c.blocks == [5, 3] for c in cmds)
@@ -310,6 +310,6 @@ def test_a_device_learned_slow_by_a_finished_job_is_grown_onto_once_its_slowdown
         assert preps == [] or isl.now - silent_since >= stale
     ((_, prep),) = preps
     assert isl.now - silent_since < stale + 10
-    assert prep.job_id == low and prep.world == 4 and isl.s.speeds.speed("a", "cpu:3") == 1.0
+    assert prep.job_id == low and prep.devices == 4 and isl.s.speeds.speed("a", "cpu:3") == 1.0
     assert isl.s.jobs[low].resize.why == "policy: grow into freed devices"
 

@@ -41,14 +41,14 @@ def test_shrink_prepares_port_goes_completes_on_first_step_and_frees_devices_of_
     msg, out = isl.s.scale(job, 2, isl.now)
     assert "4 -> 2" in msg and isl.state(job) is JobState.RESIZING
     ((node, prep),) = of(out, p.PrepareResize)
-    assert node == "a" and prep.pick_port and prep.joiners == [] and (prep.world_from, prep.world) == (4, 2)
+    assert node == "a" and prep.pick_port and prep.joiners == [] and (prep.devices_from, prep.devices) == (4, 2)
     with pytest.raises(SchedulerError) as e:   # one resize at a time
         isl.s.scale(job, 1, isl.now)
     assert e.value.code == p.INVALID_STATE
     # the port arrives in a heartbeat: no joiners to wait for, so every agent is told at once
     out = isl.report("a", report(job, [agent(r, r) for r in range(4)], resize_epoch=1, resize_port=777))
     ((_, go),) = of(out, p.ResizeJob)
-    assert (go.devices, go.world_from, go.epoch, go.master_addr, go.master_port) == (2, 4, 1, "a.host", 777)
+    assert (go.devices, go.devices_from, go.epoch, go.master_addr, go.master_port) == (2, 4, 1, "a.host", 777)
     isl.now += 0.5
     acked = [agent(0, 0, epoch=1), agent(1, 1, epoch=1), agent(2, 2, epoch=1, left=True),
              agent(3, 3, epoch=1, left=True)]
@@ -196,7 +196,7 @@ def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices
                                  ok=False, error={"message": "killed"}, snapshot_epoch=1,
                                  snapshot_parts=[-1, 0, 1, 2, 3]))
     ((node, launch),) = launches(out)
-    assert node == "a" and launch.restore_epoch == 1 and launch.world == 2
+    assert node == "a" and launch.restore_epoch == 1 and launch.devices == 2
     assert [pl.device_id for pl in launch.placements] == ["cpu:0", "cpu:1"]
     j = isl.s.jobs[job]
     assert j.state is JobState.STARTING and j.requested_devices == 2 and j.error is None
@@ -242,7 +242,7 @@ def test_a_fall_back_across_nodes_relaunches_rank_0_first_and_the_others_once_it
     out = isl.report("a", report(job, [agent(0, 0, alive=False)], state="ended", ok=False,
                                  error={"message": "agent 0 raised"}, snapshot_epoch=1, snapshot_parts=[-1, 0, 1]))
     ((node, launch),) = launches(out)
-    assert node == "a" and launch.restore_epoch == 1 and launch.world == 2
+    assert node == "a" and launch.restore_epoch == 1 and launch.devices == 2
     out = isl.report("b", report(job, [agent(1, 0, alive=False)], state="ended"))   # stale: ignored, kept
     assert not kills(out) and isl.state(job) is JobState.STARTING
     out = isl.report("a", report(job, [agent(0, 0)], state="launching", master_port=11, restore_epoch=1))
@@ -325,7 +325,7 @@ def test_high_priority_job_shrinks_a_running_elastic_job_which_grows_back_when_i
     high, out = isl.submit(workers=2, lo=2, hi=2, prio=5)
     assert launches(out) == [] and isl.state(high) is JobState.QUEUED
     ((_, prep),) = of(out, p.PrepareResize)
-    assert prep.job_id == low and prep.world == 2
+    assert prep.job_id == low and prep.devices == 2
     assert isl.s.jobs[low].resize.why == f"policy: preempted by job {high}"
     complete(isl, "a", low, 1, 2, 4)
     assert isl.state(low) is JobState.RUNNING and isl.state(high) is JobState.STARTING
@@ -335,7 +335,7 @@ def test_high_priority_job_shrinks_a_running_elastic_job_which_grows_back_when_i
     out = isl.report("a", report(high, [agent(0, 2, False), agent(1, 3, False)], state="ended"))
     assert isl.state(high) is JobState.FINISHED
     ((_, prep),) = of(out, p.PrepareResize)
-    assert prep.job_id == low and prep.world == 4 and [pl.rank for pl in prep.joiners] == [2, 3]
+    assert prep.job_id == low and prep.devices == 4 and [pl.rank for pl in prep.joiners] == [2, 3]
     complete(isl, "a", low, 2, 4, 2)
     j = isl.s.jobs[low]
     assert [(r["from"], r["to"], r["why"], r["outcome"]) for r in j.resizes] == [

@@ -62,7 +62,7 @@ def test_single_node_lifecycle_queued_to_finished():
     out = isl.hello("a", 2)
     assert isinstance(out[0].msg, p.Welcome)
     ((node, launch),) = launches(out)
-    assert node == "a" and launch.world == 2 and launch.master_port == 0 and launch.master_addr == "a.host"
+    assert node == "a" and launch.devices == 2 and launch.master_port == 0 and launch.master_addr == "a.host"
     assert [pl.rank for pl in launch.placements] == [0, 1]
     assert isl.state(job) is JobState.STARTING
     isl.report("a", rep(job, "launching", (0, 1), port=4321))
@@ -241,7 +241,7 @@ def test_scale_validates_and_fixes_queued_job_size():
         assert e.value.code == p.BAD_REQUEST
     isl.s.scale(job, 2, isl.now)
     out = isl.hello("a", 4)
-    assert launches(out)[0][1].world == 2
+    assert launches(out)[0][1].devices == 2
 
 
 def test_scale_running_job_is_only_recorded_when_live_resize_is_off():
@@ -378,7 +378,7 @@ def test_a_lost_node_restarts_the_job_on_the_devices_left():
     out = isl.report(first, rep(job, "ended", (0,), ok=False, error={"cause": "peer_lost", "message": "x"}))
     j = isl.s.jobs[job]
     assert isl.state(job) is JobState.STARTING and j.placement == [[first, "cpu:0"]]
-    assert launches(out)[0][1].world == 1 and j.recovery["devices"] == 1
+    assert launches(out)[0][1].devices == 1 and j.recovery["devices"] == 1
 
 
 def test_submit_refuses_a_bad_snapshot_interval():

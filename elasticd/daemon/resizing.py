@@ -63,10 +63,10 @@ class NodeResizes:
                 log.error("job %s resize %d: %s", msg.job_id, msg.epoch, job.resize_error["message"])
                 break
             taken.add(pl.rank)
-            out.append(Spawn(job.launch, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
+            out.append(Spawn(job.launch, pl.rank, msg.devices, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
                              standby=True, blocks=list(msg.blocks)))
-        log.info("job %s resize %d (%d -> %d): joiners %s starting%s", msg.job_id, msg.epoch, msg.world_from,
-                 msg.world, [pl.rank for pl in msg.joiners],
+        log.info("job %s resize %d (%d -> %d): joiners %s starting%s", msg.job_id, msg.epoch, msg.devices_from,
+                 msg.devices, [pl.rank for pl in msg.joiners],
                  f"; rendezvous port {job.resize_port}" if job.resize_port else "")
         return out
 
@@ -98,7 +98,7 @@ class NodeResizes:
                 continue
             if a.standby:
                 a.standby, a.joining = False, True
-                out.append(SendToAgent(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.world_from,
+                out.append(SendToAgent(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.devices_from,
                                                         master_addr=msg.master_addr, master_port=msg.master_port)))
             else:
                 out.append(SendToAgent(a.identity, resize))

@@ -66,8 +66,8 @@ class Supervision:
             log.error("job %s: %s", msg.job_id, job.error["message"])
             return []
         log.info("job %s: launching ranks %s (world %d, rendezvous %s:%d)", msg.job_id,
-                 [pl.rank for pl in msg.placements], msg.world, msg.master_addr, job.master_port)
-        return [Spawn(msg, pl.rank, msg.world, pl.device_id, f"rank{pl.rank}.json", master_addr=msg.master_addr,
+                 [pl.rank for pl in msg.placements], msg.devices, msg.master_addr, job.master_port)
+        return [Spawn(msg, pl.rank, msg.devices, pl.device_id, f"rank{pl.rank}.json", master_addr=msg.master_addr,
                       master_port=job.master_port, restore_epoch=msg.restore_epoch,
                       restore_latest=msg.restore_latest, blocks=list(msg.blocks)) for pl in msg.placements]
 
@@ -107,7 +107,7 @@ class Supervision:
             if job is not None:
                 self._drop(job)
             launch = p.LaunchJob(job_id=msg.job_id, script=msg.script, func=msg.func, workers=msg.workers,
-                                 world=msg.world, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
+                                 devices=msg.devices, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
                                  env=msg.env, snapshot_every=msg.snapshot_every)
             job = NodeJob(msg.job_id, launch, 0)
             self.jobs[msg.job_id] = job

@@ -3,6 +3,11 @@
 `wire` holds the envelope (version, request id), decoding with validation, and the error replies;
 the messages are grouped by who talks: `requests` (CLI), `nodes` (daemon <-> scheduler) and
 `agents` (agent <-> daemon). Everything is re-exported here: ``from elasticd import protocol as p``.
+
+One name per count: the CLI, the scheduler and the daemons count a job's agents as `devices` (one agent
+per device; `devices_from` before a resize); the messages to an agent say `world`, as torch.distributed
+names the size of the agents' own process group. Payloads are typed records or maps of scalars, checked
+at decoding; the few free-form maps left are the documents `status` and `events` print.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class LaunchJob(Message):
     script: str
     func: str | None
     workers: int
-    world: int
+    devices: int                  # agents of the job, one per device, on every node together
     placements: list[RankPlacement]
     master_addr: str
     master_port: int
@@ -160,7 +160,7 @@ class LaunchJob(Message):
     blocks: list[int] = field(default_factory=list)
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.world, self.workers)
+        return bad_blocks(self.blocks, self.devices, self.workers)
 
 
 @message
@@ -173,7 +173,7 @@ class KillJob(Message):
 
 @message
 class PrepareResize(Message):
-    """Scheduler -> node, first half of a live resize from `world_from` to `world` agents (layout `epoch`).
+    """Scheduler -> node, first half of a live resize from `devices_from` to `devices` agents (layout `epoch`).
 
     The node starts the joining ranks placed on it (`joiners`) as warm standby agents, and the node
     hosting rank 0 (`pick_port`) picks the new group's rendezvous port; both are reported in the
@@ -184,8 +184,8 @@ class PrepareResize(Message):
     op: ClassVar[str] = "prepare_resize"
     job_id: str
     epoch: int
-    world_from: int
-    world: int
+    devices_from: int
+    devices: int
     joiners: list[RankPlacement] = field(default_factory=list)
     pick_port: bool = False
     script: str = ""
@@ -197,7 +197,7 @@ class PrepareResize(Message):
     blocks: list[int] = field(default_factory=list)   # the new layout's, as in LaunchJob (empty: uniform)
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.world, self.workers or None)
+        return bad_blocks(self.blocks, self.devices, self.workers or None)
 
 
 @message
@@ -211,7 +211,7 @@ class ResizeJob(Message):
     epoch: int = 0
     master_addr: str = ""
     master_port: int = 0
-    world_from: int = 0
+    devices_from: int = 0
     # A shrink keeping these old ranks, in new rank order (a drain); empty: ranks 0..devices-1 stay.
     keep: list[int] = field(default_factory=list)
     # The new layout's logical workers per agent (empty: uniform). Same `devices` as now with other

@@ -125,7 +125,7 @@ class Resizes:
             if node not in job.launched:
                 job.launched.append(node)
             out.append(SendToNode(node, p.PrepareResize(
-                job_id=job.job_id, epoch=plan.epoch, world_from=src, world=dst, pick_port=node == lead,
+                job_id=job.job_id, epoch=plan.epoch, devices_from=src, devices=dst, pick_port=node == lead,
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
                 env=job.spec.env, snapshot_every=job.spec.snapshot_every, blocks=list(plan.blocks))))
@@ -211,7 +211,7 @@ class Resizes:
         log.info("job %s resize %d: joiners ready after %.2fs; agents told to re-form at %s:%d", job.job_id,
                  plan.epoch, now - plan.requested_at, addr, plan.port)
         msg = p.ResizeJob(job_id=job.job_id, devices=plan.dst, epoch=plan.epoch, master_addr=addr,
-                          master_port=plan.port, world_from=plan.src, keep=list(plan.keep),
+                          master_port=plan.port, devices_from=plan.src, keep=list(plan.keep),
                           blocks=list(plan.blocks))
         return [SendToNode(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
 

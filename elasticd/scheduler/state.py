@@ -491,7 +491,7 @@ class SchedulerState:
             job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
         return SendToNode(node, p.LaunchJob(
             job_id=job.job_id, script=job.spec.script, func=job.spec.func, workers=job.spec.workers,
-            world=len(job.placement),
+            devices=len(job.placement),
             placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
                         if n == node],
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
