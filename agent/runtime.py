@@ -102,8 +102,8 @@ class Runtime:
         if restore is not None:
             reentry_writes.watch()   # the function runs its first lines again: say which files they empty
             for r, w in self._workers.items():
-                w.restore = restore.workers[r]
-                w.start_step = w.restore.step
+                w.progress.restore = restore.workers[r]
+                w.progress.start_step = w.progress.restore.step
         self.outcome = RunOutcome.RUNNING
         self.command: AgentResize | None = None  # the resize command this agent received, if any
         self.stale_resizes = 0   # resize commands still to come for resizes refused already (boundary.agree)
@@ -152,7 +152,7 @@ class Runtime:
         for r, w in self._workers.items():
             w.rng = rng.own_streams(initial, unseeded, self._cuda) if unseeded else initial
             w.ctx = WorkerContext(self, w)
-            w.env = worker_env.variables_for(r, self.workers)
+            w.dist.env = worker_env.variables_for(r, self.workers)
             self.boundary.prepare(w)
             t = threading.Thread(target=self._body, args=(w,), name=f"elasticd-rank{r}", daemon=True)
             threads.append(t)
@@ -178,11 +178,11 @@ class Runtime:
         w.sem.acquire()
         if self._aborted:
             return
-        wait_handover(self._cuda, w.handover)
+        wait_handover(self._cuda, w.turn.handover)
         try:
             shared_globals.refuse(self.fn)
             w.result = self.fn(w.ctx)
-            if w.queued:  # async collectives never waited on still complete, as in torch.distributed
+            if w.turn.queued:  # async collectives never waited on still complete, as in torch.distributed
                 self.drain(w)
         except _Aborted:
             return
@@ -260,7 +260,7 @@ class Runtime:
             rng.restore(nxt.rng, self._cuda, live=live)
         for listener in self.switch_listeners:
             listener(me, nxt)
-        nxt.handover = record_handover(self._cuda)  # nxt's stream waits on it, in nxt's thread
+        nxt.turn.handover = record_handover(self._cuda)  # nxt's stream waits on it, in nxt's thread
         self.current = nxt
         nxt.sem.release()
 
@@ -268,10 +268,10 @@ class Runtime:
         w.sem.acquire()
         if self._aborted:
             raise _Aborted()
-        wait_handover(self._cuda, w.handover)
+        wait_handover(self._cuda, w.turn.handover)
 
     def _flush(self, ranks: tuple[int, ...]) -> None:
-        batches = [self._workers[r].queued for r in ranks]
+        batches = [self._workers[r].turn.queued for r in ranks]
         lengths = {len(b) for b in batches}
         if len(lengths) != 1:
             raise CollectiveMismatch(
@@ -288,7 +288,7 @@ class Runtime:
                     b[i][1]._complete()
         self.timing.add_flush(time.perf_counter() - started)
         for r in ranks:
-            self._workers[r].queued = []
+            self._workers[r].turn.queued = []
 
     # -- called from worker threads -----------------------------------------------------------
     def current_rank(self) -> int:
@@ -298,16 +298,16 @@ class Runtime:
         return w.rank
 
     def enqueue(self, w: Worker, op: Collective, work: Work | None) -> None:
-        if w.once_running is not None:
+        if w.turn.once_running is not None:
             raise ReplicatedStateError(
-                f"elasticd: a collective ({type(op).__name__}) inside {w.once_running}, in logical rank {w.rank}: "
+                f"elasticd: a collective ({type(op).__name__}) inside {w.turn.once_running}, in logical rank {w.rank}: "
                 f"elasticd runs that once per device for all the workers the device hosts, so the collective would "
                 f"have one caller per device, not one per logical rank. An optimizer whose step communicates or "
                 f"depends on its rank (a sharded Muon, ZeroRedundancyOptimizer) cannot be shared: leave it and "
                 f"its model out of ctx.replicate and wrap the model in DistributedDataParallel inside the "
                 f"function (each worker then owns its model and optimizer, as a DDP process does)")
         op.on_arrive(self.env)
-        w.queued.append((op, work))
+        w.turn.queued.append((op, work))
 
     def drain(self, w: Worker | None) -> None:
         """Give up the baton until every hosted worker reaches this point and the queue is flushed."""
@@ -315,7 +315,7 @@ class Runtime:
             raise RuntimeError("elasticd: a collective handle was waited on outside its worker")
         if not self._execute(w, self.baton.arrive(w.rank)):
             self._wait_turn(w)
-        w.judged = False
+        w.turn.judged = False
 
     def block(self, w: Worker) -> None:
         """Give up the baton until `w`'s point-to-point message is there (agent/comm/p2p.py)."""
@@ -323,14 +323,14 @@ class Runtime:
             raise RuntimeError("elasticd: a receive was waited on outside its worker")
         if not self._execute(w, self.baton.block(w.rank)):
             self._wait_turn(w)
-        w.judged = False
+        w.turn.judged = False
 
     def before_backward(self, w: Worker) -> None:
         """A backward pass starts. If it is the last hosted worker's before a gradient flush (every other
         one waits at a GradSync, and nothing queued would be flushed before it), its gradients' buckets are
         reduced over the agents as they fill (replicated/buckets.py): every agent starts them in one order."""
-        w.backward_depth += 1
-        if w.backward_depth > 1:
+        w.turn.backward_depth += 1
+        if w.turn.backward_depth > 1:
             return   # reentrant: the outermost pass keeps the books
         self._arm_buckets(w)
         if not self.deterministic:
@@ -339,31 +339,31 @@ class Runtime:
 
     def _arm_buckets(self, w: Worker) -> None:
         buckets = self.env.grad_buckets
-        if (self.deterministic or self.phys.world == 1 or not self.groups or w.no_sync_depth > 0 or w.queued
+        if (self.deterministic or self.phys.world == 1 or not self.groups or w.turn.no_sync_depth > 0 or w.turn.queued
                 or buckets.armed):
             return
         for r in self.hosted:
             if r == w.rank:
                 continue
-            q = self._workers[r].queued
+            q = self._workers[r].turn.queued
             if self.baton.state[r] is not WorkerState.WAITING or not q or not isinstance(q[0][0], GradSync):
                 return
         buckets.arm(self.groups)
 
     def after_backward(self, w: Worker) -> None:
         """The end of a backward pass: averaging gradients is a collective, so the worker yields here."""
-        if not self._close_books(w) or w.no_sync_depth > 0:
+        if not self._close_books(w) or w.turn.no_sync_depth > 0:
             return   # a reentrant pass ends inside the outer one, which is the switch point
-        queued = len(w.queued)
-        if w.touched_grads and self.groups:
-            w.touched_grads = False
+        queued = len(w.turn.queued)
+        if w.turn.touched_grads and self.groups:
+            w.turn.touched_grads = False
             self.enqueue(w, GradSync(w.rank, groups=self.groups), None)
         elif self.env.grad_buckets.armed:
             self.env.grad_buckets.disarm()
-        for hook in w.backward_hooks:
+        for hook in w.turn.backward_hooks:
             hook()
-        if len(w.queued) > queued:
-            w.judged = True   # the pass's accumulations are on the books, and no user code ran since
+        if len(w.turn.queued) > queued:
+            w.turn.judged = True   # the pass's accumulations are on the books, and no user code ran since
             self.drain(w)
 
     def backward_raised(self, w: Worker, error: BaseException) -> None:
@@ -374,19 +374,19 @@ class Runtime:
     def _close_books(self, w: Worker) -> bool:
         """A backward pass of `w` ended; True if it was the outermost one. Default mode: the gradients it
         accumulated into are recorded now (no per-parameter hooks ran, see ReplicatedGroup._hook)."""
-        w.backward_depth -= 1
-        if w.backward_depth > 0:
+        w.turn.backward_depth -= 1
+        if w.turn.backward_depth > 0:
             return False
         if not self.deterministic:
             for g in self.groups:
                 if g.after_backward(w.rank):
-                    w.touched_grads = True
+                    w.turn.touched_grads = True
         return True
 
     def backward_owner(self) -> Worker | None:
         """The running worker while it is inside a backward pass (None once the run ended or failed)."""
         w = self.current
-        if w is None or self._aborted or self.outcome is not RunOutcome.RUNNING or w.backward_depth <= 0:
+        if w is None or self._aborted or self.outcome is not RunOutcome.RUNNING or w.turn.backward_depth <= 0:
             return None
         return w
 

@@ -68,21 +68,21 @@ class ScriptMain:
 
     def fn(self, ctx: Any) -> None:
         worker = worker_of(ctx)
-        worker.dist_initialized = False  # a torchrun script initializes its process group itself
+        worker.dist.initialized = False  # a torchrun script initializes its process group itself
         if ctx.rank == 0:
-            worker.backward_hooks.append(StepCounter(runtime_of(ctx)))
+            worker.turn.backward_hooks.append(StepCounter(runtime_of(ctx)))
         fresh_streams()
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,
                                __cached__=None)
-        worker.main_module = module
+        worker.dist.main_module = module
         try:
             exec(self._compile(), module.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
         finally:
-            worker.main_module = None
+            worker.dist.main_module = None
 
     def _compile(self) -> types.CodeType:
         """The script's code, compiled anew for each worker, as each torchrun process compiles its own.

@@ -30,15 +30,11 @@ def _held_lock() -> Any:
     return lock
 
 
-@dataclass(eq=False)
-class Worker:
-    rank: int
-    # A held lock used as a binary semaphore: released once per hand-over to this worker, acquired by
-    # the worker to wait for it. The C lock wakes in a fraction of threading.Semaphore's time.
-    sem: Any = field(default_factory=_held_lock)
-    ctx: WorkerContext | None = None
-    runtime: Runtime | None = None   # the runtime that hosts this worker (set when it is made)
-    rng: RngState | None = None
+@dataclass(eq=False, slots=True)
+class TurnState:
+    """Where a worker stands in the time-slicer's turn: collectives it queued, backward passes it runs, and
+    what the runtime last judged of its changes to replicated state (agent/runtime.py, replicated/)."""
+
     queued: list[tuple[Collective, Work | None]] = field(default_factory=list)
     touched_grads: bool = False
     backward_depth: int = 0  # backward passes running in this thread (reentrant checkpointing nests them)
@@ -48,12 +44,29 @@ class Worker:
     judged: bool = False
     once_running: str | None = None  # inside an operation run once per device for all hosted workers (replicated/once.py)
     replicate_calls: int = 0
-    groups_made: int = 0   # torch.distributed.new_group calls so far: the next one's channel (compat/dist_groups.py)
+    # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
+    # private model's gradient average), which the runtime then flushes with the replicated ones.
+    backward_hooks: list[Callable[[], None]] = field(default_factory=list)
+    handover: Any = None  # CUDA: the event the previous worker recorded when it handed over (slicer/device.py)
+
+
+@dataclass(eq=False, slots=True)
+class Progress:
+    """A worker's steps and what its step boundary saves and restores (agent/slicer/boundary.py)."""
+
     start_step: int = 0
     total_steps: int | None = None  # from ctx.steps(total): lets `submit --wait` draw a progress bar
     metrics: dict[str, Any] = field(default_factory=dict)
     loaders: list[ResumableBatches] = field(default_factory=list)
     private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
+    restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
+    snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
+
+
+@dataclass(eq=False, slots=True)
+class CaptureState:
+    """What the worker's function built that nobody registered, carried across re-entry (agent/capture/)."""
+
     # Optimizers, LR schedulers, GradScalers and model averages/copies this worker's thread built, in creation
     # order, and the ids of those ctx.replicate / ctx.private carry themselves (agent/capture/carried.py).
     created: list[Any] = field(default_factory=list)
@@ -63,22 +76,38 @@ class Worker:
     loader_tracks: LoaderTracks | None = None      # plain DataLoader iterators (agent/capture/loader_tracking.py)
     entered_steps: bool = False                    # ctx.steps has started in this run of the function
     loop_start: Any = None   # the function's plain local values when ctx.steps began (capture/function_locals.py)
-    # Called after each backward pass outside no_sync; may queue collectives (e.g. a DDP-wrapped
-    # private model's gradient average), which the runtime then flushes with the replicated ones.
-    backward_hooks: list[Callable[[], None]] = field(default_factory=list)
-    result: Any = None
-    restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
-    snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
-    # torchrun plumbing (agent/compat/worker_env.py, torch_dist.py): this worker's RANK, LOCAL_RANK, ... as
-    # os.environ shows them in its thread; whether its init_process_group ran (None: an @elastic function's
-    # world, there from the start) and the backend it named.
+
+
+@dataclass(eq=False, slots=True)
+class DistState:
+    """torchrun plumbing for one worker (agent/compat/): its RANK, LOCAL_RANK, ... as os.environ shows them in
+    its thread; whether its init_process_group ran (None: an @elastic function's world, there from the start)
+    and the backend it named; its subgroups; the singletons a launcher keeps once per process."""
+
     env: dict[str, str | None] | None = None
-    dist_initialized: bool | None = None
-    dist_backend: str | None = None
-    # Library singletons that are per process under torchrun, per worker here (agent/compat/per_rank_singletons.py).
-    singletons: dict[Any, Any] = field(default_factory=dict)
+    initialized: bool | None = None
+    backend: str | None = None
+    groups_made: int = 0   # torch.distributed.new_group calls so far: the next one's channel (compat/dist_groups.py)
+    singletons: dict[Any, Any] = field(default_factory=dict)   # compat/per_rank_singletons.py
     main_module: Any = None   # torchrun mode: the script's module this worker runs, its `__main__` (compat/per_rank_main.py)
-    handover: Any = None  # CUDA: the event the previous worker recorded when it handed over (slicer/device.py)
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
+class Worker:
+    """One logical worker: its thread's identity and turn, and one record per concern that reads and writes it."""
+
+    rank: int
+    # A held lock used as a binary semaphore: released once per hand-over to this worker, acquired by
+    # the worker to wait for it. The C lock wakes in a fraction of threading.Semaphore's time.
+    sem: Any = field(default_factory=_held_lock)
+    ctx: WorkerContext | None = None
+    runtime: Runtime | None = None   # the runtime that hosts this worker (set when it is made)
+    rng: RngState | None = None
+    result: Any = None
+    turn: TurnState = field(default_factory=TurnState)
+    progress: Progress = field(default_factory=Progress)
+    capture: CaptureState = field(default_factory=CaptureState)
+    dist: DistState = field(default_factory=DistState)
 
 
 _tls = threading.local()

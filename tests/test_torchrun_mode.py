@@ -26,7 +26,7 @@ import elasticd
 from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.proc_name import agents_under
 from elasticd.agent.runtime import WorkerFailed
-from elasticd.agent.worker import Worker, set_current_worker
+from elasticd.agent.worker import DistState, Worker, set_current_worker
 
 SCRIPT = JOBS / "torchrun_tutorial.py"
 EPOCHS = 3        # 512 samples / 4 ranks / batch 16 = 8 steps per epoch
@@ -324,7 +324,7 @@ def test_environment_is_per_worker_thread() -> None:
     seen: dict[int, dict] = {}
 
     def body(rank: int, go: threading.Event, done: threading.Event) -> None:
-        set_current_worker(Worker(rank, env=worker_env.variables_for(rank, 4)))
+        set_current_worker(Worker(rank, dist=DistState(env=worker_env.variables_for(rank, 4))))
         go.wait(10)
         os.environ["MASTER_PORT"] = str(30000 + rank)  # a worker's own variable: its view only
         del os.environ["GROUP_RANK"]
@@ -429,7 +429,7 @@ def test_a_cuda_index_in_a_worker_means_the_agents_device() -> None:
         got: dict[str, object] = {}
 
         def body() -> None:
-            set_current_worker(Worker(3, env=worker_env.variables_for(3, 4)))
+            set_current_worker(Worker(3, dist=DistState(env=worker_env.variables_for(3, 4))))
             local_rank = int(os.environ["LOCAL_RANK"])
             got["tensor"] = torch.ones(2).to(local_rank).device
             got["dtype"] = torch.ones(2).to(local_rank, torch.float64).dtype

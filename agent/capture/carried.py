@@ -84,18 +84,18 @@ def _hook(cls: type) -> None:
         w = current_worker()
         # A subclass's __init__ calling its base's (StepLR -> LRScheduler) reaches here once per level:
         # only the outermost call records the object.
-        outermost = w is not None and not any(o is self for o in w.created[-1:])
+        outermost = w is not None and not any(o is self for o in w.capture.created[-1:])
         if outermost and w is not None:
-            w.created.append(self)
-            w.constructing += 1   # AveragedModel deep-copies its model: that copy is part of this object
+            w.capture.created.append(self)
+            w.capture.constructing += 1   # AveragedModel deep-copies its model: that copy is part of this object
         try:
             original(self, *args, **kwargs)
         finally:
             if outermost and w is not None:
-                w.constructing -= 1
-        if outermost and w is not None and w.entered_steps and w.carried_restore is not None:
+                w.capture.constructing -= 1
+        if outermost and w is not None and w.capture.entered_steps and w.capture.carried_restore is not None:
             # Made after the start of ctx.steps on a resumed worker: load its saved state now.
-            w.carried_restore.created(w, self)
+            w.capture.carried_restore.created(w, self)
 
     __init__._elasticd_carried = True  # type: ignore[attr-defined]
     _LEDGER.set(cls, "__init__", __init__)
@@ -145,7 +145,7 @@ def _module_deepcopy(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     """What `copy.deepcopy` does for a module (it defines no __deepcopy__ of its own), and remembers the
     copies a worker makes before its loop, outside any module's constructor."""
     w = current_worker()
-    track = w is not None and not w.entered_steps and w.constructing == 0 and not getattr(_copying, "active", False)
+    track = w is not None and not w.capture.entered_steps and w.capture.constructing == 0 and not getattr(_copying, "active", False)
     track = track and not _in_module_constructor(sys._getframe(1))
     if track:
         _copying.active = True
@@ -159,7 +159,7 @@ def _module_deepcopy(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
         if track:
             _copying.active = False
     if track and w is not None and (y._parameters or y._buffers or y._modules):
-        w.created.append(_Copy(y))
+        w.capture.created.append(_Copy(y))
     return y
 
 
@@ -192,17 +192,17 @@ def _target(obj: Any) -> Any:
 
 
 def _carried_elsewhere(w: Worker, obj: Any) -> bool:
-    # w.registered: objects the replicated state keeps (and so keeps alive) and carries itself.
-    return isinstance(obj, _Registered) or id(_target(obj)) in w.registered
+    # w.capture.registered: objects the replicated state keeps (and so keeps alive) and carries itself.
+    return isinstance(obj, _Registered) or id(_target(obj)) in w.capture.registered
 
 
 def mark_registered(w: Worker, *objs: Any) -> None:
     """`ctx.replicate` / `ctx.private` carry these themselves: keep their slot in the order, save nothing.
     So are the tracked copies inside a module among them."""
     for obj in objs:
-        for k, made in enumerate(w.created):
+        for k, made in enumerate(w.capture.created):
             if obj is not None and _target(made) is obj:
-                w.created[k] = _Registered(type(obj).__qualname__)
+                w.capture.created[k] = _Registered(type(obj).__qualname__)
         if isinstance(obj, torch.nn.Module):
             absorb(w, obj)
 
@@ -211,9 +211,9 @@ def absorb(w: Worker, module: torch.nn.Module) -> None:
     """The tracked copies that are submodules of `module` are carried with it: keep their slots (creation
     order must still match on re-entry) under the same type name, and save nothing for them."""
     inside = {id(m) for m in module.modules() if m is not module}
-    for k, made in enumerate(w.created):
+    for k, made in enumerate(w.capture.created):
         if isinstance(made, _Copy) and made.ref() is not None and id(made.ref()) in inside:
-            w.created[k] = _Registered(made.type_name)
+            w.capture.created[k] = _Registered(made.type_name)
 
 
 def save(w: Worker) -> list[dict[str, Any]]:
@@ -223,7 +223,7 @@ def save(w: Worker) -> list[dict[str, Any]]:
         NotCarried: an object's state_dict() fails or holds something a snapshot cannot (e.g. a function).
     """
     out = []
-    for k, obj in enumerate(w.created):
+    for k, obj in enumerate(w.capture.created):
         entry: dict[str, Any] = {"type": _type_name(obj), "state": None}
         target = _target(obj)
         if target is not None and not _carried_elsewhere(w, obj):
@@ -288,7 +288,7 @@ class CarriedRestore:
 
     def begin_steps(self, w: Worker) -> None:
         """The start of ctx.steps: everything built before the loop gets its saved state."""
-        for obj in w.created[self.loaded:]:
+        for obj in w.capture.created[self.loaded:]:
             self.created(w, obj)
 
     def created(self, w: Worker, obj: Any) -> None:

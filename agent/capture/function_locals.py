@@ -514,8 +514,8 @@ def _iterate_again(frames: list[FrameType], iterators: dict[str, tuple[str, int]
         except (AttributeError, KeyError):
             live = None
         if not (isinstance(live, loader_tracking.Tracked) and live.loader is loader):
-            if worker is not None and worker.loader_tracks is not None:
-                worker.loader_tracks.resume_next(index)
+            if worker is not None and worker.capture.loader_tracks is not None:
+                worker.capture.loader_tracks.resume_next(index)
             todo.setdefault(int(i), {})[name] = iter(loader)   # tracked: resumed at the snapshot's position
     for i, values in todo.items():
         _rebind(frames[i], values)

@@ -257,9 +257,9 @@ def _hook(cls: type) -> None:
     @functools.wraps(original)
     def __iter__(self: Any) -> Any:
         w: Worker | None = current_worker()
-        if w is None or w.loader_tracks is None or id(self) in w.loader_tracks.skip or type(self).__iter__ is not __iter__:
+        if w is None or w.capture.loader_tracks is None or id(self) in w.capture.loader_tracks.skip or type(self).__iter__ is not __iter__:
             return original(self)  # not a worker, ctx.batches' own loader, or a subclass's __iter__ calling up
-        return w.loader_tracks.iterate(self, original)
+        return w.capture.loader_tracks.iterate(self, original)
 
     __iter__._elasticd_tracked = True  # type: ignore[attr-defined]
     _LEDGER.set(cls, "__iter__", __iter__)

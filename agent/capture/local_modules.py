@@ -57,10 +57,10 @@ class _Elsewhere:
     def __init__(self, w: Worker) -> None:
         rt = getattr(w.ctx, "_rt", None)
         self.base: set[int] = set()
-        for m in [g.model for g in getattr(rt, "groups", [])] + list(w.private):
+        for m in [g.model for g in getattr(rt, "groups", [])] + list(w.progress.private):
             self.base |= _storages(m)
         self.copies: dict[int, set[int]] = {}   # id of a tracked copy -> its storages
-        for made in w.created:
+        for made in w.capture.created:
             target = _target(made)
             if isinstance(made, _Copy) and target is not None:
                 self.copies[id(target)] = _storages(target)

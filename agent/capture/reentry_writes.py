@@ -38,8 +38,8 @@ def _truncates(mode: Any) -> bool:
 def _open(file: Any, mode: Any = "r", *args: Any, **kwargs: Any) -> Any:
     if _truncates(mode) and isinstance(file, (str, bytes, os.PathLike)):
         w = current_worker()
-        if w is not None and w.restore is not None and not w.entered_steps:
-            _warn(w.rank, w.start_step, os.fsdecode(file), mode)
+        if w is not None and w.progress.restore is not None and not w.capture.entered_steps:
+            _warn(w.rank, w.progress.start_step, os.fsdecode(file), mode)
     return _real_open(file, mode, *args, **kwargs)
 
 

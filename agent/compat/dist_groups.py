@@ -67,8 +67,8 @@ def new_group(ctx: WorkerContext, ranks: list[int] | None = None, sort_ranks: bo
         raise ValueError(f"new_group: ranks {ranks} are not distinct logical ranks of {n}")
     if sort_ranks:
         members.sort()
-    channel = worker_of(ctx).groups_made
-    worker_of(ctx).groups_made += 1
+    channel = worker_of(ctx).dist.groups_made
+    worker_of(ctx).dist.groups_made += 1
     if ctx.rank not in members:
         return c10d.GroupMember.NON_GROUP_MEMBER
     return LogicalGroup(channel, members, ctx.rank)

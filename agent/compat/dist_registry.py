@@ -80,7 +80,7 @@ def logical(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 if name not in _ASKS:
                     _refuse_inside_backward(name)
                 return original(*args, **kwargs)
-            if worker_of(ctx).dist_initialized is False and name not in _WITHOUT_GROUP:
+            if worker_of(ctx).dist.initialized is False and name not in _WITHOUT_GROUP:
                 # torch's own answer outside an initialized world (before init, after destroy)
                 raise ValueError(f"Default process group has not been initialized, please make sure to call "
                                  f"init_process_group. (elasticd: torch.distributed.{name} in logical rank {ctx.rank})")

@@ -98,7 +98,7 @@ class LogicalDDP(torch.nn.Module):
                 states += self._sync_buffers_list()
             self._broadcast_from_rank0(states)
         _register_private(self._ctx, module)
-        worker.backward_hooks.append(weakly(self._after_backward))  # a dropped model must be let go
+        worker.turn.backward_hooks.append(weakly(self._after_backward))  # a dropped model must be let go
 
     # -- forward: DDP's buffer sync and its decision whether the next backward averages ------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:

@@ -27,7 +27,7 @@ _LEDGER = patches.ledger("compat.per_rank_main")
 
 def _own() -> types.ModuleType | None:
     w = current_worker()
-    return None if w is None else w.main_module
+    return None if w is None else w.dist.main_module
 
 
 class _PerWorkerMain(types.ModuleType):

@@ -53,7 +53,7 @@ class PerWorkerInstances(dict):  # type: ignore[type-arg]
         w = current_worker()
         if w is None or not (isinstance(cls, type) and self._per_worker(cls)):
             return None
-        return w.singletons
+        return w.dist.singletons
 
     def __contains__(self, cls: object) -> bool:
         own = self._table(cls)
@@ -89,7 +89,7 @@ class PerWorkerInstances(dict):  # type: ignore[type-arg]
         view = {cls: v for cls, v in dict.items(self) if self._table(cls) is None}
         w = current_worker()
         if w is not None:
-            view.update(w.singletons)
+            view.update(w.dist.singletons)
         return copy.deepcopy(view, memo)
 
 
@@ -117,9 +117,9 @@ class PerWorkerSharedState:
         w = current_worker()
         if w is None:
             return self.shared
-        own = w.singletons.get(self.key)
+        own = w.dist.singletons.get(self.key)
         if own is None:
-            own = w.singletons[self.key] = {}
+            own = w.dist.singletons[self.key] = {}
         return own
 
     def __set__(self, obj: Any, value: dict[str, Any]) -> None:
@@ -127,7 +127,7 @@ class PerWorkerSharedState:
         if w is None:
             self.shared = value
         else:
-            w.singletons[self.key] = value
+            w.dist.singletons[self.key] = value
 
 
 ACCELERATE_STATES = ("PartialState", "AcceleratorState", "GradientState")

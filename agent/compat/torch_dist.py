@@ -62,7 +62,7 @@ RealDDP = ddp_module.DistributedDataParallel
 def _is_initialized(ctx: WorkerContext) -> bool:
     # The logical world exists even when a single agent has no process group: an @elastic function sees it
     # initialized (None) until it destroys it; a torchrun-mode script (False) once it calls init_process_group.
-    return worker_of(ctx).dist_initialized is not False
+    return worker_of(ctx).dist.initialized is not False
 
 
 @logical("init_process_group")
@@ -71,28 +71,28 @@ def _init_process_group(ctx: WorkerContext, backend: Any = None, init_method: An
                         pg_options: Any = None, device_id: Any = None, **_: Any) -> None:
     """No process group to form: the logical world is there. What the call asks is checked against it, so a
     script that meant another world fails here instead of computing with this one."""
-    if worker_of(ctx).dist_initialized:
+    if worker_of(ctx).dist.initialized:
         raise ValueError("trying to initialize the default process group twice!")
     if world_size not in (-1, None) and world_size != ctx.world_size:
         raise ValueError(f"elasticd: init_process_group(world_size={world_size}) in a job of {ctx.world_size} "
                          f"logical workers")
     if rank not in (-1, None) and rank != ctx.rank:
         raise ValueError(f"elasticd: init_process_group(rank={rank}) called by logical rank {ctx.rank}")
-    worker_of(ctx).dist_initialized = True
-    worker_of(ctx).dist_backend = str(backend).lower() if backend else None
+    worker_of(ctx).dist.initialized = True
+    worker_of(ctx).dist.backend = str(backend).lower() if backend else None
 
 
 @logical("destroy_process_group")
 def _destroy_process_group(ctx: WorkerContext, group: Any = None) -> None:
     check_group(group, "destroy_process_group")  # the agents' own group is the runtime's to close
-    worker_of(ctx).dist_initialized = False
+    worker_of(ctx).dist.initialized = False
 
 
 @logical("get_backend")
 def _get_backend(ctx: WorkerContext, group: Any = None) -> str:
     check_group(group, "get_backend")
-    if worker_of(ctx).dist_backend:
-        return worker_of(ctx).dist_backend
+    if worker_of(ctx).dist.backend:
+        return worker_of(ctx).dist.backend
     return "nccl" if ctx.device.type == "cuda" else "gloo"
 
 

@@ -53,7 +53,7 @@ def variables_for(rank: int, world: int) -> dict[str, str | None]:
 
 def _overlay() -> dict[str, str | None] | None:
     w = current_worker()
-    return None if w is None else w.env
+    return None if w is None else w.dist.env
 
 
 class WorkerEnviron(_Environ):  # type: ignore[misc, valid-type]

@@ -370,7 +370,7 @@ class PrivateStore:
     def _pinned(self, ws: _WorkerState) -> set[int]:
         if ws.worker is None:
             return set()
-        return {t.untyped_storage()._cdata for op, _ in ws.worker.queued for t in _referenced(op)}
+        return {t.untyped_storage()._cdata for op, _ in ws.worker.turn.queued for t in _referenced(op)}
 
     def _runtime(self) -> Runtime | None:
         return self._rt() if self._rt is not None else None

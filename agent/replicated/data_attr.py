@@ -83,7 +83,7 @@ def _get(self: torch.Tensor) -> torch.Tensor:
         if shared is not None and shared[0]() is self:
             w = current_worker()
             ledger = shared[1]()
-            if ledger is not None and w is not None and w.ctx is not None and w.once_running is None \
+            if ledger is not None and w is not None and w.ctx is not None and w.turn.once_running is None \
                     and _from_user_code():
                 return grad_data.of(self, ledger, shared[2], w.rank)
             return self.detach()
@@ -105,7 +105,7 @@ def _worker_on(param: torch.Tensor) -> tuple[Any, int] | None:
     if entry is None or entry[0]() is not param:
         return None
     w = current_worker()
-    if w is None or w.ctx is None or w.once_running is not None:
+    if w is None or w.ctx is None or w.turn.once_running is not None:
         return None
     return w, entry[1]
 

@@ -131,7 +131,7 @@ class ReplicatedGroup:
     def _on_grad(self, i: int, _p: torch.Tensor) -> None:
         worker = self.runtime.current
         if worker is not None:
-            worker.touched_grads = True
+            worker.turn.touched_grads = True
             self.ledger.after_accumulate(i, worker.rank)
             buckets = self.runtime.env.grad_buckets
             if buckets is not None and buckets.armed:
@@ -141,7 +141,7 @@ class ReplicatedGroup:
         # The outgoing worker's changes since the runtime last looked: judged before another worker runs
         # (not again when it leaves straight from a backward pass the runtime has just recorded).
         if outgoing is not None:
-            if not outgoing.judged:
+            if not outgoing.turn.judged:
                 self.ledger.check(outgoing.rank)
             self.ledger.drop_private(outgoing.rank)
         if self.buffers and len(self.runtime.hosted) > 1:

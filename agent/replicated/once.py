@@ -50,12 +50,12 @@ def _sanctioned(rank: int, what: str, fn: Callable[[], Any]) -> Any:
     for g in groups:
         g.ledger.check(rank)
     if w is not None:
-        w.once_running = what  # a collective inside it has one caller per device: refused (Runtime.enqueue)
+        w.turn.once_running = what  # a collective inside it has one caller per device: refused (Runtime.enqueue)
     try:
         result = fn()
     finally:
         if w is not None:
-            w.once_running = None
+            w.turn.once_running = None
     for g in groups:
         g.ledger.record()
     return result

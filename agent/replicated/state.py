@@ -77,8 +77,8 @@ class ReplicatedState:
 
     # -- ctx.replicate ------------------------------------------------------------------------
     def replicate(self, w: Worker, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> Any:
-        index = w.replicate_calls
-        w.replicate_calls += 1
+        index = w.turn.replicate_calls
+        w.turn.replicate_calls += 1
         if index == len(self.groups):
             # The first hosted worker to get here builds the shared copy (on agent 0 that is rank 0),
             # and every agent adopts agent 0's state, as DDP's constructor does.
@@ -163,8 +163,8 @@ class ReplicatedState:
         mine = self._workers[w.rank].schedulers
         k = len(mine)
         mine.append(sched)
-        w.registered.add(id(sched))   # carried here, not again as an unregistered object (capture/carried.py)
-        saved = w.restore.extras.get(SCHEDULERS, []) if w.restore is not None else []
+        w.capture.registered.add(id(sched))   # carried here, not again as an unregistered object (capture/carried.py)
+        saved = w.progress.restore.extras.get(SCHEDULERS, []) if w.progress.restore is not None else []
 
         led = False
 
@@ -236,8 +236,8 @@ class ReplicatedState:
         mine = self._workers[w.rank].scalers
         k = len(mine)
         mine.append(scaler)
-        w.registered.add(id(scaler))  # carried here, not again as an unregistered object (capture/carried.py)
-        saved = w.restore.extras.get(SCALERS, []) if w.restore is not None else []
+        w.capture.registered.add(id(scaler))  # carried here, not again as an unregistered object (capture/carried.py)
+        saved = w.progress.restore.extras.get(SCALERS, []) if w.progress.restore is not None else []
         if k < len(saved) and saved[k]:
             scaler.load_state_dict(saved[k])
 

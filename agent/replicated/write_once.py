@@ -44,7 +44,7 @@ class WriteCounts:
 def _writer() -> Any:
     """The worker whose write is counted: worker code, not what runs once per step for all."""
     w = current_worker()
-    return w if w is not None and w.ctx is not None and w.once_running is None else None
+    return w if w is not None and w.ctx is not None and w.turn.once_running is None else None
 
 
 class SharedGroup(dict):

@@ -127,11 +127,11 @@ class StepBoundary:
 
     def prepare(self, w: Worker) -> None:
         """Before the worker's thread runs the function: what a resumed worker's objects load from."""
-        w.loader_tracks = tracks = loader_tracking.LoaderTracks()
-        w.backward_hooks.append(tracks.after_backward)
-        if w.restore is not None:
-            w.loader_tracks.saved = w.restore.extras.get("raw_loaders", [])
-            w.carried_restore = carried.CarriedRestore(w.rank, w.restore.extras.get("carried", []))
+        w.capture.loader_tracks = tracks = loader_tracking.LoaderTracks()
+        w.turn.backward_hooks.append(tracks.after_backward)
+        if w.progress.restore is not None:
+            w.capture.loader_tracks.saved = w.progress.restore.extras.get("raw_loaders", [])
+            w.capture.carried_restore = carried.CarriedRestore(w.rank, w.progress.restore.extras.get("carried", []))
 
     # -- registration (called from worker threads) --------------------------------------------
     def begin_steps(self, w: Worker) -> None:
@@ -140,7 +140,7 @@ class StepBoundary:
         Raises:
             StepsAgain: the function started a second `ctx.steps` loop in this run.
         """
-        if w.entered_steps:
+        if w.capture.entered_steps:
             # Its steps count from where the job resumes, over the whole function: a re-entered function's
             # second loop would start at the resumed step too, and skip the steps before it (exit 0).
             raise StepsAgain(
@@ -151,18 +151,18 @@ class StepBoundary:
                 "every step: `for step in ctx.steps(epochs * steps_per_epoch):` with `epoch = step // "
                 "steps_per_epoch` (ctx.batches goes on from epoch to epoch by itself), or for phases `for step "
                 "in ctx.steps(warmup + main):` with `if step == warmup:` where the second phase begins")
-        w.entered_steps = True
+        w.capture.entered_steps = True
         if w.rank == self.rt.hosted[0]:
-            self._running = w.start_step
-        if w.loader_tracks is not None:
-            w.loader_tracks.new_step()
-        if w.restore is not None:
-            rng.restore(rng.RngState.from_dict(w.restore.rng), self.rt._cuda)
-            w.metrics.update(w.restore.metrics)
-        if w.carried_restore is not None:
-            w.carried_restore.begin_steps(w)
-        w.loop_start = function_locals.begin(
-            self._thread_entry, w.restore.extras.get("function_locals") if w.restore is not None else None)
+            self._running = w.progress.start_step
+        if w.capture.loader_tracks is not None:
+            w.capture.loader_tracks.new_step()
+        if w.progress.restore is not None:
+            rng.restore(rng.RngState.from_dict(w.progress.restore.rng), self.rt._cuda)
+            w.progress.metrics.update(w.progress.restore.metrics)
+        if w.capture.carried_restore is not None:
+            w.capture.carried_restore.begin_steps(w)
+        w.capture.loop_start = function_locals.begin(
+            self._thread_entry, w.progress.restore.extras.get("function_locals") if w.progress.restore is not None else None)
 
     @property
     def _thread_entry(self) -> Any:
@@ -171,26 +171,26 @@ class StepBoundary:
 
     def restore_private(self, w: Worker, obj: Any) -> None:
         carried.mark_registered(w, obj)
-        k = len(w.private)
-        w.private.append(obj)
-        saved = w.restore.extras.get("private", []) if w.restore is not None else []
+        k = len(w.progress.private)
+        w.progress.private.append(obj)
+        saved = w.progress.restore.extras.get("private", []) if w.progress.restore is not None else []
         if k < len(saved):
             saving.load(obj, saved[k])
 
     def attach_loader(self, w: Worker, it: ResumableBatches) -> None:
-        k = len(w.loaders)
-        w.loaders.append(it)
-        if w.loader_tracks is not None:
-            w.loader_tracks.skip.add(id(it.loader))
-        if w.restore is not None and k < len(w.restore.loaders):
-            it.load_state_dict(w.restore.loaders[k])
+        k = len(w.progress.loaders)
+        w.progress.loaders.append(it)
+        if w.capture.loader_tracks is not None:
+            w.capture.loader_tracks.skip.add(id(it.loader))
+        if w.progress.restore is not None and k < len(w.progress.restore.loaders):
+            it.load_state_dict(w.progress.restore.loaders[k])
 
     # -- the boundary ---------------------------------------------------------------------------
     def step_boundary(self, w: Worker, step: int) -> None:
-        if w.carried_restore is not None:
+        if w.capture.carried_restore is not None:
             # One step ran after resuming: every saved object must have found its new self by now.
-            w.carried_restore.check_complete()
-            w.carried_restore = None
+            w.capture.carried_restore.check_complete()
+            w.capture.carried_restore = None
         if w.rank == self.rt.hosted[0]:
             # The first hosted worker speaks for the agent: report, then vote. Its boundary is at the
             # same point of the collective sequence on every agent, so the vote cannot cross another
@@ -198,7 +198,7 @@ class StepBoundary:
             self._report(w, step)
             agreed = self.carried.take(step, self.rt.phys.collectives)
             if agreed is None:
-                self._vote[:] = torch.tensor(self._ballot(step, w.total_steps))
+                self._vote[:] = torch.tensor(self._ballot(step, w.progress.total_steps))
                 # A physical collective: an agent waits here for slower ones, so it counts as flush time.
                 voting = time.perf_counter()
                 self.rt.phys.all_reduce_(self._vote, "max")
@@ -223,8 +223,8 @@ class StepBoundary:
             raise Preempted()
         if self._snap_at == step:
             self._capture_periodic(w, step)
-        if w.loader_tracks is not None:
-            w.loader_tracks.new_step()
+        if w.capture.loader_tracks is not None:
+            w.capture.loader_tracks.new_step()
 
     def _ballot(self, step: int, total: int | None) -> tuple[int, int]:
         """This agent's (resize/stop vote, periodic-snapshot flag) for the boundary after `step`."""
@@ -240,7 +240,7 @@ class StepBoundary:
         step = self._running
         if step is None:
             return None
-        return step, self._ballot(step, self.rt._workers[self.rt.hosted[0]].total_steps)
+        return step, self._ballot(step, self.rt._workers[self.rt.hosted[0]].progress.total_steps)
 
     def _capture(self, w: Worker, step: int) -> WorkerSnapshot:
         """Everything of `w` a resumed worker needs, in host memory (private and carried state copied).
@@ -253,11 +253,11 @@ class StepBoundary:
             raise carried.NotCarried(in_flight)
         return WorkerSnapshot(
             rank=w.rank, step=step + 1, rng=rng.capture(self.rt._cuda).to_dict(),
-            loaders=[it.state_dict() for it in w.loaders], metrics=dict(w.metrics),
-            extras={"private": [saving.save(obj) for obj in w.private],
+            loaders=[it.state_dict() for it in w.progress.loaders], metrics=dict(w.progress.metrics),
+            extras={"private": [saving.save(obj) for obj in w.progress.private],
                     "carried": carried.save(w),
-                    "function_locals": function_locals.save(self._thread_entry, w.loop_start),
-                    "raw_loaders": w.loader_tracks.save() if w.loader_tracks is not None else [],
+                    "function_locals": function_locals.save(self._thread_entry, w.capture.loop_start),
+                    "raw_loaders": w.capture.loader_tracks.save() if w.capture.loader_tracks is not None else [],
                     **self.rt.replicated.worker_extras(w)},
         )
 
@@ -267,14 +267,14 @@ class StepBoundary:
         `w` trains on, its copy dropped."""
         problem = ""
         try:
-            w.snapshot = self._capture(w, step)
+            w.progress.snapshot = self._capture(w, step)
         except Exception as e:  # noqa: BLE001 - any state that cannot be copied refuses the resize
             problem = f"logical rank {w.rank}: " + (str(e) if isinstance(e, carried.NotCarried)
                                                      else f"{type(e).__name__}: {e}")
         self.rt.enqueue(w, CapturePoint(w.rank, boundary=self, step=step + 1, problem=problem), None)
         self.rt.drain(w)
         if self._stop_at is None:
-            w.snapshot = None
+            w.progress.snapshot = None
 
     def agree(self, step: int, problem: str) -> None:
         """The last hosted worker's capture is done: one all-reduce tells every agent whether any worker
@@ -341,13 +341,13 @@ class StepBoundary:
         now = time.monotonic()
         self._step_times.append(now)
         del self._step_times[:-20]
-        metrics = dict(w.metrics)
+        metrics = dict(w.progress.metrics)
         if self.periodic is not None:
             metrics.update(self.periodic.info())
         if self.resumed_from is not None:
             metrics["resumed_from"] = self.resumed_from
-        if w.total_steps is not None:
-            metrics["total_steps"] = w.total_steps
+        if w.progress.total_steps is not None:
+            metrics["total_steps"] = w.progress.total_steps
         if len(self._step_times) > 1:
             metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
         self.rt.control.step(step, metrics, self.rt.timing.take())
@@ -357,8 +357,8 @@ class StepBoundary:
         # In host memory: the next segment's model is built on the device while this is still referenced.
         host = saving.host_view
         groups = [g.snapshot().mapped(host) for g in self.rt.groups]
-        missing = [r for r, w in workers.items() if w.snapshot is None]
+        missing = [r for r, w in workers.items() if w.progress.snapshot is None]
         if missing:
             raise RuntimeError(f"logical ranks {missing} left the function without reaching the step boundary "
                                f"where the job stopped; every rank must run the same ctx.steps loop")
-        return AgentSnapshot(groups=groups, workers={r: w.snapshot for r, w in workers.items()})
+        return AgentSnapshot(groups=groups, workers={r: w.progress.snapshot for r, w in workers.items()})

@@ -62,7 +62,7 @@ class WorkerContext:
         self._w = worker
         # The step the function resumes at, from its first line: code before the loop runs again after every
         # resize and recovery, and `if ctx.step == 0:` is how it tells a fresh start (truncating a log file).
-        self.step = worker.start_step
+        self.step = worker.progress.start_step
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -119,18 +119,18 @@ class WorkerContext:
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate gradients without averaging (as `DDP.no_sync`)."""
-        self._w.no_sync_depth += 1
+        self._w.turn.no_sync_depth += 1
         try:
             yield
         finally:
-            self._w.no_sync_depth -= 1
+            self._w.turn.no_sync_depth -= 1
 
     # -- progress -----------------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
         """Step indices `ctx.step .. total-1`; each boundary between two steps is a physical-step boundary."""
         self._rt.boundary.begin_steps(self._w)
-        self._w.total_steps = total
-        for s in range(self._w.start_step, total):
+        self._w.progress.total_steps = total
+        for s in range(self._w.progress.start_step, total):
             self.step = s
             yield s
             self._rt.boundary.step_boundary(self._w, s)
@@ -148,7 +148,7 @@ class WorkerContext:
     def log(self, **metrics: Any) -> None:
         """Per-job metrics (e.g. `loss=...`); the latest values reach `elasticd status` and `logs`."""
         for k, v in metrics.items():
-            self._w.metrics[k] = float(v.item()) if isinstance(v, torch.Tensor) else v
+            self._w.progress.metrics[k] = float(v.item()) if isinstance(v, torch.Tensor) else v
 
     # -- collectives over logical ranks -------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Work | None:
