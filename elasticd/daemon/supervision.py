@@ -260,8 +260,10 @@ class Supervision:
             out.append(p.JobReport(
                 job_id=job.job_id, state=job.state, ranks=sorted(job.agents), master_port=job.master_port,
                 step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
-                ok=job.ok, error=job.error, resizes=list(job.resizes), resize_epoch=job.resize_epoch,
-                resize_port=job.resize_port, resize_error=job.resize_error,
+                # Maps of scalars, as the scheduler decodes them: one job's odd record must never make the
+                # whole heartbeat undecodable and cost the node its membership.
+                ok=job.ok, error=_flat(job.error), resizes=[p.flat_scalars(r) for r in job.resizes],
+                resize_epoch=job.resize_epoch, resize_port=job.resize_port, resize_error=_flat(job.resize_error),
                 snapshot_epoch=epoch, snapshot_parts=parts, restore_epoch=job.launch.restore_epoch,
                 incarnation=job.launch.incarnation,
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.pid,
@@ -328,6 +330,10 @@ def _timed(agent: Agent, timing: dict[str, Any]) -> None:
     agent.timing_acc = {}
     agent.timing_seq += 1
     agent.timing = {**acc, "seq": agent.timing_seq}
+
+
+def _flat(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if record is None else p.flat_scalars(record)
 
 
 def _rate(times: list[tuple[float, int]]) -> float:
