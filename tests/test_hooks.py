@@ -35,7 +35,7 @@ def test_gradient_and_forward_hooks_on_the_shared_model_act_once_per_pass_as_und
 @pytest.mark.timeout(900)
 def test_a_wrappers_hook_method_made_before_replicate_serves_each_workers_pass_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/hook_wrapper_job.py: byol-pytorch's NetWrapper shape, its hook a method of the wrapper that
-    keeps the layer's output for its forward. Before, every later worker failed with a KeyError."""
+    keeps the layer's output for its forward. Without it, every later worker failed with a KeyError."""
     env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
     states = {}
     for name, args in (("ddp", ("--ddp",)), ("two", ("--devices", "2")), ("one", ("--devices", "1"))):

@@ -137,7 +137,7 @@ def test_a_training_state_dict_an_l2sp_anchor_and_the_best_weights_survive_resiz
 @pytest.mark.parametrize("job", ["eval_mode_job.py", "ema_swap_job.py"])
 def test_an_evaluation_after_a_collective_sees_its_own_mode_step_and_weights_as_under_ddp(tmp_path: Path,
                                                                                          job: str) -> None:
-    """tests/jobs/eval_mode_job.py: `model.eval()`, a broadcast, then the evaluation. Before, the later worker
+    """tests/jobs/eval_mode_job.py: `model.eval()`, a broadcast, then the evaluation. Without it, the later worker
     of an agent evaluated in training mode (the first had called `model.train()` since: dropout on, batch
     statistics) with running statistics its first worker's next training forward had changed; every later
     step then differed from DDP too, exit 0. tests/jobs/ema_swap_job.py: an EMA swapped in through `p.data`
@@ -161,7 +161,7 @@ def test_hand_written_updates_through_parameter_data_are_made_once_per_step_as_u
 
 @pytest.mark.timeout(900)
 def test_a_buffer_changed_outside_the_forward_is_changed_once_per_step_as_under_ddp(tmp_path: Path) -> None:
-    """tests/jobs/buffer_count_job.py: `model.updates += 1` after each step, read by the forward. Before, each
+    """tests/jobs/buffer_count_job.py: `model.updates += 1` after each step, read by the forward. Without it, each
     hosted worker added 1 to the one shared buffer (exit 0)."""
     want, runs = ddp_then_elasticd(tmp_path, "buffer_count_job.py")
     assert want["updates"].item() == 9.0 and want["seen"].item() == 9.0
@@ -173,7 +173,7 @@ def test_a_buffer_changed_outside_the_forward_is_changed_once_per_step_as_under_
 @pytest.mark.timeout(900)
 def test_a_gan_step_with_batchnorm_in_both_nets_trains_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/gan_job.py: G's forward before D's step, its backward after; two forwards of a
-    spectral-normalised D before a backward. Before, G's backward failed ("modified by an inplace operation")
+    spectral-normalised D before a backward. Without it, G's backward failed ("modified by an inplace operation")
     on every run with more than one worker per device, the later workers' D read the power iteration's
     vectors of the wrong forward (7e-2, exit 0), and the batch iterator, made at each epoch's first step, was
     missing after each resize (UnboundLocalError)."""
@@ -186,7 +186,7 @@ def test_a_gan_step_with_batchnorm_in_both_nets_trains_as_under_ddp(tmp_path: Pa
 @pytest.mark.timeout(900)
 def test_batchnorm_no_forward_hook_sees_keeps_rank_0s_statistics_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/checkpoint_bn_job.py: BatchNorm run again in a checkpointed segment's backward, and in a
-    submodule the loop calls itself. Before, every hosted worker's batches went into the shared statistics
+    submodule the loop calls itself. Without it, every hosted worker's batches went into the shared statistics
     (0.18-0.27 from DDP, exit 0)."""
     want, runs = ddp_then_elasticd(tmp_path, "checkpoint_bn_job.py")
     assert want["block.1.num_batches_tracked"].item() == 9 * 2     # each step's forward and its recompute
@@ -198,7 +198,7 @@ def test_batchnorm_no_forward_hook_sees_keeps_rank_0s_statistics_as_under_ddp(tm
 @pytest.mark.timeout(900)
 def test_a_momentum_encoder_assigned_through_data_is_updated_once_per_step_as_under_ddp(tmp_path: Path) -> None:
     """tests/jobs/moco_job.py: MoCo's frozen key encoder in the optimizer, updated by `param_k.data = ...` in
-    the forward, beside collectives and buffer writes in that forward. Before, the optimizer was refused,
+    the forward, beside collectives and buffer writes in that forward. Without it, the optimizer was refused,
     then each hosted worker made the momentum update again (1.7 from DDP, exit 0)."""
     want, runs = ddp_then_elasticd(tmp_path, "moco_job.py")
     assert want["queue_ptr"].item() == 9 * 4 * REFERENCE_WORKERS % 32   # 9 steps of 4 keys a rank
@@ -208,7 +208,7 @@ def test_a_momentum_encoder_assigned_through_data_is_updated_once_per_step_as_un
 
 @pytest.mark.timeout(900)
 def test_a_self_distillation_teacher_its_loss_center_and_per_parameter_clipping_follow_ddp(tmp_path: Path) -> None:
-    """tests/jobs/dino_job.py: DINO's step. Before, its per-parameter clipping through `p.grad.data` was
+    """tests/jobs/dino_job.py: DINO's step. Without it, its per-parameter clipping through `p.grad.data` was
     refused; then a resize failed loading its own snapshot (numpy floats in param_groups); then a resize
     rebuilt the teacher and the loss's center from scratch (0.98 from DDP, exit 0). Every worker also reads
     the gradient norms DDP's ranks read before clipping (the job checks, all-reducing them)."""

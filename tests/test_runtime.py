@@ -344,8 +344,8 @@ def test_a_function_that_changes_a_module_globals_object_in_place_fails_before_i
 
 
 def test_a_second_ctx_steps_loop_in_one_run_fails_naming_the_one_loop_that_works() -> None:
-    """Before, it ran, and after a resize every loop of the re-entered function started at the step the job
-    had reached: a loop over epochs around ctx.steps skipped the first steps of every epoch, exit 0."""
+    """Were it allowed, after a resize every loop of the re-entered function would start at the step the job
+    had reached: a loop over epochs around ctx.steps would skip the first steps of every epoch."""
     ran: list[tuple[int, int]] = []
 
     @elasticd.elastic(workers=2)

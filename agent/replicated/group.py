@@ -220,9 +220,9 @@ class ReplicatedGroup:
             return
         # Under DDP the k-th forward of every rank starts from rank 0's buffers as they are at rank 0's k-th
         # forward (broadcast_buffers): here, as the device's first worker had them before its k-th forward
-        # of this step. Before, every later forward read them as before the first worker's *last* forward:
+        # of this step. Were every later forward to read them as before the first worker's *last* forward,
         # a GAN's spectral-normalised discriminator, run on real and fake batches before one backward,
-        # drew its power iteration from the wrong vectors, 7e-2 from DDP, exit 0.
+        # would draw its power iteration from the wrong vectors (7e-2 from DDP).
         published = self._published.get(step, [])
         source = published[min(k, len(published) - 1)] if published else self.buffers
         # Copies, not the shared tensors written and set back: autograd saves what BatchNorm reads for its
@@ -235,8 +235,8 @@ class ReplicatedGroup:
 
     def _adopt(self) -> None:
         """The device's first worker's code may rebind a buffer (`self.count = self.count + 1` in a forward
-        registers a new tensor): that tensor is the shared buffer from now on. Before, a later worker's
-        forward put the old one back, and the counter stayed 0 where DDP's reached 9, exit 0."""
+        registers a new tensor): that tensor is the shared buffer from now on; were a later worker's forward
+        to put the old one back, the counter would stay 0 where DDP's reaches 9."""
         changed = False
         for m, name, i in self._slots:
             now = m._buffers.get(name)

@@ -2,7 +2,7 @@
 
 torch_ema's `with ema.average_parameters(): evaluate()`, written out: store the weights, `p.data.copy_` the
 EMA in, take rank 0's probe batch (`dist.broadcast`: a hand-over to the device's next worker), evaluate,
-copy the weights back. Under DDP each rank swaps its own model. Before, the next worker ran with the first
+copy the weights back. Under DDP each rank swaps its own model. Without it, the next worker ran with the first
 one's EMA in place, stored it as its training weights and restored those at the end: training went on
 from the EMA, 0.49 from DDP, exit 0. Rank 0 writes the model and every rank's evaluations (`evals`).
 """
