@@ -152,7 +152,7 @@ def test_an_evaluation_after_a_collective_sees_its_own_mode_step_and_weights_as_
 
 @pytest.mark.timeout(900)
 def test_hand_written_updates_through_parameter_data_are_made_once_per_step_as_under_ddp(tmp_path: Path) -> None:
-    """tests/jobs/param_data_job.py: a hand-written SGD step, weight decay and clamp through `p.data`. Before,
+    """tests/jobs/param_data_job.py: a hand-written SGD step, weight decay and clamp through `p.data`. Without it,
     each hosted worker applied them to the one shared copy: 0.71 from DDP on 2 devices, exit 0."""
     want, runs = ddp_then_elasticd(tmp_path, "param_data_job.py")
     for name, got in runs.items():
