@@ -13,7 +13,6 @@ agent does not see it; a mixed-device op then raises, it does not compute wrongl
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +22,6 @@ from elasticd.agent.worker import current_worker
 
 _agent_device: torch.device | None = None
 _LEDGER = patches.ledger("compat.cuda_ranks")
-_originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 
 
 def mapped(arg: Any, device: torch.device) -> Any:
@@ -41,7 +39,6 @@ def mapped(arg: Any, device: torch.device) -> Any:
 
 def _wrap(owner: Any, name: str, first_is_device: bool) -> None:
     original = getattr(owner, name)
-    _originals[(owner, name)] = original
 
     @functools.wraps(original)
     def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -56,11 +53,6 @@ def _wrap(owner: Any, name: str, first_is_device: bool) -> None:
     _LEDGER.set(owner, name, patched)
 
 
-def _set_device(device: Any) -> None:
-    target = _agent_device if _agent_device is not None and current_worker() is not None else device
-    _originals[(torch.cuda, "set_device")](target)
-
-
 def install(device: torch.device) -> None:
     """Point LOCAL_RANK-chosen devices of worker threads at `device` (idempotent; the latest device wins)."""
     global _agent_device
@@ -70,8 +62,13 @@ def install(device: torch.device) -> None:
     for owner in (torch.Tensor, torch.nn.Module):
         _wrap(owner, "to", first_is_device=True)
         _wrap(owner, "cuda", first_is_device=True)
-    _originals[(torch.cuda, "set_device")] = torch.cuda.set_device
-    _LEDGER.set(torch.cuda, "set_device", _set_device)
+    real = torch.cuda.set_device
+
+    @functools.wraps(real)
+    def set_device(device: Any) -> None:
+        real(_agent_device if _agent_device is not None and current_worker() is not None else device)
+
+    _LEDGER.set(torch.cuda, "set_device", set_device)
 
 
 def uninstall() -> None:
