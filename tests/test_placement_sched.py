@@ -159,6 +159,7 @@ def test_a_straggler_is_learned_and_the_job_re_laid_out_live_then_back_when_it_g
     assert entry["outcome"] == "done" and entry["from"] == entry["to"] == 2
     assert entry["blocks_from"] == [4, 4] and entry["blocks_to"] == prep.blocks
     assert 0.1 <= entry["predicted_gain"] < 0.5 and "speeds drifted" in entry["reason"]
+    assert 0 < entry["predicted_s"] < entry["predicted_from_s"]   # the model's step times, kept in the history
     info = isl.s.status(job, isl.now).jobs[0]
     assert info.blocks == prep.blocks and info.layout["measured_step_s"] == pytest.approx(0.2)
     assert info.layout["predicted_step_s"] > 0

@@ -53,6 +53,8 @@ class ResizeEntry:
     predicted_gain: float | None = None
     blocks_from: list[int] | None = None
     blocks_to: list[int] | None = None
+    predicted_s: float | None = None        # the cost model's step time on the new blocks
+    predicted_from_s: float | None = None   # and on the old ones
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -162,13 +162,9 @@ class Job:
             seconds=round(seconds, 3) if seconds is not None else None,
             handover_s=round(plan.handover_s, 3) if plan.handover_s is not None else None,
             prepare_s=round(plan.commanded_at - plan.requested_at, 3) if plan.commanded_at is not None else None,
-            done_step=self.step if outcome is ResizeOutcome.DONE else None)
-        if self.relayout is not None:
-            entry.reason = self.relayout["reason"]
-            entry.predicted_gain = self.relayout["predicted_gain"]
-            entry.blocks_from = self.relayout["blocks_from"]
-            entry.blocks_to = self.relayout["blocks_to"]
-            self.relayout = None
+            done_step=self.step if outcome is ResizeOutcome.DONE else None,
+            **(self.relayout or {}))   # a re-layout's reason, predicted_gain, blocks_from, blocks_to
+        self.relayout = None
         self.resizes.append(entry.to_dict())
         del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
 
