@@ -40,7 +40,6 @@ from elasticd.core.parts import periodic_dir
 from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
 
 log = logging.getLogger(__name__)
-_REPORT_CHARS = 65536   # of a failure's message and of its traceback
 
 
 def _control(cfg: AgentConfig) -> ControlChannel:
@@ -73,7 +72,7 @@ def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None,
     """`cause`: p.CAUSE_USER (the script raised, or cannot load: retrying cannot help) or p.CAUSE_PEER_LOST
     (another agent died: the job can be recovered from its snapshot)."""
     # Bounded as every peer-supplied string is: a report must fit in one frame to reach the launcher.
-    error = p.AgentError(message=message[:_REPORT_CHARS], traceback=tb[:_REPORT_CHARS], cause=cause,
+    error = p.AgentError(message=message[:p.MAX_TEXT_CHARS], traceback=tb[:p.MAX_TEXT_CHARS], cause=cause,
                          logical_rank=logical_rank, host=socket.gethostname())
     who = f"logical rank {logical_rank}" if logical_rank is not None else "agent"
     if cause == p.CAUSE_PEER_LOST:

@@ -73,6 +73,7 @@ from elasticd.protocol.wire import (  # noqa: F401
     INTERNAL,
     INVALID_STATE,
     MAX_FRAME_BYTES,
+    MAX_TEXT_CHARS,
     PROTOCOL_VERSION,
     QUOTA,
     SCHEDULER_UNREACHABLE,

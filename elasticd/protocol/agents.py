@@ -6,6 +6,7 @@ launchers read the same event objects, so there is one vocabulary for agents how
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -39,8 +40,7 @@ class AgentError:
 
     def as_dict(self, job_id: str, rank: int) -> dict[str, object]:
         """The error record a launcher keeps and reports on (with the job and the agent's physical rank)."""
-        return {"rank": rank, "logical_rank": self.logical_rank, "host": self.host, "job": job_id,
-                "message": self.message, "traceback": self.traceback, "cause": self.cause}
+        return {"rank": rank, "job": job_id, **dataclasses.asdict(self)}
 
 
 @dataclass(slots=True)
@@ -56,9 +56,11 @@ class ResizedInfo:
     step: int | None = None   # the step the agents stopped after (None: a joiner)
 
     def as_dict(self) -> dict[str, object]:
-        return {"epoch": self.epoch, "world": self.world, "rank": self.rank, "left": self.left,
-                "seconds": self.seconds, "blocks": self.blocks,
-                **({"step": self.step} if self.step is not None else {})}
+        """Without `step` for a joiner, which stopped at no step."""
+        d = dataclasses.asdict(self)
+        if self.step is None:
+            del d["step"]
+        return d
 
 
 @dataclass(slots=True)

@@ -334,7 +334,11 @@ def registered_ops() -> dict[str, type[Message]]:
     return dict(_REGISTRY)
 
 
-def flat_scalars(d: Any, max_items: int = 64, max_str: int = 65536) -> dict[str, Any]:
+# The longest text a peer-supplied record keeps (a failure's message or traceback, a metric's string).
+MAX_TEXT_CHARS = 65536
+
+
+def flat_scalars(d: Any, max_items: int = 64, max_str: int = MAX_TEXT_CHARS) -> dict[str, Any]:
     """Keep only str -> scalar entries of a peer-supplied dict (metrics, errors) before storing it.
 
     Such dicts are typed `Any` on the wire; flattening them bounds their size and depth so that a
