@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from util import JOBS, assert_ranks_saw_what_torchrun_showed, ranks_saw, torchrun
+from util import JOBS, assert_ranks_saw_what_torchrun_showed, torchrun_saw
 
 import elasticd
 from elasticd.agent.runtime import WorkerFailed
@@ -25,9 +25,7 @@ SCRIPT = JOBS / "torchrun_collectives.py"
 
 @pytest.fixture(scope="module")
 def torchrun_seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("torchrun_collectives")
-    torchrun(tmp, SCRIPT, str(tmp))
-    return ranks_saw(tmp)
+    return torchrun_saw(tmp_path_factory, SCRIPT)
 
 
 @pytest.mark.timeout(600)

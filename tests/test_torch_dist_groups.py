@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, ranks_saw, torchrun
+from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, torchrun_saw
 
 import elasticd
 
@@ -23,9 +23,7 @@ SCRIPT = JOBS / "torchrun_groups.py"
 
 @pytest.fixture(scope="module")
 def torchrun_seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("torchrun_groups")
-    torchrun(tmp, SCRIPT, str(tmp))
-    return ranks_saw(tmp)
+    return torchrun_saw(tmp_path_factory, SCRIPT)
 
 
 @pytest.mark.timeout(600)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, ranks_saw, torchrun
+from util import JOBS, assert_ranks_saw_what_torchrun_showed, cli, torchrun_saw
 
 import elasticd
 from elasticd.agent.runtime import WorkerFailed
@@ -26,9 +26,7 @@ SCRIPT = JOBS / "torchrun_p2p.py"
 
 @pytest.fixture(scope="module")
 def torchrun_seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("torchrun_p2p")
-    torchrun(tmp, SCRIPT, str(tmp))
-    return ranks_saw(tmp)
+    return torchrun_saw(tmp_path_factory, SCRIPT)
 
 
 @pytest.mark.timeout(600)

@@ -89,6 +89,14 @@ def ranks_saw(out: Path, ranks: int = REFERENCE_WORKERS) -> list[dict[str, Any]]
         sys.path.remove(str(JOBS))
 
 
+def torchrun_saw(tmp_path_factory: Any, script: Path) -> list[dict[str, Any]]:
+    """What each rank of a tests/jobs/torchrun_*.py script records under real torchrun: the reference a
+    module's tests compare elasticd's runs with (its module-scoped fixture)."""
+    tmp = tmp_path_factory.mktemp(script.stem)
+    torchrun(tmp, script, str(tmp))
+    return ranks_saw(tmp)
+
+
 def same(a: Any, b: Any) -> bool:
     """Exactly equal, through lists, tuples and dicts: tensors by dtype and value, everything else by ==."""
     if isinstance(a, torch.Tensor):
