@@ -18,7 +18,8 @@ Knobs (environment, so `elasticd run` needs no extra arguments): ELASTICD_BENCH_
 ELASTICD_BENCH_STEPS (default 40), ELASTICD_BENCH_BATCH (per rank, default 32), ELASTICD_BENCH_WIDTH
 (hidden width, default 512), ELASTICD_BENCH_MODEL (`mlp`, default, or `many`: see `make_model`), ELASTICD_BENCH_OUT (where rank 0 writes its JSON), ELASTICD_BENCH_DEVICE
 (`ideal_run`'s device, default cpu; the elastic function uses `ctx.device`), ELASTICD_BENCH_GO (set by
-scripts/_interleave.py: wait for this file before the first step), ELASTICD_BENCH_IDEAL=1 (run as a script:
+scripts/_interleave.py: wait for this file before step ELASTICD_BENCH_GO_AT, default 0, so the warm-up
+steps run before the timed turns begin), ELASTICD_BENCH_IDEAL=1 (run as a script:
 `ideal_run`, the plain loop, instead of the elastic function). On a GPU every stamp is
 taken after a `torch.cuda.synchronize()`, in both loops alike: kernels run asynchronously, and a stamp
 at launch time would time the Python, not the step.
@@ -53,6 +54,7 @@ WIDTH = int(os.environ.get("ELASTICD_BENCH_WIDTH", "512"))
 MODEL = os.environ.get("ELASTICD_BENCH_MODEL", "mlp")
 DEPTH = 48   # layers of the "many" model
 DEVICE = torch.device(os.environ.get("ELASTICD_BENCH_DEVICE", "cpu"))
+GO_AT = int(os.environ.get("ELASTICD_BENCH_GO_AT", "0"))
 IN_DIM, CLASSES, SAMPLES = 256, 10, 4096
 
 
@@ -123,12 +125,15 @@ def _stamp(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _await_go() -> None:
-    """Under an interleaving driver (scripts/_interleave.py, which sets ELASTICD_BENCH_GO): say this
-    process is ready to step, then wait for the go, so that every job's timed steps start together
-    whatever its start-up cost (imports, process spawns, rendezvous)."""
+def _await_go(step: int) -> None:
+    """Under an interleaving driver (scripts/_interleave.py, which sets ELASTICD_BENCH_GO): at step GO_AT,
+    say this process is ready to step, then wait for the go, so that every job's timed steps start together
+    whatever its start-up cost (imports, process spawns, rendezvous, the first steps' lazy set-up). The
+    warm-up steps before GO_AT run before the go: timed in turns, a job whose first steps are slow would
+    start its timed window late, and the jobs' common window (what `_interleave.clean_gaps` keeps) could
+    end before some job had a turn inside it."""
     go = os.environ.get("ELASTICD_BENCH_GO")
-    if not go:
+    if not go or step != GO_AT:
         return
     with open(f"{go}.ready.{os.getpid()}", "w"):
         pass
@@ -143,19 +148,19 @@ def _write(out: dict[str, Any]) -> None:
             json.dump(out, f)
 
 
-def ideal_run(steps: int, workers: int, ready: Callable[[], None] | None = None) -> tuple[list[float], float]:
+def ideal_run(steps: int, workers: int, ready: Callable[[int], None] | None = None) -> tuple[list[float], float]:
     """The plain single-process loop with the same math: N micro-batches, loss/N each, one optimizer step.
 
     Returns `time.perf_counter()` stamps (start of every step, then once after the last) and the final
-    parameter checksum. `ready` is called once model and optimizer exist (the first optimizer built in a
-    process imports torch._dynamo, seconds), before the first step.
+    parameter checksum. `ready(step)` is called before every step, once model and optimizer exist (the first
+    optimizer built in a process imports torch._dynamo, seconds).
     """
     model = make_model().to(DEVICE)
     opt = make_optimizer(model)
-    if ready is not None:
-        ready()
     stamps = []
     for step in range(steps):
+        if ready is not None:
+            ready(step)
         stamps.append(_stamp(DEVICE))
         plain_step(model, opt, step, workers)
     stamps.append(_stamp(DEVICE))
@@ -188,12 +193,12 @@ def _body(ctx: Any) -> None:
         opt.load_state_dict(state["opt"])
         first = state["step"] + 1
     model, opt = ctx.replicate(model, opt)
-    _await_go()
     stamps: list[float] = []
     out: dict[str, Any] = {"threads": torch.get_num_threads()}
     for step in ctx.steps(STEPS):
         if step < first:
             continue  # the restarted job resumes after the checkpointed step (no work, no collective)
+        _await_go(step)
         stamps.append(_stamp(ctx.device))
         x, y = batch(ctx.rank, step, ctx.world_size)
         loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
@@ -232,9 +237,9 @@ def _accum_body(ctx: Any) -> None:
     acc = WORKERS // ctx.world_size
     model = DistributedDataParallel(make_model().to(ctx.device))
     opt = make_optimizer(model)
-    _await_go()
     stamps: list[float] = []
     for step in ctx.steps(STEPS):
+        _await_go(step)
         stamps.append(_stamp(ctx.device))
         opt.zero_grad()
         for k in range(acc):

@@ -3,8 +3,8 @@ interleaved with the others'.
 
 On this shared machine a neighbour slows everything by 20-50% for seconds at a time, so two runs one after
 the other (even alternating, even in many rounds) differ by more than the few percent a comparison must
-resolve. Here every job is started at once and set up side by side until each waits at its first step
-(`_benchjob._await_go`); then the driver lets one run at a time: all the processes of the others are
+resolve. Here every job is started at once and set up side by side, its warm-up steps included, until each waits at
+its first timed step (`_benchjob._await_go`); then the driver lets one run at a time: all the processes of the others are
 stopped (SIGSTOP, the whole process tree) while it runs for `slice_s` seconds, then the next one gets
 the machine. A slow stretch of a few seconds then falls on every job's slices alike.
 
@@ -67,13 +67,14 @@ def _failed(j: Job) -> str:
     return f"{j.name}: exit {j.proc.returncode}: {' '.join(j.cmd)}\n{j.log.read()}"
 
 
-def run_interleaved(jobs: list[Job], slice_s: float = 1.5, timeout: float = 1200.0) -> None:
-    """Run `jobs` to completion in turns of `slice_s` seconds; fills each job's `slices` and `ended`."""
+def run_interleaved(jobs: list[Job], slice_s: float = 1.5, timeout: float = 1200.0, go_at: int = 0) -> None:
+    """Run `jobs` to completion in turns of `slice_s` seconds; fills each job's `slices` and `ended`.
+    Each job runs its steps before `go_at` on its own, and waits before that step for its first turn."""
     gate = tempfile.TemporaryDirectory(prefix="elasticd-bench-go-")
     go = {j.name: os.path.join(gate.name, f"go{i}") for i, j in enumerate(jobs)}
     for j in jobs:
         j.log = tempfile.TemporaryFile("w+")
-        j.proc = subprocess.Popen(list(j.cmd), env={**j.env, "ELASTICD_BENCH_GO": go[j.name]}, cwd=REPO,
+        j.proc = subprocess.Popen(list(j.cmd), env={**j.env, "ELASTICD_BENCH_GO": go[j.name], "ELASTICD_BENCH_GO_AT": str(go_at)}, cwd=REPO,
                                   stdout=j.log, stderr=subprocess.STDOUT,
                                   preexec_fn=lambda cpus=j.cpus: os.sched_setaffinity(0, cpus))
     deadline = time.monotonic() + timeout
@@ -150,9 +151,11 @@ def compare(jobs: list[Job], warmup: int, slice_s: float = 1.5) -> dict[str, flo
         BenchError: a job failed, or fewer than 5 of its steps fell inside its slices (slices too short
         for its steps, or too few steps for the jobs to overlap: give it more steps).
     """
-    run_interleaved(jobs, slice_s)
+    run_interleaved(jobs, slice_s, go_at=warmup)
     gaps = clean_gaps(jobs, warmup)
     thin = {name: len(g) for name, g in gaps.items() if len(g) < 5}
     if thin:
-        raise BenchError(f"too few steps timed inside their slices: {thin}; run more steps or longer slices")
+        turns = {j.name: len(j.slices) for j in jobs}
+        raise BenchError(f"too few steps timed inside their slices: {thin} (turns each: {turns}); "
+                         "run more steps or longer slices")
     return {name: statistics.median(g) for name, g in gaps.items()}
