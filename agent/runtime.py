@@ -27,6 +27,7 @@ from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat import cuda_ranks, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
+from elasticd.agent.hints import add_hint
 from elasticd.agent.replicated.buckets import BucketedFlush, bucket_bytes
 from elasticd.agent.replicated.grad_sync import GradSync
 from elasticd.agent.replicated.idioms import install as install_idioms
@@ -200,6 +201,7 @@ class Runtime:
 
     def _fail(self, rank: int, e: BaseException) -> None:
         if self._failure is None:
+            add_hint(e)
             tb = "".join(traceback.format_exception(e))
             self._failure = WorkerFailed(rank, f"{type(e).__name__}: {e}", tb, peer_lost=isinstance(e, PeerLost))
             log.error("logical rank %d failed on %s: %s", rank, socket.gethostname(), e)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: a virtualenv in .venv with the CPU torch wheel first (a bare `torch`
-# requirement would pull a multi-GB CUDA build), then elasticd itself with its test extras.
+# requirement would pull a multi-GB CUDA build), then elasticd itself with its test and docs extras.
 # VENV (default .venv) and TORCH_PIP_ARGS (default: torch==2.13.0 from the configured index) let
 # scripts/gpu_check.sh make a separate virtualenv with a CUDA build of torch instead.
 set -euo pipefail
@@ -12,7 +12,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of pip arguments
 "$VENV/bin/python" -m pip install --quiet ${TORCH_PIP_ARGS:-torch==2.13.0}
-"$VENV/bin/python" -m pip install --quiet -e '.[test]'
+"$VENV/bin/python" -m pip install --quiet -e '.[test,docs]'
 # The status page's browser test (tests/test_observe.py) drives Debian's `chromium`; it is skipped with the
 # reason where chromium is absent, so installing it is best effort (root with apt and a reachable mirror).
 if ! command -v chromium >/dev/null 2>&1 && [ "${ELASTICD_NO_CHROMIUM:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1 \

@@ -33,7 +33,6 @@ from elasticd.statedir import (
     StateDir,
     UnsafeStateDir,
     default_node_id,
-    pid_alive,
     read_info,
     write_info,
 )
@@ -437,10 +436,3 @@ def _read(path: Path, start: int, limit: int) -> bytes:
         data = data[: data.rindex(b"\n") + 1]
     return data
 
-
-def stale_daemon(sd: StateDir) -> int | None:
-    """The pid named by a daemon.json whose process is gone (a crashed daemon), else None."""
-    info = read_info(sd.daemon_info)
-    if info and isinstance(info.get("pid"), int) and not pid_alive(info["pid"]):
-        return info["pid"]
-    return None
