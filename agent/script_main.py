@@ -69,8 +69,7 @@ class ScriptMain:
     def fn(self, ctx: Any) -> None:
         worker = worker_of(ctx)
         worker.dist.initialized = False  # a torchrun script initializes its process group itself
-        if ctx.rank == 0:
-            worker.turn.backward_hooks.append(StepCounter(runtime_of(ctx)))
+        counter = StepCounter(runtime_of(ctx), worker) if ctx.rank == 0 else None
         fresh_streams()
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,
@@ -83,6 +82,8 @@ class ScriptMain:
                 raise ScriptExit(f"the script called sys.exit({e.code!r})") from e
         finally:
             worker.dist.main_module = None
+            if counter is not None:
+                counter.remove()
 
     def _compile(self) -> types.CodeType:
         """The script's code, compiled anew for each worker, as each torchrun process compiles its own.
@@ -112,14 +113,44 @@ def fresh_streams() -> None:
 
 class StepCounter:
     """A torchrun script has no step boundaries: its steps, for progress and `--scale-at`, are logical rank
-    0's backward passes. Reported to the launcher after each; after a step the launcher scheduled a resize
-    at, the agent stops there (the worker holds the baton, so every worker of the job stops within one
-    step) and waits to be restarted at the new size: the step the script's own checkpoint resumes from is
-    then what the restart costs, as under torchrun."""
+    0's optimizer steps, what a user counts as iterations (a backward pass per micro-batch would count an
+    iteration with gradient accumulation several times). Only the first optimizer rank 0 steps counts, so
+    that a GAN's two optimizers make one step per iteration. The count goes on across restarts (the
+    launcher passes it on, STEP_OFFSET_VAR): steps a restarted script does again count again, so the
+    schedule of `--scale-at` only moves forward.
 
-    def __init__(self, runtime: Any) -> None:
+    Reported to the launcher after each; after a step the launcher scheduled a resize at, the agent stops
+    there (the worker holds the baton, so every worker of the job stops within one step) and waits to be
+    restarted at the new size: the step the script's own checkpoint resumes from is then what the restart
+    costs, as under torchrun. Counted through torch's public global optimizer hook, removed when the
+    script ends."""
+
+    def __init__(self, runtime: Any, worker: Any) -> None:
+        import weakref
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from elasticd.agent.worker import current_worker
+
         self._rt = runtime
+        self._worker = worker
+        self._current = current_worker
+        self._first: weakref.ref[Any] | None = None
+        self._ref = weakref.ref
         self.step = int(os.environ.get(STEP_OFFSET_VAR, "0"))
+        self._handle = register_optimizer_step_post_hook(self._stepped)
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+    def _stepped(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self._current() is not self._worker:
+            return   # another rank's optimizer, or one stepped outside the workers
+        if self._first is None or self._first() is None:
+            self._first = self._ref(opt)
+        elif self._first() is not opt:
+            return
+        self()
 
     def __call__(self) -> None:
         self.step += 1

@@ -266,7 +266,8 @@ class LocalRun:
             self._last_print = now
             shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
                              if not k.startswith("snapshot_") and k != "resumed_from")
-            self._say(f"step {step} on {self.world} device(s) {shown}".rstrip())
+            counted = "optimizer step" if self.torchrun else "step"   # torchrun mode: script_main.StepCounter
+            self._say(f"{counted} {step} on {self.world} device(s) {shown}".rstrip())
 
     def _advance(self, now: float) -> None:
         """Close the resize in flight once every new agent re-formed and a step ran after it, then start the
@@ -291,8 +292,9 @@ class LocalRun:
         r = ResizeRecord(step=step, src=self.world, dst=target, requested=now, commanded=now,
                          outcome=ResizeOutcome.RESTARTING, why=why)
         self.resizes.append(r)
-        self._say(f"{why}: restarting the torchrun-mode job on {target} device(s) after step {step}; the script "
-                  f"resumes from its own checkpoint")
+        self._say(f"{why}: restarting the torchrun-mode job on {target} device(s) after optimizer step {step}; the "
+                  f"script starts again from its beginning (it continues where it was only if it loads its own "
+                  f"checkpoint)")
         relaunch(self, step, target)
         self._restarting = r
 

@@ -129,6 +129,23 @@ def test_accumulation_by_require_backward_grad_sync_matches_torchrun(tmp_path: P
 
 
 @pytest.mark.timeout(600)
+def test_scale_at_counts_the_scripts_optimizer_steps_not_its_backward_passes(tmp_path: Path) -> None:
+    """With gradient accumulation (2 micro-batches per iteration here) `--scale-at 3:1` restarts after rank
+    0's third optimizer step, inside it: the script printed iterations 0 and 1 (it prints after its step),
+    then, restarted from scratch (no checkpoint), every iteration. Counting backward passes, the restart came
+    in the middle of iteration 1."""
+    summary = tmp_path / "summary.json"
+    run = cli("run", "--workers", "4", "--devices", "2", "--scale-at", "3:1", "--summary", str(summary),
+              str(JOBS / "torchrun_accum.py"), "--iters=6", "--out=m.pt", cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    assert [run.out.count(f"iter {it}: loss") for it in range(6)] == [2, 2, 1, 1, 1, 1], run.output
+    resizes = json.loads(summary.read_text())["resizes"]
+    assert [(r["step"], r["outcome"]) for r in resizes] == [(3, "restarted")], resizes
+    assert "restarting the torchrun-mode job on 1 device(s) after optimizer step 3; the script starts again " \
+           "from its beginning" in run.err, run.err
+
+
+@pytest.mark.timeout(600)
 def test_killed_agent_restarts_the_job_from_its_checkpoint(torchrun_reference: dict[str, torch.Tensor],
                                                            tmp_path: Path) -> None:
     """SIGKILL of an agent once the first snapshot exists: an infrastructure failure, not the user's, so

@@ -130,8 +130,10 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     declares itself (an argparse add_argument or click.option of that name, read from its source):
     that one is the script's, as under torchrun (a note on stderr says so). Everything after `--`
     is the script's.
-    In torchrun mode a --scale-at STEP counts logical rank 0's backward passes, and a resize restarts the
-    agents at the new size to resume from the script's own checkpoint, as torchrun does.
+    In torchrun mode a --scale-at STEP counts logical rank 0's optimizer steps since the job started
+    (restarts included: steps a restarted script does again count again), and a resize restarts every
+    agent at the new size, as torchrun does: the script starts again from its beginning, and continues
+    where it was only if it loads its own checkpoint.
     """
     script, func, workers = resolve_target(target, workers, script_args)
     torchrun = func is None and torchrun_mode(script)
