@@ -24,7 +24,7 @@ from elasticd.agent.capture import reentry_writes, shared_globals
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
 from elasticd.agent.comm.p2p import PointToPoint
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
-from elasticd.agent.compat import cuda_ranks, worker_env
+from elasticd.agent.compat import cuda_ranks, warning_origin, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.hints import add_hint
@@ -127,6 +127,7 @@ class Runtime:
         # reaches its runtime through the workers it records.
         self.private_store: Any = None
         install_backward_hook()
+        warning_origin.install()  # a warning torch raises through our wrappers names the user's line
         tune_malloc()  # before worker threads exist: see agent/slicer/malloc.py
         install_torch_dist(fn)  # torch.distributed / DDP inside workers address the logical world
         register_runtime(self)  # a backward pass on autograd's device thread is still its worker's

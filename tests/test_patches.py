@@ -22,10 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 # their values; classes defined in them: what the class itself defines (so an attribute added to a class
 # counts). Lazily loaded submodules appear as new module attributes and are not replacements.
 SNAPSHOT = textwrap.dedent("""
-    import builtins, io, os, subprocess, sys, types
+    import builtins, io, os, subprocess, sys, types, warnings
     from elasticd.agent.patches import _qualname
 
-    ROOTS = ("torch", "builtins", "io", "os", "subprocess", "__main__", "hydra", "accelerate")
+    ROOTS = ("torch", "builtins", "io", "os", "subprocess", "warnings", "__main__", "hydra", "accelerate")
 
     classes = []   # every class met so far: one a module no longer names (it was replaced) is still read
 
@@ -85,7 +85,8 @@ def test_every_replacement_is_in_a_ledger_and_remove_all_puts_it_back(tmp_path):
         from torch.nn.utils import clip_grad_norm_
         from elasticd.agent import patches
         from elasticd.agent.capture import carried, loader_tracking, reentry_writes
-        from elasticd.agent.compat import cuda_ranks, per_rank_main, per_rank_singletons, torch_dist, worker_env
+        from elasticd.agent.compat import (cuda_ranks, per_rank_main, per_rank_singletons, torch_dist,
+                                           warning_origin, worker_env)
         from elasticd.agent.replicated.idioms import install as install_idioms
         from elasticd.agent.slicer.backward_hook import install_backward_hook
 
@@ -96,6 +97,7 @@ def test_every_replacement_is_in_a_ledger_and_remove_all_puts_it_back(tmp_path):
         before = snapshot()
         torch_dist.install(fn)
         install_backward_hook()
+        warning_origin.install()
         worker_env.install()
         cuda_ranks.install(torch.device("cuda", 0))
         carried.install()
@@ -124,7 +126,7 @@ def test_every_replacement_is_in_a_ledger_and_remove_all_puts_it_back(tmp_path):
     assert got["concerns"] == sorted(p.concern for p in patches.TABLE)
     for name in ("torch.autograd.backward", "os.environ", "builtins.open", "torch.Tensor.data",
                  "torch.nn.modules.module.Module.__setattr__", "torch.distributed.all_reduce", "__main__.all_reduce",
-                 "__main__.clip_grad_norm_", "torch.cuda.set_device"):
+                 "__main__.clip_grad_norm_", "torch.cuda.set_device", "warnings.warn"):
         assert name in got["listed"], name
     assert got["left"] == [] and got["installed_after"] == [] and got["meta_path"] == 0
 
