@@ -205,7 +205,8 @@ class Runtime:
             add_hint(e)
             tb = "".join(traceback.format_exception(e))
             self._failure = WorkerFailed(rank, f"{type(e).__name__}: {e}", tb, peer_lost=isinstance(e, PeerLost))
-            log.error("logical rank %d failed on %s: %s", rank, socket.gethostname(), e)
+            if not isinstance(e, PeerLost):   # a survivor's: the agent's report says so, not as a failure of its own
+                log.error("logical rank %d failed on %s: %s", rank, socket.gethostname(), e)
         self._aborted = True
         for end in self.end_listeners:
             try:

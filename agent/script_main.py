@@ -69,7 +69,8 @@ class ScriptMain:
     def fn(self, ctx: Any) -> None:
         worker = worker_of(ctx)
         worker.dist.initialized = False  # a torchrun script initializes its process group itself
-        counter = StepCounter(runtime_of(ctx), worker) if ctx.rank == 0 else None
+        runtime = runtime_of(ctx)
+        counter = StepCounter(runtime, worker) if ctx.rank == runtime.hosted[0] else None
         fresh_streams()
         module = types.ModuleType("__main__")
         module.__dict__.update(__file__=self.path, __builtins__=builtins, __spec__=None, __loader__=None,
@@ -114,21 +115,22 @@ def fresh_streams() -> None:
 class StepCounter:
     """A torchrun script has no step boundaries: its steps, for progress and `--scale-at`, are logical rank
     0's optimizer steps, what a user counts as iterations (a backward pass per micro-batch would count an
-    iteration with gradient accumulation several times). Only the first optimizer rank 0 steps counts, so
-    that a GAN's two optimizers make one step per iteration. The count goes on across restarts (the
-    launcher passes it on, STEP_OFFSET_VAR): steps a restarted script does again count again, so the
-    schedule of `--scale-at` only moves forward.
+    iteration with gradient accumulation several times). Each agent counts its first hosted worker's, in
+    step with rank 0's, and reports them with its timing, as a step boundary does. Only the first optimizer
+    the worker steps counts, so that a GAN's two optimizers make one step per iteration; until the worker
+    has made an optimizer (a script that updates its parameters by hand never does) its backward passes
+    count instead. The count goes on across restarts (the launcher passes it on, STEP_OFFSET_VAR): steps a
+    restarted script does again count again, so the schedule of `--scale-at` only moves forward.
 
-    Reported to the launcher after each; after a step the launcher scheduled a resize at, the agent stops
-    there (the worker holds the baton, so every worker of the job stops within one step) and waits to be
-    restarted at the new size: the step the script's own checkpoint resumes from is then what the restart
-    costs, as under torchrun. Counted through torch's public global optimizer hook, removed when the
-    script ends."""
+    After a step the launcher scheduled a resize at, the agent stops there (the worker holds the baton, so
+    every worker of the job stops within one step) and waits to be restarted at the new size: the step the
+    script's own checkpoint resumes from is then what the restart costs, as under torchrun. Counted through
+    torch's public global optimizer hook, removed when the script ends."""
 
     def __init__(self, runtime: Any, worker: Any) -> None:
         import weakref
 
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 
         from elasticd.agent.worker import current_worker
 
@@ -139,9 +141,15 @@ class StepCounter:
         self._ref = weakref.ref
         self.step = int(os.environ.get(STEP_OFFSET_VAR, "0"))
         self._handle = register_optimizer_step_post_hook(self._stepped)
+        self._optimizer = Optimizer
+        worker.turn.backward_hooks.append(self._backward)
 
     def remove(self) -> None:
         self._handle.remove()
+
+    def _backward(self) -> None:
+        if not any(isinstance(o, self._optimizer) for o in self._worker.capture.created):
+            self()
 
     def _stepped(self, opt: Any, args: Any, kwargs: Any) -> None:
         if self._current() is not self._worker:
@@ -158,7 +166,8 @@ class StepCounter:
         # for a torchrun script, whose checkpoint decides what it skips. Reported with every step, as an
         # @elastic job's boundary does, so that the scheduler records the recovery once the job steps.
         resumed = self._rt.boundary.resumed_from
-        self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed})
+        self._rt.timing.boundary(time.perf_counter())   # compute vs collective seconds, as a step boundary keeps
+        self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed}, self._rt.timing.take())
         if self.step in self._rt.boundary.hold_at:
             self._hold()
 

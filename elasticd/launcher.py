@@ -582,9 +582,9 @@ class LocalRun:
                 self._read(0.1)
                 everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
-                if bad is not None and self.torchrun and recoverable(self, bad):
-                    self._restart(self.last_step, self.world, f"agent {bad.rank} exited with code "
-                                  f"{bad.proc.returncode} and no error")
+                cause = recoverable(self, bad) if bad is not None and self.torchrun else None
+                if cause is not None:
+                    self._restart(self.last_step, self.world, cause)
                     continue
                 if bad is not None and (self._agent_died(bad) or (not self.torchrun and self._recover(bad))):
                     continue

@@ -29,15 +29,16 @@ def relaunch(job: Any, step: int, target: int) -> None:
         job._spawn(rank, target, port)
 
 
-def recoverable(job: Any, bad: Any) -> bool:
-    """An agent exited badly: True if the job may restart at its size (an infrastructure failure, no worker
-    reported an error, recoveries left); False if it fails (a worker raised, or too many recoveries)."""
+def recoverable(job: Any, bad: Any) -> str | None:
+    """An agent exited badly: why (in the words a recovery of an @elastic job uses) if the job may restart at
+    its size (an infrastructure failure, no worker reported an error, recoveries left); None if it fails (a
+    worker raised, or too many recoveries)."""
     cause = job._infrastructure_cause(bad)   # None: a worker raised (the survivors' lost groups do not count)
     if cause is None:
-        return False
+        return None
     if job.torchrun_recoveries >= job.max_restarts:
         job._say(f"{cause}; not restarting: {job.torchrun_recoveries} restart(s) of --max-restarts "
                  f"{job.max_restarts} used")
-        return False
+        return None
     job.torchrun_recoveries += 1
-    return True
+    return cause

@@ -89,7 +89,10 @@ def _peers() -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:   # gloo/NCCL: "Connection closed by peer", "Connection reset", timeouts
-        raise PeerLost(f"a collective of the agents' group failed: {e}") from e
+        # The backend's own text (a C++ source path, "GLHF") stays in the chained traceback, out of the line
+        # a user reads next to the first cause.
+        why = "it timed out" if "timed out" in str(e).lower() else "another agent's connection closed"
+        raise PeerLost(f"a collective of the agents' group failed: {why}") from e
 
 
 class PhysicalGroup:

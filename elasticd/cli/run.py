@@ -130,7 +130,8 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     declares itself (an argparse add_argument or click.option of that name, read from its source):
     that one is the script's, as under torchrun (a note on stderr says so). Everything after `--`
     is the script's.
-    In torchrun mode a --scale-at STEP counts logical rank 0's optimizer steps since the job started
+    In torchrun mode a --scale-at STEP counts logical rank 0's optimizer steps (backward passes in a
+    script with no optimizer) since the job started
     (restarts included: steps a restarted script does again count again), and a resize restarts every
     agent at the new size, as torchrun does: the script starts again from its beginning, and continues
     where it was only if it loads its own checkpoint.
