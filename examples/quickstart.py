@@ -1,5 +1,8 @@
-import torch, torch.nn as nn, torch.nn.functional as F
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
 import elasticd
 
 g = torch.Generator().manual_seed(0)         # the same data in every process
@@ -16,10 +19,13 @@ def train(ctx):                              # ctx.rank, ctx.world_size (=N), ct
     for step in ctx.steps(150):              # resumable step counter; each step is a resize point
         x, y = next(batches)
         loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
-        opt.zero_grad(); loss.backward()     # end of backward = context-switch point
+        opt.zero_grad()
+        loss.backward()                      # end of backward = context-switch point
         ctx.clip_grad_norm_(1.0)             # on the averaged gradient, once
         opt.step()
         ctx.log(loss=loss.item())            # shown by `elasticd status` / `logs`
+        if ctx.rank == 0 and step % 50 == 0:
+            print(f"step {step} loss {loss.item():.4f}")
     if ctx.rank == 0:
         print(f"final loss {loss.item():.6f}")
 

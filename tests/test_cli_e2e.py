@@ -61,7 +61,8 @@ def test_one_job_spans_two_nodes_of_one_scheduler(cluster, tmp_path, reference):
         logs = cli("logs", job, "--state-dir", str(n.state_dir))
         assert logs.code == 0, logs.err
         for rank in (0, 1):
-            assert f"[rank{rank}] === elasticd: job {job} agent {rank}/2" in logs.out
+            ranks = f"ranks {2 * rank}-{2 * rank + 1}"   # N=4 on 2 agents
+            assert f"[agent {rank}, {ranks}] === elasticd: job {job} agent {rank}/2" in logs.out
     rank_of = {a["node"]: a["rank"] for a in info["agents"]}
     for n in nodes:
         rank = rank_of[n.info()["node_id"]]

@@ -42,7 +42,8 @@ def test_job_runs_to_finished_with_progress_logs_and_one_agent_per_device(cluste
                for r in seen.values())
     logs = cli("logs", job, "--state-dir", str(d.state_dir))
     assert logs.code == 0
-    assert "[rank0] fake agent 0/2 of " + job in logs.out and "[rank1] fake agent 1/2" in logs.out
+    # each line names its agent and the logical ranks that agent hosts
+    assert "[agent 0, ranks 0-1] fake agent 0/2 of " + job in logs.out and "[agent 1, ranks 2-3] fake agent 1/2" in logs.out
     table = cli("status", "--state-dir", str(d.state_dir))
     assert table.code == 0 and job in table.out and "finished" in table.out and "0.05" in table.out
     assert status(d.state_dir)["nodes"][0]["free"] == ["cpu:0", "cpu:1"]
@@ -141,7 +142,7 @@ def test_logs_follow_streams_until_the_job_ends(cluster):
     job = submit(d.state_dir, "--workers", "1", FAKE_STEPS="40", FAKE_STEP_S="0.05")
     r = cli("logs", "-f", job, "--state-dir", str(d.state_dir))
     assert r.code == 0, r.err
-    assert f"[rank0] fake agent 0/1 of {job}" in r.out
+    assert f"[agent 0, rank 0] fake agent 0/1 of {job}" in r.out
     assert status(d.state_dir, job)["jobs"][0]["state"] == "finished"
 
 
@@ -158,13 +159,14 @@ def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
     assert seen[0]["master"] == seen[1]["master"] and seen[0]["world"] == seen[1]["world"] == 2
     for sd in (a.state_dir, b.state_dir):   # each node shows both agents' logs (one fetched remotely)
         r = cli("logs", job, "--state-dir", str(sd))
-        assert r.code == 0 and f"[rank0] fake agent 0/2 of {job}" in r.out and f"[rank1] fake agent 1/2 of {job}" in r.out
+        assert r.code == 0 and f"[agent 0, ranks 0-1] fake agent 0/2 of {job}" in r.out \
+            and f"[agent 1, ranks 2-3] fake agent 1/2 of {job}" in r.out
         r = cli("logs", job, "--json", "--state-dir", str(sd))
         assert r.code == 0 and len(r.json()["logs"]) == 2 and r.json()["unreachable"] == {}
     # a CLI talking straight to the scheduler over TCP (node a's identity is allowed there) sees them too
     r = cli("logs", job, "--endpoint", a.info()["scheduler_tcp"], "--server-key", str(a.state_dir / "keys" / "id.key"),
             "--state-dir", str(a.state_dir))
-    assert r.code == 0 and "[rank0] fake agent" in r.out and "[rank1] fake agent" in r.out, r.err
+    assert r.code == 0 and "[agent 0, ranks 0-1] fake agent" in r.out and "[agent 1, ranks 2-3] fake agent" in r.out, r.err
 
 
 def test_daemon_killed_takes_its_agents_along_and_restarts_with_the_job_table(cluster, tmp_path):

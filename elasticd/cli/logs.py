@@ -8,6 +8,7 @@ import time
 import click
 
 from elasticd.cli import client
+from elasticd.core.lifecycle import JOB_ENDED
 
 
 @click.command("logs")
@@ -17,7 +18,9 @@ from elasticd.cli import client
 @client.client_options
 @client.guarded()
 def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
-    """Print the stdout/stderr of JOB's agents, each line prefixed with its agent's rank.
+    """Print the stdout/stderr of JOB's agents, each line prefixed with its agent and the logical ranks that
+    agent hosts now (when the job ended, for an ended job): `[agent 1, ranks 4-7]`. An agent's file keeps
+    its output across resizes, when it may have hosted other ranks.
 
     Each node keeps its own agents' logs (STATE_DIR/logs/JOB); those of other nodes are fetched
     through the scheduler.
@@ -56,7 +59,7 @@ def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
                     files = collected.setdefault(node, {})
                     files[name] = files.get(name, "") + text
                 else:
-                    prefix = f"[{name.removesuffix('.log')}] "
+                    prefix = f"[{_who(name, info)}] "
                     click.echo("".join(prefix + line for line in text.splitlines(keepends=True)), nl=False)
             return got
 
@@ -64,7 +67,7 @@ def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
             nodes = ([here] if here is not None else []) + [n for n in info.nodes if n != here]
             if any([fetch(n) for n in nodes]):
                 continue  # drain everything available before looking at the job's state
-            if not follow or info.state in ("finished", "failed", "stopped"):
+            if not follow or info.state in JOB_ENDED:
                 break
             time.sleep(0.2)  # polling interval of `tail -f`-style output
             info = c.request(Status(job_id=job_id)).jobs[0]  # type: ignore[attr-defined]
@@ -72,3 +75,22 @@ def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
         click.echo(json.dumps({"job_id": job_id, "logs": collected, "unreachable": unreachable}))
     for node, why in unreachable.items():
         click.echo(f"(logs of node {node} unavailable: {why})", err=True)
+
+
+def _who(name: str, info: object) -> str:
+    """`rank3.log` (the agent's file, by physical rank) as `agent 3, ranks 6-7` under the job's layout."""
+    from elasticd.core.layout import Layout
+
+    stem = name.removesuffix(".log")
+    if not stem.startswith("rank") or not stem[4:].isdigit():
+        return stem
+    agent = int(stem[4:])
+    try:
+        layout = Layout.of(info.workers, info.devices, info.blocks)  # type: ignore[attr-defined]
+    except ValueError:   # queued (0 devices), or a layout it does not describe: the agent alone
+        return f"agent {agent}"
+    if agent >= layout.world:
+        return f"agent {agent}"   # an agent of an earlier, larger size
+    ranks = layout.hosted(agent)
+    shown = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+    return f"agent {agent}, {shown}"

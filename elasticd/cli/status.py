@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import time
@@ -11,6 +12,7 @@ import click
 
 from elasticd.cli import client
 from elasticd.cli.text import printable as safe
+from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome
 
 
 def job_doc(info: Any) -> dict[str, Any]:
@@ -22,13 +24,19 @@ def _fmt_loss(metrics: dict[str, Any]) -> str:
     return f"{loss:.4g}" if isinstance(loss, int | float) else "-"
 
 
+# Outcomes after which the job ran at the new size: live, or restarted there (torchrun mode).
+TOOK_EFFECT = (ResizeOutcome.DONE.value, ResizeOutcome.RESTARTED.value)
+
+
 def _fmt_resizes(resizes: list[dict[str, Any]]) -> str:
-    """The resize history in a table cell: "4>2 4>2>1" style, the sizes a job went through."""
-    done = [r for r in resizes if r.get("outcome") == "done"]
-    if not done:
-        return "-" if not resizes else f"0 ({len(resizes)} not done)"
-    path = [str(done[0].get("from"))] + [str(r.get("to")) for r in done]
-    return "->".join(path) + (f" (+{len(resizes) - len(done)} not done)" if len(resizes) > len(done) else "")
+    """The resize history in a table cell: "4->2->1", the sizes a job went through, then how many of the
+    resizes asked for ended otherwise, by outcome: "4->2 (1 refused)"."""
+    if not resizes:
+        return "-"
+    took = [r for r in resizes if r.get("outcome") in TOOK_EFFECT]
+    path = "->".join([str(took[0].get("from"))] + [str(r.get("to")) for r in took]) if took else "none"
+    others = collections.Counter(str(r.get("outcome")) for r in resizes if r.get("outcome") not in TOOK_EFFECT)
+    return path + (f" ({', '.join(f'{n} {o}' for o, n in sorted(others.items()))})" if others else "")
 
 
 def _fmt_resize(r: dict[str, Any]) -> str:
@@ -89,13 +97,18 @@ def _node_state(n: Any) -> str:
     return state + (f": {d['waiting']}" if d.get("waiting") else "")
 
 
+def _pending_request(j: Any) -> bool:
+    """A `scale` request the job has yet to carry out: none once it ended, or once it is at that size."""
+    return bool(j.requested_devices) and j.requested_devices != j.devices and j.state not in JOB_ENDED
+
+
 def render(reply: Any) -> str:
     rows = [["JOB", "NAME", "STATE", "N", "DEVICES", "NODES", "STEP", "STEPS/S", "LOSS", "PRIO", "RESIZES"]]
     for j in reply.jobs:
         dev = str(j.devices) if j.devices else f"{j.min_devices}-{j.max_devices}"
         if j.resizing:
             dev += f" (->{j.resizing['to']})"
-        elif j.requested_devices and j.requested_devices != j.devices:
+        elif _pending_request(j):
             dev += f" (->{j.requested_devices})"
         rows.append([safe(j.job_id), safe(j.name) or "-", j.state, str(j.workers), dev, safe(",".join(j.nodes)) or "-",
                      str(j.step),
@@ -121,7 +134,7 @@ def render_job(j: Any) -> str:
              f"state      {j.state}",
              f"script     {safe(j.script)}",
              f"workers    {j.workers} on {j.devices or '-'} devices (min {j.min_devices}, max {j.max_devices})"
-             + (f", scale to {j.requested_devices} requested" if j.requested_devices else ""),
+             + (f", scale to {j.requested_devices} requested" if _pending_request(j) else ""),
              f"priority   {j.priority}",
              f"nodes      {safe(','.join(j.nodes)) or '-'}",
              f"step       {j.step}  ({j.steps_per_s:.2f} steps/s)  loss {_fmt_loss(j.metrics)}",

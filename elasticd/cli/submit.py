@@ -12,9 +12,10 @@ import click
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK, client
 from elasticd.cli.run import recovery_options
 from elasticd.cli.script_args import ScriptCommand
+from elasticd.core.lifecycle import JOB_ENDED
 from elasticd.protocol import limits as L
 
-TERMINAL = ("finished", "failed", "stopped")
+TERMINAL = JOB_ENDED
 
 
 def _env(items: tuple[str, ...]) -> dict[str, str]:

@@ -26,3 +26,8 @@ class ResizeOutcome(str, Enum):
     ROLLED_BACK = "rolled back"  # failed after the go: restarted from the fall-back snapshot
     RESTARTING = "restarting"    # torchrun mode: the job is restarted at the new size
     RESTARTED = "restarted"
+
+
+# The states a job ends in (elasticd.scheduler.jobs.JobState's values): what every reader of a job's state
+# (status, logs -f, submit --wait, events -f, the metrics and the status page) stops at.
+JOB_ENDED = ("finished", "failed", "stopped")

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from elasticd.core.lifecycle import JOB_ENDED
 from elasticd.observe import snapshot as snap
 from elasticd.scheduler.jobs import JobState
 from elasticd.scheduler.state import SchedulerState
@@ -64,7 +65,7 @@ class SnapshotCollector(Collector):
         recoveries = CounterMetricFamily("elasticd_job_recoveries", "Recoveries of a job after infrastructure "
                                          "failures, by outcome.", labels=["job", "name", "outcome"])
         for j in s.jobs:
-            if j["state"] in ("finished", "failed", "stopped"):
+            if j["state"] in JOB_ENDED:
                 continue   # ended jobs stay in the table for days; their series would only pile up
             lab = [j["job"], j["name"]]
             for key, value in (("workers", j["workers"]), ("devices", j["devices"]),

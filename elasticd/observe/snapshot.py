@@ -12,13 +12,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.core.lifecycle import JOB_ENDED
 from elasticd.scheduler.jobs import Job
 from elasticd.scheduler.state import SchedulerState
 
 # The page fetches every chart once a second: 20 jobs x 450 points is ~0.5 MB of JSON at most.
 HISTORY_POINTS = 450       # per job; one every `metrics.SAMPLE_S` (2 s): the last 15 minutes
 HISTORY_JOBS = 20          # jobs charted: active ones first, then the most recently ended
-_TERMINAL = ("finished", "failed", "stopped")
+_TERMINAL = JOB_ENDED
 
 
 @dataclass(frozen=True, slots=True)
