@@ -386,3 +386,64 @@ def test_submit_refuses_a_bad_snapshot_interval():
     with pytest.raises(SchedulerError) as e:
         isl.s.submit(p.Submit(script="/s.py", workers=2, snapshot_every="soon"), isl.now)
     assert e.value.code == p.BAD_REQUEST and "snapshot" in e.value.message
+
+
+def test_a_torchrun_mode_job_resizes_by_restarting_at_the_new_size():
+    """No step boundary to hand over at: `scale` stops every agent, then starts the job on the new devices
+    with its restart count one higher and its step count going on; the history says `restarted`, and
+    --max-restarts is not spent. A policy shrink (a higher-priority job) takes the same path."""
+    from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
+
+    isl = Island()
+    job_obj, out = isl.s.submit(p.Submit(script="/t.py", workers=4, min_devices=1, max_devices=2, torchrun=True),
+                                isl.now)
+    job = job_obj.job_id
+    isl.hello("a", 2)
+    isl.report("a", rep(job, "running", (0, 1), port=1, step=7))
+    assert isl.state(job) is JobState.RUNNING and len(isl.s.jobs[job].placement) == 2
+    msg, out = isl.s.scale(job, 1, isl.now)
+    out = isl._take(out)
+    j = isl.s.jobs[job]
+    assert "restarting on 1 devices" in msg and kills(out) == [("a", job)] and launches(out) == []
+    assert isl.state(job) is JobState.RECOVERING
+    assert [(r["from"], r["to"], r["outcome"]) for r in j.resizes] == [(2, 1, "restarting")]
+    # The killed agents' report (infrastructure causes, as for a recovery) lets it start again.
+    killed = {"message": "agent 0 was killed by SIGKILL", "cause": "died"}
+    out = isl.report("a", rep(job, "ended", (0, 1), ok=False, error=killed))
+    [(node, launch)] = launches(out)
+    assert node == "a" and launch.devices == 1 and launch.incarnation == 1 and not launch.restore_latest
+    assert launch.env[RESTARTS_VAR] == "1" and launch.env[STEP_OFFSET_VAR] == "7"
+    assert j.restarts == 0 and isl.state(job) is JobState.STARTING
+    isl.now += 2.0
+    isl.report("a", rep(job, "running", (0,), port=2, step=7, incarnation=1))   # up, not stepped yet
+    assert j.resizes[-1]["outcome"] == "restarting"
+    isl.report("a", rep(job, "running", (0,), port=2, step=8, incarnation=1))
+    assert [(r["from"], r["to"], r["outcome"], r["seconds"]) for r in j.resizes] == [(2, 1, "restarted", 2.0)]
+    assert j.recovery is None and j.recoveries == [] and isl.state(job) is JobState.RUNNING
+
+
+def test_the_policy_shrinks_and_grows_a_torchrun_mode_job_by_restarts():
+    isl = Island()
+    tjob, _ = isl.s.submit(p.Submit(script="/t.py", workers=4, min_devices=1, max_devices=2, torchrun=True), isl.now)
+    job = tjob.job_id
+    isl.hello("a", 2)
+    isl.report("a", rep(job, "running", (0, 1), port=1, step=3))
+    urgent, out = isl.submit(workers=1, lo=1, hi=1, prio=5)   # does not fit: the policy shrinks the job
+    out = isl._take(out) + isl.tick(1.0)
+    assert isl.state(job) is JobState.RECOVERING and ("a", job) in kills(isl.sent)
+    out = isl.report("a", rep(job, "ended", (0, 1), ok=False, error={"message": "killed", "cause": "died"}))
+    assert [(n, m.devices) for n, m in launches(out) if m.job_id == job] == [("a", 1)]
+    isl.report("a", rep(job, "running", (0,), port=2, step=4, incarnation=1))
+    assert isl.s.jobs[job].resizes[-1]["outcome"] == "restarted" and isl.state(job) is JobState.RUNNING
+    out = isl.tick(1.0)
+    assert [m.job_id for _, m in launches(isl.sent)].count(urgent) == 1   # the freed device went to it
+    isl.report("a", rep(urgent, "running", (0,), port=3), rep(job, "running", (0,), port=2, step=5, incarnation=1))
+    isl.report("a", rep(urgent, "ended", (0,), port=3), rep(job, "running", (0,), port=2, step=6, incarnation=1))
+    isl.tick(1.0)   # its device is free again: the policy grows the job back, by a restart
+    assert isl.state(job) is JobState.RECOVERING
+    out = isl.report("a", rep(job, "ended", (0,), ok=False, error={"message": "killed", "cause": "died"},
+                              incarnation=1))
+    assert [(n, m.devices, m.incarnation) for n, m in launches(out)] == [("a", 2, 2)]
+    isl.report("a", rep(job, "running", (0, 1), port=4, step=7, incarnation=2))
+    assert [(r["from"], r["to"], r["outcome"]) for r in isl.s.jobs[job].resizes] == [(2, 1, "restarted"),
+                                                                                      (1, 2, "restarted")]

@@ -538,23 +538,31 @@ def test_a_killed_agent_restarts_a_torchrun_job_under_the_daemon_which_counts_th
     assert wait_state(sd, job, ("finished", "failed"), timeout=120)["state"] == "finished"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_scale_of_a_running_torchrun_job_is_refused(cluster, tmp_path: Path) -> None:
+def test_scale_restarts_a_torchrun_job_under_the_daemon_at_the_new_size(cluster, tmp_path: Path) -> None:
+    """As torchelastic resizes: every rank stops and starts again on the new devices with
+    TORCHELASTIC_RESTART_COUNT one higher; the step count goes on; the history says `restarted`."""
     from cluster import wait_state
+    from test_resize_daemon import job_info
 
-    script = tmp_path / "waits.py"
-    release = tmp_path / "release"
-    script.write_text("import os, sys, time\nimport torch.distributed as dist\n\nif __name__ == '__main__':\n"
-                      "    dist.init_process_group('gloo')\n"
-                      "    while not os.path.exists(sys.argv[1]):\n        time.sleep(0.05)\n"
-                      "    dist.barrier()\n    dist.destroy_process_group()\n")
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
     d = cluster.daemon(cpu=2, fake=False)
-    sd = str(d.state_dir)
-    sub = cli("submit", str(script), "--workers", "2", "--state-dir", sd, str(release), cwd=tmp_path)
+    sd = d.state_dir
+    sub = cli("submit", str(script), "--workers", "2", "--min-devices", "1", "--max-devices", "2",
+              "--state-dir", str(sd), str(tmp_path), cwd=tmp_path)
     assert sub.code == 0, sub.output
     job = sub.out.strip()
-    wait_state(d.state_dir, job, "running", timeout=120)
-    refused = cli("scale", job, "--devices", "2", "--state-dir", sd)
-    assert refused.code == 1 and "torchrun mode" in refused.err, refused.output
-    release.touch()
-    wait_state(d.state_dir, job, "finished", timeout=120)
+    before = wait_until(lambda: (i := job_info(sd, job))["step"] >= 3 and i, 120, what="the job to step")
+    assert before["devices"] == 2
+    scaled = cli("scale", job, "--devices", "1", "--state-dir", str(sd))
+    assert scaled.code == 0 and "restarting on 1 devices" in scaled.out, scaled.output
+    info = wait_until(lambda: (i := job_info(sd, job))["resizes"] and i["resizes"][-1]["outcome"] == "restarted"
+                      and i, 120, what="the restart at the new size")
+    [r] = info["resizes"]
+    assert (r["from"], r["to"], r["why"]) == (2, 1, "scale command") and r["seconds"] > 0, r
+    assert info["devices"] == 1 and info["step"] > before["step"] and info["recoveries"] == []
+    assert {f.name for f in tmp_path.glob("rank*.restart1")} == {"rank0.restart1", "rank1.restart1"}
+    (tmp_path / "release").touch()
+    assert wait_state(sd, job, ("finished", "failed"), timeout=120)["state"] == "finished"

@@ -66,9 +66,12 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     devices (preferring a count that divides N), all agents at once. SCRIPT must be readable at the
     same path on every node; the job runs in the current directory when that exists there too.
 
-    A script with no @elastic function runs as under torchrun (torchrun mode: see `elasticd run --help`),
-    at one size: the daemon does not restart such a job at another, so --max-devices defaults to
-    --min-devices and may not exceed it. ARGS are the script's; one spelled like an option
+    A script with no @elastic function runs as under torchrun (torchrun mode: see `elasticd run --help`).
+    It has no step boundary to hand over at, so `scale`, a drain and the policy's shrinks and grows resize
+    it as torchelastic does: every agent stops and the script starts again at the new size, from its own
+    checkpoint if it loads one. Since each resize costs it the steps since that checkpoint, --max-devices
+    defaults to --min-devices (one size) for such a script; give a range to let the policy resize it.
+    ARGS are the script's; one spelled like an option
     here is elasticd's unless the script declares it itself or it follows `--` (see `elasticd run --help`).
     """
     from elasticd.cli.run import resolve_target, torchrun_mode
@@ -81,14 +84,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     script, func, workers = resolve_target(target, workers, script_args)
     if not 1 <= workers <= L.MAX_WORKERS:
         raise click.UsageError(f"{target} asks for {workers} workers; at most {L.MAX_WORKERS} are allowed")
-    hi = max_devices or workers
-    if func is None and torchrun_mode(script):
-        hi = max_devices or min_devices
-        if hi != min_devices:
-            raise click.UsageError(
-                f"{script} runs in torchrun mode, which the daemon runs at one size: resizing it there (stop, "
-                f"restart at the new size from its checkpoint) is not implemented. Give --min-devices alone, or "
-                f"equal to --max-devices; `elasticd run --scale-at` does restart such a job")
+    torchrun = func is None and torchrun_mode(script)
+    hi = max_devices or (min_devices if torchrun else workers)
     env = _env(env_items)
     if script_args:
         env[ARGS_VAR] = json.dumps(list(script_args))
@@ -97,7 +94,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
                                f"<= {workers}")
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
-                 snapshot_every=snapshot_every, max_restarts=max_restarts)
+                 snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:

@@ -86,6 +86,7 @@ class JobSpec:
     snapshot_every: str = "30s"   # periodic snapshots (elasticd/core/cadence.py); "0": none
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
     owner: str = ""   # who submitted it (elasticd.scheduler.authz); "" for rows older than owners
+    torchrun: bool = False   # no @elastic function: resized by restarting it (elasticd.scheduler.recovery)
 
 
 @dataclass(slots=True)
@@ -124,7 +125,8 @@ class Job:
     recovery: dict[str, Any] | None = None
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     restarts: int = 0
-    incarnation: int = 0
+    incarnation: int = 0                    # launches since the first: recoveries and torchrun-mode restarts
+    step_offset: int = 0                    # torchrun mode: the step count a restarted script goes on from
     restore_latest: bool = False
     snapshot: dict[str, Any] = field(default_factory=dict)   # newest complete periodic snapshot: step, bytes
     # Speed-aware placement (elasticd.placement.speeds): logical workers per agent in rank order (empty: the

@@ -19,6 +19,13 @@ when an agent that lost its group after it reported first. ``--max-restarts`` bo
 job's ``recoveries`` list records each one: cause, step it failed after, step resumed from, steps redone,
 seconds from the failure to the first step after it.
 
+A torchrun-mode job (a script with no `@elastic` function, so no step boundary at which its state could
+move) resizes the same way, as torchelastic does on a membership change: `begin_restart` stops every agent
+and `settle` starts the job on the new devices, where the script starts again (from its own checkpoint if
+it loads one) with TORCHELASTIC_RESTART_COUNT one higher. Such a restart is a resize of the job's history
+(outcome ``restarting``, then ``restarted`` at its first step), not a recovery: it does not count against
+``--max-restarts``. Scale commands, the policy's shrinks and grows and drains all take this path.
+
 `Recoveries` is the shell that carries this out against the scheduler's tables, as `Rollbacks` does for
 failed resizes; it sees the state only as a `ResizeHost`.
 """
@@ -29,7 +36,8 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.core.records import Recovery
+from elasticd.core.lifecycle import ResizeOutcome
+from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
@@ -40,6 +48,7 @@ log = logging.getLogger(__name__)
 # the infrastructure's doing. Anything else -- a worker's exception, a script that does not load, a
 # launch the node refused -- is the job's, and retrying it would fail the same way.
 INFRASTRUCTURE = ("died", "peer_lost", "node_lost", "drained")
+RESIZE = "resize"   # the `kind` of a restart at a new size (a torchrun-mode resize), in `job.recovery`
 
 
 def infrastructure(err: dict[str, Any] | None) -> bool:
@@ -53,6 +62,11 @@ class Recoveries:
     @staticmethod
     def recovering(job: Job) -> bool:
         return job.state is JobState.RECOVERING
+
+    @staticmethod
+    def restarting(job: Job) -> bool:
+        """A torchrun-mode resize in flight: stopping the agents, or started again and not stepped yet."""
+        return job.recovery is not None and job.recovery["kind"] == RESIZE
 
     @staticmethod
     def restarts_left(job: Job) -> bool:
@@ -79,6 +93,38 @@ class Recoveries:
         if gone is not None:
             self._gone(job, gone)
         return out + self.settle(job, now)
+
+    def begin_restart(self, job: Job, placement: list[list[str]], blocks: list[int], why: str,
+                      now: float) -> list[SendToNode]:
+        """Resize a running torchrun-mode job by restarting it on `placement` (see the module docstring)."""
+        src, dst = len(job.placement), len(placement)
+        job.resizes.append(ResizeEntry(src=src, dst=dst, outcome=ResizeOutcome.RESTARTING.value, at=round(now, 3),
+                                       why=why, step=job.step, blocks=list(blocks)).to_dict())
+        del job.resizes[:-100]
+        cause = f"{why}: {src} -> {dst} devices"
+        job.recovery = {"cause": cause, "kind": RESIZE, "at": round(now, 3), "failed_after_step": job.step,
+                        "from_devices": src, "gone": [], "error": {}, "placement": [list(x) for x in placement],
+                        "blocks": list(blocks)}
+        job.transition(JobState.RECOVERING, now, f"{cause}; stopping every agent to restart the torchrun-mode "
+                                                  f"job at the new size, as torchrun does")
+        log.info("job %s: %s; restarting it at the new size (torchrun mode)", job.job_id, cause)
+        self.host.changed(job)
+        out: list[SendToNode] = []
+        for node in job.launched:
+            out += self.host.kill(node, job.job_id, now, f"restarting at {dst} devices: {why}", force=True, hard=True)
+        return out + self.settle(job, now)
+
+    def _restart_target(self, job: Job, alive: set[str]) -> list[list[str]] | None:
+        """A restart-resize's new devices, if every one is still the job's or free; else None (someone took
+        a device of a grow while the agents stopped: the job restarts on what it had)."""
+        rec = job.recovery
+        assert rec is not None
+        free = {(v.node_id, d) for v in self.host.free_views() for d in v.free}
+        own = {(n, d) for n, d in job.placement}
+        target = rec["placement"]
+        if all(n in alive and self.host.takes_work(n) and ((n, d) in free or (n, d) in own) for n, d in target):
+            return target
+        return None
 
     @staticmethod
     def restart_refusal(job: Job, err: dict[str, Any]) -> str:
@@ -126,9 +172,19 @@ class Recoveries:
             return []
         job.zombies = {n: d for n, d in job.zombies.items() if n in alive and n not in job.launched}
         keep = [[n, d] for n, d in job.placement if n in alive and self.host.takes_work(n)]
-        job.restarts += 1
+        resize = rec["kind"] == RESIZE
+        if resize:
+            target = self._restart_target(job, alive)
+            if target is not None:
+                keep, job.blocks = target, list(rec["blocks"])
+            else:
+                rec["cause"] += "; its new devices were taken meanwhile, so it restarts on the ones it had"
+                rec["fell_back"] = True
+            job.step_offset = job.step   # its step count goes on (agent/script_main.py StepCounter)
+        else:
+            job.restarts += 1   # only a recovery counts against --max-restarts
         job.incarnation += 1
-        job.restore_latest = True
+        job.restore_latest = not resize   # a torchrun-mode job has no snapshot: its checkpoint is its own
         job.restore_epoch = 0
         job.launched, job.ready, job.ended, job.agents = [], [], [], {}
         job.master_port = 0
@@ -144,15 +200,22 @@ class Recoveries:
             job.blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, keep)
         job.placement = keep
         job.master_addr = nodes[keep[0][0]].host
-        job.transition(JobState.STARTING, now, f"{rec['cause']}; restarting on {len(keep)} devices from its newest "
-                                               f"complete snapshot (restart {job.restarts} of at most "
-                                               f"{job.spec.max_restarts})")
+        if resize:
+            job.transition(JobState.STARTING, now, f"{rec['cause']}; restarting on {len(keep)} devices")
+        else:
+            job.transition(JobState.STARTING, now, f"{rec['cause']}; restarting on {len(keep)} devices from its "
+                                                   f"newest complete snapshot (restart {job.restarts} of at most "
+                                                   f"{job.spec.max_restarts})")
         self.host.changed(job, resched=True)
         return [self.host.launch(job, job.nodes[0])]
 
     def stepped(self, job: Job, r: p.JobReport, now: float) -> None:
         """Rank 0's node reports the restarted job's first step: the recovery is over; record what it cost."""
         rec = job.recovery
+        if rec is not None and rec["kind"] == RESIZE:
+            if r.step > rec["failed_after_step"]:   # the restarted script's first step (its count goes on)
+                self._restarted(job, now)
+            return
         if rec is None or "resumed_from" not in r.metrics:
             return
         resumed = int(r.metrics["resumed_from"])
@@ -165,3 +228,17 @@ class Recoveries:
         self.host.changed(job)
         log.info("job %s recovered: resumed at step %d (%d redone) %.2fs after the failure", job.job_id, resumed,
                  done.steps_redone, done.seconds)
+
+    def _restarted(self, job: Job, now: float) -> None:
+        """A restart-resize's first step: its history entry gets its outcome and seconds."""
+        rec = job.recovery
+        assert rec is not None
+        entry = next((e for e in reversed(job.resizes) if e.get("outcome") == ResizeOutcome.RESTARTING.value), None)
+        if entry is not None and rec.get("fell_back"):
+            entry.update(outcome=ResizeOutcome.ABORTED.value, note=rec["cause"])
+        elif entry is not None:
+            entry.update(outcome=ResizeOutcome.RESTARTED.value, seconds=round(now - rec["at"], 3))
+        job.recovery = None
+        self.host.changed(job)
+        log.info("job %s restarted on %d devices %.2fs after the resize began", job.job_id, len(job.placement),
+                 now - rec["at"])

@@ -41,6 +41,7 @@ from elasticd.resize_plan import Abort, Action, Done, Fail, Go, Refuse, ResizePl
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.recovery import Recoveries
 from elasticd.scheduler.rollback import Rollbacks
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Resizes:
     def __init__(self, host: ResizeHost) -> None:
         self.host = host
         self.rollbacks = Rollbacks(host)
+        self.restarts = Recoveries(host)   # stateless: a torchrun-mode resize is a restart at the new size
 
     # --- starting ------------------------------------------------------------------------------------
 
@@ -104,6 +106,8 @@ class Resizes:
 
     def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
                now: float, blocks: list[int]) -> list[SendToNode]:
+        if job.spec.torchrun:   # no step boundary to hand over at: restart it there (elasticd.scheduler.recovery)
+            return self.restarts.begin_restart(job, placement, blocks, why, now)
         src, dst = len(job.placement), len(placement)
         plan = ResizePlan.begin(epoch=job.epoch + 1, src=src, dst=dst, why=why, now=now, placement=placement,
                                 step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep,

@@ -18,7 +18,7 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.core.cadence import Every
-from elasticd.core.env_names import RESTARTS_VAR
+from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import ControlPlaneError
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.placement import policy
@@ -123,7 +123,7 @@ class SchedulerState:
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
-                       owner=owner)
+                       owner=owner, torchrun=req.torchrun)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -178,6 +178,9 @@ class SchedulerState:
                                  f"{free} free (at most {current + free} now){hint}")
         job.requested_devices = devices
         out = self.resizes.begin(job, devices, "scale command", now)
+        if job.spec.torchrun:
+            return (f"job {job_id} restarting on {devices} devices (torchrun mode: every agent stops and the script "
+                    f"starts again, from its own checkpoint if it loads one)"), out
         caveat = "" if job.entered_steps else (
             "; it has not reached a `ctx.steps` step boundary yet: a job that never does cannot be resized, and "
             "then this resize is recorded as refused when it ends")
@@ -424,7 +427,8 @@ class SchedulerState:
         a resize is in flight or devices are still being freed, so decisions see the settled island."""
         if not self.cfg.resize_enabled:
             return []
-        if any(j.resize is not None or (j.zombies and j.state.active) for j in self.jobs.values()):
+        if any(j.resize is not None or (j.zombies and j.state.active) or self.recoveries.restarting(j)
+               for j in self.jobs.values()):
             return []
         running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement), j.spec.min_devices,
                                      j.spec.max_devices, j.spec.priority, j.seq,
@@ -501,8 +505,14 @@ class SchedulerState:
     @staticmethod
     def _env(job: Job) -> dict[str, str]:
         """The agents' environment: the job's, and after a restart its count, which a torchrun script reads
-        as TORCHELASTIC_RESTART_COUNT (agent/compat/worker_env.py), as torchrun's restarted workers do."""
-        return {**job.spec.env, RESTARTS_VAR: str(job.restarts)} if job.restarts else job.spec.env
+        as TORCHELASTIC_RESTART_COUNT (agent/compat/worker_env.py), as torchrun's restarted workers do; a
+        torchrun-mode job's agents also count its steps on from where it was."""
+        if not job.incarnation:
+            return job.spec.env
+        env = {**job.spec.env, RESTARTS_VAR: str(job.incarnation)}
+        if job.spec.torchrun:
+            env[STEP_OFFSET_VAR] = str(job.step_offset)
+        return env
 
     def _reports(self, node: str, reports: list[p.JobReport], now: float) -> tuple[list[SendToNode], list[str]]:
         out: list[SendToNode] = []
