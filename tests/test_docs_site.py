@@ -75,3 +75,12 @@ def test_every_message_troubleshooting_quotes_is_still_printed() -> None:
     strings = _source_strings()
     stale = [q for q in quoted if not any(q in s for s in strings)]
     assert not stale, f"docs/troubleshooting.md quotes messages elasticd no longer prints: {stale}"
+
+
+def test_the_metric_list_is_the_one_the_code_exports() -> None:
+    from elasticd.observe.metrics import markdown_table
+
+    page = (REPO / "docs" / "observability.md").read_text()
+    shown = "\n".join(line.strip() for line in page.splitlines())
+    assert markdown_table() in shown, "docs/observability.md's metric table differs from markdown_table(): " \
+        "paste its output there"

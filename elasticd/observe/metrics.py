@@ -190,3 +190,18 @@ class Observer:
         gone = {j["job"] for j in s.jobs}
         for job_id in [k for k in self._snap_seen if k not in gone]:
             del self._snap_seen[job_id]
+
+
+def markdown_table() -> str:
+    """The metric list docs/observability.md shows (a test keeps the two equal): every family an `Observer`
+    exports, with its type, labels and help text as the code declares them."""
+    obs = Observer()
+    # Families a collector builds carry their label names; metrics prometheus_client keeps itself name theirs.
+    declared = {m._name: m._labelnames for m in (obs.requests, obs.heartbeats, obs.resize_s, obs.recovery_s)}
+    rows = ["| metric | type | labels | what |", "|---|---|---|---|"]
+    for fam in sorted(obs.registry.collect(), key=lambda f: f.name):
+        labels = tuple(getattr(fam, "_labelnames", ()) or declared.get(fam.name, ()))
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        shown = ", ".join(f"`{x}`" for x in labels)
+        rows.append(f"| `{name}` | {fam.type} | {shown} | {fam.documentation} |")
+    return "\n".join(rows)
