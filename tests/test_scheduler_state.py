@@ -420,6 +420,14 @@ def test_a_torchrun_mode_job_resizes_by_restarting_at_the_new_size():
     isl.report("a", rep(job, "running", (0,), port=2, step=8, incarnation=1))
     assert [(r["from"], r["to"], r["outcome"], r["seconds"]) for r in j.resizes] == [(2, 1, "restarted", 2.0)]
     assert j.recovery is None and j.recoveries == [] and isl.state(job) is JobState.RUNNING
+    from elasticd.scheduler.events import job_events
+
+    [ev] = [e for e in job_events(j) if e["event"] == "resized"]
+    assert ev["from"] == 2 and ev["to"] == 1 and "restarting the torchrun-mode job" in ev["detail"]
+    # Stopped while restarting at a new size: that resize did not happen, and the history says so.
+    isl._take(isl.s.scale(job, 2, isl.now)[1])
+    isl._take(isl.s.stop(job, isl.now)[1])
+    assert isl.state(job) is JobState.STOPPED and j.resizes[-1]["outcome"] == "not applied"
 
 
 def test_the_policy_shrinks_and_grows_a_torchrun_mode_job_by_restarts():

@@ -50,7 +50,11 @@ def job_events(job: Job) -> list[dict[str, Any]]:
         out.append({"at": at, "event": name, "job": job.job_id, "detail": str(reason)})
     for r in job.resizes:
         outcome = str(r.get("outcome", ""))
-        name = "resized" if outcome == ResizeOutcome.DONE else "resize_" + outcome.replace(" ", "_")
+        if outcome == ResizeOutcome.RESTARTING:
+            continue   # a torchrun-mode restart in flight: the state entries tell it until it ends
+        # A torchrun-mode job resized by a restart at the new size is resized all the same.
+        took_effect = outcome in (ResizeOutcome.DONE, ResizeOutcome.RESTARTED)
+        name = "resized" if took_effect else "resize_" + outcome.replace(" ", "_")
         if outcome == ResizeOutcome.ROLLED_BACK:
             name = "rolled_back"
         took = r.get("seconds")
@@ -59,6 +63,7 @@ def job_events(job: Job) -> list[dict[str, Any]]:
               "from": r.get("from"), "to": r.get("to"), "step": r.get("step"), "seconds": took,
               "detail": f"{r.get('from')} -> {r.get('to')} devices ({r.get('why')})"
                         + (f" in {took:.2f}s" if isinstance(took, int | float) else "")
+                        + (", restarting the torchrun-mode job" if outcome == ResizeOutcome.RESTARTED else "")
                         + (f": {r['note']}" if r.get("note") else "")}
         out.append(ev)
     for r in job.recoveries:

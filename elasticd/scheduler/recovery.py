@@ -76,6 +76,8 @@ class Recoveries:
         """An infrastructure failure of an active job with restarts left (`restarts_left`; else the caller
         fails it, with `restart_refusal` saying why): stop what is left of it to restart it."""
         assert self.restarts_left(job), job.job_id
+        if self.restarting(job):   # it failed while restarting at a new size: that resize ends here
+            self.close_restart(job, ResizeOutcome.FAILED, f"an agent failed: {err.get('message') or err.get('cause')}")
         cause = str(err.get("message") or err.get("cause"))
         job.recovery = {"cause": cause, "kind": err.get("cause"), "at": round(now, 3),
                         # -1: before the first step boundary (rank 0 reports steps only from there on)
@@ -229,15 +231,21 @@ class Recoveries:
         log.info("job %s recovered: resumed at step %d (%d redone) %.2fs after the failure", job.job_id, resumed,
                  done.steps_redone, done.seconds)
 
+    @staticmethod
+    def close_restart(job: Job, outcome: ResizeOutcome, note: str = "", seconds: float | None = None) -> None:
+        """End the history entry of the restart-resize in flight."""
+        entry = next((e for e in reversed(job.resizes) if e.get("outcome") == ResizeOutcome.RESTARTING.value), None)
+        if entry is not None:
+            entry.update(outcome=outcome.value, note=note, seconds=None if seconds is None else round(seconds, 3))
+
     def _restarted(self, job: Job, now: float) -> None:
         """A restart-resize's first step: its history entry gets its outcome and seconds."""
         rec = job.recovery
         assert rec is not None
-        entry = next((e for e in reversed(job.resizes) if e.get("outcome") == ResizeOutcome.RESTARTING.value), None)
-        if entry is not None and rec.get("fell_back"):
-            entry.update(outcome=ResizeOutcome.ABORTED.value, note=rec["cause"])
-        elif entry is not None:
-            entry.update(outcome=ResizeOutcome.RESTARTED.value, seconds=round(now - rec["at"], 3))
+        if rec.get("fell_back"):
+            self.close_restart(job, ResizeOutcome.ABORTED, rec["cause"])
+        else:
+            self.close_restart(job, ResizeOutcome.RESTARTED, seconds=now - rec["at"])
         job.recovery = None
         self.host.changed(job)
         log.info("job %s restarted on %d devices %.2fs after the resize began", job.job_id, len(job.placement),

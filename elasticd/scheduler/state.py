@@ -649,6 +649,9 @@ class SchedulerState:
         out: list[SendToNode] = []
         if job.resize is not None:
             out += self.resizes.close(job, now, dst.value)
+        if self.recoveries.restarting(job):   # a torchrun-mode restart at a new size ends with the job
+            self.recoveries.close_restart(job, ResizeOutcome.FAILED if dst is JobState.FAILED
+                                          else ResizeOutcome.NOT_APPLIED, reason)
         if job.state.active:
             for node in job.launched:
                 if node == gone or node in job.ended:
