@@ -13,6 +13,13 @@ fi
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of pip arguments
 "$VENV/bin/python" -m pip install --quiet ${TORCH_PIP_ARGS:-torch==2.13.0}
 "$VENV/bin/python" -m pip install --quiet -e '.[test,docs]'
+# The Slurm recipe's test (tests/test_slurm_recipe.py) runs a real single-host Slurm: Debian's slurm-wlm and
+# munge, installed the same best-effort way (skipped with the reason where they are absent).
+if ! command -v slurmctld >/dev/null 2>&1 && [ "${ELASTICD_NO_SLURM:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1 \
+        && [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
+        || echo "setup: slurm-wlm not installed (apt-get failed); the Slurm recipe's test will be skipped" >&2
+fi
 # The status page's browser test (tests/test_observe.py) drives Debian's `chromium`; it is skipped with the
 # reason where chromium is absent, so installing it is best effort (root with apt and a reachable mirror).
 if ! command -v chromium >/dev/null 2>&1 && [ "${ELASTICD_NO_CHROMIUM:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1 \
