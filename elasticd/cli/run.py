@@ -25,6 +25,8 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
     script, func = split_target(target)
     if not os.path.isfile(script):
         raise click.UsageError(f"no such script: {script}")
+    if not torchrun_mode(script):
+        refuse_skipped_main(script)
     if workers is None and func is None and torchrun_mode(script):
         raise click.UsageError(f"{script} has no @elasticd.elastic function: it runs as under torchrun "
                                f"(torchrun mode), with N given by --workers N (torchrun's --nproc_per_node)")
@@ -47,6 +49,27 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
         finally:
             sys.argv = argv
     return script, func, workers
+
+
+def refuse_skipped_main(script: str) -> None:
+    """Refuse a script whose `if __name__ == "__main__":` block does more than run its @elastic function:
+    elasticd imports the script and calls the function itself, so the rest of that block would be skipped
+    without a word (a seed there, and the job computes something else than `python SCRIPT` does).
+
+    Raises:
+        click.UsageError: naming each statement and what to do.
+    """
+    from elasticd.core.script_source import skipped_main_code
+
+    skipped = skipped_main_code(script)
+    if skipped:
+        shown = "; ".join(f"line {n}: `{text}`" for n, text in skipped)
+        raise click.UsageError(
+            f"{script}: elasticd imports the script and calls its @elastic function itself, so its "
+            f"`if __name__ == \"__main__\":` block does not run, and that block does more than call the "
+            f"function ({shown}). It would be skipped here and under --ddp and submit, though `python {script}` "
+            f"runs it. Move it into the function (a seed at its start), and leave the block calling the "
+            f"function alone.")
 
 
 def torchrun_mode(script: str) -> bool:

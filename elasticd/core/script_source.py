@@ -47,3 +47,92 @@ def declared_workers(path: str, func: str | None) -> int | None:
             ok = isinstance(value, ast.Constant) and type(value.value) is int
             found.append(value.value if ok else None)
     return found[0] if len(found) == 1 else None
+
+
+def _elastic_names(tree: ast.Module) -> set[str]:
+    """Module-level names of the script's @elastic functions: decorated ones, and `f = elastic(...)(g)`."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                isinstance(d, ast.Call) and _called_name(d) == "elastic" for d in node.decorator_list):
+            names.add(node.name)
+        elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Call) and _called_name(node.value.func) == "elastic"):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":` (either way round)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.comparators) != 1:
+        return False
+    sides = [node.test.left, node.test.comparators[0]]
+    return (isinstance(node.test.ops[0], ast.Eq) and any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
+def _calls(node: ast.AST) -> set[str]:
+    return {c.func.id for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+
+
+def _only_runs(stmt: ast.stmt, elastic: set[str]) -> bool:
+    """`train()`, `sys.exit(train())`, `exit(train())` or `pass`: a statement that does nothing but run it."""
+    if isinstance(stmt, ast.Pass):
+        return True
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return False
+    call = stmt.value
+    if isinstance(call.func, ast.Name) and call.func.id in elastic:
+        return not call.args and not call.keywords
+    if _called_name(call) == "exit" and len(call.args) == 1 and isinstance(call.args[0], ast.Call):
+        inner = call.args[0]
+        return isinstance(inner.func, ast.Name) and inner.func.id in elastic and not inner.args and not inner.keywords
+    return False
+
+
+def skipped_main_code(path: str) -> list[tuple[int, str]]:
+    """What `elasticd run SCRIPT` would silently skip: the script is imported, not run as `__main__`, and the
+    runtime calls the @elastic function itself, so its `if __name__ == "__main__":` block never runs. That
+    is harmless where the block only calls the function; anything else there (a `torch.manual_seed`, a
+    `main()` that sets up and then calls it) would not happen, and the job would compute something else
+    than `python SCRIPT` or torchrun does. Returns (line, first line of source) of each such statement of a
+    block that runs an @elastic function, directly or through a module-level function that calls one; []
+    for a script whose block does not (it is not how the script runs its job).
+
+    Raises:
+        SyntaxError: the script does not parse.
+    """
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    tree = ast.parse(source, filename=path)
+    elastic = _elastic_names(tree)
+    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    lines = source.splitlines()
+    out: list[tuple[int, str]] = []
+    for guard in (n for n in tree.body if _is_main_guard(n)):
+        assert isinstance(guard, ast.If)
+        called = _calls(guard)
+        via = {name for name in called & set(helpers) if _calls(helpers[name]) & elastic and name not in elastic}
+        if not called & elastic and not via:
+            continue
+        runs = elastic | via
+        out += [(stmt.lineno, lines[stmt.lineno - 1].strip()) for stmt in _extras(guard.body, elastic, runs)]
+    return out
+
+
+def _extras(stmts: list[ast.stmt], elastic: set[str], runs: set[str]) -> list[ast.stmt]:
+    """The statements of a `__main__` block other than running the job. An `if` whose branch runs it is
+    looked into (`if IDEAL: plain_loop() else: train()`: the other branch is another way to run the
+    script, not code the job needs), any other statement is listed."""
+    out: list[ast.stmt] = []
+    for stmt in stmts:
+        if _only_runs(stmt, elastic):
+            continue
+        if isinstance(stmt, ast.If):
+            running = [b for b in (stmt.body, stmt.orelse) if any(_calls(x) & runs for x in b)]
+            if running:
+                for branch in running:
+                    out += _extras(branch, elastic, runs)
+                continue
+        out.append(stmt)
+    return out
