@@ -152,7 +152,16 @@ class Runtime:
         unseeded = rng.unseeded()
         threads = []
         for r, w in self._workers.items():
-            w.rng = rng.own_streams(initial, unseeded, self._cuda) if unseeded else initial
+            # A re-entered worker starts the function with the streams it started with the first time: the code
+            # before ctx.steps runs again (a dataset drawn with torch.randn after a module-level seed) and must
+            # compute what it computed then, as under DDP, where it ran once; ctx.steps then resumes the
+            # streams where the step boundary left them.
+            entry = w.progress.restore.extras.get("entry_rng") if w.progress.restore is not None else None
+            if entry is not None:
+                w.rng = rng.RngState.from_dict(entry)
+            else:
+                w.rng = rng.own_streams(initial, unseeded, self._cuda) if unseeded else initial
+            w.progress.entry_rng = entry if entry is not None else w.rng.to_dict()
             w.ctx = WorkerContext(self, w)
             w.dist.env = worker_env.variables_for(r, self.workers)
             self.boundary.prepare(w)

@@ -61,6 +61,9 @@ class Progress:
     private: list[Any] = field(default_factory=list)  # ctx.private registrations, in order
     restore: WorkerSnapshot | None = None   # resuming after a resize: where this rank was
     snapshot: WorkerSnapshot | None = None  # taken at the boundary where the agents stopped
+    # The worker's random streams when it first entered the function (rng.RngState.to_dict()), carried across
+    # re-entry: the code before ctx.steps runs again after a resize and must draw what it drew the first time.
+    entry_rng: dict[str, Any] | None = None
 
 
 @dataclass(eq=False, slots=True)

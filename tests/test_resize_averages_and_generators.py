@@ -219,3 +219,20 @@ def test_a_self_distillation_teacher_its_loss_center_and_per_parameter_clipping_
     assert min(apart.values()) > 100 * TOLERANCE, apart   # the teacher lags the student: it is its own state
     for name, got in runs.items():
         assert_ddp_close(want, got, name)
+
+
+@pytest.mark.timeout(900)
+def test_draws_before_the_loop_from_a_module_level_seed_are_the_same_after_a_resize(tmp_path: Path) -> None:
+    """tests/jobs/preloop_draws_job.py: its dataset and initial weights are drawn before ctx.steps from the
+    stream a module-level seed set. A function re-entered after a resize must start from the streams it
+    first started with: drawing on from where they had got to (the staying and the new agents from different
+    places) would train the ranks on different data, exit 0."""
+    env = {"ELASTICD_TEST_WORKERS": str(REFERENCE_WORKERS)}
+    states = {}
+    for name, args in {"ddp": ("--ddp",), "scaled": ("--devices", "2", "--scale-at", "3:1,6:2")}.items():
+        run = cli("run", str(JOBS / "preloop_draws_job.py"), "--workers", str(REFERENCE_WORKERS), *args,
+                  env={**env, "ELASTICD_TEST_OUT": str(tmp_path / f"{name}.pt")}, timeout=400)
+        assert run.code == 0, run.output
+        states[name] = load_state(tmp_path / f"{name}.pt")
+    assert torch.equal(states["scaled"]["data_sum"], states["ddp"]["data_sum"])
+    assert_ddp_close(states["ddp"], states["scaled"], "scaled")

@@ -258,6 +258,7 @@ class StepBoundary:
                     "carried": carried.save(w),
                     "function_locals": function_locals.save(self._thread_entry, w.capture.loop_start),
                     "raw_loaders": w.capture.loader_tracks.save() if w.capture.loader_tracks is not None else [],
+                    "entry_rng": w.progress.entry_rng,
                     **self.rt.replicated.worker_extras(w)},
         )
 
