@@ -60,3 +60,37 @@ def test_every_elasticd_command_line_in_a_recipe_is_one_the_cli_accepts(recipe):
 def test_the_slurm_script_parses():
     r = subprocess.run(["bash", "-n", str(DEPLOY / "slurm" / "elasticd.sbatch")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# The Kubernetes versions the manifests say they are for (their header comments).
+K8S_VERSIONS = ("1.28.0", "1.37.0")
+
+
+def test_the_kubernetes_manifests_are_valid_for_the_versions_they_name():
+    """Strictly (no unknown field) against the official OpenAPI schemas of each version, bundled by
+    kubernetes-validate: a misspelt field or a removed API version fails here, not at `kubectl apply`."""
+    import kubernetes_validate
+    import yaml
+
+    manifests = sorted(DEPLOY.glob("kubernetes/*.yaml"))
+    for path in manifests:
+        text = path.read_text()
+        assert all(v.rsplit(".", 1)[0] in text for v in K8S_VERSIONS), f"{path.name} does not name {K8S_VERSIONS}"
+        for doc in yaml.safe_load_all(text):
+            for version in K8S_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)   # raises ValidationError
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_the_systemd_units_verify(tmp_path):
+    """`systemd-analyze verify` on each unit, its /opt/elasticd path pointed at this install's elasticd."""
+    import sys
+
+    elasticd_bin = Path(sys.executable).parent / "elasticd"
+    units = []
+    for path in sorted(DEPLOY.glob("systemd/*.service")):
+        unit = tmp_path / path.name
+        unit.write_text(path.read_text().replace("/opt/elasticd/bin/elasticd", str(elasticd_bin)))
+        units.append(str(unit))
+    out = subprocess.run(["systemd-analyze", "verify", *units], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
