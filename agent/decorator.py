@@ -27,8 +27,10 @@ class ElasticFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
-            raise TypeError(f"{self.fn.__name__}() takes no arguments when called directly; "
-                            "elasticd passes ctx to each logical worker")
+            raise TypeError(f"{self.fn.__name__}() takes no arguments when called directly: elasticd calls it "
+                            f"with ctx alone, once per logical worker, also under `elasticd run` and submit. "
+                            f"Take the rank and world size from ctx (ctx.rank, ctx.world_size) and other values "
+                            f"from the script's arguments (sys.argv) or its module level")
         return run_standalone(self)
 
     def __repr__(self) -> str:

@@ -52,3 +52,16 @@ def test_other_errors_get_no_note() -> None:
             assert not getattr(e, "__notes__", None), e
         else:
             raise AssertionError("did not raise")
+
+
+def test_calling_the_function_with_the_old_signature_says_where_rank_and_world_size_come_from() -> None:
+    import pytest
+
+    import elasticd
+
+    @elasticd.elastic(workers=2)
+    def main(ctx):   # ported from main(rank, world_size, num_epochs)
+        pass
+
+    with pytest.raises(TypeError, match=r"ctx alone.*ctx\.rank, ctx\.world_size"):
+        main(0, 2, 5)
