@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from elasticd.ports import free_port
 
 NODE = "elnode1"   # the Slurm node name; the host's name is socket.gethostname()
@@ -115,7 +117,25 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             time.sleep(0.2)
         raise AssertionError(f"Slurm job {job} still {self.job_state(job)} after {timeout:.0f}s")
 
+    def _ours(self) -> list[psutil.Process]:
+        """Every process this Slurm started, told by the SLURM_CONF it passed on: its daemons, slurmstepd
+        and whatever a job left (a job's processes outlive a batch script that hung)."""
+        conf, found = str(self.root / "slurm.conf"), []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("SLURM_CONF") == conf:
+                    found.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
     def stop(self) -> None:
+        for p in self._ours():
+            if p.pid not in {q.pid for q in self.procs}:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
