@@ -17,13 +17,18 @@ HEAD = "import sys\nimport torch\nimport elasticd\n\n@elasticd.elastic(workers=2
 @pytest.mark.parametrize("block, skipped", [
     ("if __name__ == '__main__':\n    train()\n", []),
     ("if __name__ == '__main__':\n    sys.exit(train())\n", []),
-    ("if '__main__' == __name__:\n    torch.manual_seed(123)\n    train()\n", [(10, "torch.manual_seed(123)")]),
-    ("def main():\n    print('setup')\n    train()\n\nif __name__ == '__main__':\n    main()\n", [(14, "main()")]),
+    ("if '__main__' == __name__:\n    torch.manual_seed(123)\n    train()\n", [(10, "torch.manual_seed(123)", True)]),
+    ("def main():\n    print('setup')\n    train()\n\nif __name__ == '__main__':\n    main()\n", [(14, "main()", True)]),
     # Another way to run the script (a plain loop) in a branch of its own is not the job's code.
     ("def plain():\n    pass\n\nif __name__ == '__main__':\n    if len(sys.argv) > 5:\n        plain()\n"
      "    else:\n        train()\n", []),
     ("if __name__ == '__main__':\n    if len(sys.argv) > 5:\n        torch.manual_seed(1)\n        train()\n"
-     "    else:\n        train()\n", [(11, "torch.manual_seed(1)")]),
+     "    else:\n        train()\n", [(11, "torch.manual_seed(1)", True)]),
+    # What cannot change the result is listed as such: a print, a value left unused.
+    ("if __name__ == '__main__':\n    if len(sys.argv) > 1:\n        n = int(sys.argv[1])\n"
+     "    print(torch.__version__)\n    train()\n", [(10, "if len(sys.argv) > 1:", False), (12, "print(torch.__version__)", False)]),
+    ("if __name__ == '__main__':\n    torch.backends.cudnn.benchmark = True\n    train()\n",
+     [(10, "torch.backends.cudnn.benchmark = True", True)]),
     # A block that does not run the job is not how the job runs.
     ("if __name__ == '__main__':\n    print('see the README')\n", []),
 ])
@@ -41,3 +46,11 @@ def test_a_main_block_that_does_more_is_refused_before_anything_starts(tmp_path:
         cli(*args[:1], str(script), *args[1:])
     assert r.code == 2, r.output
     assert "line 10: `torch.manual_seed(123)`" in r.err and "Move it into the function" in r.err, r.err
+
+
+def test_a_main_block_that_only_prints_runs_with_a_note(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(HEAD + "if __name__ == '__main__':\n    print('starting')\n    train()\n")
+    r = cli("run", str(script), "--devices", "1")
+    assert r.code == 0, r.output
+    assert "note:" in r.err and "skipped line 10: `print('starting')`" in r.err, r.err

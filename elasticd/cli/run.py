@@ -52,9 +52,10 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
 
 
 def refuse_skipped_main(script: str) -> None:
-    """Refuse a script whose `if __name__ == "__main__":` block does more than run its @elastic function:
-    elasticd imports the script and calls the function itself, so the rest of that block would be skipped
-    without a word (a seed there, and the job computes something else than `python SCRIPT` does).
+    """elasticd imports the script and calls its @elastic function itself, so its `if __name__ == "__main__":`
+    block does not run. Refuse the script where that block does more than call the function in a way that
+    can change the result (a seed there, and the job computes something else than `python SCRIPT` does,
+    exit 0); say which lines are skipped where it only prints or computes values it leaves unused.
 
     Raises:
         click.UsageError: naming each statement and what to do.
@@ -62,14 +63,17 @@ def refuse_skipped_main(script: str) -> None:
     from elasticd.core.script_source import skipped_main_code
 
     skipped = skipped_main_code(script)
-    if skipped:
-        shown = "; ".join(f"line {n}: `{text}`" for n, text in skipped)
+    shown = "; ".join(f"line {n}: `{text}`" for n, text, _ in skipped)
+    if any(significant for _, _, significant in skipped):
         raise click.UsageError(
             f"{script}: elasticd imports the script and calls its @elastic function itself, so its "
             f"`if __name__ == \"__main__\":` block does not run, and that block does more than call the "
             f"function ({shown}). It would be skipped here and under --ddp and submit, though `python {script}` "
             f"runs it. Move it into the function (a seed at its start), and leave the block calling the "
             f"function alone.")
+    if skipped:
+        click.echo(f"[elasticd] note: {script}'s `if __name__ == \"__main__\":` block does not run under elasticd, "
+                   f"which calls the @elastic function itself: skipped {shown}", err=True)
 
 
 def torchrun_mode(script: str) -> bool:

@@ -90,14 +90,50 @@ def _only_runs(stmt: ast.stmt, elastic: set[str]) -> bool:
     return False
 
 
-def skipped_main_code(path: str) -> list[tuple[int, str]]:
+# Calls that set process-wide state a job's result depends on (`torch.manual_seed`, `np.random.seed`,
+# lightning's `seed_everything`, transformers' `set_seed`: anything named like a seed, and these).
+_STATEFUL = frozenset({"set_default_dtype", "set_default_device", "set_default_tensor_type",
+                       "set_float32_matmul_precision", "use_deterministic_algorithms", "set_num_threads",
+                       "set_flush_denormal", "set_grad_enabled"})
+
+
+def _dotted(node: ast.expr) -> list[str]:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return parts[::-1]
+
+
+def changes_the_result(stmt: ast.stmt, helpers: set[str]) -> bool:
+    """Whether a skipped statement can change what the job computes: a seed or another process-wide torch
+    setting, a write to `os.environ` or to an attribute of `torch`, or a call of the script's own functions
+    (what they do is not read here). A print, or a value computed and left unused, cannot."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name and ("seed" in name[-1].lower() or name[-1] in _STATEFUL or name[0] in helpers):
+                return True
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        for t in targets:
+            root = _dotted(t.value if isinstance(t, ast.Subscript) else t)
+            if isinstance(t, ast.Attribute | ast.Subscript) and root[:1] in (["torch"], ["os"]):
+                return True
+    return False
+
+
+def skipped_main_code(path: str) -> list[tuple[int, str, bool]]:
     """What `elasticd run SCRIPT` would silently skip: the script is imported, not run as `__main__`, and the
     runtime calls the @elastic function itself, so its `if __name__ == "__main__":` block never runs. That
     is harmless where the block only calls the function; anything else there (a `torch.manual_seed`, a
     `main()` that sets up and then calls it) would not happen, and the job would compute something else
-    than `python SCRIPT` or torchrun does. Returns (line, first line of source) of each such statement of a
-    block that runs an @elastic function, directly or through a module-level function that calls one; []
-    for a script whose block does not (it is not how the script runs its job).
+    than `python SCRIPT` or torchrun does. Returns (line, first line of source, whether it can change the
+    result: `changes_the_result`) of each such statement of a block that runs an @elastic function, directly
+    or through a module-level function that calls one; [] for a script whose block does not (it is not how
+    the script runs its job).
 
     Raises:
         SyntaxError: the script does not parse.
@@ -108,7 +144,7 @@ def skipped_main_code(path: str) -> list[tuple[int, str]]:
     elastic = _elastic_names(tree)
     helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     lines = source.splitlines()
-    out: list[tuple[int, str]] = []
+    out: list[tuple[int, str, bool]] = []
     for guard in (n for n in tree.body if _is_main_guard(n)):
         assert isinstance(guard, ast.If)
         called = _calls(guard)
@@ -116,7 +152,8 @@ def skipped_main_code(path: str) -> list[tuple[int, str]]:
         if not called & elastic and not via:
             continue
         runs = elastic | via
-        out += [(stmt.lineno, lines[stmt.lineno - 1].strip()) for stmt in _extras(guard.body, elastic, runs)]
+        out += [(stmt.lineno, lines[stmt.lineno - 1].strip(), changes_the_result(stmt, set(helpers)))
+                for stmt in _extras(guard.body, elastic, runs)]
     return out
 
 
