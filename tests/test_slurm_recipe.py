@@ -59,6 +59,18 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         island.stop()
 
 
+@pytest.fixture
+def tmp_path(tmp_path_factory: pytest.TempPathFactory):
+    """A short directory: the island's state dir holds Unix sockets, whose paths may not pass 107 bytes
+    (pytest's own tmp_path under xdist comes close)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="elsl", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _run(slurm: SlurmIsland, tmp: Path, *submit_args: str, start_opts: str = "--cpu-devices 2") -> tuple[str, Path]:
     script = tmp / "job.py"
     script.write_text(JOB)
