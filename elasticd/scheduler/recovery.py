@@ -182,9 +182,9 @@ class Recoveries:
             else:
                 rec["cause"] += "; its new devices were taken meanwhile, so it restarts on the ones it had"
                 rec["fell_back"] = True
-            job.step_offset = job.step   # its step count goes on (agent/script_main.py StepCounter)
         else:
             job.restarts += 1   # only a recovery counts against --max-restarts
+        job.step_offset = job.step   # a torchrun-mode job's step count goes on (agent/script_main.py StepCounter)
         job.incarnation += 1
         job.restore_latest = not resize   # a torchrun-mode job has no snapshot: its checkpoint is its own
         job.restore_epoch = 0
