@@ -555,6 +555,10 @@ class LocalRun:
 
     def _read(self, timeout: float) -> None:
         for key, _ in self._sel.select(timeout):
+            if self._sel.get_map().get(key.fd) is not key:
+                # Closed while an earlier event of this batch was handled (a torchrun-mode restart forgets
+                # every agent), its number perhaps taken by a new agent's pipe since.
+                continue
             agent: _Agent = key.data
             chunk = os.read(agent.events, 65536)
             if not chunk:
