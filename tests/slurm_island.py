@@ -31,6 +31,19 @@ def missing() -> str | None:
     return None
 
 
+def processes_with(var: str, value: str) -> list[psutil.Process]:
+    """Processes whose environment sets `var` to `value` (slurmstepd daemonizes: a job's processes are no
+    descendants of anything the test started)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(var) == value:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 @dataclass
 class SlurmIsland:
     root: Path
@@ -120,14 +133,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def _ours(self) -> list[psutil.Process]:
         """Every process this Slurm started, told by the SLURM_CONF it passed on: its daemons, slurmstepd
         and whatever a job left (a job's processes outlive a batch script that hung)."""
-        conf, found = str(self.root / "slurm.conf"), []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("SLURM_CONF") == conf:
-                    found.append(p)
-            except (psutil.Error, OSError):
-                continue
-        return found
+        return processes_with("SLURM_CONF", str(self.root / "slurm.conf"))
 
     def stop(self) -> None:
         for p in self._ours():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from slurm_island import SlurmIsland, missing
+from slurm_island import SlurmIsland, missing, processes_with
 from util import REPO, wait_until
 
 from elasticd import keys
@@ -107,24 +107,12 @@ def test_a_daemon_that_cannot_start_fails_the_slurm_job_at_once_with_the_reason(
     assert "a node daemon exited" in text and "--cpu-devices" in text, text
 
 
-def _job_processes(job: str) -> list[psutil.Process]:
-    """Every process of the Slurm job: slurmstepd daemonizes, so they are told by their environment."""
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("SLURM_JOB_ID") == job:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
 def test_scancel_mid_training_leaves_nothing_running_within_seconds(slurm: SlurmIsland, tmp_path: Path) -> None:
     job, out = _run(slurm, tmp_path, "--workers", "2", "--", "--out", str(tmp_path / "r.json"), "--steps", "100000",
                     "--pace", "0.01")
     events = tmp_path / "island" / "events.log"
     wait_until(lambda: events.exists() and "started" in events.read_text(), 90, what="the job to start training")
-    procs = _job_processes(job)
+    procs = processes_with("SLURM_JOB_ID", job)
     assert any("elasticd" in " ".join(p.cmdline()) for p in procs), [p.cmdline() for p in procs]
     cancelled = time.monotonic()
     subprocess.run(["scancel", job], env=slurm.env, check=True)
