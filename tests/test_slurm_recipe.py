@@ -53,7 +53,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing() is not None, reason
 def slurm(tmp_path_factory: pytest.TempPathFactory):
     island = SlurmIsland(tmp_path_factory.mktemp("slurm"))
     try:
-        island.start()
+        try:
+            island.start()
+        except (RuntimeError, subprocess.SubprocessError, OSError) as e:   # installed, but cannot run here
+            pytest.skip(f"a real Slurm could not start on this machine: {e}"[:500])
         yield island
     finally:
         island.stop()
