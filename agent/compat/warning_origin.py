@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from types import FrameType
 from typing import Any
@@ -23,7 +24,7 @@ from elasticd.agent import patches
 
 _LEDGER = patches.ledger("compat.warning_origin")
 _RUNTIME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # elasticd/agent/
-_THREADING = os.path.abspath(__import__("threading").__file__)
+_THREADING = os.path.abspath(threading.__file__)
 
 
 def _ours(frame: FrameType) -> bool:

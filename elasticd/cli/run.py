@@ -25,9 +25,10 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
     script, func = split_target(target)
     if not os.path.isfile(script):
         raise click.UsageError(f"no such script: {script}")
-    if not torchrun_mode(script):
+    torchrun = torchrun_mode(script)
+    if not torchrun:
         refuse_skipped_main(script)
-    if workers is None and func is None and torchrun_mode(script):
+    if workers is None and func is None and torchrun:
         raise click.UsageError(f"{script} has no @elasticd.elastic function: it runs as under torchrun "
                                f"(torchrun mode), with N given by --workers N (torchrun's --nproc_per_node)")
     if workers is None:

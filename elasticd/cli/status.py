@@ -12,7 +12,7 @@ import click
 
 from elasticd.cli import client
 from elasticd.cli.text import printable as safe
-from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome
+from elasticd.core.lifecycle import JOB_ENDED, TOOK_EFFECT
 
 
 def job_doc(info: Any) -> dict[str, Any]:
@@ -22,10 +22,6 @@ def job_doc(info: Any) -> dict[str, Any]:
 def _fmt_loss(metrics: dict[str, Any]) -> str:
     loss = metrics.get("loss")
     return f"{loss:.4g}" if isinstance(loss, int | float) else "-"
-
-
-# Outcomes after which the job ran at the new size: live, or restarted there (torchrun mode).
-TOOK_EFFECT = (ResizeOutcome.DONE.value, ResizeOutcome.RESTARTED.value)
 
 
 def _fmt_resizes(resizes: list[dict[str, Any]]) -> str:

@@ -28,6 +28,11 @@ class ResizeOutcome(str, Enum):
     RESTARTED = "restarted"
 
 
+# Outcomes after which the job ran at the new size: live, or restarted there (a torchrun-mode job). A tuple:
+# members compare equal to their values, which a set lookup would not find (an Enum hashes by name).
+TOOK_EFFECT = (ResizeOutcome.DONE, ResizeOutcome.RESTARTED)
+
+
 # The states a job ends in (elasticd.scheduler.jobs.JobState's values): what every reader of a job's state
 # (status, logs -f, submit --wait, events -f, the metrics and the status page) stops at.
 JOB_ENDED = ("finished", "failed", "stopped")

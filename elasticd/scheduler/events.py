@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from elasticd.core.lifecycle import ResizeOutcome
+from elasticd.core.lifecycle import TOOK_EFFECT, ResizeOutcome
 from elasticd.scheduler.jobs import Job
 
 MAX_NODE_EVENTS = 1000
@@ -53,8 +53,7 @@ def job_events(job: Job) -> list[dict[str, Any]]:
         if outcome == ResizeOutcome.RESTARTING:
             continue   # a torchrun-mode restart in flight: the state entries tell it until it ends
         # A torchrun-mode job resized by a restart at the new size is resized all the same.
-        took_effect = outcome in (ResizeOutcome.DONE, ResizeOutcome.RESTARTED)
-        name = "resized" if took_effect else "resize_" + outcome.replace(" ", "_")
+        name = "resized" if outcome in TOOK_EFFECT else "resize_" + outcome.replace(" ", "_")
         if outcome == ResizeOutcome.ROLLED_BACK:
             name = "rolled_back"
         took = r.get("seconds")
