@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
+from elasticd.agent.process_exit import run
 from elasticd.core.agent_config import parse_args
 
 
@@ -15,4 +14,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -208,4 +208,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from elasticd.agent.process_exit import run
+
+    run(lambda: main(sys.argv[1:]))

@@ -28,6 +28,7 @@ from elasticd.agent.compat import cuda_ranks, warning_origin, worker_env
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
 from elasticd.agent.hints import add_hint
+from elasticd.agent.process_exit import never_join
 from elasticd.agent.replicated.buckets import BucketedFlush, bucket_bytes
 from elasticd.agent.replicated.grad_sync import GradSync
 from elasticd.agent.replicated.idioms import install as install_idioms
@@ -166,6 +167,7 @@ class Runtime:
             w.dist.env = worker_env.variables_for(r, self.workers)
             self.boundary.prepare(w)
             t = threading.Thread(target=self._body, args=(w,), name=f"elasticd-rank{r}", daemon=True)
+            never_join(t)
             threads.append(t)
             t.start()
         self._execute(None, self.baton.start())
@@ -185,6 +187,11 @@ class Runtime:
 
     def _body(self, w: Worker) -> None:
         set_current_worker(w)
+        # A thread the function starts takes its daemon flag from this one. Under DDP the function runs on a
+        # main thread, so its threads are not daemon and the process waits for them at exit (an async
+        # checkpoint writer). Changing the flag of a started thread changes only that inheritance: whether
+        # shutdown waits for a thread was decided at its start (CPython 3.11-3.13), so it never waits for this one.
+        threading.current_thread()._daemonic = False  # noqa: SLF001 - Thread.daemon refuses a started thread
         enter_thread(self._cuda)  # the current CUDA device is per thread: the main thread's does not carry over
         w.sem.acquire()
         if self._aborted:

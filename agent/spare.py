@@ -134,4 +134,6 @@ def serve(ready: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from elasticd.agent.process_exit import run
+
+    run(main)

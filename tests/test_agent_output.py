@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from util import cli
 
 LINES = 300
@@ -37,3 +38,56 @@ def test_lines_printed_by_workers_on_two_agents_arrive_whole(tmp_path: Path) -> 
         assert not spliced, f"{stream}: {len(spliced)} lines spliced, e.g. {spliced[:2]}"
         assert sorted(tuple(map(int, whole.fullmatch(line).groups())) for line in got) == [  # type: ignore[union-attr]
             (r, i) for r in range(4) for i in range(LINES)], f"{stream}: lines lost or repeated"
+
+
+AT_EXIT = """
+import atexit
+import os
+import threading
+import time
+import elasticd
+
+OUT = os.environ["EXIT_OUT"]
+trace = open(os.path.join(OUT, f"trace-{os.getpid()}.txt"), "w")   # never closed, as scripts do
+
+
+def later():
+    time.sleep(0.5)
+    with open(os.path.join(OUT, f"thread-{os.getpid()}.txt"), "w") as f:
+        f.write("joined")
+
+
+atexit.register(lambda: open(os.path.join(OUT, f"atexit-{os.getpid()}.txt"), "w").write("ran"))
+
+
+@elasticd.elastic(workers=4)
+def train(ctx):
+    for step in ctx.steps(3):
+        trace.write(f"rank {ctx.rank} step {step}\\n")
+    if ctx.rank == ctx.world_size - 1:
+        threading.Thread(target=later).start()
+        print("last words without a newline", end="")
+
+if __name__ == "__main__":
+    train()
+"""
+
+
+@pytest.mark.parametrize("start", ["forked", "cold"])
+def test_an_agents_exit_keeps_what_interpreter_shutdown_would_write(tmp_path: Path, start: str) -> None:
+    """Agents skip Python's module teardown at exit (elasticd/agent/process_exit.py), not what a job can see
+    of it: a never-closed file's buffer, atexit handlers, a non-daemon thread, a print without a newline."""
+    script = tmp_path / "at_exit.py"
+    script.write_text(AT_EXIT)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"EXIT_OUT": str(out), "ELASTICD_FORKSERVER": "1" if start == "forked" else "0"}
+    run = cli("run", str(script), "--devices", "2", env=env, cwd=tmp_path, timeout=240)
+    assert run.code == 0, run.output
+    traces = sorted(out.glob("trace-*.txt"))
+    assert len(traces) == 2, sorted(out.iterdir())
+    lines = sorted(line for t in traces for line in t.read_text().splitlines())
+    assert lines == sorted(f"rank {r} step {s}" for r in range(4) for s in range(3)), lines
+    assert len(list(out.glob("atexit-*.txt"))) == 2, sorted(out.iterdir())
+    assert [t.read_text() for t in out.glob("thread-*.txt")] == ["joined"], sorted(out.iterdir())
+    assert "last words without a newline" in run.out, run.output

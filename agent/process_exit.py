@@ -1,0 +1,95 @@
+"""How an agent process ends: what interpreter shutdown does that a job can see, without the rest.
+
+With torch and its compiler stack loaded, Python's finalisation frees some 300,000 objects module by
+module and runs torch's static destructors: 0.5-1.2 s of CPU per agent, paid at the end of every run, of
+every agent a shrink retires and of every spare, while the launcher or daemon waits for the exit code.
+`finish` keeps what a job can observe of a normal exit, in the interpreter's order, then leaves at once:
+
+1. threads the script started and did not mark daemon are joined (as `threading._shutdown`); elasticd's
+   worker threads, which say they are not daemon so that the threads a worker starts are not daemon by
+   inheritance (agent/runtime.py), are never waited for (one may be stuck in a collective of a failed run);
+2. atexit handlers run: logging's flush, multiprocessing's reaping of daemonic children (DataLoader
+   workers), and the script's own;
+3. every Python file object still open is flushed, text layers before the buffers under them: what the
+   garbage collection of a never-closed `open(...)` at module level would have written.
+
+Not kept: `__del__` methods of other objects that only module teardown would have reached. Python does
+not promise to call those at exit, and a library that must write at exit registers with atexit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import io
+import os
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import NoReturn
+
+_not_joined: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def never_join(thread: threading.Thread) -> None:
+    """`thread` is elasticd's own (a worker's): the exit does not wait for it."""
+    _not_joined.add(thread)
+
+
+def run(main: Callable[[], int | None]) -> NoReturn:
+    """`finish(main())`, with what escapes `main` ended as the interpreter would end it: SystemExit's code,
+    any other exception printed and 1. Never Python's own shutdown, which would wait for worker threads."""
+    try:
+        code = main()
+    except SystemExit as e:
+        code = _code_of(e.code)
+    except BaseException:   # noqa: BLE001 - the interpreter's top level: print it, exit 1
+        traceback.print_exc()
+        code = 1
+    finish(code)
+
+
+def _code_of(arg: object) -> int:
+    if arg is None:
+        return 0
+    if isinstance(arg, int):
+        return arg
+    print(arg, file=sys.stderr)
+    return 1
+
+
+def finish(code: int | None) -> NoReturn:
+    """End this process with `code` (None: 0), as `sys.exit(code)` from the main thread would."""
+    code = 0 if code is None else code
+    try:
+        _join_threads()
+        atexit._run_exitfuncs()
+        _flush_open_files()
+    except BaseException:   # noqa: BLE001 - as the interpreter: report, and still exit with the code
+        try:
+            traceback.print_exc()
+        except BaseException:   # noqa: BLE001, S110 - stderr itself is gone
+            pass
+    os._exit(code)
+
+
+def _join_threads() -> None:
+    main = threading.main_thread()
+    for t in threading.enumerate():
+        if t is not main and not t.daemon and t is not threading.current_thread() and t not in _not_joined:
+            t.join()
+
+
+def _flush_open_files() -> None:
+    # type(), not isinstance(): isinstance consults __class__, which some module proxies answer with a
+    # deprecation warning.
+    files = [o for o in gc.get_objects() if issubclass(type(o), io.IOBase)]
+    files.sort(key=lambda f: 0 if isinstance(f, io.TextIOBase) else 1 if isinstance(f, io.BufferedIOBase) else 2)
+    for f in [*files, sys.stdout, sys.stderr]:
+        try:
+            if f is not None and not f.closed and f.writable():
+                f.flush()
+        except (OSError, ValueError):
+            pass   # a closed pipe or a detached layer: nothing left to write to
