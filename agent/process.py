@@ -18,6 +18,7 @@ import torch
 
 from elasticd import protocol as p
 from elasticd.agent import proc_name
+from elasticd.agent.comm import beat
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
@@ -155,6 +156,7 @@ class AgentProcess:
                 # Before the script runs its imports: `from torch.nn.parallel import DistributedDataParallel`
                 # must bind the worker-aware class (agent/compat/torch_dist.py), in the script and in its helpers.
                 install_torch_dist()
+                beat.start(self.cfg.error_file)   # for the supervisor's watchdog (elasticd/core/watchdog.py)
                 proc_name.set_name(self.cfg.rank, self.cfg.standby)
                 rng.mark_start()  # the process's random streams before the script can seed them
                 self.ef = load_target(self.cfg.script, self.cfg.func, script_args())

@@ -22,6 +22,7 @@ import time
 import types
 from typing import Any
 
+from elasticd.agent.comm import beat
 from elasticd.agent.compat import per_rank_main, per_rank_singletons
 from elasticd.agent.slicer.context import runtime_of, worker_of
 from elasticd.core.env_names import ARGS_VAR, STEP_OFFSET_VAR
@@ -167,6 +168,7 @@ class StepCounter:
         # @elastic job's boundary does, so that the scheduler records the recovery once the job steps.
         resumed = self._rt.boundary.resumed_from
         self._rt.timing.boundary(time.perf_counter())   # compute vs collective seconds, as a step boundary keeps
+        beat.stepped(self.step)
         self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed}, self._rt.timing.take())
         if self.step in self._rt.boundary.hold_at:
             self._hold()

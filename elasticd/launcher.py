@@ -13,6 +13,7 @@ agent is stopped and the job restarts on its old number of devices from that sna
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.core.timing import clean_timing, merge_timing
+from elasticd.core.watchdog import WATCH_EVERY_S, StuckAfter, Watchdog, beat_path, read_beat
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
 from elasticd.protocol.lines import LineReader, encode_line
@@ -104,6 +106,7 @@ class LocalRun:
     max_restarts: int = DEFAULT_MAX_RESTARTS       # recoveries after an agent died, before the run fails
     torchrun: bool = False  # a script with no @elastic function: resizes and recoveries restart it (torchrun_restart.py)
     blocks: list[int] = field(default_factory=list)  # the starting layout's block sizes (empty: uniform)
+    stuck_after: str = "auto"   # when an agent counts as stuck and is fenced (elasticd/core/watchdog.py)
 
     def __post_init__(self) -> None:
         self.world = self.devices
@@ -143,6 +146,9 @@ class LocalRun:
         # Agents are forked from one process that imported torch once (elasticd/forked.py); started at
         # run(), so that it imports while the launcher sets up.
         self._forks: ForkServer | None = None
+        self._watchdog = Watchdog(StuckAfter.parse(self.stuck_after))   # keyed by pid: a new agent starts afresh
+        self._fenced: dict[int, str] = {}    # pid -> why the watchdog killed it
+        self._next_watch = 0.0
 
     # -- processes ----------------------------------------------------------------------------
     def _spawn(self, rank: int, world: int, port: int, join_from: int = 0, standby: bool = False) -> _Agent:
@@ -161,6 +167,8 @@ class LocalRun:
             hold_at=self._hold_at, snapshot_every=self.snapshot_every,
             restore_latest=bool(self.recoveries) and not (standby or join_from or self._restore_epoch),
         )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(beat_path(cfg.error_file))   # an earlier agent's, under the same name: not this one's beat
         env = self._agent_env()
         proc: subprocess.Popen | ForkedProcess | None = None
         if self._forks is not None:
@@ -483,9 +491,35 @@ class LocalRun:
         self._top_up_spares()
         return True
 
+    def _watch(self, now: float) -> None:
+        """Fence (SIGKILL) the job's agents the watchdog finds stuck: the job then recovers as from a killed
+        agent, instead of waiting on them until a collective times out (gloo: 10 minutes)."""
+        if now < self._next_watch:
+            return
+        self._next_watch = now + WATCH_EVERY_S
+        live = {a.proc.pid: a for a in self.agents.values() if a.proc.returncode is None and a.proc.pid not in self._fenced}
+        self._watchdog.retain(live)
+        for pid, agent in live.items():
+            try:
+                stopped = psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+            except psutil.Error:
+                continue   # exited: the loop sees its code
+            self._watchdog.observe(pid, now, stopped, read_beat(beat_path(agent.error_file)))
+        for fence in self._watchdog.verdict(now):
+            agent = live[fence.key]
+            self._fenced[fence.key] = fence.reason
+            self._say(f"agent {agent.rank} is stuck ({fence.reason}, --stuck-after {self._watchdog.describe()}); "
+                      f"fencing it (SIGKILL)")
+            with contextlib.suppress(ProcessLookupError):
+                agent.proc.kill()
+
     def _infrastructure_cause(self, bad: _Agent) -> str | None:
         """Why `bad` died when that is not the user's doing; None when a worker raised (its error report
         says so; the agents that lost their group after it say `peer_lost`, which does not count)."""
+        fenced = [(a.rank, self._fenced[a.proc.pid]) for a in self.agents.values() if a.proc.pid in self._fenced]
+        if fenced:
+            rank, why = min(fenced)
+            return f"agent {rank} was stuck ({why}) and was fenced"
         for a in [*self.agents.values(), *self.retired]:
             try:
                 with open(a.error_file) as f:
@@ -514,6 +548,7 @@ class LocalRun:
         for a in [*self.agents.values(), *self.retired, *self.spares]:
             self._close(a)
         self.agents, self.retired, self.spares = {}, [], []
+        self._fenced.clear()
 
     def _unhonoured(self) -> int:
         """The exit code of a job that finished: 1 if its agents refused a --scale-at resize (a state they
@@ -584,6 +619,7 @@ class LocalRun:
             self._top_up_spares()
             while True:
                 self._read(0.1)
+                self._watch(time.monotonic())
                 everyone = [*self.agents.values(), *self.retired, *self.spares]
                 bad = next((a for a in everyone if a.proc.poll() not in (None, 0)), None)
                 cause = recoverable(self, bad) if bad is not None and self.torchrun else None
@@ -669,14 +705,15 @@ def run_local(script: str, func: str | None, workers: int, devices: int, device_
               threads: int = 0, env: dict[str, str] | None = None, device_memory: int = 0,
               scale_at: list[Any] | None = None, summary: str | None = None,
               snapshot_dir: str = "", torchrun: bool = False, snapshot_every: str = DEFAULT_SNAPSHOT_EVERY,
-              max_restarts: int = DEFAULT_MAX_RESTARTS, blocks: list[int] | None = None) -> int:
+              max_restarts: int = DEFAULT_MAX_RESTARTS, blocks: list[int] | None = None,
+              stuck_after: str = "auto") -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed).
 
     `scale_at`: (after step, devices[, blocks]) entries; `blocks`: the starting layout (empty: uniform).
     """
     job = LocalRun(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
                    snapshot_dir=snapshot_dir, torchrun=torchrun, snapshot_every=snapshot_every,
-                   max_restarts=max_restarts, blocks=list(blocks or []))
+                   max_restarts=max_restarts, blocks=list(blocks or []), stuck_after=stuck_after)
     code = job.run()
     if summary:
         with open(summary, "w") as f:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,6 +92,18 @@ def test_a_killed_agent_restarts_the_job_from_its_snapshot_and_the_result_is_und
     for epoch in range(STEPS // 10):
         idx = sorted(i for r in range(4) for s, b in consumed(out, r, kept=True) if s // 10 == epoch for i in b)
         assert idx == list(range(400)), f"epoch {epoch} lost or repeated samples"
+
+
+def test_a_stopped_agent_is_fenced_and_the_job_recovers_bitwise(undisturbed: Path, tmp_path: Path) -> None:
+    """SIGSTOP, never continued: the watchdog sees the stopped process (elasticd/core/watchdog.py), kills it
+    after --stuck-after, and the job recovers as from a killed agent instead of waiting on it for good."""
+    out, summary, log = _kill_during_run(tmp_path, rank=1, after_steps=13, sig=signal.SIGSTOP,
+                                         args=["--snapshot-every", "5", "--stuck-after", "2"])
+    assert re.search(r"agent 1 is stuck \(stopped for \d+s, --stuck-after 2s\); fencing it \(SIGKILL\)", log), log[-3000:]
+    [rec] = summary["recoveries"]
+    assert rec["cause"].startswith("agent 1 was stuck (stopped for"), rec
+    assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"] <= 5 + 1, rec
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
 
 
 def test_without_snapshots_the_job_restarts_from_the_beginning_with_the_same_result(

@@ -106,7 +106,7 @@ class PointToPoint:
             return
         buf = tensor.detach().to("cpu", copy=True).contiguous()
         work = self.rt.phys.isend(buf, self.rt.env.owner(dst), self._tag(key))
-        self._sends.append((_Transfer(work, self.rt.phys.finish), buf, key))
+        self._sends.append((_Transfer(work, self.rt.phys.finish_p2p), buf, key))
         self._reap()
 
     def post(self, w: Worker, tensor: torch.Tensor, src: int, tag: int) -> Receive:
@@ -118,7 +118,7 @@ class PointToPoint:
         if src not in self.rt.hosted:
             buf = torch.empty(tensor.shape, dtype=tensor.dtype)
             work = self.rt.phys.irecv(buf, self.rt.env.owner(src), self._tag(key))
-            rec.remote = (_Transfer(work, self.rt.phys.finish), buf)
+            rec.remote = (_Transfer(work, self.rt.phys.finish_p2p), buf)
         self.open.setdefault(w.rank, []).append(rec)
         return rec
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in worker threads, where torch.distributed.* is logical (agent/compat/torch_dist.py)
 
+from elasticd.agent.comm import beat
 from elasticd.core.env_names import DEVICE_BACKEND_ENV
 from elasticd.core.errors import ElasticdInterrupt
 from elasticd.core.exits import EXIT_PEER_LOST
@@ -85,9 +86,12 @@ class PeerLost(ElasticdInterrupt):
 
 
 @contextlib.contextmanager
-def _peers() -> Iterator[None]:
+def _peers(waits: bool = True) -> Iterator[None]:
+    """Around a call into the group. `waits`: it blocks until the other agents take part, which the beat
+    file shows (agent/comm/beat.py); a point-to-point wait, which may rightly last long, does not."""
     try:
-        yield
+        with beat.waiting() if waits else contextlib.nullcontext():
+            yield
     except RuntimeError as e:   # gloo/NCCL: "Connection closed by peer", "Connection reset", timeouts
         # The backend's own text (a C++ source path, "GLHF") stays in the chained traceback, out of the line
         # a user reads next to the first cause.
@@ -168,6 +172,12 @@ class PhysicalGroup:
             with _peers():
                 work.wait()
 
+    @staticmethod
+    def finish_p2p(work: Any) -> None:
+        """`finish` for a point-to-point transfer (comm/p2p.py), waited for on a thread of its own."""
+        with _peers(waits=False):
+            work.wait()
+
     def all_to_all_(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int], in_splits: list[int]
                     ) -> torch.Tensor:
         """1-D `t`: the first in_splits[0] elements to agent 0, the next to agent 1, ...; `out` gets
@@ -194,7 +204,7 @@ class PhysicalGroup:
         out = [torch.empty_like(t) for _ in range(self.world)]
         if not side:
             self.collectives += 1
-        with _peers():
+        with _peers(waits=not side):
             dist.all_gather(out, t.contiguous(), group=self.side if side else None)
         return out
 
@@ -212,11 +222,11 @@ class PhysicalGroup:
     def isend(self, t: torch.Tensor, dst: int, tag: int) -> Any:
         """A point-to-point send to agent `dst`, started and returned at once (comm/p2p.py); CPU tensors, which
         gloo carries on every backend. Not counted in `collectives`: only its two agents take part."""
-        with _peers():
+        with _peers(waits=False):
             return dist.isend(t, dst, tag=tag)
 
     def irecv(self, t: torch.Tensor, src: int, tag: int) -> Any:
-        with _peers():
+        with _peers(waits=False):
             return dist.irecv(t, src, tag=tag)
 
     def barrier(self) -> None:
@@ -231,7 +241,7 @@ class PhysicalGroup:
         """`side`: over the snapshot writer's own group (see `side`), from its thread."""
         group = self.side if side else None
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        with _peers():
+        with _peers(waits=not side):
             dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group)
             if payload.numel():
                 dist.send(payload, dst, group=group)
@@ -239,7 +249,7 @@ class PhysicalGroup:
     def recv_bytes(self, src: int, side: bool = False) -> bytes:
         group = self.side if side else None
         size = torch.zeros(1, dtype=torch.int64)
-        with _peers():
+        with _peers(waits=not side):
             dist.recv(size, src, group=group)
             payload = torch.empty(int(size.item()), dtype=torch.uint8)
             if payload.numel():

@@ -27,6 +27,7 @@ import torch
 from elasticd import protocol as p
 from elasticd.agent.capture import carried, function_locals, loader_tracking
 from elasticd.agent.capture.loader import ResumableBatches
+from elasticd.agent.comm import beat
 from elasticd.agent.comm.carried_vote import CarriedVote
 from elasticd.agent.comm.collectives import Collective, FlushEnv
 from elasticd.agent.private import saving
@@ -351,6 +352,7 @@ class StepBoundary:
             metrics["total_steps"] = w.progress.total_steps
         if len(self._step_times) > 1:
             metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
+        beat.stepped(step)
         self.rt.control.step(step, metrics, self.rt.timing.take())
 
     def snapshot(self, workers: dict[int, Worker]) -> AgentSnapshot:

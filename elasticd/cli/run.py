@@ -12,6 +12,7 @@ import click
 from elasticd.cli import EXIT_USAGE
 from elasticd.cli.script_args import ScriptCommand, split_target
 from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
+from elasticd.core.watchdog import StuckAfter
 
 
 def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...] = ()) -> tuple[str, str | None, int]:
@@ -99,8 +100,22 @@ def check_every(_ctx: click.Context, _param: click.Parameter, value: str) -> str
         raise click.BadParameter(str(e)) from None
 
 
+def check_stuck_after(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """--stuck-after, checked before anything starts (exit 2 with the reason)."""
+    try:
+        return str(StuckAfter.parse(value))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """--snapshot-every and --max-restarts, alike on `run` and `submit`."""
+    """--snapshot-every, --max-restarts and --stuck-after, alike on `run` and `submit`."""
+    f = click.option("--stuck-after", default="auto", show_default=True, metavar="SECONDS|auto|off",
+                     callback=check_stuck_after,
+                     help="An agent whose process is stopped, or that the others have waited for inside a "
+                          "collective, for this long is stuck: it is killed and the job recovers as from a killed "
+                          "agent. auto: 900 s until three steps completed, then 20 times the slowest step lately, "
+                          "at least 300 s. A slow agent that no one waits for is never fenced. off: never.")(f)
     f = click.option("--max-restarts", type=click.IntRange(min=0, max=10_000), default=DEFAULT_MAX_RESTARTS,
                      show_default=True,
                      help="Restarts after an infrastructure failure (an agent killed or out of memory, a node "
@@ -144,7 +159,7 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
               help="Run under plain torch DDP with N processes instead, as a reference to compare against.")
 def run(target: str, script_args: tuple[str, ...], workers: int | None, devices: int, device_type: str, threads: int,
         device_memory: int | None, layout: str, scale_at: str, summary: str | None, snapshot_dir: str, snapshot_every: str,
-        max_restarts: int, ddp: bool) -> None:
+        max_restarts: int, stuck_after: str, ddp: bool) -> None:
     """Run SCRIPT's @elastic function with N logical workers on M local devices.
 
     The result is what N real data-parallel workers would compute: same global batch, data order and
@@ -202,7 +217,8 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
                        device_memory=device_memory or 0, scale_at=schedule, summary=summary,
                        snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,
-                       snapshot_every=snapshot_every, max_restarts=max_restarts, blocks=blocks))
+                       snapshot_every=snapshot_every, max_restarts=max_restarts, blocks=blocks,
+                       stuck_after=stuck_after))
 
 
 def _cuda_problem(devices: int) -> str | None:
