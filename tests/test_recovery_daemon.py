@@ -68,6 +68,33 @@ def test_an_agent_killed_under_the_daemon_is_recovered_from_the_snapshot(cluster
     assert "recoveries 1" in shown.out and "killed by SIGKILL" in shown.out, shown.out
 
 
+def test_a_stopped_agent_under_the_daemon_is_fenced_and_the_job_recovers_bitwise(cluster, tmp_path, undisturbed):
+    """SIGSTOP, never continued: the node's watchdog (elasticd/core/watchdog.py) kills the agent after
+    --stuck-after, and the scheduler recovers the job as from a killed agent, naming why."""
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = d.state_dir
+    job, out, info = _training_with_a_snapshot(sd, sd, tmp_path, "--stuck-after", "2")
+    victim = next(a for a in info["agents"] if a["rank"] == 1)
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        wait_until(lambda: job_info(sd, job)["recoveries"], 180, interval=0.1, what="the recovery")
+    finally:
+        try:
+            os.kill(victim["pid"], signal.SIGKILL)   # the watchdog's job; if it failed, the test must not leave it
+        except ProcessLookupError:
+            pass
+    (out / "release").touch()
+    info = wait_state(sd, job, "finished", timeout=300)
+    [rec] = info["recoveries"]
+    # Stopped for 2 s, or stopped and waited for by agent 0 for 2 s, whichever the watchdog saw first.
+    assert rec["cause"].startswith("agent 1 was stuck (stopped") and "--stuck-after 2s) and was fenced" \
+        in rec["cause"], rec
+    assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"], rec
+    assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
+    events = cli("events", job, "--state-dir", str(sd))
+    assert "was stuck (stopped" in events.out, events.output
+
+
 def test_a_worker_exception_under_the_daemon_is_not_retried(cluster, tmp_path):
     d = cluster.daemon(cpu=2, fake=False)
     job = submit(d.state_dir, str(JOBS / "raises.py"), {}, "--max-devices", "2", "--snapshot-every", "1")

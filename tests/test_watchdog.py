@@ -65,6 +65,8 @@ def test_the_agent_the_others_wait_for_is_fenced_not_the_waiting_ones() -> None:
     [fence] = dog.verdict(10.0)
     assert fence.key == 1 and fence.reason == "2 other agent(s) waited 8s in a collective it did not join"
     assert dog.verdict(6.0) == []   # not for long enough yet
+    dog.observe(1, 10.5, True, computing(1.0))   # seen stopped only now: the wait says how long it held the others
+    assert dog.verdict(10.5)[0].reason == "stopped, and 2 other agent(s) waited 9s in a collective for it"
 
 
 def test_every_agent_inside_a_collective_for_too_long_is_fenced() -> None:

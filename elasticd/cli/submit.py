@@ -58,7 +58,8 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
 def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int, max_devices: int | None,
-           priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int, wait: bool,
+           priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int,
+           stuck_after: str, wait: bool,
            as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
@@ -94,7 +95,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
                                f"<= {workers}")
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
-                 snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun)
+                 snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:

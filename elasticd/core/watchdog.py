@@ -38,6 +38,8 @@ WARM_STEPS = 3
 _RECENT = 32            # step intervals remembered per agent
 WATCH_EVERY_S = 0.5     # how often a supervisor reads its agents' beats
 
+CAUSE_STUCK = "stuck"   # an agent's failure cause once its supervisor fenced it: the infrastructure's, recovered
+
 _FORMAT = struct.Struct("<qdqd")   # in_collective, since (monotonic), last step completed, completed at
 IDLE, IN_COLLECTIVE = 0, 1
 
@@ -84,6 +86,11 @@ class Beat:
     since: float          # monotonic time it entered or left its latest collective
     step: int             # last step completed; -1: none yet
     step_at: float        # when (monotonic); 0.0: none yet
+
+    def on_clock(self, now: float, monotonic_now: float) -> Beat:
+        """The same beat on the clock of a supervisor whose `now` is another clock's (the daemon's wall clock)."""
+        shift = now - monotonic_now
+        return Beat(self.in_collective, self.since + shift, self.step, self.step_at + shift if self.step_at else 0.0)
 
 
 class BeatWriter:
@@ -213,8 +220,8 @@ class Watchdog:
             longest = max(waiting.values())
             return [Fence(k, f"inside one collective for {w:.0f}s, as every other agent (longest {longest:.0f}s)")
                     for k, w in waiting.items()]
-        laggards = [k for k, s in self._seen.items()
-                    if k not in waiting and not (s.beat is not None and s.beat.in_collective)]
-        waited = max(waiting.values())
-        return [Fence(k, f"{len(waiting)} other agent(s) waited {waited:.0f}s in a collective it did not join")
-                for k in laggards]
+        laggards = {k: s for k, s in self._seen.items()
+                    if k not in waiting and not (s.beat is not None and s.beat.in_collective)}
+        waited = f"{len(waiting)} other agent(s) waited {max(waiting.values()):.0f}s in a collective"
+        return [Fence(k, f"stopped, and {waited} for it" if s.stopped_since is not None
+                      else f"{waited} it did not join") for k, s in laggards.items()]

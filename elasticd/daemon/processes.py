@@ -32,6 +32,7 @@ from elasticd import protocol as p
 from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
+from elasticd.core.watchdog import beat_path, read_beat
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
@@ -164,6 +165,9 @@ class AgentProcesses:
                 try:
                     with proc.ps.oneshot():
                         self.core.sampled(agent.pid, proc.ps.memory_info().rss, proc.ps.cpu_percent(None))
+                        stopped = proc.ps.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+                    beat = read_beat(beat_path(str(proc.error_path)))   # on CLOCK_MONOTONIC; `now` is wall-clock
+                    self.core.watched(agent.pid, now, stopped, beat and beat.on_clock(now, time.monotonic()))
                 except psutil.Error:
                     pass
         self._execute_here(self.core.tick(now), now)
@@ -264,6 +268,7 @@ class AgentProcesses:
         err_dir.mkdir(parents=True, exist_ok=True)
         err_path = err_dir / spawn.error_name
         err_path.unlink(missing_ok=True)
+        Path(beat_path(str(err_path))).unlink(missing_ok=True)   # an earlier agent's of this rank: not this one's beat
         cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=spawn.rank, world=spawn.world,
                           device_type=dev.type, device_index=dev.index,
                           cpu_slots=self._cpu_slots if dev.type == "cpu" else -1,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.core.watchdog import StuckAfter, Watchdog
 
 
 @dataclass(eq=False)
@@ -67,6 +68,11 @@ class NodeJob:
     # The job's agents by rank as the go of `resize_epoch` found them, to put back if the agents refuse it
     before_go: dict[int, Agent] | None = None
     restored: bool = False              # launched from a snapshot (restore_epoch) and a step completed since
+    watchdog: Watchdog = field(init=False)   # its agents' beats (elasticd/core/watchdog.py), by pid
+    fenced: dict[int, str] = field(default_factory=dict)   # pid -> why the watchdog killed it
+
+    def __post_init__(self) -> None:
+        self.watchdog = Watchdog(StuckAfter.parse(self.launch.stuck_after))
 
     def everyone(self) -> list[Agent]:
         return [*self.agents.values(), *self.retired]

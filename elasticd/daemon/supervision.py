@@ -27,6 +27,7 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.core.timing import clean_timing, merge_timing
+from elasticd.core.watchdog import CAUSE_STUCK, Beat
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.records import Agent, NodeJob
 from elasticd.daemon.resizing import NodeResizes
@@ -108,7 +109,7 @@ class Supervision:
                 self._drop(job)
             launch = p.LaunchJob(job_id=msg.job_id, script=msg.script, func=msg.func, workers=msg.workers,
                                  devices=msg.devices, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
-                                 env=msg.env, snapshot_every=msg.snapshot_every)
+                                 env=msg.env, snapshot_every=msg.snapshot_every, stuck_after=msg.stuck_after)
             job = NodeJob(msg.job_id, launch, 0)
             self.jobs[msg.job_id] = job
         return self.resizes.prepare(job, msg, port)
@@ -179,13 +180,21 @@ class Supervision:
         if where is not None and job is not None and job.agents.get(where[1].rank) is where[1]:
             where[1].rss, where[1].cpu = rss, cpu
 
+    def watched(self, pid: int, now: float, stopped: bool, beat: Beat | None) -> None:
+        """What was read of agent `pid` for the watchdog: whether its process is stopped, and its beat file."""
+        where = self._by_pid.get(pid)
+        job = self.jobs.get(where[0]) if where else None
+        if where is not None and job is not None and job.agents.get(where[1].rank) is where[1]:
+            job.watchdog.observe(pid, now, stopped, beat)
+
     def tick(self, now: float) -> list[Action]:
-        """Timers: escalate stops, SIGKILL joiners that would not go, follow up on exits."""
+        """Timers: escalate stops, SIGKILL joiners that would not go, follow up on exits, fence stuck agents."""
         out: list[Action] = []
         for job in list(self.jobs.values()):
             out += self.resizes.expire(job, now)
             out += self.resizes.after_exits(job, now)
             out += self._escalate(job, now)
+            out += self._fence(job, now)
         return out
 
     # --- messages from agents --------------------------------------------------------------------
@@ -274,6 +283,26 @@ class Supervision:
         return out
 
     # --- internals -------------------------------------------------------------------------------
+
+    def _fence(self, job: NodeJob, now: float) -> list[Action]:
+        """SIGKILL the job's agents its watchdog finds stuck; the first names the job's failure (cause
+        "stuck", which the scheduler recovers from as from a killed agent)."""
+        watched = {a.pid: a for a in job.agents.values()
+                   if a.exitcode is None and not a.pending and a.pid not in job.fenced}
+        job.watchdog.retain(watched)
+        if job.killing is not None or not watched:
+            return []
+        out: list[Action] = []
+        for fence in job.watchdog.verdict(now):
+            agent = watched[fence.key]   # type: ignore[index]
+            job.fenced[agent.pid] = fence.reason
+            message = f"agent {agent.rank} was stuck ({fence.reason}, --stuck-after {job.watchdog.describe()}) " \
+                      f"and was fenced"
+            log.warning("job %s: %s", job.job_id, message)
+            if job.error is None or job.error.get("cause") == p.CAUSE_PEER_LOST:
+                job.error = {"cause": CAUSE_STUCK, "message": message, "rank": agent.rank}
+            out.append(Signal(agent.pid, "KILL"))
+        return out
 
     def _escalate(self, job: NodeJob, now: float) -> list[Action]:
         out: list[Action] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import ClassVar
 
+from elasticd.core.watchdog import StuckAfter
 from elasticd.protocol.wire import Message, Scalar, message, record
 
 
@@ -19,6 +20,15 @@ def bad_blocks(blocks: list[int], world: int, workers: int | None = None) -> str
         return f"blocks {blocks[:16]}: every agent hosts at least one worker"
     if workers is not None and sum(blocks) != workers:
         return f"blocks {blocks[:16]} sum to {sum(blocks)}, the job has {workers} workers"
+    return None
+
+
+def bad_stuck_after(text: str) -> str | None:
+    """Why `text` is no --stuck-after (None: it is one)."""
+    try:
+        StuckAfter.parse(text)
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -158,9 +168,10 @@ class LaunchJob(Message):
     incarnation: int = 0          # +1 per recovery; echoed in this node's reports of the job
     # Logical workers per agent, in rank order (sum = workers); empty: the uniform layout.
     blocks: list[int] = field(default_factory=list)
+    stuck_after: str = "auto"     # the node's watchdog fences agents stuck this long (elasticd/core/watchdog.py)
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.devices, self.workers)
+        return bad_blocks(self.blocks, self.devices, self.workers) or bad_stuck_after(self.stuck_after)
 
 
 @message
@@ -195,9 +206,10 @@ class PrepareResize(Message):
     env: dict[str, str] = field(default_factory=dict)
     snapshot_every: str = "0"     # as in LaunchJob: joiners take their part of the periodic snapshots
     blocks: list[int] = field(default_factory=list)   # the new layout's, as in LaunchJob (empty: uniform)
+    stuck_after: str = "auto"     # as in LaunchJob
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.devices, self.workers or None)
+        return bad_blocks(self.blocks, self.devices, self.workers or None) or bad_stuck_after(self.stuck_after)
 
 
 @message

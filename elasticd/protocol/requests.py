@@ -30,6 +30,7 @@ class Submit(Message):
     snapshot_every: str = "30s"   # periodic snapshots to recover from: steps ("20"), seconds ("30s"), "0"
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
     torchrun: bool = False        # no @elastic function (torchrun mode): the scheduler resizes it by restarting it
+    stuck_after: str = "auto"     # when an agent counts as stuck and is fenced (elasticd/core/watchdog.py)
 
     def check(self) -> str | None:
         if not 1 <= self.workers <= L.MAX_WORKERS:

@@ -24,7 +24,7 @@ import msgpack
 
 from elasticd.core.errors import ControlPlaneError
 
-PROTOCOL_VERSION = 3   # 3: agents' reports carry typed records (protocol/agents.py)
+PROTOCOL_VERSION = 4   # 4: jobs carry --stuck-after (submit, launch_job, prepare_resize)
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
 # Error codes (the ``code`` of an `Error` reply).

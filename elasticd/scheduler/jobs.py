@@ -87,6 +87,7 @@ class JobSpec:
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
     owner: str = ""   # who submitted it (elasticd.scheduler.authz); "" for rows older than owners
     torchrun: bool = False   # no @elastic function: resized by restarting it (elasticd.scheduler.recovery)
+    stuck_after: str = "auto"   # when a node's watchdog fences an agent (elasticd/core/watchdog.py)
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ from typing import Any
 from elasticd import protocol as p
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
+from elasticd.core.watchdog import CAUSE_STUCK
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 # What a node says about an agent that failed (elasticd/daemon/processes.py, agent/process.py): only these are
 # the infrastructure's doing. Anything else -- a worker's exception, a script that does not load, a
 # launch the node refused -- is the job's, and retrying it would fail the same way.
-INFRASTRUCTURE = ("died", "peer_lost", "node_lost", "drained")
+INFRASTRUCTURE = ("died", "peer_lost", "node_lost", "drained", CAUSE_STUCK)
 RESIZE = "resize"   # the `kind` of a restart at a new size (a torchrun-mode resize), in `job.recovery`
 
 

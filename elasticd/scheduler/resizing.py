@@ -132,7 +132,8 @@ class Resizes:
                 job_id=job.job_id, epoch=plan.epoch, devices_from=src, devices=dst, pick_port=node == lead,
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
-                env=job.spec.env, snapshot_every=job.spec.snapshot_every, blocks=list(plan.blocks))))
+                env=job.spec.env, snapshot_every=job.spec.snapshot_every, blocks=list(plan.blocks),
+                stuck_after=job.spec.stuck_after)))
         return out
 
     # --- progress, from node reports --------------------------------------------------------------

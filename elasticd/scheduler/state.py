@@ -21,6 +21,7 @@ from elasticd.core.cadence import Every
 from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import ControlPlaneError
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
+from elasticd.core.watchdog import StuckAfter
 from elasticd.placement import policy
 from elasticd.placement.speeds import Speeds
 from elasticd.scheduler.actions import SendToNode
@@ -116,6 +117,10 @@ class SchedulerState:
             every = str(Every.parse(req.snapshot_every))
         except ValueError as e:
             raise SchedulerError(p.BAD_REQUEST, f"--snapshot-every: {e}") from None
+        try:
+            stuck_after = str(StuckAfter.parse(req.stuck_after))
+        except ValueError as e:
+            raise SchedulerError(p.BAD_REQUEST, str(e)) from None
         if not 0 <= req.max_restarts <= 10_000:
             raise SchedulerError(p.BAD_REQUEST, f"--max-restarts must be between 0 and 10000, got {req.max_restarts}")
         seq = self._next_seq
@@ -123,7 +128,7 @@ class SchedulerState:
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
-                       owner=owner, torchrun=req.torchrun)
+                       owner=owner, torchrun=req.torchrun, stuck_after=stuck_after)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -500,7 +505,8 @@ class SchedulerState:
                         if n == node],
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
-            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks)))
+            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks),
+            stuck_after=job.spec.stuck_after))
 
     @staticmethod
     def _env(job: Job) -> dict[str, str]:

@@ -11,11 +11,17 @@ they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step (on
 $ELASTICD_TEST_HOLD_AT, if set) waits at its start: a test holds the job short of a step boundary, to line
 up what happens at that boundary. With ELASTICD_TEST_UNSAVABLE=1 it holds a state no snapshot can carry
 (tests/jobs/_jobstate.py `Unsavable`), so its agents refuse every resize and train on.
+
+Faults for the watchdog (tests/test_recovery_launcher.py): at step $ELASTICD_TEST_SLOW_AT every rank
+spends $ELASTICD_TEST_SLOW_S seconds before its step (an evaluation: slow, no one waits); at step
+$ELASTICD_TEST_HANG_AT rank $ELASTICD_TEST_HANG_RANK blocks for good (a deadlock in the script, a wedged
+kernel), once: the file $ELASTICD_TEST_HANG_ONCE marks that it did, so the recovered job goes on.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch
@@ -33,6 +39,17 @@ PACE_S = float(os.environ.get("ELASTICD_TEST_PACE_S", "0.05"))
 
 
 HOLD_AT = int(os.environ.get("ELASTICD_TEST_HOLD_AT", "-1"))
+SLOW_AT = int(os.environ.get("ELASTICD_TEST_SLOW_AT", "-1"))
+HANG_AT = int(os.environ.get("ELASTICD_TEST_HANG_AT", "-1"))
+
+
+def faults(step: int, rank: int) -> None:
+    if step == SLOW_AT:
+        time.sleep(float(os.environ["ELASTICD_TEST_SLOW_S"]))
+    once = os.environ.get("ELASTICD_TEST_HANG_ONCE", "")
+    if step == HANG_AT and rank == int(os.environ["ELASTICD_TEST_HANG_RANK"]) and not os.path.exists(once):
+        open(once, "w").close()
+        threading.Event().wait()
 
 
 def paced(step: int) -> None:
@@ -65,6 +82,7 @@ def train(ctx) -> None:
     warmup = unsavable()  # noqa: F841 - held, never used
     for step in ctx.steps(STEPS):
         paced(step)
+        faults(step, ctx.rank)
         xb, yb, idx = next(batches)
         with open(os.path.join(log_dir, f"rank{ctx.rank}.log"), "a") as f:
             f.write(f"{step} {' '.join(map(str, idx.tolist()))}\n")
