@@ -479,8 +479,11 @@ class LocalRun:
             return False
         failed_at = time.time()
         self.stop_all()   # synchronous: once it returns no agent of the job runs on this machine
+        # The last step any agent completed, by its beat file: the reports come throttled, the beats do not.
+        beats = [read_beat(beat_path(a.error_file)) for a in self.agents.values()]
+        failed_after = max([self.last_step, *(b.step for b in beats if b is not None)])
         self._forget_agents()
-        self._recovering = Recovery(cause=cause, at=round(failed_at, 3), failed_after_step=self.last_step,
+        self._recovering = Recovery(cause=cause, at=round(failed_at, 3), failed_after_step=failed_after,
                                     from_devices=self.world, devices=self.world)
         self.recoveries.append(self._recovering)
         self._say(f"{cause}; restarting on {self.world} device(s) from the newest complete snapshot "
@@ -538,7 +541,7 @@ class LocalRun:
         rec = self._recovering
         assert rec is not None
         resumed = int(metrics.get("resumed_from", 0))
-        rec.resumed(resumed, time.time())   # wall clock, as `at`: comparable across processes
+        rec.resumed(resumed, float(metrics.get("resumed_at") or time.time()))   # wall clock, as `at`
         self._recovering = None
         self._say(f"recovered: resumed at step {resumed} ({rec.steps_redone} step(s) redone), first step "
                   f"{rec.seconds:.2f}s after the failure")

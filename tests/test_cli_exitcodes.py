@@ -78,6 +78,7 @@ def test_scale_out_of_range_is_exit_1_or_2(node):
     ["submit", FAKE_SCRIPT, "--workers", "2", "--min-devices", "3"],
     ["submit", FAKE_SCRIPT, "--workers", "2", "--env", "1BAD=x"],
     ["submit", FAKE_SCRIPT, "--workers", "0"],
+    ["submit", FAKE_SCRIPT, "--workers", "2", "--stuck-after", "soon"],
     ["status", "--bogus"],
     ["scale", "j1"],
     ["status", "--endpoint", "tcp://127.0.0.1:1"],       # tcp needs --server-key

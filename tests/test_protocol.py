@@ -48,8 +48,8 @@ def sample(tp, rng: random.Random):
 _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devices": 1, "max_devices": 4},
               "scale_job": {"devices": 2},
               # a layout's blocks must describe `devices` agents hosting `workers` (protocol.nodes.bad_blocks)
-              "launch_job": {"workers": 8, "devices": 2, "blocks": [6, 2]},
-              "prepare_resize": {"workers": 8, "devices": 2, "blocks": [5, 3]},
+              "launch_job": {"workers": 8, "devices": 2, "blocks": [6, 2], "stuck_after": "90s"},
+              "prepare_resize": {"workers": 8, "devices": 2, "blocks": [5, 3], "stuck_after": "off"},
               "resize_job": {"devices": 2, "blocks": [7, 1]}}
 
 

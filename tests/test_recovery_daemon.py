@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cluster import status, wait_state
 from test_resize_daemon import job_env, job_info, submit
-from util import JOBS, assert_same_run, cli, consumed, wait_until
+from util import JOBS, assert_same_run, cli, completed_twice, consumed, wait_until
 
 from elasticd.core.records import Recovery
 
@@ -57,6 +57,7 @@ def test_an_agent_killed_under_the_daemon_is_recovered_from_the_snapshot(cluster
     assert "killed by SIGKILL" in rec["cause"], rec
     assert rec["resumed_from"] >= 10 and rec["resumed_from"] % 5 == 0, rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"], rec
+    assert completed_twice(out) == list(range(rec["resumed_from"], rec["failed_after_step"] + 1)), rec
     assert rec["devices"] == 2 and rec["seconds"] > 0
     assert set(rec) == {f.name for f in dataclasses.fields(Recovery)}   # `elasticd run`'s record, field for field
     assert any(h[1] == "recovering" for h in info["history"])
@@ -90,6 +91,7 @@ def test_a_stopped_agent_under_the_daemon_is_fenced_and_the_job_recovers_bitwise
     assert rec["cause"].startswith("agent 1 was stuck (stopped") and "--stuck-after 2s) and was fenced" \
         in rec["cause"], rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"], rec
+    assert completed_twice(out) == list(range(rec["resumed_from"], rec["failed_after_step"] + 1)), rec
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
     events = cli("events", job, "--state-dir", str(sd))
     assert "was stuck (stopped" in events.out, events.output

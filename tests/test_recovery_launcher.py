@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from util import JOBS, assert_same_run, consumed, wait_until
+from util import JOBS, assert_same_run, completed_twice, consumed, wait_until
 
 from elasticd.agent.proc_name import agents_under
 from elasticd.core.records import Recovery
@@ -86,6 +86,7 @@ def test_a_killed_agent_restarts_the_job_from_its_snapshot_and_the_result_is_und
     # Snapshots after steps 5 and 10 (the next steps to run: 5, 10); the kill came at step 13 or later.
     assert rec["resumed_from"] % 5 == 0 and 10 <= rec["resumed_from"] <= rec["failed_after_step"] + 1, rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"] <= 5 + 1, rec
+    assert completed_twice(out) == list(range(rec["resumed_from"], rec["failed_after_step"] + 1)), rec
     assert rec["seconds"] > 0
     assert set(rec) == {f.name for f in dataclasses.fields(Recovery)}   # the scheduler's record, field for field
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
@@ -103,6 +104,7 @@ def test_a_stopped_agent_is_fenced_and_the_job_recovers_bitwise(undisturbed: Pat
     [rec] = summary["recoveries"]
     assert rec["cause"].startswith("agent 1 was stuck (stopped"), rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"] <= 5 + 1, rec
+    assert completed_twice(out) == list(range(rec["resumed_from"], rec["failed_after_step"] + 1)), rec
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
 
 
@@ -122,6 +124,7 @@ def test_an_agent_the_others_wait_for_is_fenced_and_a_slow_step_is_not(undisturb
     [rec] = summary["recoveries"]   # the hang; the slow step was no failure
     assert rec["cause"].startswith("agent 1 was stuck (1 other agent(s) waited ") and "it did not join" in rec["cause"], rec
     assert rec["failed_after_step"] == 12 and rec["resumed_from"] == 10, rec
+    assert completed_twice(out) == [10, 11, 12] and rec["steps_redone"] == 3, rec
     assert "fencing it (SIGKILL)" in proc.stderr and proc.stderr.count("fencing it") == 1, proc.stderr[-3000:]
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
 
@@ -132,6 +135,7 @@ def test_without_snapshots_the_job_restarts_from_the_beginning_with_the_same_res
                                    args=["--snapshot-every", "0"])
     [rec] = summary["recoveries"]
     assert rec["resumed_from"] == 0 and rec["steps_redone"] == rec["failed_after_step"] + 1
+    assert completed_twice(out) == list(range(rec["failed_after_step"] + 1)), rec
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
 
 

@@ -305,6 +305,30 @@ def _two_node_job(isl: Island, **submit) -> tuple[str, str, str]:
     return job, first, other
 
 
+def test_a_recoverys_figures_come_from_the_agents_beats_and_clocks_not_from_the_last_report():
+    """Rank 0's reports are throttled (step 12 was the last heard), the agents' beat files say step 14
+    completed: failed_after_step is 14. The first step after the restart completed 1.5 s after the failure
+    by the agent's clock, heard of 3 s after: the recovery took 1.5 s."""
+    isl = Island()
+    job, first, other = _two_node_job(isl)
+    died = {"message": "agent 1 was killed by SIGKILL", "cause": "died", "exitcode": -9}
+    agent = p.AgentReport(rank=1, device_id="cpu:0", pid=11, alive=False, connected=True, exitcode=-9, completed=13)
+    isl.report(other, rep(job, "ended", (1,), ok=False, error=died, agents=[agent]))
+    j = isl.s.jobs[job]
+    failed_at = j.recovery["at"]
+    assert j.recovery["failed_after_step"] == 13
+    survivor = p.AgentReport(rank=0, device_id="cpu:0", pid=10, alive=False, connected=True, exitcode=3, completed=14)
+    lost = {"message": "a collective of the agents' group failed", "cause": "peer_lost"}
+    out = isl.report(first, rep(job, "ended", (0,), ok=False, error=lost, agents=[survivor]))
+    assert j.recovery["failed_after_step"] == 14
+    [(node, _)] = launches(out)
+    isl.now += 3.0
+    isl.report(node, rep(job, "running", (0,), port=2, step=10, incarnation=1,
+                         metrics={"resumed_from": 10, "resumed_at": failed_at + 1.5}))
+    [rec] = j.recoveries
+    assert rec["failed_after_step"] == 14 and rec["steps_redone"] == 5 and rec["seconds"] == 1.5
+
+
 def test_an_agent_killed_restarts_the_job_from_its_snapshot_once_every_agent_is_gone():
     isl = Island()
     job, first, other = _two_node_job(isl)

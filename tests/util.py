@@ -216,6 +216,13 @@ def consumed(out: Path, rank: int, kept: bool = False) -> list[tuple[int, list[i
     return out_rows
 
 
+def completed_twice(out: Path, rank: int = 0) -> list[int]:
+    """The steps logical rank `rank` of tests/jobs/resize_job.py completed (took its optimizer step) more than
+    once: what a recovery computed again, by the job's own record."""
+    steps = [int(s) for s in (out / f"done{rank}.log").read_text().split()]
+    return sorted({s for s in steps if steps.count(s) > 1})
+
+
 def assert_same_run(out: Path, ref: Path, steps: int, ranks: int, recovered: bool = False) -> None:
     """A run of tests/jobs/resize_job.py (in `out`) ended exactly as `ref` did: bitwise-equal parameters,
     every step run once by every logical rank, on the same samples, with the same private counters.

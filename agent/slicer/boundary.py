@@ -122,6 +122,7 @@ class StepBoundary:
         self.periodic: PeriodicSnapshots | None = None   # set by the agent process (it outlives runtimes)
         self._snap_at: int | None = None
         self.resumed_from: int | None = None   # restarted after a failure: the step it resumed at (reported)
+        self._resumed_at: float | None = None   # when its first step after that completed (wall clock)
         self._step_times: list[float] = []
         carried.install()
         loader_tracking.install()
@@ -348,6 +349,9 @@ class StepBoundary:
             metrics.update(self.periodic.info())
         if self.resumed_from is not None:
             metrics["resumed_from"] = self.resumed_from
+            # By this agent's clock: the supervisor hears of it up to a throttled report and a heartbeat later.
+            self._resumed_at = self._resumed_at or time.time()
+            metrics["resumed_at"] = round(self._resumed_at, 3)
         if w.progress.total_steps is not None:
             metrics["total_steps"] = w.progress.total_steps
         if len(self._step_times) > 1:

@@ -159,6 +159,8 @@ class AgentProcesses:
                 continue
             code = proc.popen.poll()
             if code is not None:
+                beat = read_beat(beat_path(str(proc.error_path)))   # its last word on the steps it completed
+                self.core.watched(agent.pid, now, False, beat and beat.on_clock(now, time.monotonic()))
                 del self._procs[agent.pid]
                 self._execute_here(self.core.exited(agent.pid, code, _error_of(proc, agent.rank, code), now), now)
             elif sample and proc.ps is not None:

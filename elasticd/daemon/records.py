@@ -41,6 +41,7 @@ class Agent:
     dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
     kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
     done: bool = False         # said agent_done: its workers returned and it is on its way out
+    completed: int = -1        # the last step it completed, by its beat file (elasticd/core/watchdog.py)
     # Its rank before a drain's shrink renumbered it: its messages carry that rank until it re-formed.
     former_rank: int | None = None
 

@@ -181,10 +181,15 @@ class Supervision:
             where[1].rss, where[1].cpu = rss, cpu
 
     def watched(self, pid: int, now: float, stopped: bool, beat: Beat | None) -> None:
-        """What was read of agent `pid` for the watchdog: whether its process is stopped, and its beat file."""
+        """What was read of agent `pid` for the watchdog: whether its process is stopped, and its beat file
+        (also read once more when it exits, before `exited`: the last step it completed)."""
         where = self._by_pid.get(pid)
         job = self.jobs.get(where[0]) if where else None
-        if where is not None and job is not None and job.agents.get(where[1].rank) is where[1]:
+        if where is None or job is None:
+            return
+        if beat is not None:
+            where[1].completed = max(where[1].completed, beat.step)
+        if job.agents.get(where[1].rank) is where[1]:
             job.watchdog.observe(pid, now, stopped, beat)
 
     def tick(self, now: float) -> list[Action]:
@@ -278,7 +283,8 @@ class Supervision:
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
                                       exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,
-                                      epoch=a.epoch, stepped=a.stepped, left=a.left, timing=dict(a.timing))
+                                      epoch=a.epoch, stepped=a.stepped, left=a.left, completed=a.completed,
+                                      timing=dict(a.timing))
                         for a in job.everyone()]))
         return out
 

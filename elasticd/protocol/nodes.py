@@ -57,6 +57,7 @@ class AgentReport:
     epoch: int = 0                # last resize epoch this agent finished (0: none)
     stepped: int = 0              # last resize epoch after which it completed a step at the new size
     left: bool = False            # left the job in a shrink (exits 0; its device frees when it is gone)
+    completed: int = -1           # the last step it completed, by its beat file (-1: none), read at its exit too
     # The agent's latest step timing (AgentStep.timing): hosted, compute_s, flush_s, steps. Empty: none yet.
     timing: dict[str, int | float] = field(default_factory=dict)
 

@@ -73,16 +73,18 @@ class Recoveries:
     def restarts_left(job: Job) -> bool:
         return job.restarts < job.spec.max_restarts
 
-    def begin(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[SendToNode]:
+    def begin(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None, completed: int = -1
+              ) -> list[SendToNode]:
         """An infrastructure failure of an active job with restarts left (`restarts_left`; else the caller
-        fails it, with `restart_refusal` saying why): stop what is left of it to restart it."""
+        fails it, with `restart_refusal` saying why): stop what is left of it to restart it. `completed`: the
+        last step an agent the failure report names completed (its beat file; the reports are throttled)."""
         assert self.restarts_left(job), job.job_id
         if self.restarting(job):   # it failed while restarting at a new size: that resize ends here
             self.close_restart(job, ResizeOutcome.FAILED, f"an agent failed: {err.get('message') or err.get('cause')}")
         cause = str(err.get("message") or err.get("cause"))
         job.recovery = {"cause": cause, "kind": err.get("cause"), "at": round(now, 3),
                         # -1: before the first step boundary (rank 0 reports steps only from there on)
-                        "failed_after_step": job.step if job.entered_steps else -1,
+                        "failed_after_step": max(job.step if job.entered_steps else -1, completed),
                         "from_devices": len(job.placement), "gone": [], "error": dict(err)}
         job.transition(JobState.RECOVERING, now, f"{cause}; stopping the job's agents to restart it from its "
                                                   f"newest complete snapshot")
@@ -150,6 +152,8 @@ class Recoveries:
         if err and rec.get("kind") == "peer_lost" and err.get("cause") != "peer_lost":
             # The first cause: the agent that died, not a survivor that noticed first.
             rec.update(cause=str(err.get("message")), kind=err.get("cause"), error=err)
+        # The last step an agent of the node completed, from its beat file: rank 0's reports come throttled.
+        rec["failed_after_step"] = max([rec["failed_after_step"], *(a.completed for a in r.agents)])
         self._gone(job, node)
         return self.settle(job, now)
 
@@ -223,7 +227,8 @@ class Recoveries:
             return
         resumed = int(r.metrics["resumed_from"])
         done = Recovery(**{k: rec[k] for k in ("cause", "at", "failed_after_step", "from_devices", "devices")})
-        done.resumed(resumed, now)
+        # When its first step completed, by the agent's clock: heard of here a throttled report and a heartbeat later.
+        done.resumed(resumed, float(r.metrics.get("resumed_at") or now))
         job.recoveries.append(done.to_dict())
         del job.recoveries[:-100]
         job.recovery = None

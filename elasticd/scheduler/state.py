@@ -609,7 +609,7 @@ class SchedulerState:
             if job.resize is not None and job.resize.phase == ResizePhase.GO:
                 return self.resizes.agent_failed(job, now, err, joiner=False, gone=node)
             if infrastructure(err):
-                recovered = self.recover(job, now, err, gone=node)
+                recovered = self.recover(job, now, err, gone=node, completed=_completed(r))
                 if recovered is not None:
                     return recovered
                 err["message"] = self.recoveries.restart_refusal(job, err)
@@ -706,12 +706,14 @@ class SchedulerState:
     def takes_work(self, node: str) -> bool:
         return not self.drains.holds(node)
 
-    def recover(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None) -> list[SendToNode] | None:
-        """Restart the job from its newest snapshot after an infrastructure failure (None: no restarts left)."""
+    def recover(self, job: Job, now: float, err: dict[str, Any], gone: str | None = None, completed: int = -1
+                ) -> list[SendToNode] | None:
+        """Restart the job from its newest snapshot after an infrastructure failure (None: no restarts left).
+        `completed`: the last step an agent of the reporting node completed, by its beat file."""
         if not self.recoveries.restarts_left(job):
             return None
         out = self.resizes.close(job, now, "failed")   # a resize in flight is off: the restart decides the size
-        return out + self.recoveries.begin(job, now, err, gone=gone)
+        return out + self.recoveries.begin(job, now, err, gone=gone, completed=completed)
 
     def _node_lost(self, nd: Node, now: float, reason: str, event: str = "node_lost") -> list[SendToNode]:
         nd.alive = False
@@ -764,3 +766,8 @@ class SchedulerState:
             layout=(self.speeds.job_layout(job.job_id, job.spec.workers, job.placement, job.blocks, job.steps_per_s)
                     if job.state.active else None),
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]))
+
+
+def _completed(r: p.JobReport) -> int:
+    """The last step an agent of a node's report completed, by its beat file (-1: none)."""
+    return max((a.completed for a in r.agents), default=-1)

@@ -1,7 +1,8 @@
 """Resize job: trains while being shrunk and grown; records what every logical rank consumed.
 
-Each rank appends "step idx idx ..." to $ELASTICD_TEST_LOG/rank<r>.log as it consumes a batch, so a
-test can check that no step ran twice or not at all and no sample was skipped or repeated. A private
+Each rank appends "step idx idx ..." to $ELASTICD_TEST_LOG/rank<r>.log as it consumes a batch, and the
+step to done<r>.log once its optimizer step is taken, so a test can check that no step ran twice or not
+at all and no sample was skipped or repeated, and which steps a recovery computed again. A private
 counter (samples seen) must survive every resize. Deterministic mode is switched by env.
 
 Driven from outside (tests/test_resize_daemon.py), the job can be paced: while $ELASTICD_TEST_RELEASE
@@ -94,6 +95,8 @@ def train(ctx) -> None:
         opt.step()
         sched.step()
         ctx.log(loss=loss.item())
+        with open(os.path.join(log_dir, f"done{ctx.rank}.log"), "a") as f:
+            f.write(f"{step}\n")
     torch.save(seen.clone(), os.path.join(log_dir, f"seen{ctx.rank}.pt"))
     if ctx.rank == 0:
         torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, os.environ["ELASTICD_TEST_OUT"])
