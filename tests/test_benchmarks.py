@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import json
 import subprocess
 import sys
 
@@ -55,9 +56,13 @@ def test_help_explains(script: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_seeded_chaos_trials_all_recover_bitwise() -> None:
-    """Two seeded random faults (killed or terminated agents, a second kill during a recovery) against a
-    deterministic job: each run must end exactly as an undisturbed one (scripts/chaos.py checks the digest)."""
+    """Two faults at seeded random moments (an agent stopped for good, which the watchdog must fence; a second
+    kill during a recovery) against a deterministic job: each run must end exactly as an undisturbed one
+    (scripts/chaos.py checks the digest)."""
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "chaos.py"), "--quick", "--seed", "1"], cwd=REPO,
                           capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, f"chaos.py failed:\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.strip().splitlines()[-1] == "recovered=2/2", proc.stdout
+    # A stopped agent never finishes on its own, so the stop always lands: fenced, and recovered from once.
+    stop = json.loads(proc.stdout.splitlines()[0])
+    assert stop["fault"] == "stop" and stop["recoveries"] == 1 and "was stuck (stopped" in stop["causes"][0], stop
