@@ -7,9 +7,9 @@ tooling reads: the last line of stdout is exactly `name=value` with a float valu
 
 from __future__ import annotations
 
+import json
 import math
 import re
-import json
 import subprocess
 import sys
 
