@@ -40,7 +40,7 @@ from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.core.timing import clean_timing, merge_timing
-from elasticd.core.watchdog import WATCH_EVERY_S, StuckAfter, Watchdog, beat_path, read_beat
+from elasticd.core.watchdog import WATCH_EVERY_S, Fence, StuckAfter, Watchdog, beat_path, read_beat
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
 from elasticd.protocol.lines import LineReader, encode_line
@@ -147,7 +147,7 @@ class LocalRun:
         # run(), so that it imports while the launcher sets up.
         self._forks: ForkServer | None = None
         self._watchdog = Watchdog(StuckAfter.parse(self.stuck_after))   # keyed by pid: a new agent starts afresh
-        self._fenced: dict[int, str] = {}    # pid -> why the watchdog killed it
+        self._fenced: dict[int, Fence] = {}    # pid -> why the watchdog killed it
         self._next_watch = 0.0
 
     # -- processes ----------------------------------------------------------------------------
@@ -482,9 +482,10 @@ class LocalRun:
         # The last step any agent completed, by its beat file: the reports come throttled, the beats do not.
         beats = [read_beat(beat_path(a.error_file)) for a in self.agents.values()]
         failed_after = max([self.last_step, *(b.step for b in beats if b is not None)])
+        held = max((f.held for f in self._fenced.values()), default=0.0)
         self._forget_agents()
         self._recovering = Recovery(cause=cause, at=round(failed_at, 3), failed_after_step=failed_after,
-                                    from_devices=self.world, devices=self.world)
+                                    from_devices=self.world, devices=self.world, detected_after=round(held, 3))
         self.recoveries.append(self._recovering)
         self._say(f"{cause}; restarting on {self.world} device(s) from the newest complete snapshot "
                   f"(restart {len(self.recoveries)} of at most {self.max_restarts})")
@@ -510,7 +511,7 @@ class LocalRun:
             self._watchdog.observe(pid, now, stopped, read_beat(beat_path(agent.error_file)))
         for fence in self._watchdog.verdict(now):
             agent = live[fence.key]
-            self._fenced[fence.key] = fence.reason
+            self._fenced[fence.key] = fence
             self._say(f"agent {agent.rank} is stuck ({fence.reason}, --stuck-after {self._watchdog.describe()}); "
                       f"fencing it (SIGKILL)")
             with contextlib.suppress(ProcessLookupError):
@@ -519,7 +520,7 @@ class LocalRun:
     def _infrastructure_cause(self, bad: _Agent) -> str | None:
         """Why `bad` died when that is not the user's doing; None when a worker raised (its error report
         says so; the agents that lost their group after it say `peer_lost`, which does not count)."""
-        fenced = [(a.rank, self._fenced[a.proc.pid]) for a in self.agents.values() if a.proc.pid in self._fenced]
+        fenced = [(a.rank, self._fenced[a.proc.pid].reason) for a in self.agents.values() if a.proc.pid in self._fenced]
         if fenced:
             rank, why = min(fenced)
             return f"agent {rank} was stuck ({why}) and was fenced"
@@ -544,7 +545,7 @@ class LocalRun:
         rec.resumed(resumed, float(metrics.get("resumed_at") or time.time()))   # wall clock, as `at`
         self._recovering = None
         self._say(f"recovered: resumed at step {resumed} ({rec.steps_redone} step(s) redone), first step "
-                  f"{rec.seconds:.2f}s after the failure")
+                  f"{rec.seconds:.2f}s after the failure was detected{_held(rec)}")
 
     def _forget_agents(self) -> None:
         """Every agent has exited: close their pipes and start from an empty table."""
@@ -674,6 +675,10 @@ class LocalRun:
             else:   # the run is over: nothing will resume from them (only what the agents wrote goes)
                 for step in parts.periodic_steps(self.snapshot_dir):
                     shutil.rmtree(parts.periodic_dir(self.snapshot_dir, step), ignore_errors=True)
+
+
+def _held(rec: Recovery) -> str:
+    return f" ({rec.detected_after:.1f}s after the job was held)" if rec.detected_after else ""
 
 
 def _hold_steps(devices: int, schedule: list[tuple[int, int, list[int]]], blocks: list[int]) -> tuple[int, ...]:

@@ -153,6 +153,7 @@ def read_beat(path: str) -> Beat | None:
 class Fence:
     key: Hashable   # the agent, as the caller named it to `observe`
     reason: str     # "stopped for 31s", in words, for the error report and `events`
+    held: float     # seconds the job has been held by it: the detection's delay
 
 
 @dataclass
@@ -208,8 +209,8 @@ class Watchdog:
         if self.after.off or not self._seen:
             return []
         bound = self.bound()
-        stopped = [Fence(k, f"stopped for {now - s.stopped_since:.0f}s") for k, s in self._seen.items()
-                   if s.stopped_since is not None and now - s.stopped_since > bound]
+        stopped = [Fence(k, f"stopped for {now - s.stopped_since:.0f}s", now - s.stopped_since)
+                   for k, s in self._seen.items() if s.stopped_since is not None and now - s.stopped_since > bound]
         if stopped:
             return stopped
         waiting = {k: now - s.beat.since for k, s in self._seen.items()
@@ -218,10 +219,11 @@ class Watchdog:
             return []
         if len(waiting) == len(self._seen):
             longest = max(waiting.values())
-            return [Fence(k, f"inside one collective for {w:.0f}s, as every other agent (longest {longest:.0f}s)")
-                    for k, w in waiting.items()]
+            return [Fence(k, f"inside one collective for {w:.0f}s, as every other agent (longest {longest:.0f}s)",
+                          longest) for k, w in waiting.items()]
         laggards = {k: s for k, s in self._seen.items()
                     if k not in waiting and not (s.beat is not None and s.beat.in_collective)}
-        waited = f"{len(waiting)} other agent(s) waited {max(waiting.values()):.0f}s in a collective"
+        held = max(waiting.values())
+        waited = f"{len(waiting)} other agent(s) waited {held:.0f}s in a collective"
         return [Fence(k, f"stopped, and {waited} for it" if s.stopped_since is not None
-                      else f"{waited} it did not join") for k, s in laggards.items()]
+                      else f"{waited} it did not join", held) for k, s in laggards.items()]

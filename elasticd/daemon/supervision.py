@@ -306,7 +306,8 @@ class Supervision:
                       f"and was fenced"
             log.warning("job %s: %s", job.job_id, message)
             if job.error is None or job.error.get("cause") == p.CAUSE_PEER_LOST:
-                job.error = {"cause": CAUSE_STUCK, "message": message, "rank": agent.rank}
+                job.error = {"cause": CAUSE_STUCK, "message": message, "rank": agent.rank,
+                             "held_s": round(fence.held, 3)}
             out.append(Signal(agent.pid, "KILL"))
         return out
 

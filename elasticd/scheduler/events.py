@@ -70,6 +70,7 @@ def job_events(job: Job) -> list[dict[str, Any]]:
         at = r.get("at") or 0.0
         out.append({"at": round(at + (took or 0.0), 3), "event": "recovered", "job": job.job_id,
                     "seconds": took, "steps_redone": r.get("steps_redone"),
+                    "detected_after": r.get("detected_after", 0.0),
                     "detail": f"{r.get('cause')}: resumed at step {r.get('resumed_from')} "
                               f"({r.get('steps_redone')} redone) on {r.get('devices')} devices"})
     out.sort(key=lambda e: e["at"])   # stable: a state entry stays before a resize recorded at its time

@@ -85,7 +85,9 @@ class Recoveries:
         job.recovery = {"cause": cause, "kind": err.get("cause"), "at": round(now, 3),
                         # -1: before the first step boundary (rank 0 reports steps only from there on)
                         "failed_after_step": max(job.step if job.entered_steps else -1, completed),
-                        "from_devices": len(job.placement), "gone": [], "error": dict(err)}
+                        "from_devices": len(job.placement), "gone": [], "error": dict(err),
+                        # A stuck agent held the job this long before its node fenced it.
+                        "detected_after": float(err.get("held_s") or 0.0)}
         job.transition(JobState.RECOVERING, now, f"{cause}; stopping the job's agents to restart it from its "
                                                   f"newest complete snapshot")
         log.warning("job %s: %s; recovering (restart %d of at most %d)", job.job_id, cause, job.restarts + 1,
@@ -151,7 +153,8 @@ class Recoveries:
             return self.host.end_job(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
         if err and rec.get("kind") == "peer_lost" and err.get("cause") != "peer_lost":
             # The first cause: the agent that died, not a survivor that noticed first.
-            rec.update(cause=str(err.get("message")), kind=err.get("cause"), error=err)
+            rec.update(cause=str(err.get("message")), kind=err.get("cause"), error=err,
+                       detected_after=float(err.get("held_s") or 0.0))
         # The last step an agent of the node completed, from its beat file: rank 0's reports come throttled.
         rec["failed_after_step"] = max([rec["failed_after_step"], *(a.completed for a in r.agents)])
         self._gone(job, node)
@@ -226,7 +229,8 @@ class Recoveries:
         if rec is None or "resumed_from" not in r.metrics:
             return
         resumed = int(r.metrics["resumed_from"])
-        done = Recovery(**{k: rec[k] for k in ("cause", "at", "failed_after_step", "from_devices", "devices")})
+        done = Recovery(**{k: rec[k] for k in ("cause", "at", "failed_after_step", "from_devices", "devices")},
+                        detected_after=rec.get("detected_after", 0.0))
         # When its first step completed, by the agent's clock: heard of here a throttled report and a heartbeat later.
         done.resumed(resumed, float(r.metrics.get("resumed_at") or now))
         job.recoveries.append(done.to_dict())
