@@ -62,7 +62,8 @@ TABLE: tuple[Patch, ...] = (
     Patch("compat.worker_env", ("os.environ", "subprocess.Popen.__init__"),
           "RANK, LOCAL_RANK, WORLD_SIZE, ... are the calling worker's, as torchrun sets them per process; a "
           "subprocess a worker starts inherits them", When.RUN),
-    Patch("compat.cuda_ranks", ("torch.cuda.set_device", "torch.Tensor.to", "torch.Tensor.cuda",
+    Patch("compat.cuda_ranks", ("torch.cuda.set_device", "torch.accelerator.set_device_index",
+                                "torch.accelerator.set_device_idx", "torch.Tensor.to", "torch.Tensor.cuda",
                                 "torch.nn.Module.to", "torch.nn.Module.cuda"),
           "`set_device(LOCAL_RANK)` and `.to(local_rank)` in a worker mean the agent's GPU", When.CUDA_RUN),
     Patch("replicated.idioms",

@@ -34,7 +34,7 @@ from elasticd.agent.script_main import script_args
 from elasticd.agent.slicer import rng
 from elasticd.agent.slicer.boundary import RunOutcome
 from elasticd.agent.slicer.device import set_deterministic
-from elasticd.core.agent_config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal, shares_devices
+from elasticd.core.agent_config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal, joined, shares_devices
 from elasticd.core.cadence import Every
 from elasticd.core.layout import Layout
 from elasticd.core.parts import periodic_dir
@@ -254,10 +254,9 @@ class AgentProcess:
         join = _wait_for(self.control, AgentJoin, None)
         if join is None:
             return False
-        self.cfg = dataclasses.replace(
-            self.cfg, rank=join.rank, world=join.world, join_from=join.join_from,
-            master_addr=join.master_addr, master_port=join.master_port, standby=False, blocks=())
-        self.device = _device(self.cfg)  # a CUDA standby's GPU follows the rank it joins as
+        self.cfg = joined(self.cfg, join.rank, join.world, join.join_from, join.master_addr, join.master_port,
+                          join.device_index)
+        self.device = _device(self.cfg)
         proc_name.set_name(join.rank, False)
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True

@@ -340,7 +340,8 @@ class LocalRun:
                     agent.rank = rank
                     self.agents[rank] = agent
                     self._send(agent, p.AgentJoin(rank=rank, world=target, join_from=old, master_addr="127.0.0.1",
-                                                  master_port=port))
+                                                  master_port=port,
+                                                  device_index=launch_device_index(rank, self.device_type)))
                 else:
                     self._spawn(rank, target, port, join_from=old)
         actions = plan.port_known(port, now)

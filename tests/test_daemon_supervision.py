@@ -235,7 +235,8 @@ def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_st
     resize = p.AgentResize(epoch=1, world=4, master_addr="h", master_port=29600)
     assert [(a.identity, a.msg) for a in go] == [
         (idents[0], resize), (idents[1], resize),
-        *[(j, p.AgentJoin(rank=r, world=4, join_from=2, master_addr="h", master_port=29600))
+        # Each joiner is told the device it was started for (cpu:2, cpu:3): the node's table names it.
+        *[(j, p.AgentJoin(rank=r, world=4, join_from=2, master_addr="h", master_port=29600, device_index=r))
           for r, j in zip((2, 3), joiners, strict=True)]]
     for rank, ident in enumerate([*idents, *joiners]):
         info = resized(1 if rank < 2 else None, rank)           # a joiner does not know the epoch

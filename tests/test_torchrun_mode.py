@@ -471,6 +471,27 @@ def test_a_cuda_index_in_a_worker_means_the_agents_device() -> None:
     assert torch.Tensor.to is torch._C.TensorBase.to
 
 
+def test_torch_accelerator_set_device_index_in_a_worker_means_the_agents_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torch.accelerator.set_device_index(local_rank)` reaches torch's C++ without `torch.cuda.set_device`:
+    in a worker of a CUDA agent it must pick the agent's GPU too. Seen here at torch's C++ entry point."""
+    chosen: list[int] = []
+    monkeypatch.setattr(torch._C, "_accelerator_setDeviceIndex", chosen.append)
+    worker_env.install()
+    cuda_ranks.install(torch.device("cuda", 1))
+    try:
+        def body() -> None:
+            set_current_worker(Worker(3, dist=DistState(env=worker_env.variables_for(3, 4))))
+            torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]))
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join(30)
+        torch.accelerator.set_device_index(3)   # outside workers: torch's own behaviour
+    finally:
+        cuda_ranks.uninstall()
+    assert chosen == [1, 3]
+
+
 # -- through the daemon ----------------------------------------------------------------------------
 
 @pytest.mark.timeout(600)

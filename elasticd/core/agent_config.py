@@ -32,6 +32,14 @@ def launch_device_index(rank: int, device_type: str) -> int:
     return rank if rank >= 0 else DEVICE_AT_JOIN
 
 
+def joined(cfg: AgentConfig, rank: int, world: int, join_from: int, master_addr: str, master_port: int,
+           device_index: int) -> AgentConfig:
+    """A standby's launch record once it joins as physical rank `rank`: the device the join names, never
+    the one it had (it may have left a shrink from another rank, whose GPU another agent now holds)."""
+    return dataclasses.replace(cfg, rank=rank, world=world, join_from=join_from, master_addr=master_addr,
+                               master_port=master_port, standby=False, blocks=(), device_index=device_index)
+
+
 def cuda_ordinal(device_index: int, rank: int, device_count: int, shared: bool = False) -> int:
     """The GPU an agent uses: its --device-index, or its rank's when that is DEVICE_AT_JOIN.
 

@@ -99,7 +99,8 @@ class NodeResizes:
             if a.standby:
                 a.standby, a.joining = False, True
                 out.append(SendToAgent(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.devices_from,
-                                                        master_addr=msg.master_addr, master_port=msg.master_port)))
+                                                        master_addr=msg.master_addr, master_port=msg.master_port,
+                                                        device_index=a.device.index)))
             else:
                 out.append(SendToAgent(a.identity, resize))
                 if rank >= msg.devices:

@@ -148,6 +148,9 @@ class AgentJoin(Message):
     join_from: int
     master_addr: str
     master_port: int
+    # The GPU it takes, named by whoever holds the node's device table (-1: its rank's, or none on CPU). Never
+    # the one it had: a standby that left in a shrink may join as another rank, whose GPU is another.
+    device_index: int = -1
 
 
 @message
