@@ -251,6 +251,11 @@ class AgentProcess:
         return self.periodic
 
     def _await_join(self) -> bool:
+        if torch.cuda.is_initialized():
+            # Left in a shrink: the GPU is the job's no more. Give back the blocks the old segment cached (its
+            # runtime is unreferenced by now, but the caching allocator keeps what it freed).
+            gc.collect()
+            torch.cuda.empty_cache()
         join = _wait_for(self.control, AgentJoin, None)
         if join is None:
             return False
