@@ -679,7 +679,7 @@ class LocalRun:
 
 
 def _held(rec: Recovery) -> str:
-    return f" ({rec.detected_after:.1f}s after the job was held)" if rec.detected_after else ""
+    return f"; the stuck agent had held the job {rec.detected_after:.1f}s before it was fenced" if rec.detected_after else ""
 
 
 def _hold_steps(devices: int, schedule: list[tuple[int, int, list[int]]], blocks: list[int]) -> tuple[int, ...]:

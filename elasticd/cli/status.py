@@ -154,7 +154,8 @@ def render_job(j: Any) -> str:
         lines.append(f"  {ts(r.get('at'))}  {safe(r.get('cause'))}: resumed at step {r.get('resumed_from')} "
                      f"({r.get('steps_redone')} redone) on {r.get('devices')} devices, first step "
                      f"{r.get('seconds')}s after the failure was detected"
-                     + (f", {r['detected_after']}s after it held the job" if r.get("detected_after") else ""))
+                     + (f"; the stuck agent had held the job {r['detected_after']}s before it was fenced"
+                        if r.get("detected_after") else ""))
     for a in j.agents:
         lines.append(f"agent {a.get('rank')}    {safe(a.get('node'))}/{safe(a.get('device'))} pid {a.get('pid')} "
                      f"{'alive' if a.get('alive') else 'exit ' + str(a.get('exitcode'))} "
