@@ -91,3 +91,27 @@ def test_an_agents_exit_keeps_what_interpreter_shutdown_would_write(tmp_path: Pa
     assert len(list(out.glob("atexit-*.txt"))) == 2, sorted(out.iterdir())
     assert [t.read_text() for t in out.glob("thread-*.txt")] == ["joined"], sorted(out.iterdir())
     assert "last words without a newline" in run.out, run.output
+
+
+LOUD = """
+import elasticd
+
+@elasticd.elastic(workers=2)
+def train(ctx):
+    for step in ctx.steps(3):
+        ctx.log(report="x" * 1000, **{f"m{i}": i for i in range(80)})
+
+if __name__ == "__main__":
+    train()
+"""
+
+
+def test_ctx_log_beyond_the_bounds_warns_in_the_jobs_output_once(tmp_path: Path) -> None:
+    """A string longer than MAX_METRIC_CHARS is cut and more than MAX_METRICS names are dropped
+    (protocol/limits.py), each said once in the job's own output, naming the bound."""
+    script = tmp_path / "loud.py"
+    script.write_text(LOUD)
+    run = cli("run", str(script), "--devices", "1", cwd=tmp_path, timeout=240)
+    assert run.code == 0, run.output
+    assert run.err.count("a string of 1000 characters; status and metrics carry the first 256") == 1, run.err
+    assert run.err.count("already 64 values are logged, the most a job reports") == 1, run.err

@@ -43,7 +43,7 @@ class PipeControl:
         self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info))
 
     def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
-        self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics),
+        self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_metrics(metrics),
                                timing=dict(timing or {})))
 
     def done(self, stopped: bool) -> None:

@@ -60,7 +60,7 @@ class ZmqControl:
             self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info))
 
     def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
-        msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_scalars(metrics),
+        msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_metrics(metrics),
                           timing=dict(timing or {}))
         now = time.monotonic()
         with self._lock:

@@ -344,7 +344,7 @@ class StepBoundary:
         now = time.monotonic()
         self._step_times.append(now)
         del self._step_times[:-20]
-        metrics = dict(w.progress.metrics)
+        metrics: dict[str, Any] = {}
         if self.periodic is not None:
             metrics.update(self.periodic.info())
         if self.resumed_from is not None:
@@ -356,6 +356,8 @@ class StepBoundary:
             metrics["total_steps"] = w.progress.total_steps
         if len(self._step_times) > 1:
             metrics["steps_per_s"] = (len(self._step_times) - 1) / (now - self._step_times[0])
+        # The runtime's own entries first: the report keeps only the first MAX_METRICS (protocol/limits.py).
+        metrics.update((k, v) for k, v in w.progress.metrics.items() if k not in metrics)
         beat.stepped(step)
         self.rt.control.step(step, metrics, self.rt.timing.take())
 

@@ -7,6 +7,7 @@ same one over plain torch DDP so the same script can be checked against the real
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from elasticd.agent.comm.collectives import (
 )
 from elasticd.agent.private.registry import attach
 from elasticd.agent.private.swap import SwapStats
+from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
@@ -146,9 +148,23 @@ class WorkerContext:
         return it
 
     def log(self, **metrics: Any) -> None:
-        """Per-job metrics (e.g. `loss=...`); the latest values reach `elasticd status` and `logs`."""
+        """Per-job metrics (e.g. `loss=...`); the latest values reach `elasticd status` and `logs`.
+
+        Numbers and short strings: what a node reports for its jobs is bounded (MAX_METRICS values, strings
+        of MAX_METRIC_CHARS), so that no job's output can make its node's heartbeat too large. Beyond that a
+        value is cut or dropped, with a warning in the job's own output."""
+        mine = self._w.progress.metrics
         for k, v in metrics.items():
-            self._w.progress.metrics[k] = float(v.item()) if isinstance(v, torch.Tensor) else v
+            v = float(v.item()) if isinstance(v, torch.Tensor) else v
+            if isinstance(v, str) and len(v) > MAX_METRIC_CHARS:
+                _warn_once(f"long {k}", f"ctx.log({k}=...): a string of {len(v)} characters; status and metrics carry the "
+                           f"first {MAX_METRIC_CHARS} (print it, or write it to a file, to keep all of it)")
+                v = v[:MAX_METRIC_CHARS]
+            if k not in mine and len(mine) >= MAX_METRICS:
+                _warn_once("many", f"ctx.log({k}=...): already {MAX_METRICS} values are logged, the most a job reports; "
+                           f"{k!r} and later new names are not")
+                continue
+            mine[k] = v
 
     # -- collectives over logical ranks -------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> Work | None:
@@ -210,3 +226,12 @@ def runtime_of(ctx: WorkerContext) -> Runtime:
 def private_stats(ctx: WorkerContext) -> SwapStats:
     """The private-state accounting of the device `ctx`'s worker runs on (diagnostics, tests, benchmarks)."""
     return attach(ctx._rt).stats
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)

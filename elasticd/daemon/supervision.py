@@ -35,6 +35,9 @@ from elasticd.daemon.resizing import NodeResizes
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0     # after a stop command, before SIGTERM
+# What a heartbeat's job reports may take: the frame cap less room for the envelope and the device table.
+HEARTBEAT_BUDGET = p.MAX_FRAME_BYTES - (128 << 10)
+CUT_TEXT_CHARS = 2048  # of an error's message and traceback, in a report cut to fit
 TERM_GRACE_S = 3.0     # after SIGTERM, before SIGKILL
 
 
@@ -47,6 +50,7 @@ class Supervision:
         self.resizes = NodeResizes(self.devices.keys())
         self._by_identity: dict[bytes, tuple[str, Agent]] = {}
         self._by_pid: dict[int, tuple[str, Agent]] = {}   # agents whose exit was not reported yet
+        self._cut_warned: set[str] = set()   # jobs whose reports were cut to fit a heartbeat (warned once)
 
     # --- commands from the scheduler -------------------------------------------------------------
 
@@ -228,7 +232,7 @@ class Supervision:
             return f"this connection is agent {agent.rank} of job {job.job_id}", []
         if isinstance(msg, p.AgentStep):
             agent.step = msg.step
-            agent.metrics = p.flat_scalars(msg.metrics)
+            agent.metrics = p.flat_metrics(msg.metrics)
             agent.step_times.append((now, msg.step))
             del agent.step_times[:-20]
             if msg.timing:
@@ -286,7 +290,26 @@ class Supervision:
                                       epoch=a.epoch, stepped=a.stepped, left=a.left, completed=a.completed,
                                       timing=dict(a.timing))
                         for a in job.everyone()]))
-        return out
+        return self._fit(out)
+
+    def _fit(self, reports: list[p.JobReport]) -> list[p.JobReport]:
+        """The reports cut to fit one heartbeat: a node whose heartbeat is refused as too large is declared
+        lost, with every job on it, so what jobs say (their metrics, their errors' text) must give way
+        first, the largest first, never the node's membership."""
+        sizes = {id(r): p.encoded_size(r) for r in reports}
+        total = sum(sizes.values())
+        for r in sorted(reports, key=lambda r: -sizes[id(r)]):
+            if total <= HEARTBEAT_BUDGET:
+                break
+            before = sizes[id(r)]
+            r.metrics = {}
+            r.error, r.resize_error = _cut(r.error), _cut(r.resize_error)
+            total -= before - p.encoded_size(r)
+            if r.job_id not in self._cut_warned:
+                self._cut_warned.add(r.job_id)
+                log.warning("job %s: its report (%d bytes) would not fit the node's heartbeat; its metrics and "
+                            "error text are left out of it", r.job_id, before)
+        return reports
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -366,6 +389,13 @@ def _timed(agent: Agent, timing: dict[str, Any]) -> None:
     agent.timing_acc = {}
     agent.timing_seq += 1
     agent.timing = {**acc, "seq": agent.timing_seq}
+
+
+def _cut(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An error record with its strings shortened (a report cut to fit a heartbeat); the log keeps them whole."""
+    if record is None:
+        return None
+    return {k: v[:CUT_TEXT_CHARS] if isinstance(v, str) else v for k, v in record.items()}
 
 
 def _flat(record: dict[str, Any] | None) -> dict[str, Any] | None:

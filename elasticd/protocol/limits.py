@@ -16,6 +16,10 @@ MAX_JOB_ID = 64
 MAX_ENV_ITEMS = 256
 MAX_ENV_BYTES = 64 * 1024      # keys + values of one job's --env
 MAX_LOG_OFFSETS = 4096         # log files named in one `logs` request
+# What one job's `ctx.log` values may take in a node's heartbeat: a job's output must never decide whether
+# its node is alive (a heartbeat over the frame cap is refused, and the node would be declared lost).
+MAX_METRICS = 64               # values
+MAX_METRIC_CHARS = 256         # characters of one string value (a phase name, not a report)
 
 
 def bad_text(what: str, value: str, limit: int, *, path: bool = False) -> str | None:

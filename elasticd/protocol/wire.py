@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar, Union
 import msgpack
 
 from elasticd.core.errors import ControlPlaneError
+from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
 PROTOCOL_VERSION = 4   # 4: jobs carry --stuck-after (submit, launch_job, prepare_resize)
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
@@ -336,6 +337,11 @@ def registered_ops() -> dict[str, type[Message]]:
 
 # The longest text a peer-supplied record keeps (a failure's message or traceback, a metric's string).
 MAX_TEXT_CHARS = 65536
+
+
+def flat_metrics(d: Any) -> dict[str, Any]:
+    """`flat_scalars` at the bounds of a job's `ctx.log` values (protocol/limits.py)."""
+    return flat_scalars(d, max_items=MAX_METRICS, max_str=MAX_METRIC_CHARS)
 
 
 def flat_scalars(d: Any, max_items: int = 64, max_str: int = MAX_TEXT_CHARS) -> dict[str, Any]:

@@ -588,7 +588,7 @@ class SchedulerState:
     @staticmethod
     def _progress(job: Job, r: p.JobReport) -> None:
         """Rank 0's node reports the job's step, rate and metrics; the periodic snapshot's are set apart."""
-        metrics = p.flat_scalars(r.metrics)
+        metrics = p.flat_metrics(r.metrics)
         snapshot = {k.removeprefix("snapshot_"): metrics.pop(k) for k in list(metrics) if k.startswith("snapshot_")}
         metrics.pop("resumed_from", None)
         job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, metrics

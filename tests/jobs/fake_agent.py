@@ -8,6 +8,7 @@ Behaviour comes from the environment (set per job with `elasticd submit --env`):
     FAKE_STEPS  steps before exiting in ok/fail mode (default 5)
     FAKE_STEP_S seconds per step (default 0.01)
     FAKE_OUT    directory: each agent writes rank<p>.json with its config and what it saw
+    FAKE_LOG_CHARS  with each step also log 16 strings of this many characters (as `ctx.log` would pass them)
 Live resize, as agent.process does it (a resize command at a step boundary; `--standby` agents wait for
 a join command; ranks beyond the new world report `resized(left)` and exit 0):
     FAKE_RESIZE_CRASH   this physical rank exits 3 instead of re-forming (an agent dying mid-resize)
@@ -99,7 +100,9 @@ def main() -> int:
             time.sleep(step_s)
             step += 1
             if ctl:
-                ctl.step(step, {"loss": 1.0 / step})
+                chars = int(os.environ.get("FAKE_LOG_CHARS", "0"))
+                notes = {f"note{i}": f"{i}" * chars for i in range(16)} if chars else {}
+                ctl.step(step, {"loss": 1.0 / step, **notes})
                 got = _polled(ctl)
                 commands += got
                 if mode == "hang" and any(c.get("op") == "stop" for c in got):
