@@ -114,6 +114,10 @@ def test_only_the_owner_or_an_admin_stops_or_scales_a_job(node, tmp_path):
         assert forbidden(laptop.ask(p.Stop(job_id=local_job)), "only its own jobs")
         assert forbidden(laptop.ask(p.Scale(job_id=local_job, devices=1)), "only its own jobs")
         assert forbidden(laptop.ask(p.Logs(job_id=local_job)), "its own jobs")
+        # No alias of another owner's job: an id naming no job must not reach its log folder either.
+        for alias in (f".{local_job}", f"..{local_job}", f"{local_job}.", f"{local_job}/"):
+            reply = laptop.ask(p.Logs(job_id=alias))
+            assert isinstance(reply, p.Error) and reply.code == p.BAD_REQUEST and "job id" in reply.message, reply
         assert forbidden(laptop.ask(p.Shutdown()), "admin key")
         own = laptop.ask(p.Submit(script=FAKE_SCRIPT, workers=1, env={"FAKE_MODE": "hang"}))
         assert isinstance(own, p.Submitted)

@@ -22,6 +22,14 @@ MAX_METRICS = 64               # values
 MAX_METRIC_CHARS = 256         # characters of one string value (a phase name, not a report)
 
 
+def bad_job_id(value: str) -> str | None:
+    """Why `value` is no job id (None: it is one). Letters, digits, `-` and `_` only: an id names a job's
+    log and error folders as it is, so no two ids may map to one folder (`.j1` and `j1`)."""
+    if not 0 < len(value) <= MAX_JOB_ID or not all(c.isascii() and (c.isalnum() or c in "-_") for c in value):
+        return f"job id {value[:80]!r}: 1-{MAX_JOB_ID} letters, digits, '-' or '_'"
+    return None
+
+
 def bad_text(what: str, value: str, limit: int, *, path: bool = False) -> str | None:
     """Why `value` is not acceptable as `what` (None: it is): too long, NUL or other control
     characters, or (for paths) not absolute."""

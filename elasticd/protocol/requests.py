@@ -10,7 +10,7 @@ from elasticd.protocol.wire import Message, Scalar, message, record
 
 
 def _job_id(job_id: str | None) -> str | None:
-    return None if job_id is None else L.bad_text("job id", job_id, L.MAX_JOB_ID)
+    return None if job_id is None else L.bad_job_id(job_id)
 
 
 @message
