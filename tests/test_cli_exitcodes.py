@@ -82,6 +82,7 @@ def test_scale_out_of_range_is_exit_1_or_2(node):
     ["status", "--bogus"],
     ["scale", "j1"],
     ["status", "--endpoint", "tcp://127.0.0.1:1"],       # tcp needs --server-key
+    ["status", "--endpoint", "foo"],                      # neither tcp:// nor ipc://
 ])
 def test_usage_errors_are_exit_2(node, args):
     r = cli(*args, "--state-dir", str(node.state_dir))

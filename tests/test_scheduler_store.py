@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import subprocess
 import sys
 
@@ -70,3 +72,19 @@ def test_a_resize_in_flight_reads_back_with_its_phase(tmp_path):
     [back] = JobStore(tmp_path / "jobs.db").load()
     assert back.resize is not None and back.resize.phase is ResizePhase.GO
     assert back.to_doc() == job.to_doc()
+
+
+def test_the_job_table_is_the_owners_alone_whatever_the_umask(tmp_path):
+    """It holds every job's --env (secrets included): 0600, its WAL and shared-memory files too."""
+    old = os.umask(0o022)
+    try:
+        store = JobStore(tmp_path / "scheduler.db")
+        s = SchedulerState(store.load(), now=0.0)
+        s.submit(p.Submit(script="/x.py", workers=2, env={"TOKEN": "secret"}), 0.0)
+        store.save(s.take_dirty())
+        files = [f for f in tmp_path.iterdir() if f.name.startswith("scheduler.db")]
+        modes = {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files}
+        store.close()
+    finally:
+        os.umask(old)
+    assert len(files) == 3 and set(modes.values()) == {"0o600"}, modes

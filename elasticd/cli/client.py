@@ -62,6 +62,9 @@ def resolve(state_dir: str | None, endpoint: str | None = None, server_key: str 
     sd = StateDir.resolve(state_dir)
     if endpoint:
         if not transport.is_tcp(endpoint):
+            if not endpoint.startswith("ipc://"):
+                raise click.UsageError(f"--endpoint {endpoint!r}: give tcp://HOST:PORT (with --server-key) or "
+                                       f"ipc://PATH")
             return Target(endpoint, what=endpoint)
         if not server_key:
             raise click.UsageError("--endpoint tcp://... needs --server-key (the scheduler's public key)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +34,10 @@ class JobStore:
         for p in (self.path, self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
             if p.is_symlink():   # sqlite would follow it and write the job table to its target
                 raise StoreError(f"{p} is a symlink: refusing to open the job table through it")
+        # Owner-only, whatever the umask: the table holds every job's environment. SQLite gives its -wal and
+        # -shm files the database file's mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        os.chmod(self.path, 0o600)
         # The scheduler loop owns the connection; check_same_thread=False only lets the embedded
         # scheduler thread open it in __init__ and use it in run().
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
