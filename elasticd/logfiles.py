@@ -3,13 +3,15 @@
 Anyone who can reach the TCP port can make the daemon log (a refused key, a bad frame), so the file
 rotates (`RotatingFileHandler`: at most `backups` + 1 files of `max_bytes`). It is opened with
 O_NOFOLLOW: a `daemon.log` symlink planted in a state dir must not make the daemon append to a file of
-someone else's choosing.
+someone else's choosing. Its records are one line each (`OneLineFormatter`).
 """
 
 from __future__ import annotations
 
 import logging.handlers
 import os
+
+from elasticd.core.text import printable
 
 MAX_BYTES = 16 * 2**20
 BACKUPS = 3
@@ -23,6 +25,16 @@ class SafeRotatingFileHandler(logging.handlers.RotatingFileHandler):
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
+class OneLineFormatter(logging.Formatter):
+    """Each record's message on one line, control characters escaped: messages carry job-supplied text (an
+    error's message and traceback, a job's name), which must not forge log lines or send escape sequences
+    to whoever reads the log. A traceback of the daemon's own (`exc_info`) follows as usual."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 def open_log(path: os.PathLike[str] | str) -> SafeRotatingFileHandler:

@@ -50,7 +50,7 @@ class _LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ElasticdError as e:
-            from elasticd.cli.text import printable
+            from elasticd.core.text import printable
 
             click.echo(f"Error: {printable(e)}", err=True)
             ctx.exit(e.exit_code)

@@ -189,7 +189,7 @@ def fail(code: int, message: str, as_json: bool = False, error_code: str = "") -
         click.echo(json.dumps({"op": "error", "code": error_code or _CODE_NAMES.get(code, "error"),
                                "message": message}))
     else:
-        from elasticd.cli.text import printable
+        from elasticd.core.text import printable
 
         click.echo(f"Error: {printable(message)}", err=True)
     sys.exit(code)

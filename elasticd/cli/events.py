@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from elasticd.cli import client
-from elasticd.cli.text import printable as safe
 from elasticd.core.lifecycle import JOB_ENDED
+from elasticd.core.text import printable as safe
 
 _ENDS = JOB_ENDED
 FOLLOW_POLL_S = 0.5   # how often -f asks; events are derived from the job table, so polling is all it takes

@@ -9,18 +9,24 @@ import click
 
 from elasticd.cli import client
 from elasticd.core.lifecycle import JOB_ENDED
+from elasticd.core.text import printable
 
 
 @click.command("logs")
 @click.argument("job_id", metavar="JOB")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (not with -f).")
+@click.option("--raw", is_flag=True, help="Print the output as the job wrote it, control characters included "
+                                          "(escape sequences, carriage returns of progress bars).")
 @client.client_options
 @client.guarded()
-def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
+def logs(job_id: str, follow: bool, as_json: bool, raw: bool, **opts: object) -> None:
     """Print the stdout/stderr of JOB's agents, each line prefixed with its agent and the logical ranks that
     agent hosts now (when the job ended, for an ended job): `[agent 1, ranks 4-7]`. An agent's file keeps
     its output across resizes, when it may have hosted other ranks.
+
+    Control characters a job printed (terminal escape sequences, carriage returns, bells) are shown as
+    \\xNN escapes unless --raw: a job's output cannot rewrite the terminal or hide the prefix of its line.
 
     Each node keeps its own agents' logs (STATE_DIR/logs/JOB); those of other nodes are fetched
     through the scheduler.
@@ -60,7 +66,11 @@ def logs(job_id: str, follow: bool, as_json: bool, **opts: object) -> None:
                     files[name] = files.get(name, "") + text
                 else:
                     prefix = f"[{_who(name, info)}] "
-                    click.echo("".join(prefix + line for line in text.splitlines(keepends=True)), nl=False)
+                    shown = text if raw else printable(text, keep_newlines=True, keep_tabs=True)
+                    # Lines end at newlines only: a carriage return (a progress bar's) stays inside its line.
+                    *lines, last = shown.split("\n")
+                    click.echo("".join(f"{prefix}{line}\n" for line in lines) + (prefix + last if last else ""),
+                               nl=False)
             return got
 
         while True:

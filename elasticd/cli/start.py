@@ -18,7 +18,7 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
 
     Exits with EXIT_DAEMON_ERROR and a one-line message when the log file cannot be opened safely.
     """
-    from elasticd.logfiles import open_log
+    from elasticd.logfiles import OneLineFormatter, open_log
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if logfile is not None:
@@ -28,8 +28,10 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
             click.echo(f"Error: cannot open the log file {logfile} safely ({e.strerror}; a symlink there is "
                        "refused): remove it, or use another --state-dir", err=True)
             sys.exit(EXIT_DAEMON_ERROR)
-    logging.basicConfig(level=level.upper(), handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    formatter = OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in handlers:
+        handler.setFormatter(formatter)
+    logging.basicConfig(level=level.upper(), handlers=handlers, force=True)
 
 
 @click.command("start")

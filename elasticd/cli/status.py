@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from elasticd.cli import client
-from elasticd.cli.text import printable as safe
 from elasticd.core.lifecycle import JOB_ENDED, TOOK_EFFECT
+from elasticd.core.text import printable as safe
 
 
 def job_doc(info: Any) -> dict[str, Any]:

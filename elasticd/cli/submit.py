@@ -130,7 +130,7 @@ def _follow(opts: dict, job_id: str, as_json: bool) -> int:
 
         click.echo(json.dumps(job_doc(info)))
     elif info.error:
-        from elasticd.cli.text import printable
+        from elasticd.core.text import printable
 
         click.echo(f"job {job_id} {info.state}: {printable(info.error.get('message', ''))}", err=True)
         if info.error.get("traceback"):
