@@ -130,6 +130,20 @@ def test_the_json_the_page_polls_grows_and_bad_requests_get_4xx_while_serving_go
         assert answer.startswith(b"HTTP/1.") and answer[9:10] == b"4", (raw[:20], answer)
     with socket.create_connection((host, int(port)), timeout=10):
         pass   # a connection that says nothing and goes
+    # A request line of two words (HTTP/0.9) is answered at once, not after the 10 s read timeout.
+    with socket.create_connection((host, int(port)), timeout=3) as s:
+        s.sendall(b"GET /\r\n")
+        assert s.recv(64).startswith(b"HTTP/1.0 400")
+    # DNS rebinding: a page of another site reaching this port by a name of its own gets nothing.
+    for name, want in (("evil.example", 421), (f"evil.example:{port}", 421), (f"127.0.0.1:{port}", 200),
+                       (f"localhost:{port}", 200), (socket.gethostname(), 200)):
+        c = http.client.HTTPConnection(host, int(port), timeout=10)
+        c.request("GET", "/api/status.json", headers={"Host": name})
+        r = c.getresponse()
+        assert r.status == want, (name, r.status)
+        assert r.getheader("X-Frame-Options") == "DENY" and r.getheader("X-Content-Type-Options") == "nosniff"
+        assert "frame-ancestors 'none'" in r.getheader("Content-Security-Policy", ""), r.getheaders()
+        c.close()
     assert get(url + "/metrics")[0] == 200   # still serving
     assert cli("status", "--state-dir", str(d.state_dir)).code == 0   # and the control plane too
 

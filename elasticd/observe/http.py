@@ -1,6 +1,12 @@
 """The HTTP side: `/metrics` (Prometheus text format), `/` (the status page), `/api/status.json` (what the
 page polls). Read-only: GET and HEAD only; anything else gets 405, unknown paths 404, oversized or
-malformed requests 400 (http.server's own checks), and the server thread outlives any one bad request.
+malformed requests 400 at once (a request line that is not `METHOD PATH HTTP/1.x` included), and the
+server thread outlives any one bad request.
+
+A browser must not be turned against it: a request whose `Host` is a name other than this machine's
+(`localhost`, its host name, or an IP address) gets 421, so a page on another site cannot read it through
+DNS rebinding; responses forbid framing and sniffing, and the status page runs only its own script
+(a Content-Security-Policy with the script's hash).
 
 Served by the standard library's threading HTTP server in a daemon thread; it reads only the Observer's
 published snapshot and Prometheus' thread-safe registry, never the scheduler's state.
@@ -8,9 +14,12 @@ published snapshot and Prometheus' thread-safe registry, never the scheduler's s
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -63,6 +72,36 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _csp(page: bytes) -> str:
+    """The page's policy: its one inline script by hash, nothing from elsewhere, no framing."""
+    text = page.decode()
+    scripts = re.findall(r"<script>(.*?)</script>", text, flags=re.S)
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(s.encode()).digest()).decode()}'" for s in scripts)
+    return (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; connect-src 'self'; "
+            f"img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+def _names() -> set[str]:
+    names = {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+    return {n for n in names if n}
+
+
+def host_allowed(header: str | None, names: set[str]) -> bool:
+    """Whether a request's Host names this machine: absent (HTTP/1.0), an IP address, or one of `names`."""
+    if not header:
+        return True
+    host = header.strip().lower()
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return host.rstrip(".") in names
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -72,6 +111,8 @@ class _Server(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         self.observer = observer
         self.page = page
+        self.csp = _csp(page)
+        self.names = _names()
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[object, float, bytes]] = {}
         super().__init__(addr, _Handler)
@@ -117,7 +158,21 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse
         raise AttributeError(name)
 
+    def parse_request(self) -> bool:
+        # A request line of fewer words (`GET /`, HTTP/0.9) would make http.server wait for headers the
+        # client never sends, holding a thread until the timeout: answered now instead.
+        line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        if len(line.split()) != 3:
+            self.command, self.request_version, self.requestline = None, self.default_request_version, line
+            self.close_connection = True
+            self.send_error(400, "the request line must be METHOD PATH HTTP/1.x")
+            return False
+        return super().parse_request()
+
     def _serve(self, body: bool) -> None:
+        if not host_allowed(self.headers.get("Host"), self.server.names):
+            self.send_error(421, "Host names no address of this server")
+            return
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             data, ctype = self.server.rendered("metrics"), CONTENT_TYPE_LATEST
@@ -132,10 +187,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
         if body:
             self.wfile.write(data)
+
+    def end_headers(self) -> None:
+        # On every response, errors included.
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Content-Security-Policy", self.server.csp)
+        self.send_header("Referrer-Policy", "no-referrer")
+        super().end_headers()
 
     def log_message(self, fmt: str, *args: Any) -> None:
         log.debug("http %s: " + fmt, self.address_string(), *args)
