@@ -200,3 +200,31 @@ def test_a_node_allowed_without_a_role_is_told_how_to_migrate(tmp_path):
         wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join once re-allowed")
     finally:
         c.cleanup()
+
+
+def test_another_owners_error_text_is_hidden_from_a_client_and_from_the_open_http_page(node, tmp_path):
+    """An error message or traceback is user text (paths, data, a secret in an exception): a client sees what
+    failed where in another owner's job, not that text; the owner (here the local admin) and admins do."""
+    laptop = allow(node, tmp_path / "laptop3", "--name", "laptop3")
+    try:
+        r = cli("submit", FAKE_SCRIPT, "--workers", "1", "--env", "FAKE_MODE=fail", "--state-dir", str(node.state_dir))
+        assert r.code == 0, r.err
+        job = r.out.strip()
+        wait_until(lambda: status(node.state_dir, job)["jobs"][0]["state"] == "failed", 60, what="the failure")
+        mine = status(node.state_dir, job)["jobs"][0]["error"]
+        theirs = laptop.ask(p.Status(job_id=job)).jobs[0].error
+        listed = next(j for j in laptop.ask(p.Status()).jobs if j.job_id == job).error
+        assert "fake" in mine["message"] and "traceback" in mine, mine
+        for seen in (theirs, listed):
+            assert seen["cause"] == mine["cause"] and "traceback" not in seen, seen
+            assert seen["message"].startswith("hidden: the error of another owner's job"), seen
+    finally:
+        laptop.close()
+    # The status page's rows (served without authentication) carry the cause and where to look, no text.
+    from elasticd.observe.snapshot import job_row
+    from elasticd.scheduler.state import SchedulerState
+
+    s = SchedulerState([], now=0.0)
+    job, _ = s.submit(p.Submit(script="/x.py", workers=1), 0.0)
+    job.error = {"cause": "user", "message": "ValueError: password=hunter2", "traceback": "..."}
+    assert job_row(job)["error"] == f"failed (user): elasticd status {job.job_id}"

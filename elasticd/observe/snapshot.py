@@ -53,7 +53,10 @@ def job_row(job: Job) -> dict[str, Any]:
             "snapshot": dict(job.snapshot) if job.snapshot else None,
             "agents": [{"node": a.get("node"), "alive": a.get("alive"), "rss": a.get("rss"), "cpu": a.get("cpu")}
                        for agents in job.agents.values() for a in agents] if active else [],
-            "error": (job.error or {}).get("message")}
+            # Not the error's text: the page and /api/status.json are unauthenticated, and an error message or
+            # traceback is its owner's (`elasticd status JOB` shows it to the owner and admins).
+            "error": f"failed ({(job.error or {}).get('cause') or 'error'}): elasticd status {job.job_id}"
+                     if job.error else None}
 
 
 class History:

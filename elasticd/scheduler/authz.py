@@ -67,6 +67,15 @@ def sees_all_jobs(who: Principal) -> bool:
     return who.admin or who.role == keys.NODE
 
 
+def redacted(error: dict[str, p.Scalar] | None) -> dict[str, p.Scalar] | None:
+    """Another owner's job's error as a client sees it: what failed where, not its message or traceback
+    (user text: paths, data, secrets a script put in an exception)."""
+    if error is None:
+        return None
+    kept = {k: v for k, v in error.items() if k in ("cause", "rank", "node", "exitcode")}
+    return {**kept, "message": "hidden: the error of another owner's job (its owner and admins see it)"}
+
+
 def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str | None:
     """Why `who` may not send `msg` (None: it may). `job_owner` is the owner of the job `msg` names,
     when it names one that exists."""

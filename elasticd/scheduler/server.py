@@ -258,9 +258,13 @@ class SchedulerServer:
             job, actions = self.state.submit(msg, now, owner=who.owner)
             return p.Submitted(job_id=job.job_id), actions
         if isinstance(msg, p.Status):
-            if msg.job_id is not None:
-                return self.state.status(msg.job_id, now), []
-            return self._status_page(msg.after, now), []
+            reply = self.state.status(msg.job_id, now) if msg.job_id is not None else self._status_page(msg.after, now)
+            if not authz.sees_all_jobs(who):
+                for info in reply.jobs:
+                    job = self.state.jobs.get(info.job_id)
+                    if job is not None and job.spec.owner != who.owner:
+                        info.error = authz.redacted(info.error)
+            return reply, []
         if isinstance(msg, p.Events):
             return self.state.events(msg.job_id, msg.after, None if authz.sees_all_jobs(who) else who.owner), []
         if isinstance(msg, p.Stop):
