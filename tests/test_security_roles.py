@@ -114,6 +114,8 @@ def test_only_the_owner_or_an_admin_stops_or_scales_a_job(node, tmp_path):
         assert forbidden(laptop.ask(p.Stop(job_id=local_job)), "only its own jobs")
         assert forbidden(laptop.ask(p.Scale(job_id=local_job, devices=1)), "only its own jobs")
         assert forbidden(laptop.ask(p.Logs(job_id=local_job)), "its own jobs")
+        # A job not in the table (purged, or never submitted) is nobody's: its logs are not a client's to read.
+        assert forbidden(laptop.ask(p.Logs(job_id="j999")), "its own jobs", "no job j999")
         # No alias of another owner's job: an id naming no job must not reach its log folder either.
         for alias in (f".{local_job}", f"..{local_job}", f"{local_job}.", f"{local_job}/"):
             reply = laptop.ask(p.Logs(job_id=alias))

@@ -98,8 +98,10 @@ def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str |
     if isinstance(msg, _ANYONE):
         # A node already hosts jobs' agents and their logs, and `elasticd logs` on it gathers a job's logs
         # from every node: it may read any job's. A client key reads its own jobs' only.
-        if isinstance(msg, p.Logs) and who.role == keys.CLIENT and job_owner is not None and job_owner != who.owner:
-            return f"{who.describe()} may read only the logs of its own jobs"
+        # A job no longer in the table (purged) is nobody's: its logs, still on a node, are an admin's to read.
+        if isinstance(msg, p.Logs) and who.role == keys.CLIENT and job_owner != who.owner:
+            return f"{who.describe()} may read only the logs of its own jobs" + \
+                (f" (no job {msg.job_id} in the table)" if job_owner is None else "")
         if isinstance(msg, p.Events) and who.role == keys.CLIENT and job_owner is not None and job_owner != who.owner:
             return f"{who.describe()} may read only the events of its own jobs"
         return None
