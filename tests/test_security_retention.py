@@ -4,14 +4,17 @@ table of 4000 jobs is listed in pages that each fit a frame, ended jobs are purg
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from cluster import Cluster, status
 from util import cli, wait_until
 
+from elasticd.daemon.processes import sweep_logs
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.store import JobStore
+from elasticd.statedir import StateDir
 
 FAKE_SCRIPT = str(Path(__file__).resolve().parent / "jobs" / "fake_agent.py")
 N_JOBS = 4000
@@ -102,3 +105,20 @@ def test_an_ended_job_s_env_does_not_stay_in_the_job_table(cluster, tmp_path):
 def _wal(sd: Path) -> bytes:
     wal = sd / "scheduler.db-wal"
     return wal.read_bytes() if wal.exists() else b""
+
+
+def test_a_purged_jobs_logs_and_error_reports_go_after_the_retention_and_a_running_jobs_stay(tmp_path):
+    """A node deletes the output of jobs that ended longer than --job-retention ago (the scheduler has purged
+    them: nobody may read it any more), never that of a job still running here, however old its files."""
+    sd = StateDir(tmp_path / "node")
+    now = time.time()
+    for job, age in (("j1", 8 * 86400), ("j2", 3600), ("j3", 8 * 86400)):
+        for kind in ("logs", "errors"):
+            folder = sd.root / kind / job
+            folder.mkdir(parents=True)
+            (folder / "rank0.log").write_text("output\n")
+            for path in (folder / "rank0.log", folder):
+                os.utime(path, (now - age, now - age))
+    gone = sweep_logs(sd, now, 7 * 86400, live={"j3"})
+    assert sorted(gone) == ["errors/j1", "logs/j1"]
+    assert sorted(p.name for p in (sd.root / "logs").iterdir()) == ["j2", "j3"]

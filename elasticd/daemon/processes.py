@@ -86,9 +86,11 @@ class AgentProcesses:
     """This node's agents, by job. Not thread-safe: the daemon's loop owns it."""
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
-                 agent_command: list[str] | None = None, spares: int | None = 0, pin_cpus: bool = False) -> None:
+                 agent_command: list[str] | None = None, spares: int | None = 0, pin_cpus: bool = False,
+                 log_keep_s: float | None = None) -> None:
         """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap.
-        `pin_cpus`: each CPU device's agent is bound to its own block of the machine's cores."""
+        `pin_cpus`: each CPU device's agent is bound to its own block of the machine's cores. `log_keep_s`:
+        a job's logs and error reports untouched this long go (the scheduler's --job-retention; None: kept)."""
         self.sd = sd
         self.core = Supervision(devices)
         self.control_endpoint = control_endpoint
@@ -98,6 +100,8 @@ class AgentProcesses:
         self.agent_command = agent_command or default_agent_command()
         self._procs: dict[int, _Process] = {}   # by pid, until reaped
         self._next_sample = 0.0
+        self._log_keep_s = log_keep_s
+        self._next_log_sweep = 0.0
         self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
@@ -147,7 +151,11 @@ class AgentProcesses:
     # --- watching --------------------------------------------------------------------------------
 
     def poll(self, now: float) -> bool:
-        """Reap exited agents, escalate stops, sample usage. True when a job's state changed."""
+        """Reap exited agents, escalate stops, sample usage, drop old logs. True when a job's state changed."""
+        if self._log_keep_s is not None and now >= self._next_log_sweep:
+            self._next_log_sweep = now + LOG_SWEEP_EVERY_S
+            live = {job_id for job_id, job in self.core.jobs.items() if job.state != "ended"}
+            sweep_logs(self.sd, now, self._log_keep_s, live)
         self.spares.want(len(self.core.devices) - len(self.core.busy_devices()))
         self.spares.replenish()
         sample = now >= self._next_sample
@@ -308,6 +316,34 @@ class AgentProcesses:
 # A crashed daemon's periodic snapshots are kept for the scheduler to restart their jobs from; a job that
 # is not restarted here within this long is not coming back, and tmpfs would hold its files until a reboot.
 SNAPSHOT_KEEP_S = 24 * 3600
+
+
+LOG_SWEEP_EVERY_S = 3600.0
+
+
+def sweep_logs(sd: StateDir, now: float, keep_s: float, live: set[str]) -> list[str]:
+    """Delete the log and error folders of jobs not running here whose newest file is older than `keep_s`:
+    by then the scheduler has purged the job, and its output is nobody's to read. Returns their names."""
+    gone = []
+    for kind in (sd.root / "logs", sd.root / "errors"):
+        try:
+            folders = list(kind.iterdir())
+        except OSError:
+            continue
+        for folder in folders:
+            if folder.name in live or folder.is_symlink() or not folder.is_dir():
+                continue
+            try:
+                newest = max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.iterdir())])
+            except OSError:
+                continue
+            if now - newest > keep_s:
+                shutil.rmtree(folder, ignore_errors=True)
+                gone.append(f"{kind.name}/{folder.name}")
+    if gone:
+        log.info("dropped the logs of %d job(s) ended more than %.0f s ago: %s", len(gone), keep_s,
+                 ", ".join(gone[:10]))
+    return gone
 
 
 def sweep_snapshots(root: Path, now: float) -> None:

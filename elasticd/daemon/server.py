@@ -154,8 +154,9 @@ class NodeDaemon:
         except BaseException:
             self._close()
             raise
+        keep = (cfg.limits or Limits()).job_retention_s   # a job's logs go when the scheduler purges the job
         self.sup = AgentProcesses(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
-                              spares=cfg.spares, pin_cpus=cfg.pin_cpus)
+                                  spares=cfg.spares, pin_cpus=cfg.pin_cpus, log_keep_s=keep)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
