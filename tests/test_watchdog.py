@@ -69,6 +69,15 @@ def test_the_agent_the_others_wait_for_is_fenced_not_the_waiting_ones() -> None:
     assert dog.verdict(10.5)[0].reason == "stopped, and 2 other agent(s) waited 9s in a collective for it"
 
 
+def test_a_process_stopped_inside_the_collective_the_others_wait_in_is_the_one_fenced() -> None:
+    """Its beat says it is inside the collective too, so without its state every agent would look hung."""
+    dog = Watchdog(StuckAfter(5.0))
+    dog.observe(0, 9.0, False, waiting(2.0))
+    dog.observe(1, 9.0, True, waiting(1.0))   # SIGSTOPped inside the flush; seen stopped only just now
+    [fence] = dog.verdict(9.0)
+    assert fence.key == 1 and fence.reason == "stopped, and 1 other agent(s) waited 7s in a collective for it"
+
+
 def test_every_agent_inside_a_collective_for_too_long_is_fenced() -> None:
     dog = Watchdog(StuckAfter(5.0))
     for k in range(3):

@@ -217,13 +217,20 @@ class Watchdog:
                    if s.beat is not None and s.beat.in_collective and now - s.beat.since > bound}
         if not waiting:
             return []
+        # A stopped process is the one the others wait for, whatever its beat says (it may have been stopped
+        # inside the collective they wait in): it alone is fenced, though it has not been stopped as long.
+        halted = [k for k, s in self._seen.items() if s.stopped_since is not None]
+        if halted:
+            others = {k: w for k, w in waiting.items() if k not in halted} or waiting
+            held = max(others.values())
+            return [Fence(k, f"stopped, and {len(others)} other agent(s) waited {held:.0f}s in a collective for it",
+                          held) for k in halted]
         if len(waiting) == len(self._seen):
             longest = max(waiting.values())
             return [Fence(k, f"inside one collective for {w:.0f}s, as every other agent (longest {longest:.0f}s)",
                           longest) for k, w in waiting.items()]
-        laggards = {k: s for k, s in self._seen.items()
-                    if k not in waiting and not (s.beat is not None and s.beat.in_collective)}
+        laggards = [k for k, s in self._seen.items()
+                    if k not in waiting and not (s.beat is not None and s.beat.in_collective)]
         held = max(waiting.values())
-        waited = f"{len(waiting)} other agent(s) waited {held:.0f}s in a collective"
-        return [Fence(k, f"stopped, and {waited} for it" if s.stopped_since is not None
-                      else f"{waited} it did not join", held) for k, s in laggards.items()]
+        return [Fence(k, f"{len(waiting)} other agent(s) waited {held:.0f}s in a collective it did not join", held)
+                for k in laggards]
