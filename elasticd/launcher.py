@@ -40,7 +40,15 @@ from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.core.timing import clean_timing, merge_timing
-from elasticd.core.watchdog import WATCH_EVERY_S, Fence, StuckAfter, Watchdog, beat_path, read_beat
+from elasticd.core.watchdog import (
+    WATCH_EVERY_S,
+    Fence,
+    StuckAfter,
+    Watchdog,
+    beat_path,
+    is_stopped,
+    read_beat,
+)
 from elasticd.forked import ForkedProcess, ForkServer, supported
 from elasticd.ports import free_port
 from elasticd.protocol.lines import LineReader, encode_line
@@ -506,7 +514,7 @@ class LocalRun:
         self._watchdog.retain(live)
         for pid, agent in live.items():
             try:
-                stopped = psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+                stopped = is_stopped(psutil.Process(pid).status())
             except psutil.Error:
                 continue   # exited: the loop sees its code
             self._watchdog.observe(pid, now, stopped, read_beat(beat_path(agent.error_file)))

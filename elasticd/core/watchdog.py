@@ -31,6 +31,8 @@ import time
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
+import psutil
+
 FIRST_BOUND_S = 900.0   # until WARM_STEPS steps completed: compilation, cold caches, first loads
 FLOOR_S = 300.0         # never less, afterwards: an evaluation a few hundred steps apart
 FACTOR = 20.0           # times the slowest step lately
@@ -42,6 +44,11 @@ CAUSE_STUCK = "stuck"   # an agent's failure cause once its supervisor fenced it
 
 _FORMAT = struct.Struct("<qdqd")   # in_collective, since (monotonic), last step completed, completed at
 IDLE, IN_COLLECTIVE = 0, 1
+
+
+def is_stopped(status: str) -> bool:
+    """Whether a process state (psutil's `status()`) is a stop: SIGSTOP or a tracer's."""
+    return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 def beat_path(error_file: str) -> str:

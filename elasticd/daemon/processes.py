@@ -32,7 +32,7 @@ from elasticd import protocol as p
 from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
-from elasticd.core.watchdog import beat_path, read_beat
+from elasticd.core.watchdog import Beat, beat_path, is_stopped, read_beat
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
@@ -167,17 +167,15 @@ class AgentProcesses:
                 continue
             code = proc.popen.poll()
             if code is not None:
-                beat = read_beat(beat_path(str(proc.error_path)))   # its last word on the steps it completed
-                self.core.watched(agent.pid, now, False, beat and beat.on_clock(now, time.monotonic()))
+                self.core.watched(agent.pid, now, False, _beat(proc, now))   # its last word on the steps it completed
                 del self._procs[agent.pid]
                 self._execute_here(self.core.exited(agent.pid, code, _error_of(proc, agent.rank, code), now), now)
             elif sample and proc.ps is not None:
                 try:
                     with proc.ps.oneshot():
                         self.core.sampled(agent.pid, proc.ps.memory_info().rss, proc.ps.cpu_percent(None))
-                        stopped = proc.ps.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-                    beat = read_beat(beat_path(str(proc.error_path)))   # on CLOCK_MONOTONIC; `now` is wall-clock
-                    self.core.watched(agent.pid, now, stopped, beat and beat.on_clock(now, time.monotonic()))
+                        stopped = is_stopped(proc.ps.status())
+                    self.core.watched(agent.pid, now, stopped, _beat(proc, now))
                 except psutil.Error:
                     pass
         self._execute_here(self.core.tick(now), now)
@@ -368,6 +366,12 @@ def sweep_snapshots(root: Path, now: float) -> None:
             continue
         for epoch in saved_parts.epochs(job):
             shutil.rmtree(saved_parts.epoch_dir(job, epoch), ignore_errors=True)
+
+
+def _beat(proc: _Process, now: float) -> Beat | None:
+    """The agent's beat file on the daemon's wall clock (`now`); the agent writes CLOCK_MONOTONIC."""
+    beat = read_beat(beat_path(str(proc.error_path)))
+    return beat and beat.on_clock(now, time.monotonic())
 
 
 def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:

@@ -70,7 +70,7 @@ class NodeJob:
     before_go: dict[int, Agent] | None = None
     restored: bool = False              # launched from a snapshot (restore_epoch) and a step completed since
     watchdog: Watchdog = field(init=False)   # its agents' beats (elasticd/core/watchdog.py), by pid
-    fenced: dict[int, str] = field(default_factory=dict)   # pid -> why the watchdog killed it
+    fenced: set[int] = field(default_factory=set)   # pids the watchdog killed (why: in `error`)
 
     def __post_init__(self) -> None:
         self.watchdog = Watchdog(StuckAfter.parse(self.launch.stuck_after))

@@ -324,7 +324,7 @@ class Supervision:
         out: list[Action] = []
         for fence in job.watchdog.verdict(now):
             agent = watched[fence.key]   # type: ignore[index]
-            job.fenced[agent.pid] = fence.reason
+            job.fenced.add(agent.pid)
             message = f"agent {agent.rank} was stuck ({fence.reason}, --stuck-after {job.watchdog.describe()}) " \
                       f"and was fenced"
             log.warning("job %s: %s", job.job_id, message)
