@@ -54,14 +54,15 @@ class Node:
                 queue += self.core.spawn_failed(a, "no such file", now)
             else:
                 pid = next(self._pids)
-                self.core.started(a, pid)
+                self.core.started(a, pid, token_of(pid))
                 self.pid[a.job_id, a.rank] = pid
         return rest
 
     def hello(self, job: str, rank: int) -> bytes:
         ident = f"{job}/{rank}/{self.pid[job, rank]}".encode()
-        err, actions = self.core.agent_message(ident, p.AgentHello(job_id=job, rank=rank,
-                                                                   info=hello_info(self.pid[job, rank])), T0)
+        pid = self.pid[job, rank]
+        err, actions = self.core.agent_message(ident, p.AgentHello(job_id=job, rank=rank, info=hello_info(pid),
+                                                                   token=token_of(pid)), T0)
         assert err is None and actions == []
         return ident
 
@@ -164,12 +165,19 @@ def test_a_failing_agent_reports_its_error_and_its_siblings_are_terminated_at_on
     assert not node.report("j").ok
 
 
+def token_of(pid: int) -> str:
+    return f"token-of-{pid}"
+
+
 def test_agent_messages_are_checked_against_the_agent_that_said_hello():
     node = Node()
     node.start(node.core.launch(launch_msg("j"), port=1))
     msg = node.core.agent_message
     assert "no agent 5" in msg(b"x", p.AgentHello(job_id="j", rank=5, info=hello_info(1)), T0)[0]
     assert "is pid 100, not 7" in msg(b"x", p.AgentHello(job_id="j", rank=0, info=hello_info(7)), T0)[0]
+    # Another job's process knows the rank and the pid (/proc shows them), not the agent's token.
+    for token in ("", "0" * 32, token_of(101)):
+        assert "wrong token" in msg(b"x", p.AgentHello(job_id="j", rank=0, info=hello_info(100), token=token), T0)[0]
     assert msg(b"x", p.AgentStep(job_id="j", rank=0, step=1), T0)[0] == "say agent_hello first"
     ident = node.hello("j", 0)
     assert "this connection is agent 0" in msg(ident, p.AgentStep(job_id="j", rank=1, step=1), T0)[0]

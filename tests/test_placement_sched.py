@@ -240,9 +240,9 @@ def test_daemon_passes_blocks_to_agents_and_numbers_their_timings():
     spawns = sup.launch(launch, 5)
     assert [s.blocks for s in spawns if isinstance(s, Spawn)] == [[6, 2], [6, 2]]
     for i, s in enumerate(spawns):
-        sup.started(s, 100 + i)
+        sup.started(s, 100 + i, "t")
         assert sup.agent_message(b"id%d" % i, p.AgentHello(job_id="j1", rank=i, info=p.AgentInfo(
-            world=2, hosted=[0], pid=100 + i, host="h", device="cpu")), 0.0)[0] is None
+            world=2, hosted=[0], pid=100 + i, host="h", device="cpu"), token="t"), 0.0)[0] is None
     one = {"hosted": 6, "compute_s": 0.06, "flush_s": 0.001, "steps": 1}
     sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=3, timing=one), 1.0)
     sup.agent_message(b"id0", p.AgentStep(job_id="j1", rank=0, step=4, timing={**one, "compute_s": 0.09}), 1.1)

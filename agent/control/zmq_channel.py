@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ import time
 import zmq
 
 from elasticd import protocol as p
+from elasticd.core.env_names import AGENT_TOKEN_VAR
 from elasticd.core.timing import merge_timing
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,8 @@ CLOSE_LINGER_MS = 2000   # long enough to deliver done/failed to a live daemon, 
 class ZmqControl:
     def __init__(self, endpoint: str, job_id: str, physical_rank: int, step_every_s: float = 0.1) -> None:
         self.job_id = job_id
+        # Taken out of the environment: the job's own child processes have no business with it.
+        self._token = os.environ.pop(AGENT_TOKEN_VAR, "")
         self.rank = physical_rank
         self.step_every_s = step_every_s
         self.dropped = 0
@@ -57,7 +61,7 @@ class ZmqControl:
 
     def hello(self, info: p.AgentInfo) -> None:
         with self._lock:
-            self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info))
+            self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info, token=self._token))
 
     def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
         msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_metrics(metrics),

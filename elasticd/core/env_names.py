@@ -14,3 +14,8 @@ RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
 # Test-only switch: "gloo" makes the group of CUDA agents plain gloo (which carries CUDA tensors too),
 # so that two agents can share one GPU, which NCCL refuses. Slower; never for real runs.
 DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"
+
+# The secret a node daemon gives each agent process it starts, proof on the agent socket that a message
+# comes from that agent (elasticd/daemon/supervision.py). The agent takes it out of its environment at
+# start, so the job's own children do not inherit it.
+AGENT_TOKEN_VAR = "ELASTICD_AGENT_TOKEN"

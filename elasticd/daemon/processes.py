@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from elasticd import protocol as p
 from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
+from elasticd.core.env_names import AGENT_TOKEN_VAR
 from elasticd.core.watchdog import Beat, beat_path, is_stopped, read_beat
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
@@ -243,7 +245,7 @@ class AgentProcesses:
                 if a.job_id in given_up:
                     continue
                 try:
-                    self.core.started(a, self._start_agent(a))
+                    self.core.started(a, *self._start_agent(a))
                 except (OSError, ValueError) as e:
                     given_up.add(a.job_id)
                     queue += self.core.spawn_failed(a, str(e), now)
@@ -263,8 +265,8 @@ class AgentProcesses:
         for identity, msg in self._execute(actions, now):
             log.error("internal: %r for agent %r dropped (nobody sends it)", msg.op, identity)
 
-    def _start_agent(self, spawn: Spawn) -> int:
-        """Spawn one agent process; its pid.
+    def _start_agent(self, spawn: Spawn) -> tuple[int, str]:
+        """Spawn one agent process; its pid and the token it proves itself with on the agent socket.
 
         Raises:
             OSError, ValueError: it could not be started.
@@ -286,7 +288,8 @@ class AgentProcesses:
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
                           snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks))
         log_path = log_dir / f"rank{spawn.rank}.log"
-        popen = self._spawn(cfg, msg, log_path)
+        token = secrets.token_hex(16)
+        popen = self._spawn(cfg, msg, log_path, token)
         ps: psutil.Process | None = None
         try:
             ps = psutil.Process(popen.pid)
@@ -294,10 +297,11 @@ class AgentProcesses:
         except psutil.Error:
             pass
         self._procs[popen.pid] = _Process(popen, ps, log_path, err_path)
-        return popen.pid
+        return popen.pid, token
 
-    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path) -> subprocess.Popen | ForkedProcess:
-        env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id})
+    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path, token: str
+               ) -> subprocess.Popen | ForkedProcess:
+        env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id, AGENT_TOKEN_VAR: token})
         cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else str(self.sd.root)
         with open(log_path, "ab") as out:
             out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"

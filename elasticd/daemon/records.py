@@ -21,6 +21,7 @@ class Agent:
     rank: int
     device: p.DeviceInfo
     pid: int
+    token: str = field(default="", repr=False)   # the secret its hello must carry (AgentHello.token)
     identity: bytes | None = None       # control-socket identity once it said hello
     exitcode: int | None = None
     rss: int = 0

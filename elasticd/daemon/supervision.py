@@ -21,6 +21,7 @@ job each resize command or event is about.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -128,10 +129,10 @@ class Supervision:
 
     # --- what the shell saw of the processes -----------------------------------------------------
 
-    def started(self, spawn: Spawn, pid: int) -> None:
-        """The process of `spawn` runs as `pid`."""
+    def started(self, spawn: Spawn, pid: int, token: str) -> None:
+        """The process of `spawn` runs as `pid`, holding `token` (its proof on the agent socket)."""
         job = self.jobs[spawn.job_id]
-        agent = Agent(spawn.rank, self.devices[spawn.device_id], pid, standby=spawn.standby)
+        agent = Agent(spawn.rank, self.devices[spawn.device_id], pid, token=token, standby=spawn.standby)
         job.agents[spawn.rank] = agent
         self._by_pid[pid] = (job.job_id, agent)
 
@@ -217,6 +218,11 @@ class Supervision:
                 return f"no agent {msg.rank} of job {msg.job_id} runs on this node", []
             if msg.info.pid != agent.pid:
                 return f"agent {msg.rank} of job {msg.job_id} is pid {agent.pid}, not {msg.info.pid}", []
+            # Any process that can open the agent socket can name a job, a rank and a pid (/proc shows them);
+            # only the agent holds the token it was started with.
+            if not agent.token or not hmac.compare_digest(msg.token.encode(), agent.token.encode()):
+                log.warning("job %s: a hello as agent %d without its token refused", msg.job_id, msg.rank)
+                return f"not agent {msg.rank} of job {msg.job_id}: wrong token", []
             agent.identity = identity
             self._by_identity[identity] = (msg.job_id, agent)
             log.info("job %s: agent %d up (pid %d)%s", msg.job_id, msg.rank, agent.pid,

@@ -75,10 +75,15 @@ class RefusedInfo:
 
 @message
 class AgentHello(Message):
+    """An agent's first word on the daemon's agent socket. `token`: the secret the daemon gave this agent
+    process alone (ELASTICD_AGENT_TOKEN); without it no message binds to the agent (a job's process
+    cannot speak for another job's agent, elasticd/daemon/supervision.py)."""
+
     op: ClassVar[str] = "agent_hello"
     job_id: str
     rank: int
     info: AgentInfo
+    token: str = ""
 
 
 @message

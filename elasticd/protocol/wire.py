@@ -25,7 +25,7 @@ import msgpack
 from elasticd.core.errors import ControlPlaneError
 from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
-PROTOCOL_VERSION = 4   # 4: jobs carry --stuck-after (submit, launch_job, prepare_resize)
+PROTOCOL_VERSION = 5   # 5: jobs carry the user they run as; an agent proves itself with its token
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
 # Error codes (the ``code`` of an `Error` reply).
