@@ -80,9 +80,38 @@ def is_job(job: object) -> bool:
 
 def _assignment(line: bytes) -> dict:
     job = json.loads(line)
-    if not (is_job(job) and isinstance(job.get("log"), str)):
+    if not (is_job(job) and isinstance(job.get("log"), str) and _is_user(job.get("user"))):
         raise ValueError(f"malformed assignment: {line[:200]!r}")
     return job
+
+
+def _is_user(user: object) -> bool:
+    """None (stay who we are) or {"uid": int, "gid": int, "groups": [int, ...]}."""
+    return user is None or (isinstance(user, dict) and isinstance(user.get("uid"), int)
+                            and isinstance(user.get("gid"), int) and isinstance(user.get("groups"), list)
+                            and all(isinstance(g, int) for g in user["groups"]))
+
+
+def _drop_to(user: dict) -> None:
+    """Become the job's user for good (the daemon runs as root; the job must not), as Popen(user=...) does
+    for an agent started cold. Changing credentials clears the parent-death signal and makes the process
+    undumpable: both are set again, the signal only while the parent that started us still lives."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sig = ctypes.c_int(0)
+    libc.prctl(2, ctypes.byref(sig))   # PR_GET_PDEATHSIG
+    parent = os.getppid()
+    os.setgroups(user["groups"])
+    os.setresgid(user["gid"], user["gid"], user["gid"])
+    os.setresuid(user["uid"], user["uid"], user["uid"])
+    if os.getresuid() != (user["uid"],) * 3:
+        raise SystemExit(f"elasticd spare: could not become uid {user['uid']}")
+    libc.prctl(4, 1)   # PR_SET_DUMPABLE: its own /proc files, as any process of this user
+    if sig.value:
+        libc.prctl(1, sig.value)   # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(70)
 
 
 def _become(job: dict) -> None:
@@ -95,6 +124,8 @@ def _become(job: dict) -> None:
         os.dup2(src, dst)
     os.close(out)
     os.close(null)
+    if job.get("user") is not None:
+        _drop_to(job["user"])
     take_on(job)
 
 

@@ -30,6 +30,7 @@ import zmq
 import zmq.auth
 
 from elasticd.core.errors import UsageError
+from elasticd.protocol.limits import bad_user_name
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class KeyGrant:
     role: str
     node_id: str | None = None
     legacy: bool = False      # written before roles existed: read as a client
+    run_as: str | None = None  # the Unix user its jobs run as on nodes that run jobs as other users
 
 
 def keys_dir(state_dir: Path) -> Path:
@@ -157,7 +159,7 @@ def parse_public_key(value: str | os.PathLike[str] | bytes) -> bytes:
 
 
 def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
-              node_id: str | None = None) -> Path:
+              node_id: str | None = None, run_as: str | None = None) -> Path:
     """Put a public key on the allow-list of this state dir with its role.
 
     Raises:
@@ -172,10 +174,13 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
         raise BadKeyError("a node key needs --node-id (the one node it may speak for); other roles take none")
     if node_id is not None and not _NODE_ID.match(node_id):
         raise BadKeyError(f"node id must be 1-128 of [A-Za-z0-9_.:-], got {node_id!r}")
+    if run_as is not None and (role == NODE or bad_user_name(run_as)):
+        raise BadKeyError(f"--run-as {run_as!r}: " + ("a node key submits no jobs of its own" if role == NODE
+                                                     else str(bad_user_name(run_as))))
     ad = allowed_dir(state_dir)
     _private_dir(ad)
     target = ad / f"{name}.key"
-    want = KeyGrant(name, role, node_id)
+    want = KeyGrant(name, role, node_id, run_as=run_as)
     try:
         current = _read_grant(target)
     except BadKeyError as e:   # something we did not write: replaced below (os.replace swaps a link itself)
@@ -184,7 +189,8 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
     if current is not None and current[0] == public and current[1] == want:
         return target
     tmp = ad / f".{name}.key.tmp"
-    meta = f'    role = "{role}"\n' + (f'    node-id = "{node_id}"\n' if node_id else "")
+    meta = (f'    role = "{role}"\n' + (f'    node-id = "{node_id}"\n' if node_id else "")
+            + (f'    run-as = "{run_as}"\n' if run_as else ""))
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -193,7 +199,7 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
     return target
 
 
-_FIELD = re.compile(r'^\s*(public-key|role|node-id)\s*=\s*"([^"]*)"\s*$', re.M)
+_FIELD = re.compile(r'^\s*(public-key|role|node-id|run-as)\s*=\s*"([^"]*)"\s*$', re.M)
 
 
 def trusted_file(st: os.stat_result) -> str | None:
@@ -247,7 +253,10 @@ def _read_grant(path: Path) -> tuple[bytes, KeyGrant] | None:
     node_id = fields.get("node-id")
     if role not in ROLES or (role == NODE) != bool(node_id):
         raise BadKeyError(f"{path}: role {role!r} with node id {node_id!r} is not a valid grant")
-    return public, KeyGrant(name, role, node_id if role == NODE else None)
+    run_as = fields.get("run-as") or None
+    if run_as is not None and (role == NODE or bad_user_name(run_as)):
+        raise BadKeyError(f"{path}: run-as {run_as!r} is not a valid grant for a {role} key")
+    return public, KeyGrant(name, role, node_id if role == NODE else None, run_as=run_as)
 
 
 def allowed_grants(state_dir: Path) -> dict[bytes, KeyGrant]:

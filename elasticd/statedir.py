@@ -2,15 +2,18 @@
 
     STATE_DIR/                 mode 0700
       daemon.sock              the local daemon's CLI socket (IPC, 0600)
-      agents.sock              the local daemon's agent socket (IPC, 0600)
       scheduler.sock           a standalone scheduler's local socket (IPC, 0600)
       daemon.json              written once the daemon serves: pid, node id, endpoints, public key
       scheduler.json           the same for a standalone scheduler
       scheduler.db             the island scheduler's job table (SQLite)
       keys/                    CURVE identity and allow-list (see elasticd.keys)
       logs/<job>/rank<p>.log   stdout+stderr of each local agent
-      errors/<job>/rank<p>.json  a failing agent's error report
-      snapshots/               only when the host has no tmpfs at /dev/shm (see `snapshot_root`)
+
+    AGENT_ROOT/                the agents' area, outside the state dir (`StateDir.agent_root`): 0700, or
+                               0711 when the daemon runs as root (jobs run as other users)
+      agents.sock              the local daemon's agent socket (IPC; 0600, or 0666 with per-agent tokens)
+      <job>/                   owned by the user the job runs as: its resize and periodic snapshots,
+                               each agent's error report (rank<p>.json) and beat file (.beat)
 
 The state dir trusts no one but its user (sshd's StrictModes, gpg's "unsafe ownership"): a daemon
 refuses to start when the dir is owned by another user or writable by group or others, or when a
@@ -26,6 +29,7 @@ import json
 import os
 import socket
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +112,7 @@ class StateDir:
 
     @property
     def agents_sock(self) -> Path:
-        return self.root / "agents.sock"
+        return self.agent_root / "agents.sock"
 
     @property
     def scheduler_sock(self) -> Path:
@@ -133,21 +137,20 @@ class StateDir:
     def log_dir(self, job_id: str) -> Path:
         return self.root / "logs" / safe_name(job_id)
 
-    def error_dir(self, job_id: str) -> Path:
-        return self.root / "errors" / safe_name(job_id)
-
     @property
-    def snapshot_root(self) -> Path:
-        """Where this daemon's agents keep resize snapshots (agent.fallback): tmpfs, i.e. host memory, so a
-        resize never waits on a disk. One directory per state dir, so two daemons on a host stay apart."""
+    def agent_root(self) -> Path:
+        """The agents' area: what this daemon's agents reach, kept outside the state dir so that agents
+        running as another user reach it and nothing else (elasticd/daemon/job_user.py). On tmpfs, i.e.
+        host memory, so that a resize never waits on a disk for its snapshots (agent.fallback). One per
+        state dir, so two daemons on a host stay apart."""
         shm = Path("/dev/shm")
-        if shm.is_dir() and os.access(shm, os.W_OK):
-            tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
-            return shm / f"elasticd-{os.getuid()}-{tag}"
-        return self.root / "snapshots"
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
+        return base / f"elasticd-{os.getuid()}-{tag}"
 
-    def snapshot_dir(self, job_id: str) -> Path:
-        return self.snapshot_root / safe_name(job_id)
+    def job_dir(self, job_id: str) -> Path:
+        """A job's directory in the agents' area: its snapshots, error reports and beat files."""
+        return self.agent_root / safe_name(job_id)
 
 
 def default_node_id(sd: StateDir) -> str:

@@ -94,21 +94,23 @@ def dealer(ctx: zmq.Context, *, immediate: bool = True) -> zmq.Socket:
     return sock
 
 
-def bind_ipc(sock: zmq.Socket, path: Path) -> str:
+def bind_ipc(sock: zmq.Socket, path: Path, shared: bool = False) -> str:
     """Bind a Unix socket readable and writable by the owner only.
 
     The directory is made 0700 first so there is no window in which another user could connect
-    between bind() and chmod().
+    between bind() and chmod(). `shared`: a socket any local user may connect to (mode 0666) in a
+    directory its caller prepared; what it serves must then check who speaks (the agent socket's tokens).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
+    if not shared:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
     ep = ipc_endpoint(path)
     try:
         sock.bind(ep)
     except zmq.ZMQError as e:
         raise TransportError(f"cannot bind {ep}: {e}") from e
-    os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+    os.chmod(path, 0o666 if shared else stat.S_IRUSR | stat.S_IWUSR)
     return ep
 
 

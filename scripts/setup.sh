@@ -27,3 +27,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${ELASTICD_NO_CHROMIUM:-0}" != 1 
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
         || echo "setup: chromium not installed (apt-get failed); the browser test will be skipped" >&2
 fi
+# A node daemon running as root runs jobs as this unprivileged user unless told otherwise (`elasticd start
+# --jobs-as`, elasticd/daemon/job_user.py): the demo's daemon does. tests/test_security_run_as.py uses it too.
+if [ "$(id -u)" = 0 ] && ! id elasticd-job >/dev/null 2>&1 && command -v useradd >/dev/null 2>&1; then
+    useradd --system --user-group --create-home --home-dir /var/lib/elasticd-job --shell /usr/sbin/nologin \
+        elasticd-job || echo "setup: could not create the user elasticd-job; a root daemon needs --jobs-as USER" >&2
+fi

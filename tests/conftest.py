@@ -3,6 +3,8 @@ the daemons/schedulers of one control-plane test."""
 
 from __future__ import annotations
 
+import os
+import pwd
 from collections.abc import Callable
 
 import pytest
@@ -10,6 +12,11 @@ from cluster import Cluster
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state
 
 from elasticd.agent.ddp_reference import run_native_ddp
+
+# Every daemon a test starts runs its jobs as the user running the suite: as root, a daemon would run them as
+# elasticd-job, which cannot read the scripts and outputs the tests keep in pytest's owner-only tmp dirs.
+# tests/test_security_run_as.py runs jobs as other users, and its daemons say so themselves.
+os.environ["ELASTICD_JOBS_AS"] = pwd.getpwuid(os.geteuid()).pw_name
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,10 @@ is not allowed. The daemon must answer what it can with typed errors and keep se
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import socket
+import stat
 from pathlib import Path
 
 import msgpack
@@ -117,7 +119,7 @@ def test_garbage_on_the_cli_socket(node):
 
 
 def test_garbage_on_the_agent_socket(node):
-    codes = blast(transport.ipc_endpoint(node.state_dir / "agents.sock"), seed=2)
+    codes = blast(node.info()["agents"], seed=2)
     assert codes[p.BAD_FRAME] >= 100 and codes[p.BAD_REQUEST] >= 100
     assert_serving(node)
 
@@ -179,6 +181,15 @@ def test_version_mismatch_is_refused_loudly(node):
 
 
 def test_ipc_sockets_and_secrets_are_owner_only(node):
-    for name in ("daemon.sock", "agents.sock", "keys/id.key_secret"):
+    for name in ("daemon.sock", "keys/id.key_secret"):
         assert (Path(node.state_dir) / name).stat().st_mode & 0o077 == 0, name
     assert Path(node.state_dir).stat().st_mode & 0o077 == 0
+    # The agent socket lives in the agents' area outside the state dir. A root daemon runs jobs as other users,
+    # who must reach it: any local user may connect there, and a hello binds only with an agent's own token.
+    sock = Path(node.info()["agents"].removeprefix("ipc://"))
+    area = sock.parent.stat()
+    assert area.st_uid == os.geteuid() and Path(node.state_dir) not in sock.parents
+    if os.geteuid() == 0:
+        assert (stat.S_IMODE(sock.stat().st_mode), stat.S_IMODE(area.st_mode)) == (0o666, 0o711)
+    else:
+        assert (stat.S_IMODE(sock.stat().st_mode), stat.S_IMODE(area.st_mode)) == (0o600, 0o700)

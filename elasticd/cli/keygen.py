@@ -22,10 +22,14 @@ from elasticd.cli import EXIT_USAGE
                    "anything, including stopping others' jobs and shutdown.")
 @click.option("--node-id", default=None, metavar="ID",
               help="With --role node: the one node id this key may speak for (`elasticd start --node-id`).")
+@click.option("--run-as", default=None, metavar="USER",
+              help="With --allow: the Unix user this key's jobs run as on nodes whose daemon runs as root "
+                   "[default: each node's --jobs-as user]. Owners who must not reach each other's jobs need "
+                   "users of their own.")
 @click.option("--name", default=None, help="File name for the allowed key [default: derived from the key].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, node_id: str | None, name: str | None,
-           as_json: bool) -> None:
+def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, node_id: str | None,
+           run_as: str | None, name: str | None, as_json: bool) -> None:
     """Create this state dir's CURVE identity (if missing) and print its public key.
 
     Give the printed key to the scheduler's operator, who allows it with `elasticd keygen --allow KEY`
@@ -39,8 +43,8 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
     from elasticd import keys
     from elasticd.statedir import StateDir
 
-    if allow is None and (node_id is not None or role != "client"):
-        raise click.UsageError("--role and --node-id go with --allow KEY")
+    if allow is None and (node_id is not None or role != "client" or run_as is not None):
+        raise click.UsageError("--role, --node-id and --run-as go with --allow KEY")
     from elasticd.cli import EXIT_DAEMON_ERROR
     from elasticd.statedir import UnsafeStateDir
 
@@ -53,10 +57,11 @@ def keygen(state_dir: str | None, force: bool, allow: str | None, role: str, nod
         if allow is not None:
             public = keys.parse_public_key(allow)
             path = keys.allow_key(sd.root, public, name or f"{role}-" + "".join(
-                c for c in public.decode() if c.isalnum())[:12], role=role, node_id=node_id)
-            doc = {"allowed": public.decode(), "path": str(path), "role": role, "node_id": node_id}
+                c for c in public.decode() if c.isalnum())[:12], role=role, node_id=node_id, run_as=run_as)
+            doc = {"allowed": public.decode(), "path": str(path), "role": role, "node_id": node_id, "run_as": run_as}
             click.echo(json.dumps(doc) if as_json else f"allowed {public.decode()} as {role}"
-                       + (f" {node_id}" if node_id else "") + f" ({path})")
+                       + (f" {node_id}" if node_id else "") + (f", its jobs run as {run_as}" if run_as else "")
+                       + f" ({path})")
             return
         public, _ = keys.ensure_identity(sd.root, force=force)
     except keys.BadKeyError as e:

@@ -75,6 +75,10 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
                    "move to other nodes live) and exit once its agents are gone or SECONDS passed; a second "
                    "SIGTERM exits at once. 0: SIGTERM stops the agents at once. Set it to the notice a spot "
                    "instance gets.")
+@click.option("--jobs-as", default=None, envvar="ELASTICD_JOBS_AS", metavar="USER",
+              help="The Unix user jobs run as when their owner's key maps to none (`keygen --allow KEY --run-as "
+                   "USER`). Only a daemon running as root can switch users [default: elasticd-job as root, else "
+                   "this user: a daemon that is not root runs its jobs as itself, and they are as trusted as it].")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--agent-command", default=None, hidden=True,
@@ -83,8 +87,9 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
 @limit_options
 def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devices: int | None,
           state_dir: str | None, host: str, node_id: str | None, heartbeat: float, node_timeout: float,
-          log_level: str, agent_command: str | None, spares: int | None, drain_grace: float,
-          metrics: tuple[str, int] | None, device_speed: str | None, relayout: bool, pin_cpus: bool, **limits: object) -> None:
+          jobs_as: str | None, log_level: str, agent_command: str | None, spares: int | None, drain_grace: float,
+          metrics: tuple[str, int] | None, device_speed: str | None, relayout: bool, pin_cpus: bool,
+          **limits: object) -> None:
     """Run the node daemon in the foreground: own this node's devices and run jobs' agents on them.
 
     Without --scheduler it also runs the island's scheduler, reachable over CURVE-encrypted TCP at
@@ -125,7 +130,7 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
                        heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                        agent_command=agent_command.split() if agent_command else None, spares=spares,
                        limits=limits_from(limits), drain_grace_s=drain_grace, metrics=metrics,
-                       device_speed=device_speed, relayout=relayout, pin_cpus=pin_cpus)
+                       device_speed=device_speed, relayout=relayout, pin_cpus=pin_cpus, jobs_as=jobs_as)
     try:
         daemon = NodeDaemon(cfg)
     except DaemonError as e:
@@ -138,5 +143,8 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     info = daemon.info()
     click.echo(f"elasticd node {info['node_id']}: devices {','.join(info['devices'])}; "  # type: ignore[arg-type]
                f"scheduler {info['scheduler_tcp'] or info['scheduler']}; public key {info['public_key']}"
-               + (f"; metrics and status page {info['metrics']}/" if info.get("metrics") else ""), err=True)
+               + (f"; metrics and status page {info['metrics']}/" if info.get("metrics") else "")
+               + f"; jobs run as {info['jobs_as']}" + ("" if daemon.jobs_as.switched else
+                                                       " (this daemon's own user: jobs are as trusted as it)"),
+               err=True)
     daemon.run()

@@ -53,14 +53,16 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
 @recovery_options
+@click.option("--run-as", default="", metavar="USER",
+              help="Admins only: the Unix user the job's agents run as on nodes whose daemon runs as root "
+                   "[default: the one your key maps to, else each node's --jobs-as user].")
 @click.option("--wait", is_flag=True, help="Follow the job until it ends, with a progress line; exit 1 "
                                            "unless it finished.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
 def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int, max_devices: int | None,
            priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int,
-           stuck_after: str, wait: bool,
-           as_json: bool, **opts: object) -> None:
+           stuck_after: str, run_as: str, wait: bool, as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
     The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
@@ -82,6 +84,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     why = L.bad_text("--name", name, L.MAX_NAME)
     if why:
         raise click.BadParameter(why, param_hint="--name")
+    if run_as and (why := L.bad_user_name(run_as)):
+        raise click.BadParameter(why, param_hint="--run-as")
     script, func, workers = resolve_target(target, workers, script_args)
     if not 1 <= workers <= L.MAX_WORKERS:
         raise click.UsageError(f"{target} asks for {workers} workers; at most {L.MAX_WORKERS} are allowed")
@@ -95,7 +99,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
                                f"<= {workers}")
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
-                 snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after)
+                 snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
+                 run_as=run_as)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 import threading
 import time
@@ -144,12 +145,18 @@ class BeatWriter:
 
 
 def read_beat(path: str) -> Beat | None:
-    """An agent's beat, or None before it wrote one (or when the file is unreadable)."""
+    """An agent's beat, or None before it wrote one (or when the file is unreadable). The agent owns the
+    directory: a link or a FIFO in the beat file's place is not followed or waited on."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(_FORMAT.size)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.read(fd, _FORMAT.size) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if len(data) < _FORMAT.size:
         return None
     state, since, step, step_at = _FORMAT.unpack(data)

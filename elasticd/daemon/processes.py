@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -35,12 +36,14 @@ from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
 from elasticd.core.env_names import AGENT_TOKEN_VAR
 from elasticd.core.watchdog import Beat, beat_path, is_stopped, read_beat
+from elasticd.daemon import job_user
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
+from elasticd.daemon.job_user import JobUser
 from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
 from elasticd.forked import ForkedProcess
 from elasticd.ports import free_port
-from elasticd.statedir import StateDir
+from elasticd.statedir import StateDir, UnsafeStateDir
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,7 @@ class _Process:
     ps: psutil.Process | None
     log_path: Path
     error_path: Path
+    uid: int          # the user it runs as, who owns the files it leaves in its job's directory
 
 
 class AgentProcesses:
@@ -89,11 +93,14 @@ class AgentProcesses:
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
                  agent_command: list[str] | None = None, spares: int | None = 0, pin_cpus: bool = False,
-                 log_keep_s: float | None = None) -> None:
+                 log_keep_s: float | None = None, jobs_as: JobUser | None = None) -> None:
         """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap.
         `pin_cpus`: each CPU device's agent is bound to its own block of the machine's cores. `log_keep_s`:
-        a job's logs and error reports untouched this long go (the scheduler's --job-retention; None: kept)."""
+        a job's logs untouched this long go (the scheduler's --job-retention; None: kept). `jobs_as`: the
+        user jobs run as unless theirs names another (default: this process's). The agents' area must
+        be open (`open_agent_root`)."""
         self.sd = sd
+        self.jobs_as = jobs_as or job_user.own()
         self.core = Supervision(devices)
         self.control_endpoint = control_endpoint
         self.host = host
@@ -112,8 +119,6 @@ class AgentProcesses:
                                 wrap=with_death_signal, fork=forked.supported())
         if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
-        sweep_snapshots(sd.snapshot_root, time.time())
-        sd.snapshot_root.mkdir(mode=0o700, parents=True, exist_ok=True)   # /dev/shm is world-readable
 
     # --- commands from the scheduler: the agent commands to send on the control socket come back ---
 
@@ -203,7 +208,9 @@ class AgentProcesses:
                 self._signal(pid, signal.SIGKILL)
                 proc.popen.wait()
         self.spares.close()
-        shutil.rmtree(self.sd.snapshot_root, ignore_errors=True)
+        for entry in self.sd.agent_root.iterdir() if self.sd.agent_root.is_dir() else ():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
 
     def _signal(self, pid: int, sig: int) -> None:
         proc = self._procs.get(pid)
@@ -216,14 +223,14 @@ class AgentProcesses:
 
     def snapshot_parts(self, job_id: str) -> tuple[int, list[int]]:
         """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
-        root = self.sd.snapshot_dir(job_id)
+        root = self.sd.job_dir(job_id)
         epochs = saved_parts.epochs(root)
         if not epochs:
             return 0, []
         return epochs[-1], saved_parts.parts(root, epochs[-1])
 
     def _drop_snapshots(self, job_id: str, upto: int | None) -> None:
-        root = self.sd.snapshot_dir(job_id)
+        root = self.sd.job_dir(job_id)
         if upto is None:
             shutil.rmtree(root, ignore_errors=True)
             return
@@ -273,10 +280,11 @@ class AgentProcesses:
         """
         msg = spawn.launch
         dev = self.core.devices[spawn.device_id]
-        log_dir, err_dir = self.sd.log_dir(msg.job_id), self.sd.error_dir(msg.job_id)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        err_dir.mkdir(parents=True, exist_ok=True)
-        err_path = err_dir / spawn.error_name
+        user = job_user.for_job(msg.run_as, self.jobs_as)
+        log_dir, job_dir = self.sd.log_dir(msg.job_id), self.sd.job_dir(msg.job_id)
+        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        job_user.own_dir(job_dir, user)
+        err_path = job_dir / spawn.error_name
         err_path.unlink(missing_ok=True)
         Path(beat_path(str(err_path))).unlink(missing_ok=True)   # an earlier agent's of this rank: not this one's beat
         cfg = AgentConfig(script=msg.script, func=msg.func, workers=msg.workers, rank=spawn.rank, world=spawn.world,
@@ -284,35 +292,39 @@ class AgentProcesses:
                           cpu_slots=self._cpu_slots if dev.type == "cpu" else -1,
                           master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
-                          standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
+                          standby=spawn.standby, snapshot_dir=str(job_dir),
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
                           snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks))
         log_path = log_dir / f"rank{spawn.rank}.log"
         token = secrets.token_hex(16)
-        popen = self._spawn(cfg, msg, log_path, token)
+        popen = self._spawn(cfg, msg, log_path, token, user, str(job_dir))
         ps: psutil.Process | None = None
         try:
             ps = psutil.Process(popen.pid)
             ps.cpu_percent(None)
         except psutil.Error:
             pass
-        self._procs[popen.pid] = _Process(popen, ps, log_path, err_path)
+        self._procs[popen.pid] = _Process(popen, ps, log_path, err_path, user.uid)
         return popen.pid, token
 
-    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path, token: str
+    def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path, token: str, user: JobUser, job_dir: str
                ) -> subprocess.Popen | ForkedProcess:
         env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id, AGENT_TOKEN_VAR: token})
-        cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else str(self.sd.root)
+        if user.switched:
+            env.update(user.env())
+        cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else job_dir
         with open(log_path, "ab") as out:
             out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"
                       f"{cfg.device_index} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
             out.flush()
-            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, f"job {msg.job_id} agent {cfg.rank}")
+            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, f"job {msg.job_id} agent {cfg.rank}",
+                                     user if user.switched else None)
             if spare is not None:
                 return spare
+            who = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user.switched else {}
             return subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
                                     stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True)
+                                    stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True, **who)
 
 
 # A crashed daemon's periodic snapshots are kept for the scheduler to restart their jobs from; a job that
@@ -321,13 +333,14 @@ SNAPSHOT_KEEP_S = 24 * 3600
 
 
 LOG_SWEEP_EVERY_S = 3600.0
+MAX_ERROR_REPORT = 1 << 20   # bytes of an agent's error report read (a traceback of a deep recursion fits)
 
 
 def sweep_logs(sd: StateDir, now: float, keep_s: float, live: set[str]) -> list[str]:
-    """Delete the log and error folders of jobs not running here whose newest file is older than `keep_s`:
+    """Delete the log folders of jobs not running here whose newest file is older than `keep_s`:
     by then the scheduler has purged the job, and its output is nobody's to read. Returns their names."""
     gone = []
-    for kind in (sd.root / "logs", sd.root / "errors"):
+    for kind in (sd.root / "logs",):
         try:
             folders = list(kind.iterdir())
         except OSError:
@@ -348,17 +361,33 @@ def sweep_logs(sd: StateDir, now: float, keep_s: float, live: set[str]) -> list[
     return gone
 
 
-def sweep_snapshots(root: Path, now: float) -> None:
-    """What a previous life of this daemon left in its snapshot root. Its agents died with it
-    (PR_SET_PDEATHSIG), so no resize can fall back to a resize snapshot (`e<E>/`): those go. Periodic
-    snapshots (`s<S>/`) stay: the scheduler restarts the job, here or elsewhere, from the newest complete one
-    (elasticd.scheduler.recovery). Job directories untouched for SNAPSHOT_KEEP_S go whole."""
+def open_agent_root(sd: StateDir, shared: bool, now: float) -> Path:
+    """Make the agents' area ready before the agent socket is bound there: a directory of this user's
+    (0711 when `shared`: agents running as other users may pass through to their own job's directory and
+    the socket, nothing else), cleared of what a previous life of this daemon left.
+
+    Its agents died with it (PR_SET_PDEATHSIG), so no resize can fall back to a resize snapshot (`e<E>/`):
+    those go. Periodic snapshots (`s<S>/`) stay: the scheduler restarts the job, here or elsewhere, from
+    the newest complete one (elasticd.scheduler.recovery). Job directories untouched for SNAPSHOT_KEEP_S go
+    whole: tmpfs would hold their files until a reboot.
+
+    Raises:
+        UnsafeStateDir: the path exists and is not a directory of this user's (on a world-writable tmpfs
+            anyone could have made it first, to read the snapshots written there or plant links).
+    """
+    root = sd.agent_root
     try:
-        jobs = list(root.iterdir())
-    except OSError:
-        return
-    for job in jobs:
-        if job.is_symlink() or not job.is_dir():   # nothing the daemon writes there
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise UnsafeStateDir(f"refusing to use {root} for the agents' files: it is "
+                             + ("not a directory" if not stat.S_ISDIR(st.st_mode) else f"owned by uid {st.st_uid}")
+                             + "; someone else made it. Remove it, or use another --state-dir")
+    os.chmod(root, 0o711 if shared else 0o700)
+    for job in list(root.iterdir()):
+        if job.is_symlink() or not job.is_dir():   # the socket of a daemon that crashed, or nothing of ours
             job.unlink(missing_ok=True)
             continue
         try:
@@ -370,6 +399,7 @@ def sweep_snapshots(root: Path, now: float) -> None:
             continue
         for epoch in saved_parts.epochs(job):
             shutil.rmtree(saved_parts.epoch_dir(job, epoch), ignore_errors=True)
+    return root
 
 
 def _beat(proc: _Process, now: float) -> Beat | None:
@@ -380,11 +410,12 @@ def _beat(proc: _Process, now: float) -> Beat | None:
 
 def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
     """The agent's own error report, or one made up from its exit code and log tail."""
+    data = job_user.read_agent_file(proc.error_path, proc.uid, MAX_ERROR_REPORT)
     try:
-        err = p.flat_scalars(json.loads(proc.error_path.read_text()))
+        err = p.flat_scalars(json.loads(data)) if data else None
         if err:
             return err
-    except (OSError, ValueError):
+    except ValueError:
         pass
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in _SIGNAL_NUMBERS else \
         f"exited with code {code}"

@@ -22,8 +22,10 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.core.errors import ControlPlaneError
 from elasticd.daemon import devices as devices_mod
+from elasticd.daemon import job_user
 from elasticd.daemon.grace import GraceDrain
-from elasticd.daemon.processes import AgentProcesses
+from elasticd.daemon.job_user import JobUserError
+from elasticd.daemon.processes import AgentProcesses, open_agent_root
 from elasticd.observe.serving import watch_at
 from elasticd.scheduler.admission import Limits
 from elasticd.scheduler.server import SchedulerServer
@@ -69,6 +71,7 @@ class DaemonConfig:
     device_speed: str | None = None        # declared relative device speeds (devices.parse_speeds)
     relayout: bool = True                  # the embedded scheduler's live re-layouts
     pin_cpus: bool = False                 # CPU agents bound to a block of cores each (agent/cpu_pin.py)
+    jobs_as: str | None = None             # the user jobs run as unless their key names one (elasticd/daemon/job_user.py)
 
 
 
@@ -129,8 +132,13 @@ class NodeDaemon:
                 raise DaemonError(str(e)) from None
             self.cli = transport.router(self.ctx)
             self.cli_endpoint = transport.bind_ipc(self.cli, self.sd.daemon_sock)
+            self.jobs_as = job_user.node_default(cfg.jobs_as)
+            # As root, jobs run as other users: they pass through the agents' area to their own job's
+            # directory and the agent socket, where each agent proves itself with its own token.
+            shared = job_user.can_switch()
+            open_agent_root(self.sd, shared, time.time())
             self.agents = transport.router(self.ctx)
-            self.agents_endpoint = transport.bind_ipc(self.agents, self.sd.agents_sock)
+            self.agents_endpoint = transport.bind_ipc(self.agents, self.sd.agents_sock, shared=shared)
             self.link = transport.dealer(self.ctx)
             if cfg.scheduler is None:
                 local = f"inproc://elasticd-scheduler-{id(self)}"
@@ -148,7 +156,8 @@ class NodeDaemon:
                 transport.curve_client(self.link, self.identity, cfg.scheduler_key)
                 self.link_endpoint = cfg.scheduler
             self.link.connect(self.link_endpoint)
-        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError, StoreError, UnsafeStateDir, OSError) as e:
+        except (transport.TransportError, keys.BadKeyError, zmq.ZMQError, StoreError, UnsafeStateDir, JobUserError,
+                OSError) as e:
             self._close()
             raise DaemonError(str(e)) from e
         except BaseException:
@@ -156,7 +165,7 @@ class NodeDaemon:
             raise
         keep = (cfg.limits or Limits()).job_retention_s   # a job's logs go when the scheduler purges the job
         self.sup = AgentProcesses(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
-                                  spares=cfg.spares, pin_cpus=cfg.pin_cpus, log_keep_s=keep)
+                                  spares=cfg.spares, pin_cpus=cfg.pin_cpus, log_keep_s=keep, jobs_as=self.jobs_as)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -165,7 +174,7 @@ class NodeDaemon:
                 "agents": self.agents_endpoint, "scheduler": self.link_endpoint,
                 "scheduler_tcp": self.scheduler.tcp_endpoint if self.scheduler else None,
                 "metrics": self.scheduler.metrics_url if self.scheduler else None,
-                "public_key": self.identity[0].decode(), "host": self.cfg.host,
+                "public_key": self.identity[0].decode(), "host": self.cfg.host, "jobs_as": self.jobs_as.name,
                 "devices": [d.device_id for d in self.devices]}
 
     def stop(self) -> None:

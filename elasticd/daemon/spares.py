@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticd.core.commands import module_command
+from elasticd.daemon.job_user import JobUser
 from elasticd.forked import ForkedProcess, ForkServer
 from elasticd.startup_env import startup_differences
 
@@ -158,9 +159,10 @@ class SparePool:
         proc.stdin = os.fdopen(write, "wb")
         return proc
 
-    def take(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path, who: str
-             ) -> subprocess.Popen | None:
-        """Hand an agent start to a spare: its Popen, now that agent; None means start it cold."""
+    def take(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path, who: str,
+             user: JobUser | None = None) -> subprocess.Popen | None:
+        """Hand an agent start to a spare: its Popen, now that agent; None means start it cold. `user`: the
+        spare becomes that user once it has opened its log (agent/spare.py), before any of the job's code."""
         if not self.limit:
             return None
         self.size = max(1, self.size - 1)   # the agent takes an idle device: one spare fewer is wanted
@@ -169,7 +171,10 @@ class SparePool:
             log.info("%s: cold start, not a spare: the job sets %s, read only when an interpreter starts",
                      who, ", ".join(differ))
             return None
-        line = json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": str(log_path)}).encode() + b"\n"
+        job = {"argv": argv, "env": env, "cwd": cwd, "log": str(log_path)}
+        if user is not None:
+            job["user"] = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups)}
+        line = json.dumps(job).encode() + b"\n"
         if len(line) > _MAX_ASSIGNMENT:
             log.info("%s: cold start, not a spare: its environment is too large for the pipe (%d bytes)",
                      who, len(line))

@@ -30,6 +30,15 @@ def bad_job_id(value: str) -> str | None:
     return None
 
 
+def bad_user_name(value: str) -> str | None:
+    """Why `value` is no Unix user name a job may run as (None: it is): POSIX's portable set, 1-32
+    characters, not starting with '-'."""
+    if not 0 < len(value) <= 32 or value[0] == "-" or not all(
+            c.isascii() and (c.isalnum() or c in "._-") for c in value):
+        return f"user name {value[:40]!r}: 1-32 letters, digits, '.', '_' or '-', not starting with '-'"
+    return None
+
+
 def bad_text(what: str, value: str, limit: int, *, path: bool = False) -> str | None:
     """Why `value` is not acceptable as `what` (None: it is): too long, NUL or other control
     characters, or (for paths) not absolute."""

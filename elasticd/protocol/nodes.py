@@ -6,6 +6,7 @@ from dataclasses import field
 from typing import ClassVar
 
 from elasticd.core.watchdog import StuckAfter
+from elasticd.protocol.limits import bad_user_name
 from elasticd.protocol.wire import Message, Scalar, message, record
 
 
@@ -21,6 +22,10 @@ def bad_blocks(blocks: list[int], world: int, workers: int | None = None) -> str
     if workers is not None and sum(blocks) != workers:
         return f"blocks {blocks[:16]} sum to {sum(blocks)}, the job has {workers} workers"
     return None
+
+
+def bad_run_as(name: str) -> str | None:
+    return f"run_as: {why}" if name and (why := bad_user_name(name)) else None
 
 
 def bad_stuck_after(text: str) -> str | None:
@@ -170,9 +175,11 @@ class LaunchJob(Message):
     # Logical workers per agent, in rank order (sum = workers); empty: the uniform layout.
     blocks: list[int] = field(default_factory=list)
     stuck_after: str = "auto"     # the node's watchdog fences agents stuck this long (elasticd/core/watchdog.py)
+    run_as: str = ""              # the Unix user its agents run as ("": the node's default, elasticd/daemon/job_user.py)
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.devices, self.workers) or bad_stuck_after(self.stuck_after)
+        return (bad_blocks(self.blocks, self.devices, self.workers) or bad_stuck_after(self.stuck_after)
+                or bad_run_as(self.run_as))
 
 
 @message
@@ -208,9 +215,11 @@ class PrepareResize(Message):
     snapshot_every: str = "0"     # as in LaunchJob: joiners take their part of the periodic snapshots
     blocks: list[int] = field(default_factory=list)   # the new layout's, as in LaunchJob (empty: uniform)
     stuck_after: str = "auto"     # as in LaunchJob
+    run_as: str = ""              # as in LaunchJob
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.devices, self.workers or None) or bad_stuck_after(self.stuck_after)
+        return (bad_blocks(self.blocks, self.devices, self.workers or None) or bad_stuck_after(self.stuck_after)
+                or bad_run_as(self.run_as))
 
 
 @message

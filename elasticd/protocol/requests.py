@@ -31,8 +31,11 @@ class Submit(Message):
     max_restarts: int = 3         # recoveries after infrastructure failures before the job fails
     torchrun: bool = False        # no @elastic function (torchrun mode): the scheduler resizes it by restarting it
     stuck_after: str = "auto"     # when an agent counts as stuck and is fenced (elasticd/core/watchdog.py)
+    run_as: str = ""              # the Unix user its agents run as (admins only; "": the key's or the node's)
 
     def check(self) -> str | None:
+        if self.run_as and (why := L.bad_user_name(self.run_as)):
+            return f"run_as: {why}"
         if not 1 <= self.workers <= L.MAX_WORKERS:
             return f"workers must be in 1..{L.MAX_WORKERS}, got {self.workers}"
         for what, v in (("min_devices", self.min_devices), ("max_devices", self.max_devices)):

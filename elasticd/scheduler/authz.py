@@ -8,7 +8,7 @@ that principal may send this message. No sockets here, so every rule is unit-tes
     node     node_hello / node_status / node_bye / logs_reply for its own node id only; plus what a
              client may (the CLI on that node relays submit/status/stop/scale/logs through it), the
              logs of any job, and a drain of its own node (a daemon SIGTERMed with a grace period)
-    client   submit, status; logs, events, stop and scale of the jobs it submitted (`events` without a
+    client   submit (its jobs run as the user its key maps to; only an admin names another), status; logs, events, stop and scale of the jobs it submitted (`events` without a
              job: the server shows it its own jobs' events and the nodes')
     admin    everything: stop/scale anyone's job, shutdown, and any op not listed here (drain, ...)
     local    as admin, and node messages for any node id (the embedded scheduler's own daemon)
@@ -46,6 +46,7 @@ class Principal:
     name: str = ""
     node_id: str | None = None
     local: bool = False
+    run_as: str = ""   # the Unix user its jobs run as ("": each node's default; elasticd/daemon/job_user.py)
 
     @property
     def admin(self) -> bool:
@@ -59,7 +60,13 @@ LOCAL = Principal(owner=LOCAL_OWNER, role=keys.ADMIN, name="local", local=True)
 
 
 def principal_of(key: str, grant: keys.KeyGrant) -> Principal:
-    return Principal(owner=key, role=grant.role, name=grant.name, node_id=grant.node_id)
+    return Principal(owner=key, role=grant.role, name=grant.name, node_id=grant.node_id, run_as=grant.run_as or "")
+
+
+def run_as(who: Principal, msg: p.Submit) -> str:
+    """The user a job `who` submits runs as: the one an admin named, else the one its key maps to
+    (`check` refused any other choice)."""
+    return msg.run_as or who.run_as
 
 
 def sees_all_jobs(who: Principal) -> bool:
@@ -95,6 +102,10 @@ def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str |
         if msg.node_id == who.node_id:
             return None   # elasticd.daemon.grace: a node about to go drains itself
         return f"{who.describe()} is bound to node {who.node_id!r}; it may not drain node {msg.node_id!r}"
+    if isinstance(msg, p.Submit) and msg.run_as and msg.run_as != who.run_as:
+        return (f"{who.describe()} may not choose the user its job runs as (--run-as): its jobs run as "
+                + (repr(who.run_as) if who.run_as else "each node's default user")
+                + " (an admin maps a key to a user with `elasticd keygen --allow KEY --run-as USER`)")
     if isinstance(msg, _ANYONE):
         # A node already hosts jobs' agents and their logs, and `elasticd logs` on it gathers a job's logs
         # from every node: it may read any job's. A client key reads its own jobs' only.

@@ -88,6 +88,7 @@ class JobSpec:
     owner: str = ""   # who submitted it (elasticd.scheduler.authz); "" for rows older than owners
     torchrun: bool = False   # no @elastic function: resized by restarting it (elasticd.scheduler.recovery)
     stuck_after: str = "auto"   # when a node's watchdog fences an agent (elasticd/core/watchdog.py)
+    run_as: str = ""   # the Unix user its agents run as ("": each node's default; elasticd/daemon/job_user.py)
 
 
 @dataclass(slots=True)

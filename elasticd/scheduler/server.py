@@ -255,7 +255,7 @@ class SchedulerServer:
         if isinstance(msg, p.Submit):
             admission.check_quota(self.state.jobs.values(), who.owner, self.limits)
             admission.check_fits(self.state.nodes.values(), msg.min_devices, "--min-devices asks for")
-            job, actions = self.state.submit(msg, now, owner=who.owner)
+            job, actions = self.state.submit(msg, now, owner=who.owner, run_as=authz.run_as(who, msg))
             return p.Submitted(job_id=job.job_id), actions
         if isinstance(msg, p.Status):
             reply = self.state.status(msg.job_id, now) if msg.job_id is not None else self._status_page(msg.after, now)

@@ -98,7 +98,7 @@ class SchedulerState:
 
     # --- client requests -------------------------------------------------------------------------
 
-    def submit(self, req: p.Submit, now: float, owner: str = "") -> tuple[Job, list[SendToNode]]:
+    def submit(self, req: p.Submit, now: float, owner: str = "", run_as: str = "") -> tuple[Job, list[SendToNode]]:
         """Queue a job; it may start right away.
 
         Raises:
@@ -128,7 +128,7 @@ class SchedulerState:
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
-                       owner=owner, torchrun=req.torchrun, stuck_after=stuck_after)
+                       owner=owner, torchrun=req.torchrun, stuck_after=stuck_after, run_as=run_as)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -506,7 +506,7 @@ class SchedulerState:
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
             snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks),
-            stuck_after=job.spec.stuck_after))
+            stuck_after=job.spec.stuck_after, run_as=job.spec.run_as))
 
     @staticmethod
     def _env(job: Job) -> dict[str, str]:

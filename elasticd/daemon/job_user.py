@@ -1,0 +1,151 @@
+"""Which Unix user a job's agents run as, and the files a daemon shares with them.
+
+A job is untrusted code. A daemon running as root never runs it as root unless told to: each job runs as
+the user its owner's key maps to (`elasticd keygen --allow KEY --run-as USER`), or as the node's default
+(`elasticd start --jobs-as USER`, `elasticd-job` unless said otherwise). Such an agent cannot read the
+state dir (0700: keys, the job table, other jobs' logs) nor open `daemon.sock` (0600), where a peer counts
+as admin. What it needs lives in the agents' area outside the state dir (`StateDir.agent_root`): the agent
+socket, where it proves itself with its own token, and its job's directory, which it owns.
+
+A daemon running as an ordinary user cannot switch users: its jobs run as that user and are as trusted as
+it is (docs/security.md says so plainly).
+
+Files agents own are read by the daemon as that agent's user would allow and no further: never through a
+link, never a FIFO or device, only a regular file the agent's user owns, and a bounded number of bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticd.core.errors import ControlPlaneError
+from elasticd.protocol.limits import bad_user_name
+
+DEFAULT_JOB_USER = "elasticd-job"
+CREATE_HINT = (f"useradd --system --user-group --create-home --home-dir /var/lib/{DEFAULT_JOB_USER} "
+               f"--shell /usr/sbin/nologin {DEFAULT_JOB_USER}")
+
+
+class JobUserError(ControlPlaneError, ValueError):
+    """No such user here, or a daemon that cannot switch to it."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobUser:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @property
+    def switched(self) -> bool:
+        """Agents run as another user than the daemon's."""
+        return self.uid != os.geteuid()
+
+    def env(self) -> dict[str, str]:
+        """What a login as this user would set, so that caches land in its home, not the daemon's."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+
+def lookup(name: str) -> JobUser:
+    """Raises:
+        JobUserError: a malformed name or no such user on this machine.
+    """
+    why = bad_user_name(name)
+    if why:
+        raise JobUserError(why)
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        hint = f" (create it: {CREATE_HINT})" if name == DEFAULT_JOB_USER else ""
+        raise JobUserError(f"no user {name!r} on this machine{hint}") from None
+    return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)), pw.pw_dir)
+
+
+def own() -> JobUser:
+    pw = pwd.getpwuid(os.geteuid())
+    return lookup(pw.pw_name)
+
+
+def can_switch() -> bool:
+    return os.geteuid() == 0
+
+
+def node_default(requested: str | None) -> JobUser:
+    """The user a daemon runs jobs as when their owner's key names none (`start --jobs-as`).
+
+    Raises:
+        JobUserError: the user does not exist, or this daemon cannot switch to it.
+    """
+    if requested is None:
+        if not can_switch():
+            return own()
+        try:
+            return lookup(DEFAULT_JOB_USER)
+        except JobUserError:
+            raise JobUserError(
+                f"this daemon runs as root and runs jobs as {DEFAULT_JOB_USER!r}, which does not exist here: create "
+                f"it ({CREATE_HINT}; scripts/setup.sh does) or name another with --jobs-as USER (--jobs-as root "
+                "runs every job as root: any job owner is then root on this node)") from None
+    user = lookup(requested)
+    if user.switched and not can_switch():
+        raise JobUserError(f"--jobs-as {requested}: this daemon runs as {own().name} and can run jobs only as "
+                           "itself (start it as root to run jobs as other users)")
+    return user
+
+
+def for_job(run_as: str, default: JobUser) -> JobUser:
+    """The user to run a job's agents as: the one its owner's key maps to, else the node's default.
+
+    Raises:
+        JobUserError: the user does not exist here, or this daemon cannot switch to it.
+    """
+    if not run_as or run_as == default.name:
+        return default
+    user = lookup(run_as)
+    if user.switched and not can_switch():
+        raise JobUserError(f"the job runs as {run_as!r}, but this node's daemon runs as {own().name} and can run "
+                           "jobs only as itself")
+    return user
+
+
+def own_dir(path: Path, user: JobUser) -> None:
+    """Make `path` (in a directory only the daemon writes) a 0700 directory owned by `user`.
+
+    Raises:
+        OSError: it exists as something other than a directory.
+    """
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} exists and is not a directory")
+    if (st.st_uid, st.st_gid) != (user.uid, user.gid):
+        os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    os.chmod(path, 0o700)
+
+
+def read_agent_file(path: Path, uid: int, limit: int) -> bytes | None:
+    """At most `limit` bytes of a regular file owned by `uid` (the agent's user), opened without following
+    a link and without blocking on a FIFO; None when there is no such file. A job cannot make the daemon
+    read a file of someone else's for it (a link to /etc/shadow, a hard link to a root file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
