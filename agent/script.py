@@ -24,9 +24,7 @@ def load_target(script: str, func: str | None, args: list[str]) -> ElasticFuncti
     Raises:
         ScriptError: unreadable script, import error, or no unambiguous `@elastic` function.
     """
-    path = os.path.abspath(script)
-    if not os.path.isfile(path):
-        raise ScriptError(f"no such script: {script}")
+    path = _readable(script)
     if func is None and is_torchrun_script(path):
         return ScriptMain(path, args)
     sys.argv = [path, *args]  # as `python script.py ARGS` has them (not the agent's own command line)
@@ -42,9 +40,7 @@ def import_script(script: str) -> ModuleType:
     Raises:
         ScriptError: no such file, or not importable.
     """
-    path = os.path.abspath(script)
-    if not os.path.isfile(path):
-        raise ScriptError(f"no such script: {script}")
+    path = _readable(script)
     name = os.path.splitext(os.path.basename(path))[0]
     if name in sys.modules and getattr(sys.modules[name], "__file__", None) != path:
         name = "__elasticd_script__"
@@ -81,3 +77,27 @@ def load_function(script: str, func: str | None) -> ElasticFunction:
         names = ", ".join(sorted(f.fn.__name__ for f in found))
         raise ScriptError(f"{script} has several elastic functions ({names}); name one as SCRIPT:FUNC")
     return found[0]
+
+
+def _readable(script: str) -> str:
+    """The script's absolute path.
+
+    Raises:
+        ScriptError: it is not a file this process may read, saying which (a job may run as another user
+            than the one who submitted it: elasticd/daemon/job_user.py).
+    """
+    path = os.path.abspath(script)
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        import pwd
+
+        raise ScriptError(f"cannot read {script} as user {pwd.getpwuid(os.geteuid()).pw_name!r}, the user this job "
+                          "runs as (Permission denied): make it and the directories above it readable by that "
+                          "user") from None
+    except OSError:
+        raise ScriptError(f"no such script: {script}") from None
+    if not os.path.isfile(path):
+        raise ScriptError(f"no such script: {script}")
+    return path

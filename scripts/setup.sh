@@ -33,3 +33,18 @@ if [ "$(id -u)" = 0 ] && ! id elasticd-job >/dev/null 2>&1 && command -v useradd
     useradd --system --user-group --create-home --home-dir /var/lib/elasticd-job --shell /usr/sbin/nologin \
         elasticd-job || echo "setup: could not create the user elasticd-job; a root daemon needs --jobs-as USER" >&2
 fi
+# That user runs this Python and elasticd: a directory on their way that it may not pass through (an
+# interpreter under /root) gets o+x, i.e. others may pass through it, not list it (the daemon checks, and
+# refuses to start with the directory named otherwise).
+if [ "$(id -u)" = 0 ] && id elasticd-job >/dev/null 2>&1; then
+    "$VENV/bin/python" - <<'PY'
+import os, stat, sys
+import elasticd
+from elasticd.daemon import job_user
+user = job_user.lookup(job_user.DEFAULT_JOB_USER)
+for path in (sys.executable, os.__file__, elasticd.__file__):
+    while (where := job_user.blocked_at(path, user)) is not None:
+        os.chmod(where, stat.S_IMODE(os.stat(where).st_mode) | stat.S_IXOTH)
+        print(f"setup: {where}: others may now pass through (o+x) to run {os.path.realpath(path)} as {user.name}")
+PY
+fi

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,36 @@ def lookup(name: str) -> JobUser:
     return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)), pw.pw_dir)
 
 
+def blocked_at(path: str, user: JobUser) -> str | None:
+    """The first directory on the way to `path` that `user` may not pass through (None: it may pass all)."""
+    parts = Path(os.path.realpath(path)).parents
+    for d in reversed(parts):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return str(d)
+        bit = stat.S_IXUSR if st.st_uid == user.uid else stat.S_IXGRP if st.st_gid in user.groups else stat.S_IXOTH
+        if not st.st_mode & bit:
+            return str(d)
+    return None
+
+
+def check_runnable(user: JobUser) -> None:
+    """Raises:
+        JobUserError: `user` could not start this Python and elasticd (an interpreter under /root, say).
+    """
+    import elasticd
+
+    for what, path in (("the Python interpreter", sys.executable), ("its standard library", os.__file__),
+                       ("elasticd", elasticd.__file__)):
+        where = blocked_at(path, user)
+        if where is not None:
+            raise JobUserError(
+                f"jobs run as {user.name!r}, who cannot reach {what} ({os.path.realpath(path)}): {where} is closed "
+                f"to it. Install Python and elasticd where other users can run them, let them pass through "
+                f"(chmod o+x {where}; scripts/setup.sh does), or choose the user with --jobs-as")
+
+
 def own() -> JobUser:
     pw = pwd.getpwuid(os.geteuid())
     return lookup(pw.pw_name)
@@ -86,16 +117,20 @@ def node_default(requested: str | None) -> JobUser:
         if not can_switch():
             return own()
         try:
-            return lookup(DEFAULT_JOB_USER)
+            user = lookup(DEFAULT_JOB_USER)
         except JobUserError:
             raise JobUserError(
                 f"this daemon runs as root and runs jobs as {DEFAULT_JOB_USER!r}, which does not exist here: create "
                 f"it ({CREATE_HINT}; scripts/setup.sh does) or name another with --jobs-as USER (--jobs-as root "
                 "runs every job as root: any job owner is then root on this node)") from None
+        check_runnable(user)
+        return user
     user = lookup(requested)
     if user.switched and not can_switch():
         raise JobUserError(f"--jobs-as {requested}: this daemon runs as {own().name} and can run jobs only as "
                            "itself (start it as root to run jobs as other users)")
+    if user.switched:
+        check_runnable(user)
     return user
 
 
@@ -111,6 +146,8 @@ def for_job(run_as: str, default: JobUser) -> JobUser:
     if user.switched and not can_switch():
         raise JobUserError(f"the job runs as {run_as!r}, but this node's daemon runs as {own().name} and can run "
                            "jobs only as itself")
+    if user.switched:
+        check_runnable(user)
     return user
 
 
