@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 _RELAYED = (p.Submit, p.Status, p.Stop, p.Scale, p.Drain, p.Undrain, p.Events)
 _BATCH = 256
+# Requests relayed to the scheduler and not answered yet, per CLI connection and in all. The scheduler serves
+# this node's heartbeats on the same link: however many requests local clients fire, at most MAX_IN_FLIGHT
+# wait ahead of a heartbeat, and the rest are answered `busy` at once.
+MAX_IN_FLIGHT_PER_PEER = 8
+MAX_IN_FLIGHT = 64
 MAX_LOG_REPLY = 512 * 1024
 
 
@@ -310,6 +315,13 @@ class NodeDaemon:
         transport.send(self.cli, msg, ident)
 
     def _relay(self, ident: bytes, msg: p.Message) -> None:
+        mine = sum(1 for i, _c, _d in self._pending.values() if i == ident)
+        if mine >= MAX_IN_FLIGHT_PER_PEER or len(self._pending) >= MAX_IN_FLIGHT:
+            why = (f"{MAX_IN_FLIGHT_PER_PEER} requests of this client are still waiting for the scheduler"
+                   if mine >= MAX_IN_FLIGHT_PER_PEER else f"{MAX_IN_FLIGHT} requests are waiting for the scheduler")
+            self._reply(ident, p.Error(code=p.BUSY, message=f"busy: {why}; send more once they are answered"),
+                        msg.rid)
+            return
         self._rid += 1
         cli_rid, msg.rid = msg.rid, self._rid
         if not transport.send(self.link, msg):

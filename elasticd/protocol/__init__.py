@@ -69,6 +69,7 @@ from elasticd.protocol.requests import (  # noqa: F401
 from elasticd.protocol.wire import (  # noqa: F401
     BAD_FRAME,
     BAD_REQUEST,
+    BUSY,
     FORBIDDEN,
     INTERNAL,
     INVALID_STATE,
@@ -95,6 +96,7 @@ from elasticd.protocol.wire import (  # noqa: F401
     flat_scalars,
     from_dict,
     message,
+    peek_op,
     peek_rid,
     record,
     registered_ops,

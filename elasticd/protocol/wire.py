@@ -42,6 +42,7 @@ SCHEDULER_UNREACHABLE = "scheduler_unreachable"
 FORBIDDEN = "forbidden"                # the peer's key (role, node id, ownership) does not allow the request
 QUOTA = "quota"                        # a per-owner or island-wide limit on jobs is reached
 INTERNAL = "internal"
+BUSY = "busy"                          # this peer has too many requests in flight or sends too fast: retry later
 
 # A value of a flat record (a user's `ctx.log` metric, a field of an error report): what a peer may send in
 # a map of scalars, bounded in count and length where it is made (`flat_scalars`).
@@ -152,6 +153,22 @@ def peek_rid(frame: bytes) -> int:
         return rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 2**63 else 0
     except Exception:
         return 0
+
+
+def peek_op(frame: bytes) -> str | None:
+    """The op of a frame without unpacking the rest (`Message.encode` writes "v" and "op" first), so that a
+    server can serve a node's heartbeat before the client requests queued ahead of it. None: not a frame
+    of ours."""
+    try:
+        u = msgpack.Unpacker(raw=False, max_buffer_size=max(len(frame), 1))
+        u.feed(frame)
+        for _ in range(min(u.read_map_header(), 2)):
+            key, value = u.unpack(), u.unpack()
+            if key == "op":
+                return value if isinstance(value, str) else None
+    except Exception:
+        return None
+    return None
 
 
 def error_from(exc: ProtocolError, rid: int = 0) -> Error:

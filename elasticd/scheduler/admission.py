@@ -26,6 +26,29 @@ class Limits:
     max_jobs_per_owner: int = 1000               # queued + running jobs of one key (admins included)
 
 
+KEY_RATE = 100.0      # requests a second one client or admin key may send, sustained
+KEY_BURST = 400.0     # and at once (a `status --watch` of a few panes, a script submitting a sweep)
+_MAX_KEYS = 4096      # keys remembered; the least recently seen go first
+
+
+class KeyBudget:
+    """A token bucket per key: nodes' heartbeats share the scheduler's loop (and its TCP socket) with
+    clients, so no one key may keep it busy. Keys that are full again are forgotten."""
+
+    def __init__(self, rate: float = KEY_RATE, burst: float = KEY_BURST) -> None:
+        self.rate, self.burst = rate, burst
+        self._tokens: dict[str, tuple[float, float]] = {}   # key -> (tokens, when)
+
+    def take(self, key: str, now: float) -> bool:
+        tokens, when = self._tokens.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - when) * self.rate)
+        ok = tokens >= 1.0
+        self._tokens[key] = (tokens - 1.0 if ok else tokens, now)   # re-inserted: the newest in the dict
+        if len(self._tokens) > _MAX_KEYS:
+            del self._tokens[next(iter(self._tokens))]
+        return ok
+
+
 def capacity(nodes: Iterable[Node]) -> tuple[int, int]:
     """(devices, nodes) the island offers at best: every device of every live node."""
     live = [nd for nd in nodes if nd.alive and nd.known]

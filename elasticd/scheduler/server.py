@@ -29,6 +29,7 @@ from elasticd.statedir import StateDir, write_info
 log = logging.getLogger(__name__)
 
 _BATCH = 256  # messages served per socket per loop turn, so one busy socket cannot starve the tick
+_NODE_OPS = frozenset({p.NodeStatus.op, p.NodeHello.op, p.NodeBye.op})
 FORWARD_TIMEOUT_S = 5.0
 
 
@@ -74,6 +75,7 @@ class SchedulerServer:
         self.errors = 0
         self.allow: transport.AllowList | None = None
         self._tcp: zmq.Socket | None = None
+        self._budget = admission.KeyBudget()   # requests per second of each client and admin key
         self._refusals_logged: set[tuple[str, str, str]] = set()
         self.watch: Watcher | None = None
         try:
@@ -164,11 +166,16 @@ class SchedulerServer:
     # --- serving ---------------------------------------------------------------------------------
 
     def _drain(self, sock: zmq.Socket) -> None:
+        batch = []
         for _ in range(_BATCH):
             got = transport.recv_request(sock)
             if got is None:
-                return
-            ident, payload, extra, user_id = got
+                break
+            batch.append(got)
+        # Nodes' own messages first: a heartbeat must not wait behind the client requests that came before
+        # it, or a flood of `status` would get its node declared lost.
+        batch.sort(key=lambda got: p.peek_op(got[1]) not in _NODE_OPS)
+        for ident, payload, extra, user_id in batch:
             if self.watch is None:
                 self._serve(sock, ident, payload, extra, user_id)
                 continue
@@ -199,6 +206,10 @@ class SchedulerServer:
         if who is None:   # its key left the allow-list after the handshake
             self._reply(sock, ident, p.Error(code=p.FORBIDDEN, rid=msg.rid,
                                              message="this key is no longer on the allow-list"))
+            return msg.op
+        if not (who.local or who.role == keys.NODE) and not self._budget.take(who.owner, time.monotonic()):
+            self._reply(sock, ident, p.Error(code=p.BUSY, rid=msg.rid, message=(
+                f"busy: {who.describe()} sent more than {admission.KEY_RATE:.0f} requests a second; slow down")))
             return msg.op
         try:
             why = authz.check(who, msg, self._owner_of(msg))
