@@ -135,7 +135,8 @@ def test_a_job_run_as_another_user_reaches_no_key_socket_log_process_or_agent_of
                    "forge_failure": "say agent_hello first"}, got
     assert not (area / victim_id / "planted").exists()
     before = status(sd, victim_id)["jobs"][0]
-    assert before["state"] == "running" and before["error"] is None
+    assert before["state"] == "running" and before["error"] is None and before["run_as"] == "root"
+    assert "(runs as root)" in cli("status", victim_id, "--state-dir", str(sd)).out
     wait_until(lambda: status(sd, victim_id)["jobs"][0]["step"] > before["step"], 60, what="the victim to train on")
     assert cli("stop", victim_id, "--state-dir", str(sd)).code == 0
 

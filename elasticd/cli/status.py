@@ -128,7 +128,7 @@ def render_job(j: Any) -> str:
 
     lines = [f"job        {safe(j.job_id)}" + (f" ({safe(j.name)})" if j.name else ""),
              f"state      {j.state}",
-             f"script     {safe(j.script)}",
+             f"script     {safe(j.script)}" + (f"   (runs as {safe(j.run_as)})" if j.run_as else ""),
              f"workers    {j.workers} on {j.devices or '-'} devices (min {j.min_devices}, max {j.max_devices})"
              + (f", scale to {j.requested_devices} requested" if _pending_request(j) else ""),
              f"priority   {j.priority}",

@@ -108,6 +108,7 @@ class JobInfo:
     # Speed-aware placement (elasticd.placement.speeds): per agent {rank, device ("NODE/INDEX"), workers,
     # speed, worker_step_s (fitted; None: not measured yet)}, and predicted_step_s, measured_step_s, comm_s.
     layout: dict[str, Any] | None = None
+    run_as: str = ""   # the Unix user its agents run as ("": each node's --jobs-as user)
 
 
 @record

@@ -765,7 +765,8 @@ class SchedulerState:
             recoveries=list(job.recoveries), snapshot=dict(job.snapshot) or None, blocks=list(job.blocks),
             layout=(self.speeds.job_layout(job.job_id, job.spec.workers, job.placement, job.blocks, job.steps_per_s)
                     if job.state.active else None),
-            agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]))
+            agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]),
+            run_as=job.spec.run_as)
 
 
 def _completed(r: p.JobReport) -> int:
