@@ -142,6 +142,29 @@ def test_a_job_run_as_another_user_reaches_no_key_socket_log_process_or_agent_of
 
 
 @needs_job_user
+def test_a_client_keys_jobs_run_as_the_user_it_maps_to_over_tcp(cluster, shared_dir):
+    """The daemon's default is root here (`--jobs-as root`), the client key is allowed `--run-as
+    elasticd-job`: its job, submitted over CURVE TCP, runs as elasticd-job; the same key naming another
+    user is refused."""
+    d = cluster.daemon("node", "--jobs-as", "root", "--bind", "tcp://127.0.0.1:0", cpu=1, fake=False)
+    sd, client = d.state_dir, shared_dir / "client"
+    key = cli("keygen", "--state-dir", str(client)).out.strip()
+    assert cli("keygen", "--state-dir", str(sd), "--allow", key, "--name", "alice", "--run-as", JOB_USER).code == 0
+    remote = ("--state-dir", str(client), "--endpoint", d.info()["scheduler_tcp"],
+              "--server-key", str(sd / "keys" / "id.key"))
+    script = shared_dir / "whoami.py"
+    script.write_text("import os, pwd\nprint('RUNS AS', pwd.getpwuid(os.geteuid()).pw_name, flush=True)\n")
+    script.chmod(0o644)
+    r = cli("submit", str(script), "--workers", "1", *remote, cwd=shared_dir)
+    assert r.code == 0, r.err
+    job = r.out.strip()
+    assert wait_state(sd, job, ("finished", "failed"), timeout=120)["state"] == "finished"
+    assert f"RUNS AS {JOB_USER}" in cli("logs", job, *remote).out
+    refused = cli("submit", str(script), "--workers", "1", "--run-as", "root", *remote, cwd=shared_dir)
+    assert refused.code == 1 and "may not choose the user its job runs as" in refused.err, refused.err
+
+
+@needs_job_user
 def test_a_job_whose_user_cannot_read_its_script_fails_with_the_reason(cluster, tmp_path):
     """The script sits in root's 0700 tmp dir: the job run as elasticd-job fails, and says why."""
     d = cluster.daemon("node", "--jobs-as", JOB_USER, cpu=1, fake=False)

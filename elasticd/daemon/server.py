@@ -259,6 +259,10 @@ class NodeDaemon:
         # We still hold the state dir's lock, so these files are ours (or a crashed predecessor's).
         for path in (self.sd.daemon_sock, self.sd.agents_sock):
             path.unlink(missing_ok=True)
+        try:
+            self.sd.agent_root.rmdir()   # emptied by the agents' shutdown; kept if a job's files are left
+        except OSError:
+            pass
         info = read_info(self.sd.daemon_info)
         if info is not None and info.get("pid") == os.getpid():
             self.sd.daemon_info.unlink(missing_ok=True)
