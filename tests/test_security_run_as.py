@@ -178,6 +178,22 @@ def test_a_job_whose_user_cannot_read_its_script_fails_with_the_reason(cluster, 
                                                                     str(d.state_dir)).out
 
 
+@needs_job_user
+def test_a_job_submitted_from_a_directory_its_user_cannot_enter_fails_at_once_with_the_reason(cluster, shared_dir,
+                                                                                              tmp_path):
+    """Submitted from root's 0700 tmp dir, on a spare or cold alike: the launch fails, naming the directory,
+    rather than agents dying one by one and the job being recovered as if a node had failed."""
+    d = cluster.daemon("node", "--jobs-as", JOB_USER, cpu=1, fake=False)
+    script = shared_dir / "job.py"
+    script.write_text("print('hello')\n")
+    script.chmod(0o644)
+    r = cli("submit", str(script), "--workers", "1", "--state-dir", str(d.state_dir), cwd=tmp_path)
+    assert r.code == 0, r.err
+    info = wait_state(d.state_dir, r.out.strip(), ("finished", "failed"), timeout=120)
+    assert info["state"] == "failed" and not info["recoveries"], info
+    assert "cannot enter its working directory" in info["error"]["message"], info["error"]
+
+
 def test_a_root_daemon_without_its_job_user_refuses_to_start_and_says_how_to_fix_it(cluster):
     if os.geteuid() != 0:
         pytest.skip("needs root: a daemon that is not root runs jobs as itself")

@@ -98,6 +98,17 @@ def check_runnable(user: JobUser) -> None:
                 f"(chmod o+x {where}; scripts/setup.sh does), or choose the user with --jobs-as")
 
 
+def check_cwd(cwd: str, user: JobUser) -> None:
+    """Raises:
+        JobUserError: `user` may not enter the job's working directory (a job submitted from a home
+            directory closed to others), which a cold start and a spare would each find out later, apart.
+    """
+    where = blocked_at(os.path.join(cwd, "-"), user)
+    if where is not None:
+        raise JobUserError(f"the job runs as {user.name!r}, who cannot enter its working directory {cwd} ({where} "
+                           "is closed to it): submit from a directory that user can read")
+
+
 def own() -> JobUser:
     pw = pwd.getpwuid(os.geteuid())
     return lookup(pw.pw_name)

@@ -281,6 +281,8 @@ class AgentProcesses:
         msg = spawn.launch
         dev = self.core.devices[spawn.device_id]
         user = job_user.for_job(msg.run_as, self.jobs_as)
+        if user.switched and msg.cwd and os.path.isdir(msg.cwd):
+            job_user.check_cwd(msg.cwd, user)
         log_dir, job_dir = self.sd.log_dir(msg.job_id), self.sd.job_dir(msg.job_id)
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         job_user.own_dir(job_dir, user)
