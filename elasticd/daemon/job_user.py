@@ -65,6 +65,10 @@ def lookup(name: str) -> JobUser:
     except KeyError:
         hint = f" (create it: {CREATE_HINT})" if name == DEFAULT_JOB_USER else ""
         raise JobUserError(f"no user {name!r} on this machine{hint}") from None
+    return _user(pw)
+
+
+def _user(pw: pwd.struct_passwd) -> JobUser:
     return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)), pw.pw_dir)
 
 
@@ -110,8 +114,8 @@ def check_cwd(cwd: str, user: JobUser) -> None:
 
 
 def own() -> JobUser:
-    pw = pwd.getpwuid(os.geteuid())
-    return lookup(pw.pw_name)
+    """This process's user, whatever its name (a directory service may allow names `lookup` refuses)."""
+    return _user(pwd.getpwuid(os.geteuid()))
 
 
 def can_switch() -> bool:
@@ -136,13 +140,8 @@ def node_default(requested: str | None) -> JobUser:
                 "runs every job as root: any job owner is then root on this node)") from None
         check_runnable(user)
         return user
-    user = lookup(requested)
-    if user.switched and not can_switch():
-        raise JobUserError(f"--jobs-as {requested}: this daemon runs as {own().name} and can run jobs only as "
-                           "itself (start it as root to run jobs as other users)")
-    if user.switched:
-        check_runnable(user)
-    return user
+    return _usable(requested, f"--jobs-as {requested}: this daemon runs as {own().name} and can run jobs only "
+                              "as itself (start it as root to run jobs as other users)")
 
 
 def for_job(run_as: str, default: JobUser) -> JobUser:
@@ -153,10 +152,15 @@ def for_job(run_as: str, default: JobUser) -> JobUser:
     """
     if not run_as or run_as == default.name:
         return default
-    user = lookup(run_as)
-    if user.switched and not can_switch():
-        raise JobUserError(f"the job runs as {run_as!r}, but this node's daemon runs as {own().name} and can run "
+    return _usable(run_as, f"the job runs as {run_as!r}, but this node's daemon runs as {own().name} and can run "
                            "jobs only as itself")
+
+
+def _usable(name: str, cannot_switch: str) -> JobUser:
+    """`name` as a user this daemon can run jobs as (`cannot_switch`: why not, when it is not root)."""
+    user = lookup(name)
+    if user.switched and not can_switch():
+        raise JobUserError(cannot_switch)
     if user.switched:
         check_runnable(user)
     return user
