@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 
@@ -14,16 +15,19 @@ from util import wait_until
 from elasticd import protocol as p
 from elasticd.daemon import supervision
 from elasticd.daemon.devices import cpu_devices, discover
-from elasticd.daemon.processes import AgentProcesses
+from elasticd.daemon.processes import AgentProcesses, open_agent_root
 from elasticd.statedir import StateDir
 
 
 @pytest.fixture
 def sup(tmp_path):
-    s = AgentProcesses(StateDir(tmp_path / "state").create(), cpu_devices(2), f"ipc://{tmp_path}/nobody.sock",
-                   "127.0.0.1", agent_command=[sys.executable, str(FAKE_AGENT)])
+    sd = StateDir(tmp_path / "state").create()
+    open_agent_root(sd, shared=False, now=time.time())
+    s = AgentProcesses(sd, cpu_devices(2), f"ipc://{tmp_path}/nobody.sock",
+                       "127.0.0.1", agent_command=[sys.executable, str(FAKE_AGENT)])
     yield s
     s.shutdown(timeout_s=2.0)
+    shutil.rmtree(sd.agent_root, ignore_errors=True)
 
 
 def launch(sup: AgentProcesses, job: str, env: dict[str, str], devices=("cpu:0", "cpu:1")) -> bool:

@@ -159,9 +159,11 @@ def test_an_agent_dying_mid_hand_over_falls_back_to_the_snapshot_and_ends_as_if_
     hold.unlink()
     info = wait_until(lambda: (i := job_info(sd, job))["resizing"]["saved"] == 5 and i, 60,
                       what="every part of the snapshot to be saved")
-    snaps = StateDir.resolve(sd).snapshot_dir(job)
+    snaps = StateDir.resolve(sd).job_dir(job)
     assert sorted(os.listdir(snaps / "e1")) == ["groups.pt", "w0.pt", "w1.pt", "w2.pt", "w3.pt"]
-    assert stat.S_IMODE(snaps.parent.stat().st_mode) == 0o700, "other users must not list the snapshots"
+    # Other users may at most pass through the agents' area (a root daemon's job users do), never list it.
+    assert not stat.S_IMODE(snaps.parent.stat().st_mode) & 0o066, "other users must not list the snapshots"
+    assert stat.S_IMODE(snaps.stat().st_mode) == 0o700
     assert "snapshot parts saved 5/5" in cli("status", job, "--state-dir", str(sd)).out
     os.kill(joiner["pid"], signal.SIGKILL)
     info = wait_resized(sd, job, 1)
