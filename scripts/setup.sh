@@ -38,11 +38,10 @@ fi
 # refuses to start with the directory named otherwise).
 if [ "$(id -u)" = 0 ] && id elasticd-job >/dev/null 2>&1; then
     "$VENV/bin/python" - <<'PY'
-import os, stat, sys
-import elasticd
+import os, stat
 from elasticd.daemon import job_user
 user = job_user.lookup(job_user.DEFAULT_JOB_USER)
-for path in (sys.executable, os.__file__, elasticd.__file__):
+for _what, path in job_user.runnable_paths():
     while (where := job_user.blocked_at(path, user)) is not None:
         os.chmod(where, stat.S_IMODE(os.stat(where).st_mode) | stat.S_IXOTH)
         print(f"setup: {where}: others may now pass through (o+x) to run {os.path.realpath(path)} as {user.name}")

@@ -271,3 +271,18 @@ def test_the_agents_area_must_be_the_daemons_own(tmp_path):
             open_agent_root(sd, shared=False, now=0.0)
     finally:
         root.unlink()
+
+
+def test_blocked_at_names_the_first_directory_a_user_cannot_pass(shared_dir):
+    """What the daemon's start-up check and setup.sh rely on: the first directory on the way to a file that a
+    user (here one that owns nothing) may not pass through; o+x alone opens it."""
+    stranger = job_user.JobUser("stranger", 54321, 54321, (54321,), "/nonexistent")
+    closed = shared_dir / "closed"
+    (closed / "inner").mkdir(parents=True)
+    closed.chmod(0o700)
+    target = closed / "inner" / "file.py"
+    assert job_user.blocked_at(str(target), stranger) == str(closed)
+    closed.chmod(0o711)
+    assert job_user.blocked_at(str(target), stranger) is None
+    assert [what for what, _ in job_user.runnable_paths()] == [
+        "the Python interpreter", "its standard library", "the installed packages", "elasticd"]

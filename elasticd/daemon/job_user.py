@@ -86,14 +86,23 @@ def blocked_at(path: str, user: JobUser) -> str | None:
     return None
 
 
+def runnable_paths() -> list[tuple[str, str]]:
+    """What an agent's user must reach to start an agent: the interpreter, its standard library, the
+    packages of this environment (torch, pyzmq) and elasticd (an editable install lives elsewhere)."""
+    import sysconfig
+
+    import elasticd
+
+    return [("the Python interpreter", sys.executable), ("its standard library", os.__file__),
+            ("the installed packages", os.path.join(sysconfig.get_paths()["purelib"], "-")),
+            ("elasticd", elasticd.__file__)]
+
+
 def check_runnable(user: JobUser) -> None:
     """Raises:
         JobUserError: `user` could not start this Python and elasticd (an interpreter under /root, say).
     """
-    import elasticd
-
-    for what, path in (("the Python interpreter", sys.executable), ("its standard library", os.__file__),
-                       ("elasticd", elasticd.__file__)):
+    for what, path in runnable_paths():
         where = blocked_at(path, user)
         if where is not None:
             raise JobUserError(
