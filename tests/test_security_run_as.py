@@ -22,6 +22,7 @@ from util import REPO, cli, wait_until
 
 from elasticd import keys
 from elasticd import protocol as p
+from elasticd.core.files import read_regular
 from elasticd.daemon import job_user
 from elasticd.scheduler import authz
 
@@ -236,16 +237,16 @@ def test_the_daemon_reads_an_agents_files_only_as_regular_files_of_the_agents_us
     me = os.geteuid()
     good = tmp_path / "rank0.json"
     good.write_text('{"message": "boom"}')
-    assert job_user.read_agent_file(good, me, 1 << 20) == b'{"message": "boom"}'
-    assert job_user.read_agent_file(good, me, 4) == b'{"me'
-    assert job_user.read_agent_file(good, me + 1, 1 << 20) is None      # not the agent's user's file
+    assert read_regular(good, 1 << 20, owner=me) == b'{"message": "boom"}'
+    assert read_regular(good, 4, owner=me) == b'{"me'
+    assert read_regular(good, 1 << 20, owner=me + 1) is None      # not the agent's user's file
     link = tmp_path / "rank1.json"
     link.symlink_to("/etc/passwd")
-    assert job_user.read_agent_file(link, me, 1 << 20) is None
+    assert read_regular(link, 1 << 20, owner=me) is None
     fifo = tmp_path / "rank2.json"
     os.mkfifo(fifo)
-    assert job_user.read_agent_file(fifo, me, 1 << 20) is None
-    assert job_user.read_agent_file(tmp_path / "missing.json", me, 1 << 20) is None
+    assert read_regular(fifo, 1 << 20, owner=me) is None
+    assert read_regular(tmp_path / "missing.json", 1 << 20, owner=me) is None
     from elasticd.core.watchdog import read_beat
     assert read_beat(str(fifo)) is None and read_beat(str(link)) is None
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 import threading
 import time
@@ -33,6 +32,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
+
+from elasticd.core.files import read_regular
 
 FIRST_BOUND_S = 900.0   # until WARM_STEPS steps completed: compilation, cold caches, first loads
 FLOOR_S = 300.0         # never less, afterwards: an evaluation a few hundred steps apart
@@ -147,17 +148,8 @@ class BeatWriter:
 def read_beat(path: str) -> Beat | None:
     """An agent's beat, or None before it wrote one (or when the file is unreadable). The agent owns the
     directory: a link or a FIFO in the beat file's place is not followed or waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, _FORMAT.size) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) < _FORMAT.size:
+    data = read_regular(path, _FORMAT.size)
+    if data is None or len(data) < _FORMAT.size:
         return None
     state, since, step, step_at = _FORMAT.unpack(data)
     return Beat(state == IN_COLLECTIVE, since, step, step_at)

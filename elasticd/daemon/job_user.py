@@ -10,8 +10,8 @@ socket, where it proves itself with its own token, and its job's directory, whic
 A daemon running as an ordinary user cannot switch users: its jobs run as that user and are as trusted as
 it is (docs/security.md says so plainly).
 
-Files agents own are read by the daemon as that agent's user would allow and no further: never through a
-link, never a FIFO or device, only a regular file the agent's user owns, and a bounded number of bytes.
+Files agents own are read by the daemon with elasticd.core.files.read_regular: never through a link, only
+regular files of the agent's user, a bounded number of bytes.
 """
 
 from __future__ import annotations
@@ -191,22 +191,3 @@ def own_dir(path: Path, user: JobUser) -> None:
     if (st.st_uid, st.st_gid) != (user.uid, user.gid):
         os.chown(path, user.uid, user.gid, follow_symlinks=False)
     os.chmod(path, 0o700)
-
-
-def read_agent_file(path: Path, uid: int, limit: int) -> bytes | None:
-    """At most `limit` bytes of a regular file owned by `uid` (the agent's user), opened without following
-    a link and without blocking on a FIFO; None when there is no such file. A job cannot make the daemon
-    read a file of someone else's for it (a link to /etc/shadow, a hard link to a root file)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-            return None
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)

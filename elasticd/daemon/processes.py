@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
 from elasticd.core.env_names import AGENT_TOKEN_VAR
+from elasticd.core.files import read_regular
 from elasticd.core.watchdog import Beat, beat_path, is_stopped, read_beat
 from elasticd.daemon import job_user
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
@@ -43,7 +43,7 @@ from elasticd.daemon.spares import SparePool, signal_group, signal_pid_group
 from elasticd.daemon.supervision import TERM_GRACE_S, Supervision
 from elasticd.forked import ForkedProcess
 from elasticd.ports import free_port
-from elasticd.statedir import StateDir, UnsafeStateDir
+from elasticd.statedir import StateDir, UnsafeStateDir, unsafe_dir
 
 log = logging.getLogger(__name__)
 
@@ -382,11 +382,10 @@ def open_agent_root(sd: StateDir, shared: bool, now: float) -> Path:
         root.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise UnsafeStateDir(f"refusing to use {root} for the agents' files: it is "
-                             + ("not a directory" if not stat.S_ISDIR(st.st_mode) else f"owned by uid {st.st_uid}")
-                             + "; someone else made it. Remove it, or use another --state-dir")
+    why = unsafe_dir(os.lstat(root), own=True)
+    if why:
+        raise UnsafeStateDir(f"refusing to use {root} for the agents' files: it is {why}; someone else made it. "
+                             "Remove it, or use another --state-dir")
     os.chmod(root, 0o711 if shared else 0o700)
     for job in list(root.iterdir()):
         if job.is_symlink() or not job.is_dir():   # the socket of a daemon that crashed, or nothing of ours
@@ -412,7 +411,7 @@ def _beat(proc: _Process, now: float) -> Beat | None:
 
 def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
     """The agent's own error report, or one made up from its exit code and log tail."""
-    data = job_user.read_agent_file(proc.error_path, proc.uid, MAX_ERROR_REPORT)
+    data = read_regular(proc.error_path, MAX_ERROR_REPORT, owner=proc.uid)
     try:
         err = p.flat_scalars(json.loads(data)) if data else None
         if err:
