@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -34,6 +32,7 @@ from elasticd.agent.compat.worker_env import torchrun_variables
 from elasticd.agent.script import import_script
 from elasticd.agent.script_main import script_args
 from elasticd.core.commands import module_command
+from elasticd.forked import ForkedProcess, ForkServer, supported
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -42,6 +41,7 @@ _REDUCE_OPS = {
     "min": dist.ReduceOp.MIN,
 }
 _LOG_EVERY = 10  # rank 0 prints ctx.log metrics every this many steps (and on the first)
+_POLL_S = 0.05   # how often the launcher looks at cold ranks' exits
 
 
 class NativeContext:
@@ -242,44 +242,64 @@ def run_native_ddp(
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout))
     child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
-    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo must not pick an interface other ranks can't reach
     # find_unused_parameters=True makes DDP warn once per rank when every parameter was used.
-    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # gloo must not pick an interface other ranks can't reach
-    procs: list[subprocess.Popen[bytes]] = []
-    exits: queue.Queue[tuple[int, int]] = queue.Queue()
+    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # The ranks are forked from one process that imported torch once (a cold rank pays the interpreter and
+    # the torch import, seconds of CPU each); a rank the server cannot give what a cold start would is
+    # started cold (elasticd/forked.py says when).
+    forks = ForkServer(child_env, kind="reference") if supported() else None
+    procs: list[subprocess.Popen[bytes] | ForkedProcess] = []
     try:
         for rank in range(workers):
-            cmd = [*module_command("elasticd.agent.ddp_reference"), "worker", "--script", script_path,
-                   "--rank", str(rank), "--world", str(workers), "--store-port", str(store.port),
-                   "--pg-timeout", str(timeout)]
+            argv = ["worker", "--script", script_path, "--rank", str(rank), "--world", str(workers),
+                    "--store-port", str(store.port), "--pg-timeout", str(timeout)]
             if func:
-                cmd += ["--func", func]
+                argv += ["--func", func]
             # What torchrun --nproc_per_node=workers sets for a rank: a function ported from a torchrun script
             # reads it (the same table elasticd's workers see; plain data, no runtime code).
-            rank_env = torchrun_variables(rank, workers, "127.0.0.1", store.port, run_id="elasticd-ddp")
-            proc = subprocess.Popen(cmd, env={**child_env, **rank_env})
-            procs.append(proc)
-            # One waiter thread per rank turns process exits into queue events the launcher blocks on.
-            threading.Thread(target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        for _ in range(workers):
-            try:
-                rank, code = exits.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                print(f"[native ddp] timed out after {timeout:.0f}s; killing all ranks", file=sys.stderr, flush=True)
-                return 124
-            if code != 0:
-                print(f"[native ddp] rank {rank} exited with code {code}; stopping the other ranks",
-                      file=sys.stderr, flush=True)
-                return code if code > 0 else 1
-        return 0
+            rank_env = {**child_env, **torchrun_variables(rank, workers, "127.0.0.1", store.port,
+                                                          run_id="elasticd-ddp")}
+            proc = forks.spawn(argv, rank_env, ()) if forks is not None else None
+            procs.append(proc if proc is not None else
+                         subprocess.Popen([*module_command("elasticd.agent.ddp_reference"), *argv], env=rank_env))
+        return _wait_all(procs, forks, timeout)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
         for proc in procs:
             proc.wait()
+        if forks is not None:
+            forks.close()
         del store
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes] | ForkedProcess], forks: ForkServer | None, timeout: float) -> int:
+    """0 when every rank exited 0; else the first failed rank's code (the caller stops the others), 124
+    when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    running = dict(enumerate(procs))
+    while running:
+        for rank, proc in list(running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del running[rank]
+            if code != 0:
+                print(f"[native ddp] rank {rank} exited with code {code}; stopping the other ranks",
+                      file=sys.stderr, flush=True)
+                return code if code > 0 else 1
+        if not running:
+            return 0
+        if time.monotonic() > deadline:
+            print(f"[native ddp] timed out after {timeout:.0f}s; killing all ranks", file=sys.stderr, flush=True)
+            return 124
+        if forks is not None and not forks.broken:
+            forks.pump(_POLL_S)   # returns at once when a forked rank's exit is reported
+        else:
+            time.sleep(_POLL_S)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
-"""`python -m elasticd.agent.forkserver FD`: imports torch once, then forks `elasticd run`'s agents.
+"""`python -m elasticd.agent.forkserver FD [KIND]`: imports torch once, then forks `elasticd run`'s agents
+(KIND `agent`, the default) or the ranks of a plain-DDP reference run (`reference`, agent/ddp_reference.py:
+torch, torch.distributed and DDP imported, none of the agent's patches installed).
 
 An agent started cold pays an interpreter, the torch import and torch's lazy first-optimizer imports
 (~4.5 s of CPU on an idle core of this project's machines) before it runs a line of the job; `elasticd run`
@@ -164,7 +166,7 @@ def _die_with(parent: int, sig: int) -> None:
         os._exit(70)
 
 
-def _become(job: dict, fds: list[int], parent: int) -> None:
+def _become(job: dict, fds: list[int], parent: int, entry: str | None) -> None:
     from elasticd.agent.spare import take_on
 
     _place_fds(fds, job["fds"])   # sys.stdout and sys.stderr wrap fds 1 and 2, now the launcher's
@@ -172,16 +174,30 @@ def _become(job: dict, fds: list[int], parent: int) -> None:
         os.setsid()   # as Popen's start_new_session: a signal to the process group reaches its children only
     if job.get("death_signal"):
         _die_with(parent, job["death_signal"])
-    take_on(job)
+    take_on(job, entry)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _fresh_streams()
 
 
-def main(argv: list[str]) -> int:
-    sock = socket.socket(fileno=int(argv[0]))
+def _preload(kind: str) -> str | None:
+    """Import what the children of `kind` run on; the file their sys.argv names (None: the agent's)."""
+    if kind == "reference":
+        # Plain torch, torch.distributed and DDP: none of the agent's patches may reach the reference.
+        import elasticd.agent.ddp_reference
+
+        return elasticd.agent.ddp_reference.__file__
+    if kind != "agent":
+        raise SystemExit(f"elasticd fork server: unknown kind {kind!r} (agent, reference)")
     from elasticd.agent.spare import _preload
 
     _preload()
+    return None
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    kind = argv[1] if len(argv) > 1 else "agent"
+    entry = _preload(kind)
     # Ctrl-C in the launcher's terminal reaches this process group: the launcher decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server = os.getpid()
@@ -194,10 +210,14 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     job, fds = child
     try:
-        _become(job, fds, server)
+        _become(job, fds, server, entry)
     except BaseException:   # noqa: BLE001 - a child that cannot become its agent fails as a cold one would
         traceback.print_exc()
         return 1
+    if kind == "reference":
+        from elasticd.agent.ddp_reference import main as reference_main
+
+        return reference_main(job["argv"])
     if job.get("spare"):
         from elasticd.agent.spare import serve
 

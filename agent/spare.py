@@ -129,16 +129,19 @@ def _become(job: dict) -> None:
     take_on(job)
 
 
-def take_on(job: dict) -> None:
+def take_on(job: dict, entry: str | None = None) -> None:
     """The job's cwd, environment, sys.path and sys.argv, as `python -m elasticd.agent ARGV` started in
-    that cwd with that environment would have them (also a forked agent's, agent/forkserver.py)."""
+    that cwd with that environment would have them (also a forked agent's, agent/forkserver.py); `entry`
+    is the file `-m` would run instead (a forked DDP reference rank's)."""
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
     sys.path[:] = job_sys_path(os.getcwd(), job["env"].get("PYTHONPATH", ""))
-    import elasticd.agent.__main__
+    if entry is None:
+        import elasticd.agent.__main__
 
-    sys.argv = [elasticd.agent.__main__.__file__, *job["argv"]]
+        entry = elasticd.agent.__main__.__file__
+    sys.argv = [entry, *job["argv"]]
 
 
 def main() -> int:

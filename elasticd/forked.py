@@ -1,5 +1,6 @@
 """Start agents by forking one warm process (agent/forkserver.py) instead of cold: `elasticd run`'s
-agents, and a node daemon's spares (elasticd/daemon/spares.py).
+agents, a node daemon's spares (elasticd/daemon/spares.py), and the ranks of `elasticd run --ddp`'s
+plain-DDP reference (a server of its own, without the agent's patches).
 
 `ForkServer.spawn` returns a `ForkedProcess`, which the caller handles as the `subprocess.Popen` it
 would otherwise have (poll, wait, send_signal, kill, pid, returncode), or None: start that agent cold.
@@ -101,9 +102,10 @@ class ForkServer:
 
     def __init__(self, env: Mapping[str, str], *, cwd: str | None = None, stdout: IO[bytes] | None = None,
                  wrap: Callable[[list[str]], list[str]] = list, session: bool = False,
-                 reply_timeout_s: float = READY_TIMEOUT_S) -> None:
+                 reply_timeout_s: float = READY_TIMEOUT_S, kind: str = "agent") -> None:
         """The server runs `wrap(command)` in `cwd` with `env`, its output to `stdout` (default: ours),
-        in a session of its own if `session`. A fork it does not report within `reply_timeout_s` breaks it."""
+        in a session of its own if `session`; it forks agents, or DDP reference ranks if `kind` is
+        "reference". A fork it does not report within `reply_timeout_s` breaks it."""
         self.env = dict(env)
         self.reply_timeout_s = reply_timeout_s
         self.broken = ""   # why no more forks: the launcher starts agents cold from then on
@@ -112,7 +114,7 @@ class ForkServer:
         self._replies: list[tuple[dict, list[int]]] = []
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
-        self._proc = subprocess.Popen(wrap([*module_command("elasticd.agent.forkserver"), str(theirs.fileno())]),
+        self._proc = subprocess.Popen(wrap([*module_command("elasticd.agent.forkserver"), str(theirs.fileno()), kind]),
                                       env=self.env, cwd=cwd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                       stdout=stdout, stderr=None if stdout is None else subprocess.STDOUT,
                                       start_new_session=session)

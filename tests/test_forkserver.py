@@ -117,3 +117,29 @@ def test_each_forked_agent_starts_with_streams_of_its_own(tmp_path: Path) -> Non
     draws = [json.loads(Path(f"{out}{rank}.json").read_text()) for rank in range(4)]
     assert draws[0] == draws[1] and draws[2] == draws[3]   # ranks 0-1 on agent 0, 2-3 on agent 1
     assert all(draws[0][k] != draws[2][k] for k in draws[0]), draws
+
+
+def _reference(tmp: Path, name: str, env: dict[str, str]) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    out = tmp / name
+    out.mkdir()
+    run = cli("run", str(JOBS / "reference_probe.py"), "--workers", "3", "--ddp",
+              env={**env, "ELASTICD_TEST_WORKERS": "3", "ELASTICD_TEST_OUT": str(out)}, timeout=300)
+    assert run.code == 0, run.output
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(3)], torch.load(out / "model.pt")
+
+
+def test_reference_ranks_are_forked_plain_ddp_processes_computing_what_cold_ones_do(tmp_path: Path) -> None:
+    """`elasticd run --ddp` forks its ranks from a server that imported torch only: no elasticd patch may be
+    in a rank (the reference must not share the runtime it checks), each rank has its own RANK and unseeded
+    streams, and the trained model is bitwise what cold ranks train."""
+    forked, forked_model = _reference(tmp_path, "forked", {})
+    cold, cold_model = _reference(tmp_path, "cold", {"ELASTICD_FORKSERVER": "0"})
+    for seen in (*forked, *cold):
+        assert seen["patches"] == [], seen
+        assert seen["argv0"] == str(JOBS / "reference_probe.py"), seen   # as `python SCRIPT`
+    assert all("elasticd.agent.forkserver" in r["parent"] and "reference" in r["parent"] for r in forked), forked
+    assert not any("elasticd.agent.forkserver" in r["parent"] for r in cold), cold
+    assert [r["rank"] for r in forked] == [0, 1, 2]
+    assert len({r["seed"] for r in forked}) == 3, forked
+    assert forked_model.keys() == cold_model.keys()
+    assert all(torch.equal(forked_model[k], cold_model[k]) for k in cold_model)
