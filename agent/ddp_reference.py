@@ -32,7 +32,7 @@ from elasticd.agent.compat.worker_env import torchrun_variables
 from elasticd.agent.script import import_script
 from elasticd.agent.script_main import script_args
 from elasticd.core.commands import module_command
-from elasticd.forked import ForkedProcess, ForkServer, supported
+from elasticd.forked import ForkedProcess, ForkServer, shared_server, supported
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -228,6 +228,16 @@ def _group_given(rank: int, world: int) -> None:
 
 # --- the launcher --------------------------------------------------------------------------------------
 
+def rank_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every rank starts with: ours, `env`, and the settings below (a shared fork server
+    of kind "reference" must be started with it, or ranks are not forked from it)."""
+    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
+    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo must not pick an interface other ranks can't reach
+    # find_unused_parameters=True makes DDP warn once per rank when every parameter was used.
+    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return child_env
+
+
 def run_native_ddp(
     script_path: str, func: str | None, workers: int, env: dict[str, str] | None = None, timeout: float = 600
 ) -> int:
@@ -241,14 +251,11 @@ def run_native_ddp(
     # The launcher hosts the rendezvous store on an OS-chosen port: no free-port race with other jobs.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout))
-    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
-    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo must not pick an interface other ranks can't reach
-    # find_unused_parameters=True makes DDP warn once per rank when every parameter was used.
-    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    child_env = rank_environment(env)
     # The ranks are forked from one process that imported torch once (a cold rank pays the interpreter and
     # the torch import, seconds of CPU each); a rank the server cannot give what a cold start would is
     # started cold (elasticd/forked.py says when).
-    forks = ForkServer(child_env, kind="reference") if supported() else None
+    forks = ForkServer(child_env, kind="reference", shared=shared_server("reference", child_env)) if supported() else None
     procs: list[subprocess.Popen[bytes] | ForkedProcess] = []
     try:
         for rank in range(workers):

@@ -2,6 +2,12 @@
 (KIND `agent`, the default) or the ranks of a plain-DDP reference run (`reference`, agent/ddp_reference.py:
 torch, torch.distributed and DDP imported, none of the agent's patches installed).
 
+`python -m elasticd.agent.forkserver --listen PATH [KIND]` is a server shared by many launchers on one
+machine (a test suite's hundreds of `elasticd run`s): it imports once, then forks one server as above for
+each launcher that connects to PATH (ELASTICD_FORKSERVER_DIR, elasticd/forked.py). Their agents are not
+in the launcher's session or process group, so a signal to the launcher's group does not reach them;
+they still end with their launcher, whose end of file ends their server.
+
 An agent started cold pays an interpreter, the torch import and torch's lazy first-optimizer imports
 (~4.5 s of CPU on an idle core of this project's machines) before it runs a line of the job; `elasticd run`
 on M devices paid that M times at start, again for each joiner of a grow, and again for every agent of a
@@ -33,8 +39,10 @@ differs there cold (elasticd/startup_env.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -77,7 +85,9 @@ class Server:
     def serve(self) -> tuple[dict, list[int]] | None:
         """Serve until the launcher closes the socket (None). In a forked child, return its request and
         fds instead, with everything of the server's closed."""
-        _send(self.sock, {"ready": os.getpid()})
+        # Its environment too: a client that joined a shared server (below) starts agents whose
+        # interpreter-start variables differ elsewhere.
+        _send(self.sock, {"ready": os.getpid(), "env": dict(os.environ)})
         while True:
             for key, _ in self.sel.select():
                 if key.fileobj is self.sock:
@@ -183,8 +193,12 @@ def _preload(kind: str) -> str | None:
     """Import what the children of `kind` run on; the file their sys.argv names (None: the agent's)."""
     if kind == "reference":
         # Plain torch, torch.distributed and DDP: none of the agent's patches may reach the reference.
+        import torch
+
         import elasticd.agent.ddp_reference
 
+        # A rank's first optimizer imports torch's compiler stack (over a CPU-second): once, here.
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         return elasticd.agent.ddp_reference.__file__
     if kind != "agent":
         raise SystemExit(f"elasticd fork server: unknown kind {kind!r} (agent, reference)")
@@ -195,11 +209,45 @@ def _preload(kind: str) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    sock = socket.socket(fileno=int(argv[0]))
+    if argv[:1] == ["--listen"]:
+        return _listen(argv[1], argv[2] if len(argv) > 2 else "agent")
     kind = argv[1] if len(argv) > 1 else "agent"
     entry = _preload(kind)
     # Ctrl-C in the launcher's terminal reaches this process group: the launcher decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return _serve(socket.socket(fileno=int(argv[0])), kind, entry)
+
+
+def _listen(path: str, kind: str) -> int:
+    """A shared server: preload once, then serve each client that connects to `path` from a fork of
+    this process of its own (the server a launcher would otherwise start, without the imports). Ends
+    when the process that started it does."""
+    entry = _preload(kind)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mask = os.umask(0o177)   # the socket is its owner's alone: a client names argv and env to run
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(mask)
+    listener.listen(16)
+    while os.getppid() == parent:
+        if select.select([listener], [], [], 1.0)[0]:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                return _serve(conn, kind, entry)
+            conn.close()
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os._exit(0)
+
+
+def _serve(sock: socket.socket, kind: str, entry: str | None) -> int:
     server = os.getpid()
     child = Server(sock).serve()
     if child is None:

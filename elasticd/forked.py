@@ -33,6 +33,10 @@ from elasticd.startup_env import startup_differences
 log = logging.getLogger(__name__)
 
 ENABLE_VAR = "ELASTICD_FORKSERVER"
+# A directory holding shared servers' sockets, `KIND.sock` (agent/forkserver.py --listen): a launcher
+# takes its server from there instead of starting one and paying torch's import.
+SHARED_DIR_VAR = "ELASTICD_FORKSERVER_DIR"
+JOIN_TIMEOUT_S = 60.0   # a shared server forks at once; this only bounds a wedged one
 READY_TIMEOUT_S = 600.0   # the server imports torch: seconds, minutes on a badly overloaded machine
 MAX_MESSAGE = 1 << 20
 # The server died under its children: they see their parent change and stop, with codes we never learn.
@@ -42,6 +46,12 @@ LOST_CODE = 1
 def supported() -> bool:
     return (sys.platform == "linux" and hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
             and hasattr(socket, "send_fds") and os.environ.get(ENABLE_VAR, "1") != "0")
+
+
+def shared_server(kind: str, env: Mapping[str, str] = os.environ) -> str:
+    """The socket of the shared server of `kind` named by `env`'s ELASTICD_FORKSERVER_DIR, or ""."""
+    where = env.get(SHARED_DIR_VAR, "")
+    return os.path.join(where, f"{kind}.sock") if where else ""
 
 
 class ForkedProcess:
@@ -102,16 +112,22 @@ class ForkServer:
 
     def __init__(self, env: Mapping[str, str], *, cwd: str | None = None, stdout: IO[bytes] | None = None,
                  wrap: Callable[[list[str]], list[str]] = list, session: bool = False,
-                 reply_timeout_s: float = READY_TIMEOUT_S, kind: str = "agent") -> None:
+                 reply_timeout_s: float = READY_TIMEOUT_S, kind: str = "agent", shared: str = "") -> None:
         """The server runs `wrap(command)` in `cwd` with `env`, its output to `stdout` (default: ours),
         in a session of its own if `session`; it forks agents, or DDP reference ranks if `kind` is
-        "reference". A fork it does not report within `reply_timeout_s` breaks it."""
+        "reference". A fork it does not report within `reply_timeout_s` breaks it. `shared`: the socket
+        of a shared server of that kind (`shared_server`) to take a server from instead of starting one,
+        used when it answers and its interpreter-start environment is `env`'s."""
         self.env = dict(env)
         self.reply_timeout_s = reply_timeout_s
         self.broken = ""   # why no more forks: the launcher starts agents cold from then on
         self._ready = False
         self._children: dict[int, ForkedProcess] = {}
         self._replies: list[tuple[dict, list[int]]] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid = 0
+        if shared and self._join(shared):
+            return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         self._proc = subprocess.Popen(wrap([*module_command("elasticd.agent.forkserver"), str(theirs.fileno()), kind]),
@@ -120,9 +136,30 @@ class ForkServer:
                                       start_new_session=session)
         theirs.close()
 
+    def _join(self, path: str) -> bool:
+        """Take a server from the shared one at `path`; False (nothing held) where it cannot serve us."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            sock.close()
+            log.info("the shared fork server at %s did not answer (%s); starting one", path, e)
+            return False
+        self._sock = sock
+        reply = self._await("ready", JOIN_TIMEOUT_S)
+        differ = startup_differences(self.env, reply[0].get("env", {})) if reply is not None else []
+        if reply is None or differ:
+            log.info("not using the shared fork server at %s: %s", path,
+                     self.broken or f"{', '.join(differ)} differ from its environment")
+            sock.close()
+            self.broken, self._ready, self._replies = "", False, []
+            return False
+        self._pid = int(reply[0]["ready"])
+        return True
+
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._proc.pid if self._proc is not None else self._pid
 
     def ready(self) -> bool:
         """Whether it has imported torch and takes requests; never waits (a daemon's loop asks)."""
@@ -221,7 +258,7 @@ class ForkServer:
         if not self.broken:
             self.broken = why
             log.warning("elasticd fork server: %s; agents start cold from now on", why)
-            if self._proc.poll() is None:
+            if self._proc is not None and self._proc.poll() is None:
                 self._proc.kill()
 
     def _reap_orphans(self) -> None:
@@ -234,11 +271,12 @@ class ForkServer:
     def close(self, timeout_s: float = 10.0) -> None:
         """End the server (its agents should be gone by now: those still running see their parent go)."""
         self._sock.close()
-        try:
-            self._proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
         for child in self._children.values():
             if child._pidfd is not None:
                 os.close(child._pidfd)

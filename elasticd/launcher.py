@@ -49,7 +49,7 @@ from elasticd.core.watchdog import (
     is_stopped,
     read_beat,
 )
-from elasticd.forked import ForkedProcess, ForkServer, supported
+from elasticd.forked import ForkedProcess, ForkServer, shared_server, supported
 from elasticd.ports import free_port
 from elasticd.protocol.lines import LineReader, encode_line
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, Refuse, ResizePlan, RollBack
@@ -625,7 +625,8 @@ class LocalRun:
         """Run to completion: 0, or 1 if an agent failed (its error already printed)."""
         try:
             if supported():
-                self._forks = ForkServer(self._agent_env())
+                env = self._agent_env()
+                self._forks = ForkServer(env, shared=shared_server("agent", env))
             port = free_port()
             for rank in range(self.devices):
                 self._spawn(rank, self.devices, port)

@@ -26,6 +26,7 @@ from util import (
 )
 
 from elasticd.agent.ddp_reference import run_native_ddp
+from elasticd.forked import SHARED_DIR_VAR
 
 EQUIVALENCE_JOBS = ["mlp_sgd", "cnn_bn", "tiny_lm", "accum_nosync"]
 TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor: local pre-summation reorders fp32 additions, nothing more
@@ -85,7 +86,7 @@ def _names_rank(output: str, rank: int) -> bool:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("devices", [1, 2])
 def test_raising_worker_stops_the_run(devices: int) -> None:
-    run = elasticd_run(JOBS / "raises.py", devices)
+    run = elasticd_run(JOBS / "raises.py", devices, env={SHARED_DIR_VAR: ""})   # its agents in its session
     assert run.code != 0, f"a raising worker must fail the run:\n{run.output}"
     assert run.seconds < FAILURE_DEADLINE, f"took {run.seconds:.0f}s to notice the failure"
     assert "Traceback" in run.output and "raise DeliberateFailure" in run.output, run.output

@@ -23,6 +23,7 @@ from util import JOBS, cli, wait_until
 from elasticd import protocol as p
 from elasticd.agent.proc_name import STANDBY, agents_under
 from elasticd.core.agent_config import AgentConfig
+from elasticd.core.commands import module_command
 from elasticd.forked import ForkServer, supported
 from elasticd.protocol.lines import LineReader
 
@@ -143,3 +144,37 @@ def test_reference_ranks_are_forked_plain_ddp_processes_computing_what_cold_ones
     assert len({r["seed"] for r in forked}) == 3, forked
     assert forked_model.keys() == cold_model.keys()
     assert all(torch.equal(forked_model[k], cold_model[k]) for k in cold_model)
+
+
+def test_a_shared_server_gives_each_launcher_a_server_of_its_own_unless_the_environment_differs(
+        tmp_path: Path) -> None:
+    """`forkserver --listen`: each client gets a fork of the warm server (no second torch import), which ends
+    with the client; a client whose interpreter-start variables differ starts its own server instead."""
+    path = tmp_path / "agent.sock"
+    shared = subprocess.Popen([*module_command("elasticd.agent.forkserver"), "--listen", str(path), "agent"])
+    try:
+        wait_until(path.exists, 300, what="the shared server's socket")
+        assert path.stat().st_mode & 0o777 == 0o600
+        joined = ForkServer(dict(os.environ), shared=str(path))
+        assert joined._proc is None and psutil.Process(joined.pid).ppid() == shared.pid
+        stdin, keep = os.pipe()   # a spare waits for its job on stdin: it stays until killed
+        try:
+            forked = joined.spawn([], dict(os.environ), (), stdio=[stdin, 1, 2], options={"spare": True})
+            assert forked is not None and psutil.Process(forked.pid).ppid() == joined.pid
+            forked.kill()
+            assert forked.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            os.close(stdin)
+            os.close(keep)
+        server = psutil.Process(joined.pid)
+        joined.close()
+        wait_until(lambda: not server.is_running(), 30, what="the client's server to end with it")
+        apart = ForkServer({**os.environ, "OMP_NUM_THREADS": "3"}, shared=str(path))
+        try:
+            assert apart._proc is not None and psutil.Process(apart.pid).ppid() == os.getpid()
+        finally:
+            apart.close()
+        assert shared.poll() is None
+    finally:
+        shared.kill()
+        shared.wait()

@@ -15,10 +15,14 @@ from typing import Any, TypeVar
 
 import torch
 
+from elasticd.forked import SHARED_DIR_VAR
+
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
 T = TypeVar("T")
 REFERENCE_WORKERS = 4  # N of the equivalence jobs
+# The directory of this test process's shared fork servers (tests/conftest.py), "" while there are none.
+SHARED_FORK_SERVERS = ""
 
 
 @dataclass(slots=True)
@@ -153,12 +157,14 @@ def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0,
         ) -> CliResult:
     """Run `python -m elasticd ARGS` in its own session; on timeout kill the whole session and fail.
 
-    Its own session lets a hang be cleaned up completely (agents included) and lets tests check that
-    nothing the run started outlives it.
+    Its own session lets a hang be cleaned up completely and lets tests check that nothing the run started
+    outlives it. `elasticd run` takes its fork servers from the suite's shared ones (tests/conftest.py), whose
+    agents are outside that session: a test that looks at them passes `ELASTICD_FORKSERVER_DIR=""` in `env`.
     """
     start = time.monotonic()
+    shared = {SHARED_DIR_VAR: SHARED_FORK_SERVERS} if args[:1] == ("run",) and SHARED_FORK_SERVERS else {}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "elasticd", *args], cwd=cwd or REPO, env={**os.environ, **(env or {})},
+        [sys.executable, "-m", "elasticd", *args], cwd=cwd or REPO, env={**os.environ, **shared, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
