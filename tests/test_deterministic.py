@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from util import JOBS
+from util import JOBS, shared_servers
 
 JOB = str(JOBS / "resize_job.py")  # BatchNorm, dropout, AdamW, StepLR, clipping, ctx.private
 
@@ -17,7 +17,7 @@ JOB = str(JOBS / "resize_job.py")  # BatchNorm, dropout, AdamW, StepLR, clipping
 def run(tmp: Path, devices: int, deterministic: bool) -> dict[str, torch.Tensor]:
     out = tmp / f"m{devices}-{int(deterministic)}"
     out.mkdir()
-    env = {**os.environ, "ELASTICD_TEST_WORKERS": "8", "ELASTICD_TEST_STEPS": "20",
+    env = {**os.environ, **shared_servers(), "ELASTICD_TEST_WORKERS": "8", "ELASTICD_TEST_STEPS": "20",
            "ELASTICD_TEST_DETERMINISTIC": "1" if deterministic else "0",
            "ELASTICD_TEST_LOG": str(out), "ELASTICD_TEST_OUT": str(out / "final.pt")}
     proc = subprocess.run([sys.executable, "-m", "elasticd", "run", JOB, "--devices", str(devices)],

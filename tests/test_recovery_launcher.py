@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from util import JOBS, assert_same_run, completed_twice, consumed, wait_until
+from util import JOBS, assert_same_run, completed_twice, consumed, shared_servers, wait_until
 
 from elasticd.agent.proc_name import agents_under
 from elasticd.core.records import Recovery
@@ -37,7 +37,7 @@ def _cmd(out: Path, *args: str) -> list[str]:
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("undisturbed")
-    proc = subprocess.run(_cmd(out, "--snapshot-every", "0"), env=_env(out), capture_output=True, text=True,
+    proc = subprocess.run(_cmd(out, "--snapshot-every", "0"), env=_env(out, **shared_servers()), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -116,7 +116,7 @@ def test_an_agent_the_others_wait_for_is_fenced_and_a_slow_step_is_not(undisturb
     out = tmp_path / "run"
     out.mkdir()
     env = _env(out, ELASTICD_TEST_SLOW_AT="8", ELASTICD_TEST_SLOW_S="4", ELASTICD_TEST_HANG_AT="13",
-               ELASTICD_TEST_HANG_RANK="2", ELASTICD_TEST_HANG_ONCE=str(out / "hung"))
+               ELASTICD_TEST_HANG_RANK="2", ELASTICD_TEST_HANG_ONCE=str(out / "hung"), **shared_servers())
     proc = subprocess.run(_cmd(out, "--snapshot-every", "5", "--stuck-after", "2"), env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from util import JOBS, assert_same_run, consumed, max_rel_diff, wait_until
+from util import JOBS, assert_same_run, consumed, max_rel_diff, shared_servers, wait_until
 
 from elasticd.agent.proc_name import agents_under
 from elasticd.core.records import ResizeEntry
@@ -33,7 +33,8 @@ def run(tmp: Path, name: str, devices: int, scale_at: str = "", deterministic: b
            "--summary", str(out / "summary.json")]
     if scale_at:
         cmd += ["--scale-at", scale_at]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env={**os.environ, **shared_servers(), **env}, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, out
 

@@ -153,6 +153,12 @@ class CliResult:
         return json.loads(self.out)
 
 
+def shared_servers() -> dict[str, str]:
+    """What an `elasticd run` a test starts itself needs in its environment to take its fork servers from the
+    suite's shared ones (as `cli` does): for runs whose processes the test does not look at."""
+    return {SHARED_DIR_VAR: SHARED_FORK_SERVERS} if SHARED_FORK_SERVERS else {}
+
+
 def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0, cwd: str | Path | None = None
         ) -> CliResult:
     """Run `python -m elasticd ARGS` in its own session; on timeout kill the whole session and fail.
@@ -162,7 +168,7 @@ def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0,
     agents are outside that session: a test that looks at them passes `ELASTICD_FORKSERVER_DIR=""` in `env`.
     """
     start = time.monotonic()
-    shared = {SHARED_DIR_VAR: SHARED_FORK_SERVERS} if args[:1] == ("run",) and SHARED_FORK_SERVERS else {}
+    shared = shared_servers() if args[:1] == ("run",) else {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "elasticd", *args], cwd=cwd or REPO, env={**os.environ, **shared, **(env or {})},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
