@@ -21,6 +21,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -141,6 +142,10 @@ class ForkServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect(path)
+            # Our own user's server only: a client hands its server the job's environment and descriptors.
+            _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.geteuid():
+                raise PermissionError(f"it runs as uid {uid}, not as ours")
         except OSError as e:
             sock.close()
             log.info("the shared fork server at %s did not answer (%s); starting one", path, e)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -178,3 +180,32 @@ def test_a_shared_server_gives_each_launcher_a_server_of_its_own_unless_the_envi
     finally:
         shared.kill()
         shared.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to start a server as another user")
+def test_a_shared_server_of_another_user_is_not_joined() -> None:
+    """A client hands its server the job's environment and descriptors: a socket in the directory whose
+    server runs as someone else (root can connect to any socket) is left, and the client starts its own."""
+    import pwd
+
+    try:
+        other = pwd.getpwnam("elasticd-job")
+    except KeyError:
+        pytest.skip("no user elasticd-job (scripts/setup.sh creates it)")
+    where = Path(tempfile.mkdtemp(prefix="elasticd-shared-"))   # pytest's tmp dirs are root's alone
+    os.chown(where, other.pw_uid, other.pw_gid)
+    path = where / "agent.sock"
+    theirs = subprocess.Popen([*module_command("elasticd.agent.forkserver"), "--listen", str(path), "agent"],
+                              user=other.pw_uid, group=other.pw_gid, extra_groups=[], cwd="/")
+    try:
+        wait_until(lambda: path.exists() or theirs.poll() is not None, 300, what="the other user's server's socket")
+        assert theirs.poll() is None, "the other user's server did not start"
+        server = ForkServer(dict(os.environ), shared=str(path))
+        try:
+            assert server._proc is not None and psutil.Process(server.pid).ppid() == os.getpid()
+        finally:
+            server.close()
+    finally:
+        theirs.kill()
+        theirs.wait()
+        shutil.rmtree(where)
