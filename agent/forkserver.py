@@ -197,7 +197,8 @@ def _preload(kind: str) -> str | None:
 
         import elasticd.agent.ddp_reference
 
-        # A rank's first optimizer imports torch's compiler stack (over a CPU-second): once, here.
+        # A rank's first optimizer imports torch's compiler stack (over a CPU-second): once, here. Not
+        # agent/process.py's warm_up, the same call: importing that module brings the runtime in.
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         return elasticd.agent.ddp_reference.__file__
     if kind != "agent":
