@@ -15,7 +15,7 @@ finds nothing to recover: counted as passed, marked "late"). Printed per trial: 
 seconds and steps redone. Bounded by --trials and --budget seconds. The last line is `recovered=K/N`.
 `--quick` (the test suite's) runs two short trials, a stop and a double kill, at seeded moments.
 
-`elasticd run` is the supervisor here (one machine, no daemon); tests/test_recovery_daemon.py covers
+`elasticd run` is the supervisor here (one machine, no daemon); tests/elasticd/daemon/test_recovery_daemon.py covers
 the daemon's and scheduler's side (a killed agent, a lost node).
 """
 
@@ -44,7 +44,7 @@ from _benchjob_common import (
 
 WORKERS, DEVICES = 8, 2
 FAULTS = ["kill", "term", "stop", "double"]
-QUICK_FAULTS = ["stop", "double"]   # what the others add is covered by tests/test_recovery_launcher.py
+QUICK_FAULTS = ["stop", "double"]   # what the others add is covered by tests/elasticd/test_recovery_launcher.py
 STUCK_AFTER = "2"
 
 

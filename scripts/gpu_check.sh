@@ -8,7 +8,7 @@
 #    On a machine with no route to a package index whose python already holds a CUDA build of torch,
 #    GPU_CHECK_PY=python3 installs elasticd into that python instead, offline, taking what it lacks
 #    (pyzmq, say) from the wheels in GPU_CHECK_WHEELS;
-# 2. `pytest -m cuda` (tests/test_cuda.py: equivalence with the CPU run, deterministic bits, per-worker
+# 2. `pytest -m cuda` (tests/agent/test_cuda.py: equivalence with the CPU run, deterministic bits, per-worker
 #    CUDA RNG, --device-memory swapping with and without a side stream, resize 2->1->2 on one GPU, the
 #    roll-back with --restore-epoch; peak device memory printed per run);
 # 3. the benchmarks that take a device, on cuda:0: multiplexing overhead (with and without freeing each
@@ -65,7 +65,7 @@ print(torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(
       'pyzmq', zmq.__version__, 'elasticd', elasticd.__file__)
 sys.exit(0 if ok else 1)"
 # shellcheck disable=SC2086  # GPU_CHECK_PYTEST_ARGS is a list of pytest arguments
-step "pytest -m cuda" "" "$PY" -m pytest -m cuda -q -s -rs --timeout=600 ${GPU_CHECK_PYTEST_ARGS:-} tests/test_cuda.py
+step "pytest -m cuda" "" "$PY" -m pytest -m cuda -q -s -rs --timeout=600 ${GPU_CHECK_PYTEST_ARGS:-} tests/agent/test_cuda.py
 STEP_TIMEOUT=$BENCH_TIMEOUT
 # Twice each way, alternating: freeing the outgoing worker's cuBLAS workspace at every hand-over (the
 # default) against keeping every worker's (ELASTICD_KEEP_BLAS_WORKSPACES=1); one round each could not

@@ -13,14 +13,14 @@ fi
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of pip arguments
 "$VENV/bin/python" -m pip install --quiet ${TORCH_PIP_ARGS:-torch==2.13.0}
 "$VENV/bin/python" -m pip install --quiet -e '.[test,docs]'
-# The Slurm recipe's test (tests/test_slurm_recipe.py) runs a real single-host Slurm: Debian's slurm-wlm and
+# The Slurm recipe's test (tests/deploy/test_slurm_recipe.py) runs a real single-host Slurm: Debian's slurm-wlm and
 # munge, installed the same best-effort way (skipped with the reason where they are absent).
 if ! command -v slurmctld >/dev/null 2>&1 && [ "${ELASTICD_NO_SLURM:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1 \
         && [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
         || echo "setup: slurm-wlm not installed (apt-get failed); the Slurm recipe's test will be skipped" >&2
 fi
-# The status page's browser test (tests/test_observe.py) drives Debian's `chromium`; it is skipped with the
+# The status page's browser test (tests/elasticd/observe/test_observe.py) drives Debian's `chromium`; it is skipped with the
 # reason where chromium is absent, so installing it is best effort (root with apt and a reachable mirror).
 if ! command -v chromium >/dev/null 2>&1 && [ "${ELASTICD_NO_CHROMIUM:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1 \
         && [ "$(id -u)" = 0 ]; then
@@ -28,7 +28,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${ELASTICD_NO_CHROMIUM:-0}" != 1 
         || echo "setup: chromium not installed (apt-get failed); the browser test will be skipped" >&2
 fi
 # A node daemon running as root runs jobs as this unprivileged user unless told otherwise (`elasticd start
-# --jobs-as`, elasticd/daemon/job_user.py): the demo's daemon does. tests/test_security_run_as.py uses it too.
+# --jobs-as`, elasticd/daemon/job_user.py): the demo's daemon does. tests/elasticd/daemon/test_security_run_as.py uses it too.
 if [ "$(id -u)" = 0 ] && ! id elasticd-job >/dev/null 2>&1 && command -v useradd >/dev/null 2>&1; then
     useradd --system --user-group --create-home --home-dir /var/lib/elasticd-job --shell /usr/sbin/nologin \
         elasticd-job || echo "setup: could not create the user elasticd-job; a root daemon needs --jobs-as USER" >&2

@@ -19,8 +19,11 @@ from elasticd.forked import SHARED_DIR_VAR, supported
 
 # Every daemon a test starts runs its jobs as the user running the suite: as root, a daemon would run them as
 # elasticd-job, which cannot read the scripts and outputs the tests keep in pytest's owner-only tmp dirs.
-# tests/test_security_run_as.py runs jobs as other users, and its daemons say so themselves.
+# tests/elasticd/daemon/test_security_run_as.py runs jobs as other users, and its daemons say so themselves.
 os.environ["ELASTICD_JOBS_AS"] = pwd.getpwuid(os.geteuid()).pw_name
+
+# Fixtures shared by tests in different directories live in tests/support/ beside the helpers they use.
+pytest_plugins = ["launcher_faults"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,7 +68,7 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], R
 
 @pytest.fixture
 def cluster(tmp_path):
-    """Daemons and schedulers a test starts (tests/cluster.py), stopped when it ends."""
+    """Daemons and schedulers a test starts (tests/support/cluster.py), stopped when it ends."""
     c = Cluster(tmp_path)
     yield c
     c.cleanup()

@@ -15,21 +15,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from source_tree import REPO, modules
 from util import cli
-
-REPO = Path(__file__).resolve().parent.parent
-ROOTS = {"elasticd": REPO / "elasticd", "elasticd.agent": REPO / "agent"}  # pyproject's package-dir
-
-
-def _modules() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for prefix, root in ROOTS.items():
-        for path in root.rglob("*.py"):
-            rel = path.relative_to(root).with_suffix("").parts
-            if rel[-1] == "__init__":
-                rel = rel[:-1]
-            found[".".join((prefix, *rel))] = path
-    return found
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -110,7 +97,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _graph() -> dict[str, set[str]]:
-    mods = _modules()
+    mods = modules()
     known = set(mods)
     graph = {m: _imports(m, p, known) for m, p in mods.items()}
     # A package's own __init__ is imported on the way to any of its modules; that edge is not a circle.
@@ -193,7 +180,7 @@ def test_the_cycle_finder_sees_a_lazy_import_circle():
 
 def test_every_package_is_installed():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    on_disk = {m for m, p in _modules().items() if p.name == "__init__.py"}
+    on_disk = {m for m, p in modules().items() if p.name == "__init__.py"}
     assert listed == on_disk
 
 
@@ -256,7 +243,7 @@ def test_a_users_own_agent_module_does_not_shadow_the_runtime_under_the_daemon(c
 def test_no_two_classes_share_a_name():
     # A name read in a traceback or a grep must lead to one class.
     where: dict[str, list[str]] = {}
-    for module, path in _modules().items():
+    for module, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(module)
@@ -267,7 +254,7 @@ def test_lifecycles_are_enums_not_string_literals():
     # A resize's phase and outcome, and a run's outcome, compared or assigned as bare strings would let a typo
     # pass silently; they are elasticd.core.lifecycle's and agent/slicer/boundary.py's enums.
     pattern = re.compile(r"""\.(phase|outcome)\s*(==|!=|=|is|is not)\s*["']""")
-    found = [f"{m}:{n}" for m, path in _modules().items()
+    found = [f"{m}:{n}" for m, path in modules().items()
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []
 
@@ -276,6 +263,6 @@ def test_nothing_outside_the_context_reaches_into_its_privates():
     # A worker's runtime is `worker.runtime`; code holding a ctx uses slicer/context.py's `worker_of` and
     # `runtime_of`. Reaching into `ctx._rt` ties every layer to the context's insides.
     pattern = re.compile(r"\bctx\._(rt|w)\b")
-    found = [f"{m}:{n}" for m, path in _modules().items() if not m.endswith("slicer.context")
+    found = [f"{m}:{n}" for m, path in modules().items() if not m.endswith("slicer.context")
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []

@@ -1,6 +1,6 @@
 """Slots of a CUDA device: pinned host buffers, copies on a side stream, events for ordering.
 
-Run on an H200 (tests/test_cuda.py: swapping bitwise equal to an unbudgeted run, also
+Run on an H200 (tests/agent/test_cuda.py: swapping bitwise equal to an unbudgeted run, also
 under a side stream). It follows the rules the CUDA caching allocator and stream semantics impose, with
 the same interface as `elasticd.agent.private.swap.CpuMover`:
 

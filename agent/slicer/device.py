@@ -1,6 +1,6 @@
 """What a worker thread must do about its CUDA device: select it, and order its work after a hand-over.
 
-Written to torch's documented semantics, and run on an H200 (tests/test_cuda.py):
+Written to torch's documented semantics, and run on an H200 (tests/agent/test_cuda.py):
 
 - The current CUDA device and the current stream are per thread. `torch.cuda.set_device` in the agent's
   main thread does not reach the worker threads, which would otherwise allocate on and launch to GPU 0:

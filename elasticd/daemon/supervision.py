@@ -6,7 +6,7 @@ own control messages (hello, step, failed, resized, done) and clock ticks; `now`
 What comes out is a list of actions (elasticd.daemon.actions): spawn an agent, signal a process group,
 send a command to an agent, report to the scheduler now, drop snapshot files. No processes, signals,
 sockets or files in here: elasticd.daemon.processes executes the actions, so tests drive this core by hand
-(tests/test_daemon_supervision.py), as the scheduler's core (elasticd.scheduler.state) is driven.
+(tests/elasticd/daemon/test_daemon_supervision.py), as the scheduler's core (elasticd.scheduler.state) is driven.
 
 Liveness comes from the process table (the shell reports exits), not from the agents' messages: a
 hung or SIGKILLed agent is still seen. Progress (step, loss) comes from the agents' messages.

@@ -17,7 +17,7 @@ O(M log M) -- "cheap" means at most EXACT_CANDIDATES (64) candidates, which ever
 Beyond that a heuristic tries O(sqrt(N)) seeds -- both ends, the M near the uniform breakpoints ceil(N/k),
 the last device before each of the sqrt(N) largest jumps in speed and the one after -- then walks on from
 the three best, across flat stretches, at most sqrt(N) steps each way; its gap to the exact answer is
-measured in tests/test_placement_placer.py and in the README.
+measured in tests/elasticd/placement/test_placement_placer.py and in the README.
 
 Ties (within a relative 1e-9): fewer devices, then today's uniform layout, then devices earlier in `free`.
 """

@@ -3,7 +3,7 @@
 A case builds a small model, draws one rank's batch for a step from a generator, and computes that batch's
 loss. Cases are grouped into families (one job run trains a whole family, each model under its own
 `ctx.replicate`), and the families together cover torch.nn's families, Hugging Face models built from
-configs, the common optimizers and the common schedulers (tests/test_conformance.py, docs/conformance.md).
+configs, the common optimizers and the common schedulers (tests/system/test_conformance.py, docs/conformance.md).
 
 Attention key biases get a gradient that is zero but for round-off; any optimizer that divides by a running
 gradient size (Adam, Adagrad, RMSprop) turns that round-off into O(lr) steps under any change of summation

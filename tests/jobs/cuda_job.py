@@ -1,4 +1,4 @@
-"""GPU job (tests/test_cuda.py): replicated model, dropout, per-rank private state and CUDA random draws
+"""GPU job (tests/agent/test_cuda.py): replicated model, dropout, per-rank private state and CUDA random draws
 on `ctx.device`, optionally under a side stream. Runs on CPU too (the CPU reference of its loss trace).
 
 Each rank appends "step loss noise private" to $ELASTICD_TEST_LOG/rank<r>.log (floats as `repr`, so

@@ -1,6 +1,6 @@
 """An @elastic function ported from a torchrun script: it reads its rank from torchrun's environment and
 starts and destroys its process group itself. Each rank writes what it saw to $ELASTICD_TEST_OUT/rank<r>.json,
-under elasticd and under the real-DDP reference alike (tests/test_torch_dist.py), with the module name pickle
+under elasticd and under the real-DDP reference alike (tests/agent/compat/test_torch_dist.py), with the module name pickle
 records for a class of the script (a checkpoint's config): in both, what `import env_ranks` finds again."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Page faults per step of 8 hosted workers in deterministic mode (tests/test_memory.py).
+"""Page faults per step of 8 hosted workers in deterministic mode (tests/agent/slicer/test_memory.py).
 
 Each rank stashes a 2.6 MB gradient buffer every step and the flush adds them up: if freed heap went back
 to the kernel at each free, the next worker would fault it in again, page by page (agent/slicer/malloc.py).

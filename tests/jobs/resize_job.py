@@ -5,7 +5,7 @@ step to done<r>.log once its optimizer step is taken, so a test can check that n
 at all and no sample was skipped or repeated, and which steps a recovery computed again. A private
 counter (samples seen) must survive every resize. Deterministic mode is switched by env.
 
-Driven from outside (tests/test_resize_daemon.py), the job can be paced: while $ELASTICD_TEST_RELEASE
+Driven from outside (tests/elasticd/daemon/test_resize_daemon.py), the job can be paced: while $ELASTICD_TEST_RELEASE
 names a file that does not exist yet, every step also sleeps $ELASTICD_TEST_PACE_S, so a test can scale
 it several times while it is surely still training. The sleep changes when steps happen, never what
 they compute. While $ELASTICD_TEST_HOLD names a file that exists, every step (only step
@@ -13,7 +13,7 @@ $ELASTICD_TEST_HOLD_AT, if set) waits at its start: a test holds the job short o
 up what happens at that boundary. With ELASTICD_TEST_UNSAVABLE=1 it holds a state no snapshot can carry
 (tests/jobs/_jobstate.py `Unsavable`), so its agents refuse every resize and train on.
 
-Faults for the watchdog (tests/test_recovery_launcher.py): at step $ELASTICD_TEST_SLOW_AT every rank
+Faults for the watchdog (tests/elasticd/test_recovery_launcher.py): at step $ELASTICD_TEST_SLOW_AT every rank
 spends $ELASTICD_TEST_SLOW_S seconds before its step (an evaluation: slow, no one waits); at step
 $ELASTICD_TEST_HANG_AT rank $ELASTICD_TEST_HANG_RANK blocks for good (a deadlock in the script, a wedged
 kernel), once: the file $ELASTICD_TEST_HANG_ONCE marks that it did, so the recovered job goes on.
@@ -72,7 +72,7 @@ def train(ctx) -> None:
     # bias=False before BatchNorm: BN cancels a bias, leaving it a round-off-only gradient that AdamW
     # would turn into lr-sized steps under any reordering of the sum (docs/architecture.md).
     model = nn.Sequential(nn.Linear(12, 24, bias=False), nn.BatchNorm1d(24), nn.ReLU(), nn.Dropout(0.2),
-                          nn.Linear(24, 3)).to(ctx.device)  # a no-op on CPU; tests/test_cuda.py runs it on a GPU
+                          nn.Linear(24, 3)).to(ctx.device)  # a no-op on CPU; tests/agent/test_cuda.py runs it on a GPU
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
     model, opt, sched = ctx.replicate(model, opt, sched)

@@ -1,7 +1,7 @@
 """SyncBatchNorm in a replicated model (CUDA only: torch refuses it on CPU tensors).
 
 Its backward all-reduces from autograd's device thread, where no worker is current; elasticd must fail the
-job naming the call rather than reduce over the agents (tests/test_cuda.py).
+job naming the call rather than reduce over the agents (tests/agent/test_cuda.py).
 """
 
 from __future__ import annotations

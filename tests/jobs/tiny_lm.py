@@ -100,7 +100,7 @@ def train(ctx) -> None:
         opt.step()
         ctx.log(loss=loss.item())
     if ctx.rank == 0:
-        # tests/test_grad_buckets.py: how many gradient buckets this agent started while backward ran
+        # tests/agent/replicated/test_grad_buckets.py: how many gradient buckets this agent started while backward ran
         early = {"early": torch.tensor(ctx._rt.env.grad_buckets.early)} if os.environ.get("ELASTICD_TEST_EARLY") else None
         save_state(model, "ELASTICD_TEST_OUT", early)
 

@@ -1,5 +1,5 @@
 """A job whose logical rank 0 appends, at each step start, how many whole-group collectives its agent has
-run and on how many agents it runs (tests/test_carried_vote.py); deterministic when
+run and on how many agents it runs (tests/agent/comm/test_carried_vote.py); deterministic when
 ELASTICD_TEST_DETERMINISTIC=1.
 
 Step EXTRA (env ELASTICD_TEST_EXTRA, default 5) reduces its loss with `ctx.all_reduce` after backward, so
