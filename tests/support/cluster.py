@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from util import cli, wait_until
+from util import cli, cli_here, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_AGENT = REPO / "tests" / "jobs" / "fake_agent.py"
@@ -160,9 +160,9 @@ class Cluster:
             proc.cleanup()
 
 
-def status(state_dir: Path, job: str | None = None, **kw: Any) -> dict[str, Any]:
-    args = ["status", "--json", "--state-dir", str(state_dir)] + ([job] if job else [])
-    r = cli(*args, **kw)
+def status(state_dir: Path, job: str | None = None) -> dict[str, Any]:
+    """`elasticd status --json`, run in the test's process (util.cli_here): tests poll it while they wait."""
+    r = cli_here("status", "--json", "--state-dir", str(state_dir), *([job] if job else []))
     assert r.code == 0, (r.code, r.out, r.err)
     return r.json()
 
