@@ -36,6 +36,7 @@ from elasticd.agent.slicer.boundary import RunOutcome
 from elasticd.agent.slicer.device import set_deterministic
 from elasticd.core.agent_config import DEVICE_AT_JOIN, AgentConfig, cuda_ordinal, joined, shares_devices
 from elasticd.core.cadence import Every
+from elasticd.core.failures import Cause
 from elasticd.core.layout import Layout
 from elasticd.core.parts import periodic_dir
 from elasticd.protocol.agents import AgentCommand, AgentJoin, AgentResize, AgentStop
@@ -69,14 +70,14 @@ def _device(cfg: AgentConfig) -> torch.device:
 
 
 def _report(cfg: AgentConfig, control: ControlChannel, logical_rank: int | None, message: str, tb: str,
-            cause: str = p.CAUSE_USER) -> None:
-    """`cause`: p.CAUSE_USER (the script raised, or cannot load: retrying cannot help) or p.CAUSE_PEER_LOST
+            cause: Cause = Cause.USER) -> None:
+    """`cause`: Cause.USER (the script raised, or cannot load: retrying cannot help) or Cause.PEER_LOST
     (another agent died: the job can be recovered from its snapshot)."""
     # Bounded as every peer-supplied string is: a report must fit in one frame to reach the launcher.
-    error = p.AgentError(message=message[:p.MAX_TEXT_CHARS], traceback=tb[:p.MAX_TEXT_CHARS], cause=cause,
+    error = p.AgentError(message=message[:p.MAX_TEXT_CHARS], traceback=tb[:p.MAX_TEXT_CHARS], cause=cause.value,
                          logical_rank=logical_rank, host=socket.gethostname())
     who = f"logical rank {logical_rank}" if logical_rank is not None else "agent"
-    if cause == p.CAUSE_PEER_LOST:
+    if cause is Cause.PEER_LOST:
         # A survivor of another agent's death: its own traceback says nothing about that death, and "failed"
         # read as a second failure in the launcher's output just before it recovered the job.
         during = f" in logical rank {logical_rank}'s collective" if logical_rank is not None else ""
@@ -198,7 +199,7 @@ class AgentProcess:
                 if code is not None:
                     return code
         except PeerLost as e:   # outside the workers: restoring, or re-forming the group in a resize
-            _report(self.cfg, self.control, None, str(e), traceback.format_exc(), p.CAUSE_PEER_LOST)
+            _report(self.cfg, self.control, None, str(e), traceback.format_exc(), Cause.PEER_LOST)
             return e.exit_code
         finally:
             if self.periodic is not None:
@@ -290,7 +291,7 @@ class AgentProcess:
         try:
             runtime.run()
         except WorkerFailed as f:
-            _report(cfg, control, f.rank, f.message, f.traceback, p.CAUSE_PEER_LOST if f.peer_lost else p.CAUSE_USER)
+            _report(cfg, control, f.rank, f.message, f.traceback, Cause.PEER_LOST if f.peer_lost else Cause.USER)
             return PeerLost.exit_code if f.peer_lost else f.exit_code, None
         if runtime.outcome is not RunOutcome.RESIZE:
             control.done(stopped=runtime.outcome is RunOutcome.STOP)

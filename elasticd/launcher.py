@@ -36,6 +36,7 @@ from elasticd.core.agent_config import AgentConfig, launch_device_index
 from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.core.commands import module_command
 from elasticd.core.exits import EXIT_PEER_LOST
+from elasticd.core.failures import Cause, how_it_ended, is_infrastructure
 from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.records import Recovery, ResizeEntry
@@ -536,16 +537,16 @@ class LocalRun:
         for a in [*self.agents.values(), *self.retired]:
             try:
                 with open(a.error_file) as f:
-                    if json.load(f).get("cause", "user") == "user":
+                    if not is_infrastructure(json.load(f).get("cause", Cause.USER)):
                         return None
             except (OSError, ValueError):
                 continue
         code = bad.proc.returncode
-        if code is not None and code < 0:
-            return f"agent {bad.rank} was killed by {signal.Signals(-code).name}"
         if code == EXIT_PEER_LOST:
             return f"agent {bad.rank} lost its group (another agent died)"
-        return f"agent {bad.rank} exited with code {code} without an error report"
+        if code is not None and code < 0:
+            return f"agent {bad.rank} {how_it_ended(code)}"
+        return f"agent {bad.rank} {how_it_ended(code)} without an error report"
 
     def _recovered(self, step: int, metrics: dict[str, Any], now: float) -> None:
         rec = self._recovering

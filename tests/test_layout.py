@@ -251,9 +251,10 @@ def test_no_two_classes_share_a_name():
 
 
 def test_lifecycles_are_enums_not_string_literals():
-    # A resize's phase and outcome, and a run's outcome, compared or assigned as bare strings would let a typo
-    # pass silently; they are elasticd.core.lifecycle's and agent/slicer/boundary.py's enums.
-    pattern = re.compile(r"""\.(phase|outcome)\s*(==|!=|=|is|is not)\s*["']""")
+    # A resize's phase and outcome, a run's outcome and a failure's cause, compared or assigned as bare strings
+    # would let a typo pass silently; they are elasticd.core.lifecycle's, elasticd.core.failures' and
+    # agent/slicer/boundary.py's enums.
+    pattern = re.compile(r"""\.(phase|outcome)\s*(==|!=|=|is|is not)\s*["']|["']cause["']\)?\s*(==|!=|:)\s*["']""")
     found = [f"{m}:{n}" for m, path in modules().items()
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert found == []

@@ -42,8 +42,6 @@ WARM_STEPS = 3
 _RECENT = 32            # step intervals remembered per agent
 WATCH_EVERY_S = 0.5     # how often a supervisor reads its agents' beats
 
-CAUSE_STUCK = "stuck"   # an agent's failure cause once its supervisor fenced it: the infrastructure's, recovered
-
 _FORMAT = struct.Struct("<qdqd")   # in_collective, since (monotonic), last step completed, completed at
 IDLE, IN_COLLECTIVE = 0, 1
 

@@ -34,6 +34,7 @@ from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
 from elasticd.core.env_names import AGENT_TOKEN_VAR
+from elasticd.core.failures import Cause, how_it_ended
 from elasticd.core.files import read_regular
 from elasticd.core.watchdog import Beat, beat_path, is_stopped, read_beat
 from elasticd.daemon import job_user
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 
 SAMPLE_EVERY_S = 1.0   # psutil sampling period
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-_SIGNAL_NUMBERS = {int(s) for s in signal.Signals}
 
 
 # Agents must not outlive a daemon that is SIGKILLed: nothing would watch or stop them, and they would
@@ -418,12 +418,10 @@ def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
             return err
     except ValueError:
         pass
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in _SIGNAL_NUMBERS else \
-        f"exited with code {code}"
     # No report: the agent did not get to say why (a signal, the OOM killer, a crash in native code). Not
-    # the user's error as far as anyone can tell, so the scheduler recovers the job (cause "died").
-    return {"message": f"agent {rank} {how} and left no error report (killed? out of memory?)",
-            "cause": "died", "exitcode": code, "log_tail": _tail(proc.log_path)}
+    # the user's error as far as anyone can tell, so the scheduler recovers the job.
+    return {"message": f"agent {rank} {how_it_ended(code)} and left no error report (killed? out of memory?)",
+            "cause": Cause.DIED.value, "exitcode": code, "log_tail": _tail(proc.log_path)}
 
 
 def _tail(path: Path, limit: int = 4000) -> str:

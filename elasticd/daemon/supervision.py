@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.core.failures import Cause
 from elasticd.core.timing import clean_timing, merge_timing
-from elasticd.core.watchdog import CAUSE_STUCK, Beat
+from elasticd.core.watchdog import Beat
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.records import Agent, NodeJob
 from elasticd.daemon.resizing import NodeResizes
@@ -334,8 +335,8 @@ class Supervision:
             message = f"agent {agent.rank} was stuck ({fence.reason}, --stuck-after {job.watchdog.describe()}) " \
                       f"and was fenced"
             log.warning("job %s: %s", job.job_id, message)
-            if job.error is None or job.error.get("cause") == p.CAUSE_PEER_LOST:
-                job.error = {"cause": CAUSE_STUCK, "message": message, "rank": agent.rank,
+            if job.error is None or job.error.get("cause") == Cause.PEER_LOST:
+                job.error = {"cause": Cause.STUCK.value, "message": message, "rank": agent.rank,
                              "held_s": round(fence.held, 3)}
             out.append(Signal(agent.pid, "KILL"))
         return out
@@ -368,7 +369,7 @@ def _first_cause(job: NodeJob, error: dict[str, Any], code: int) -> bool:
     """Whether `error` names the failure better than the job's: an agent that lost its group was reaped
     before the agent whose death broke it (the order of reaping is not the order of dying). A signal this
     daemon sent while stopping the job is not a cause."""
-    if job.error is None or job.error.get("cause") != "peer_lost" or error.get("cause") == "peer_lost":
+    if job.error is None or job.error.get("cause") != Cause.PEER_LOST or error.get("cause") == Cause.PEER_LOST:
         return False
     sent_term = job.term_at == float("inf")
     sent_kill = sent_term and job.kill_at is None

@@ -13,8 +13,6 @@ at decoding; the few free-form maps left are the documents `status` and `events`
 from __future__ import annotations
 
 from elasticd.protocol.agents import (  # noqa: F401
-    CAUSE_PEER_LOST,
-    CAUSE_USER,
     COMMANDS,
     EVENTS,
     AgentCommand,

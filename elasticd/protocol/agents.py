@@ -10,11 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from elasticd.core.failures import Cause
 from elasticd.protocol.wire import Message, Scalar, message
-
-# The two causes an agent reports (`AgentError.cause`).
-CAUSE_USER = "user"            # the script raised or cannot load: retrying cannot help
-CAUSE_PEER_LOST = "peer_lost"  # another agent died under this one: the job can be recovered
 
 
 @dataclass(slots=True)
@@ -34,7 +31,7 @@ class AgentError:
 
     message: str
     traceback: str = ""
-    cause: str = CAUSE_USER      # CAUSE_USER or CAUSE_PEER_LOST
+    cause: str = Cause.USER.value   # an agent reports USER or PEER_LOST (elasticd/core/failures.py)
     logical_rank: int | None = None
     host: str = ""
 

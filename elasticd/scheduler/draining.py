@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
@@ -216,7 +217,7 @@ class Drains:
         msg = (f"node {d.node_id} was drained and its deadline passed after {now - d.since:.0f}s before the job "
                f"could move off it: {why}")
         log.warning("job %s: %s", job.job_id, msg)
-        err = {"message": msg, "node": d.node_id, "drain": True, "cause": "drained"}
+        err = {"message": msg, "node": d.node_id, "drain": True, "cause": Cause.DRAINED.value}
         recovered = self.state.recover(job, now, err)
         if recovered is not None:
             return recovered

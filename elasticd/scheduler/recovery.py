@@ -36,24 +36,23 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
+from elasticd.core.failures import Cause, is_infrastructure
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
-from elasticd.core.watchdog import CAUSE_STUCK
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState
 
 log = logging.getLogger(__name__)
 
-# What a node says about an agent that failed (elasticd/daemon/processes.py, agent/process.py): only these are
-# the infrastructure's doing. Anything else -- a worker's exception, a script that does not load, a
-# launch the node refused -- is the job's, and retrying it would fail the same way.
-INFRASTRUCTURE = ("died", "peer_lost", "node_lost", "drained", CAUSE_STUCK)
 RESIZE = "resize"   # the `kind` of a restart at a new size (a torchrun-mode resize), in `job.recovery`
 
 
 def infrastructure(err: dict[str, Any] | None) -> bool:
-    return err is not None and err.get("cause") in INFRASTRUCTURE
+    """Whether a failure a node or the scheduler reported is the infrastructure's doing (a cause of
+    elasticd/core/failures.py other than the user's): anything else -- a worker's exception, a script that
+    does not load, a launch the node refused, a report with no cause -- is the job's."""
+    return err is not None and is_infrastructure(err.get("cause"))
 
 
 class Recoveries:
@@ -145,13 +144,13 @@ class Recoveries:
         if r.state != "ended":
             return self.host.kill(node, job.job_id, now, f"recovering: {rec['cause']}", hard=True)
         err = dict(p.flat_scalars(r.error or {})) if not r.ok else {}
-        if err and err.get("cause") not in INFRASTRUCTURE:
+        if err and not is_infrastructure(err.get("cause")):
             # A worker raised (the others lost their group after it, and may have been heard first): the job's
             # own error, which a restart would only repeat.
             err["node"] = node
             job.ended = list(dict.fromkeys([*job.ended, *rec["gone"], node]))
             return self.host.end_job(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
-        if err and rec.get("kind") == "peer_lost" and err.get("cause") != "peer_lost":
+        if err and rec.get("kind") == Cause.PEER_LOST and err.get("cause") != Cause.PEER_LOST:
             # The first cause: the agent that died, not a survivor that noticed first.
             rec.update(cause=str(err.get("message")), kind=err.get("cause"), error=err,
                        detected_after=float(err.get("held_s") or 0.0))

@@ -20,6 +20,7 @@ from elasticd import protocol as p
 from elasticd.core.cadence import Every
 from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import ControlPlaneError
+from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.watchdog import StuckAfter
 from elasticd.placement import policy
@@ -695,7 +696,7 @@ class SchedulerState:
             out = self.end_job(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out
-        err = {"message": reason, "node": node, "cause": "node_lost"}
+        err = {"message": reason, "node": node, "cause": Cause.NODE_LOST.value}
         if job.resize is None or job.resize.phase != ResizePhase.ROLLBACK:
             recovered = self.recover(job, now, err, gone=node)
             if recovered is not None:

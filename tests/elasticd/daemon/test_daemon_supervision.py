@@ -13,6 +13,7 @@ from node_core import ERR, T0, Node, hello_info, launch_msg, running, token_of
 from util import REPO
 
 from elasticd import protocol as p
+from elasticd.core.failures import Cause
 from elasticd.daemon import resizing, supervision
 from elasticd.daemon.actions import DropSnapshots, Report, Signal
 
@@ -334,7 +335,7 @@ def test_the_agent_that_died_is_the_cause_even_when_a_survivor_said_so_first():
     agent 1. The node reports agent 1's death."""
     node = Node()
     idents = running(node)
-    lost = p.AgentError(message="PeerLost: a collective of the agents' group failed", cause=p.CAUSE_PEER_LOST)
+    lost = p.AgentError(message="PeerLost: a collective of the agents' group failed", cause=Cause.PEER_LOST)
     assert node.core.agent_message(idents[0], p.AgentFailed(job_id="j", rank=0, error=lost), T0) == (None, [])
     assert node.report("j").error["cause"] == "peer_lost"
     died = {"message": "agent 1 was killed by SIGKILL and left no error report", "cause": "died"}
