@@ -6,8 +6,8 @@ comparison: the same user script, unchanged, with `ctx` backed by real `torch.di
 and one OS process per rank. Nothing here is shared with the time-slicing runtime on purpose, so a bug
 in the runtime cannot hide in the reference.
 
-`python -m agent.native run SCRIPT[:FUNC] --workers N` runs a script this way from a shell;
-`python -m agent.native worker ...` is one rank (started by `run_native_ddp`).
+`python -m elasticd.agent.ddp_reference run SCRIPT[:FUNC] --workers N` runs a script this way from a shell
+(`elasticd run --ddp` does the same); `... worker ...` is one rank, started by elasticd/reference_launch.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -28,11 +26,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elasticd.agent.compat.worker_env import torchrun_variables
 from elasticd.agent.script import import_script
 from elasticd.agent.script_main import script_args
-from elasticd.core.commands import module_command
-from elasticd.forked import ForkedProcess, ForkServer, shared_server, supported
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -182,7 +177,10 @@ def _body(obj: Any) -> tuple[Callable[[Any], Any], bool]:
 def _worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # N ranks share the machine's cores; oversubscription only slows the reference
     timeout = timedelta(seconds=args.pg_timeout)
-    store = dist.TCPStore("127.0.0.1", args.store_port, is_master=False, timeout=timeout)
+    # Rank 0 hosts the rendezvous store on the socket its launcher bound and passed down (no free-port race,
+    # and no torch import in the launcher); as under torchrun with env://, the store lives in rank 0.
+    store = dist.TCPStore("127.0.0.1", args.store_port, is_master=args.store_fd is not None,
+                          wait_for_workers=False, master_listen_fd=args.store_fd, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
     destroy = dist.destroy_process_group
     _group_given(args.rank, args.world)
@@ -226,91 +224,8 @@ def _group_given(rank: int, world: int) -> None:
         module.destroy_process_group = destroy_process_group  # type: ignore[assignment]
 
 
-# --- the launcher --------------------------------------------------------------------------------------
-
-def rank_environment(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every rank starts with: ours, `env`, and the settings below (a shared fork server
-    of kind "reference" must be started with it, or ranks are not forked from it)."""
-    child_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
-    child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo must not pick an interface other ranks can't reach
-    # find_unused_parameters=True makes DDP warn once per rank when every parameter was used.
-    child_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    return child_env
-
-
-def run_native_ddp(
-    script_path: str, func: str | None, workers: int, env: dict[str, str] | None = None, timeout: float = 600
-) -> int:
-    """Run the script's @elastic function under plain DDP with `workers` gloo processes.
-
-    Returns 0 when every rank returned. When a rank fails the others are killed (they would wait in a
-    collective forever) and its exit code is returned; 124 when `timeout` seconds pass first.
-    """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    # The launcher hosts the rendezvous store on an OS-chosen port: no free-port race with other jobs.
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout))
-    child_env = rank_environment(env)
-    # The ranks are forked from one process that imported torch once (a cold rank pays the interpreter and
-    # the torch import, seconds of CPU each); a rank the server cannot give what a cold start would is
-    # started cold (elasticd/forked.py says when).
-    forks = ForkServer(child_env, kind="reference", shared=shared_server("reference", child_env)) if supported() else None
-    procs: list[subprocess.Popen[bytes] | ForkedProcess] = []
-    try:
-        for rank in range(workers):
-            argv = ["worker", "--script", script_path, "--rank", str(rank), "--world", str(workers),
-                    "--store-port", str(store.port), "--pg-timeout", str(timeout)]
-            if func:
-                argv += ["--func", func]
-            # What torchrun --nproc_per_node=workers sets for a rank: a function ported from a torchrun script
-            # reads it (the same table elasticd's workers see; plain data, no runtime code).
-            rank_env = {**child_env, **torchrun_variables(rank, workers, "127.0.0.1", store.port,
-                                                          run_id="elasticd-ddp")}
-            proc = forks.spawn(argv, rank_env, ()) if forks is not None else None
-            procs.append(proc if proc is not None else
-                         subprocess.Popen([*module_command("elasticd.agent.ddp_reference"), *argv], env=rank_env))
-        return _wait_all(procs, forks, timeout)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in procs:
-            proc.wait()
-        if forks is not None:
-            forks.close()
-        del store
-
-
-def _wait_all(procs: list[subprocess.Popen[bytes] | ForkedProcess], forks: ForkServer | None, timeout: float) -> int:
-    """0 when every rank exited 0; else the first failed rank's code (the caller stops the others), 124
-    when `timeout` seconds pass first."""
-    deadline = time.monotonic() + timeout
-    running = dict(enumerate(procs))
-    while running:
-        for rank, proc in list(running.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            del running[rank]
-            if code != 0:
-                print(f"[native ddp] rank {rank} exited with code {code}; stopping the other ranks",
-                      file=sys.stderr, flush=True)
-                return code if code > 0 else 1
-        if not running:
-            return 0
-        if time.monotonic() > deadline:
-            print(f"[native ddp] timed out after {timeout:.0f}s; killing all ranks", file=sys.stderr, flush=True)
-            return 124
-        if forks is not None and not forks.broken:
-            forks.pump(_POLL_S)   # returns at once when a forked rank's exit is reported
-        else:
-            time.sleep(_POLL_S)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.native", description="run an @elastic script under plain DDP")
+    p = argparse.ArgumentParser(prog="python -m elasticd.agent.ddp_reference", description="run an @elastic script under plain DDP")
     sub = p.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="N gloo processes on this machine")
     run.add_argument("target", metavar="SCRIPT[:FUNC]")
@@ -322,10 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--rank", type=int, required=True)
     w.add_argument("--world", type=int, required=True)
     w.add_argument("--store-port", type=int, required=True)
+    w.add_argument("--store-fd", type=int, default=None, help="rank 0: the store's listening socket")
     w.add_argument("--pg-timeout", type=float, default=600)
     args = p.parse_args(argv)
     if args.cmd == "worker":
         return _worker(args)
+    from elasticd.reference_launch import run_native_ddp
+
     script, _, func = args.target.partition(":")
     workers = args.workers
     if workers is None:  # only the launcher imports the script for this; ranks import it themselves

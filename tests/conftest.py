@@ -13,9 +13,9 @@ import util
 from cluster import Cluster
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state
 
-from elasticd.agent.ddp_reference import rank_environment, run_native_ddp
 from elasticd.core.commands import module_command
 from elasticd.forked import SHARED_DIR_VAR, supported
+from elasticd.reference_launch import rank_environment, run_native_ddp
 
 # Every daemon a test starts runs its jobs as the user running the suite: as root, a daemon would run them as
 # elasticd-job, which cannot read the scripts and outputs the tests keep in pytest's owner-only tmp dirs.

@@ -115,7 +115,7 @@ def test_no_import_circles():
 # The user surface that runs the user's own script in its process, and so loads the runtime with it.
 RUNS_USER_CODE = {
     "elasticd": "re-exports @elastic, and marks the process start for streams nobody seeded",
-    "elasticd.cli.run": "imports the script when its N is not a literal; --ddp runs the DDP reference",
+    "elasticd.cli.run": "imports the script when its N is not a literal",
 }
 RUNTIME = "elasticd.agent"
 CORE = "elasticd.core"

@@ -23,24 +23,10 @@ from typing import Any
 
 from elasticd.agent import patches
 from elasticd.agent.worker import current_worker
-from elasticd.core.env_names import RESTARTS_VAR
+from elasticd.core.env_names import RESTARTS_VAR, torchrun_variables
 
 _Environ = type(os.environ)
 _GONE = None  # a worker deleted one of its own variables
-
-
-def torchrun_variables(rank: int, world: int, master_addr: str, master_port: int, restarts: int = 0,
-                       run_id: str = "elasticd") -> dict[str, str]:
-    """What `torchrun --nproc_per_node N` sets for rank `rank`: one node holding all N ranks."""
-    return {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-        "ROLE_NAME": "default", "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": "0",
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
-    }
-
-
 
 
 def variables_for(rank: int, world: int) -> dict[str, str | None]:

@@ -207,7 +207,7 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
 
         env = {ARGS_VAR: json.dumps(list(script_args))}
     if ddp:
-        from elasticd.agent.ddp_reference import run_native_ddp
+        from elasticd.reference_launch import run_native_ddp
 
         sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
     from elasticd.launcher import run_local

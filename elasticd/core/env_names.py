@@ -19,3 +19,15 @@ DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"
 # comes from that agent (elasticd/daemon/supervision.py). The agent takes it out of its environment at
 # start, so the job's own children do not inherit it.
 AGENT_TOKEN_VAR = "ELASTICD_AGENT_TOKEN"
+
+
+def torchrun_variables(rank: int, world: int, master_addr: str, master_port: int, restarts: int = 0,
+                       run_id: str = "elasticd") -> dict[str, str]:
+    """What `torchrun --nproc_per_node N` sets for rank `rank`: one node holding all N ranks."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default", "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+    }

@@ -25,8 +25,8 @@ from util import (
     wait_until,
 )
 
-from elasticd.agent.ddp_reference import run_native_ddp
 from elasticd.forked import SHARED_DIR_VAR
+from elasticd.reference_launch import run_native_ddp
 
 EQUIVALENCE_JOBS = ["mlp_sgd", "cnn_bn", "tiny_lm", "accum_nosync"]
 TOLERANCE = 1e-5  # max|Δ| / max|p| per tensor: local pre-summation reorders fp32 additions, nothing more

@@ -20,10 +20,10 @@ from util import JOBS, REFERENCE_WORKERS, Reference, cli, load_state, max_rel_di
 
 import elasticd
 from elasticd.agent.comm.physical import PhysicalGroup
-from elasticd.agent.ddp_reference import run_native_ddp
 from elasticd.agent.private.registry import SwapStats, attach
 from elasticd.agent.runtime import Runtime, WorkerFailed
 from elasticd.core.layout import hosted_ranks
+from elasticd.reference_launch import run_native_ddp
 
 DDP_TOLERANCE = 1e-5    # max|Δ|/max|p| per tensor after training (docs/architecture.md, what must hold, 1)
 VALUE_TOLERANCE = 1e-6  # float collective results: only the order of a 4-term sum differs
