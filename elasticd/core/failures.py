@@ -35,7 +35,11 @@ def is_infrastructure(cause: str | None) -> bool:
 
 
 def how_it_ended(code: int) -> str:
-    """An agent's exit status in words: 'was killed by SIGKILL' (code -9), 'exited with code 3'."""
-    if code < 0 and -code in signal.valid_signals():
+    """An agent's exit status as subprocess gives it, in words: 'was killed by SIGKILL' (-9), 'was killed by
+    signal 40' (a real-time signal, which has no name of its own), 'exited with code 3'."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
         return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
+    except ValueError:
+        return f"was killed by signal {-code}"

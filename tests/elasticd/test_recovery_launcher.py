@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from launcher_faults import STEPS, agent_of_rank, kill_during_run, run_command, run_env, steps_done
 from util import JOBS, assert_same_run, completed_twice, consumed, shared_servers, wait_until
 
@@ -90,19 +91,21 @@ def test_a_worker_that_raises_is_not_retried(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "summary.json").read_text())["recoveries"] == []
 
 
-def test_restarts_stop_at_max_restarts(tmp_path: Path) -> None:
+# A real-time signal has no name of its own (signal.Signals has none for SIGRTMIN+6).
+@pytest.mark.parametrize("sig, words", [(signal.SIGKILL, "SIGKILL"), (signal.SIGRTMIN + 6, "signal 40")])
+def test_restarts_stop_at_max_restarts(tmp_path: Path, sig: int, words: str) -> None:
     out = tmp_path / "run"
     out.mkdir()
     with open(out / "stderr", "wb") as err:
-        proc = subprocess.Popen(run_command(out, "--max-restarts", "0"), env=run_env(out, ELASTICD_TEST_RELEASE=str(out / "r"),
-                                                                             ELASTICD_TEST_PACE_S="0.05"),
+        proc = subprocess.Popen(run_command(out, "--max-restarts", "0"),
+                                env=run_env(out, ELASTICD_TEST_RELEASE=str(out / "r"), ELASTICD_TEST_PACE_S="0.05"),
                                 stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_until(lambda: steps_done(out) >= 2, 300, what="2 steps")
-        agent_of_rank(proc, 1).kill()
+        agent_of_rank(proc, 1).send_signal(sig)
         assert proc.wait(timeout=300) == 1
     finally:
         if proc.poll() is None:
             proc.kill()
     log = (out / "stderr").read_text()
-    assert "agent 1 was killed by SIGKILL; not restarting: 0 restart(s) of --max-restarts 0 used" in log, log[-2000:]
+    assert f"agent 1 was killed by {words}; not restarting: 0 restart(s) of --max-restarts 0 used" in log, log[-2000:]
