@@ -129,10 +129,15 @@ class Cluster:
 
     def daemon(self, name: str = "node", *extra: str, cpu: int | None = 2, fake: bool = True,
                env: dict[str, str] | None = None) -> Proc:
+        """A node daemon; one that embeds its scheduler (no `--scheduler`) is returned once its node has
+        joined that scheduler, as `elasticd status` shows it (a node says hello just after the daemon is up)."""
         sd = self.root / name
         proc = Proc(daemon_argv(sd, *extra, cpu=cpu, fake=fake), sd, "daemon.json", env=env or {})
         self.procs.append(proc)
-        return proc.start()
+        proc.start()
+        if "--scheduler" not in extra:
+            wait_until(lambda: status(sd)["nodes"], 30, what=f"daemon {name}'s node to join its scheduler")
+        return proc
 
     def node(self, sched: Proc, name: str, *extra: str, cpu: int = 1, fake: bool = True,
              endpoint_key: str = "tcp") -> Proc:
