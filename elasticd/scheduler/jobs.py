@@ -8,8 +8,40 @@ from typing import Any
 
 from elasticd.core.errors import RuntimeFault
 from elasticd.core.lifecycle import ResizeOutcome
-from elasticd.core.records import ResizeEntry
+from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.resize_plan import ResizePlan
+
+RESIZE = "resize"   # the `kind` of a restart at a new size (a torchrun-mode resize), beside the failure causes
+
+
+@dataclass(slots=True)
+class RecoveryInFlight:
+    """A restart under way (elasticd.scheduler.recovery): `record`, what the job's history keeps once the job
+    has stepped again (the schema `elasticd run` records too), and what the scheduler needs until then."""
+
+    record: Recovery
+    kind: str | None                   # the failure's cause (elasticd.core.failures.Cause), or RESIZE
+    error: dict[str, Any] = field(default_factory=dict)        # the report that started it (empty: a resize)
+    gone: list[str] = field(default_factory=list)              # nodes where none of its agents runs any more
+    placement: list[list[str]] = field(default_factory=list)   # RESIZE: the new devices, [node, device] each
+    blocks: list[int] = field(default_factory=list)            # RESIZE: the new layout's block sizes
+    fell_back: bool = False            # RESIZE: its new devices were taken meanwhile; it restarts on its own
+
+    @property
+    def cause(self) -> str:
+        return self.record.cause
+
+    @classmethod
+    def from_doc(cls, d: dict[str, Any]) -> RecoveryInFlight:
+        if "record" not in d:   # also read: the record as one flat map, as a job table may hold it
+            fields = ("cause", "at", "failed_after_step", "from_devices", "detected_after")
+            record = Recovery(**{k: d[k] for k in fields if k in d}, devices=d.get("devices", d["from_devices"]))
+            d = {"kind": d.get("kind"), "error": d.get("error", {}), "gone": d.get("gone", []),
+                 "placement": d.get("placement", []), "blocks": d.get("blocks", []),
+                 "fell_back": d.get("fell_back", False), "record": record}
+        else:
+            d = {**d, "record": Recovery(**d["record"])}
+        return cls(**d)
 
 
 class JobState(str, Enum):
@@ -124,7 +156,7 @@ class Job:
     # those done (elasticd.core.records.Recovery, as dicts: the job table is JSON), the count,
     # the launch generation (reports of agents from before a restart are told apart by it), and whether
     # the next launch restores the newest periodic snapshot.
-    recovery: dict[str, Any] | None = None
+    recovery: RecoveryInFlight | None = None
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     restarts: int = 0
     incarnation: int = 0                    # launches since the first: recoveries and torchrun-mode restarts
@@ -201,4 +233,6 @@ class Job:
         d["state"] = JobState(d["state"])
         if d.get("resize") is not None:
             d["resize"] = ResizePlan(**d["resize"])
+        if d.get("recovery") is not None:
+            d["recovery"] = RecoveryInFlight.from_doc(d["recovery"])
         return cls(**d)

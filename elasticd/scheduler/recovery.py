@@ -41,11 +41,10 @@ from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
-from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.jobs import RESIZE, Job, JobState, RecoveryInFlight
 
 log = logging.getLogger(__name__)
 
-RESIZE = "resize"   # the `kind` of a restart at a new size (a torchrun-mode resize), in `job.recovery`
 
 
 def infrastructure(err: dict[str, Any] | None) -> bool:
@@ -66,7 +65,7 @@ class Recoveries:
     @staticmethod
     def restarting(job: Job) -> bool:
         """A torchrun-mode resize in flight: stopping the agents, or started again and not stepped yet."""
-        return job.recovery is not None and job.recovery["kind"] == RESIZE
+        return job.recovery is not None and job.recovery.kind == RESIZE
 
     @staticmethod
     def restarts_left(job: Job) -> bool:
@@ -81,12 +80,13 @@ class Recoveries:
         if self.restarting(job):   # it failed while restarting at a new size: that resize ends here
             self.close_restart(job, ResizeOutcome.FAILED, f"an agent failed: {err.get('message') or err.get('cause')}")
         cause = str(err.get("message") or err.get("cause"))
-        job.recovery = {"cause": cause, "kind": err.get("cause"), "at": round(now, 3),
-                        # -1: before the first step boundary (rank 0 reports steps only from there on)
-                        "failed_after_step": max(job.step if job.entered_steps else -1, completed),
-                        "from_devices": len(job.placement), "gone": [], "error": dict(err),
-                        # A stuck agent held the job this long before its node fenced it.
-                        "detected_after": float(err.get("held_s") or 0.0)}
+        devices = len(job.placement)
+        record = Recovery(cause=cause, at=round(now, 3), from_devices=devices, devices=devices,
+                          # -1: before the first step boundary (rank 0 reports steps only from there on)
+                          failed_after_step=max(job.step if job.entered_steps else -1, completed),
+                          # A stuck agent held the job this long before its node fenced it.
+                          detected_after=float(err.get("held_s") or 0.0))
+        job.recovery = RecoveryInFlight(record, kind=err.get("cause"), error=dict(err))
         job.transition(JobState.RECOVERING, now, f"{cause}; stopping the job's agents to restart it from its "
                                                   f"newest complete snapshot")
         log.warning("job %s: %s; recovering (restart %d of at most %d)", job.job_id, cause, job.restarts + 1,
@@ -108,9 +108,9 @@ class Recoveries:
                                        why=why, step=job.step, blocks=list(blocks)).to_dict())
         del job.resizes[:-100]
         cause = f"{why}: {src} -> {dst} devices"
-        job.recovery = {"cause": cause, "kind": RESIZE, "at": round(now, 3), "failed_after_step": job.step,
-                        "from_devices": src, "gone": [], "error": {}, "placement": [list(x) for x in placement],
-                        "blocks": list(blocks)}
+        record = Recovery(cause=cause, at=round(now, 3), failed_after_step=job.step, from_devices=src, devices=src)
+        job.recovery = RecoveryInFlight(record, kind=RESIZE, placement=[list(x) for x in placement],
+                                        blocks=list(blocks))
         job.transition(JobState.RECOVERING, now, f"{cause}; stopping every agent to restart the torchrun-mode "
                                                   f"job at the new size, as torchrun does")
         log.info("job %s: %s; restarting it at the new size (torchrun mode)", job.job_id, cause)
@@ -127,7 +127,7 @@ class Recoveries:
         assert rec is not None
         free = {(v.node_id, d) for v in self.host.free_views() for d in v.free}
         own = {(n, d) for n, d in job.placement}
-        target = rec["placement"]
+        target = rec.placement
         if all(n in alive and self.host.takes_work(n) and ((n, d) in free or (n, d) in own) for n, d in target):
             return target
         return None
@@ -142,20 +142,20 @@ class Recoveries:
         rec = job.recovery
         assert rec is not None
         if r.state != "ended":
-            return self.host.kill(node, job.job_id, now, f"recovering: {rec['cause']}", hard=True)
+            return self.host.kill(node, job.job_id, now, f"recovering: {rec.cause}", hard=True)
         err = dict(p.flat_scalars(r.error or {})) if not r.ok else {}
         if err and not is_infrastructure(err.get("cause")):
             # A worker raised (the others lost their group after it, and may have been heard first): the job's
             # own error, which a restart would only repeat.
             err["node"] = node
-            job.ended = list(dict.fromkeys([*job.ended, *rec["gone"], node]))
+            job.ended = list(dict.fromkeys([*job.ended, *rec.gone, node]))
             return self.host.end_job(job, JobState.FAILED, now, f"agent failed on {node}", error=err, gone=node)
-        if err and rec.get("kind") == Cause.PEER_LOST and err.get("cause") != Cause.PEER_LOST:
+        if err and rec.kind == Cause.PEER_LOST and err.get("cause") != Cause.PEER_LOST:
             # The first cause: the agent that died, not a survivor that noticed first.
-            rec.update(cause=str(err.get("message")), kind=err.get("cause"), error=err,
-                       detected_after=float(err.get("held_s") or 0.0))
+            rec.record.cause, rec.kind, rec.error = str(err.get("message")), err.get("cause"), err
+            rec.record.detected_after = float(err.get("held_s") or 0.0)
         # The last step an agent of the node completed, from its beat file: rank 0's reports come throttled.
-        rec["failed_after_step"] = max([rec["failed_after_step"], *(a.completed for a in r.agents)])
+        rec.record.failed_after_step = max([rec.record.failed_after_step, *(a.completed for a in r.agents)])
         self._gone(job, node)
         return self.settle(job, now)
 
@@ -167,8 +167,8 @@ class Recoveries:
     def _gone(self, job: Job, node: str) -> None:
         rec = job.recovery
         assert rec is not None
-        if node not in rec["gone"]:
-            rec["gone"].append(node)
+        if node not in rec.gone:
+            rec.gone.append(node)
             self.host.changed(job)
 
     def settle(self, job: Job, now: float) -> list[SendToNode]:
@@ -177,18 +177,18 @@ class Recoveries:
         assert rec is not None
         nodes = self.host.nodes
         alive = {n for n, nd in nodes.items() if nd.alive}
-        if any(n not in rec["gone"] and n in alive for n in job.launched):
+        if any(n not in rec.gone and n in alive for n in job.launched):
             return []
         job.zombies = {n: d for n, d in job.zombies.items() if n in alive and n not in job.launched}
         keep = [[n, d] for n, d in job.placement if n in alive and self.host.takes_work(n)]
-        resize = rec["kind"] == RESIZE
+        resize = rec.kind == RESIZE
         if resize:
             target = self._restart_target(job, alive)
             if target is not None:
-                keep, job.blocks = target, list(rec["blocks"])
+                keep, job.blocks = target, list(rec.blocks)
             else:
-                rec["cause"] += "; its new devices were taken meanwhile, so it restarts on the ones it had"
-                rec["fell_back"] = True
+                rec.record.cause += "; its new devices were taken meanwhile, so it restarts on the ones it had"
+                rec.fell_back = True
         else:
             job.restarts += 1   # only a recovery counts against --max-restarts
         job.step_offset = job.step   # a torchrun-mode job's step count goes on (agent/script_main.py StepCounter)
@@ -197,10 +197,10 @@ class Recoveries:
         job.restore_epoch = 0
         job.launched, job.ready, job.ended, job.agents = [], [], [], {}
         job.master_port = 0
-        rec["devices"] = len(keep)
+        rec.record.devices = len(keep)
         if len(keep) < max(1, job.spec.min_devices):
             job.placement, job.blocks = [], []
-            job.transition(JobState.QUEUED, now, f"{rec['cause']}; {len(keep)} of its devices left, "
+            job.transition(JobState.QUEUED, now, f"{rec.cause}; {len(keep)} of its devices left, "
                                                  f"--min-devices {job.spec.min_devices}: queued to restart from its "
                                                  f"snapshot when devices free up")
             self.host.changed(job, resched=True)
@@ -210,9 +210,9 @@ class Recoveries:
         job.placement = keep
         job.master_addr = nodes[keep[0][0]].host
         if resize:
-            job.transition(JobState.STARTING, now, f"{rec['cause']}; restarting on {len(keep)} devices")
+            job.transition(JobState.STARTING, now, f"{rec.cause}; restarting on {len(keep)} devices")
         else:
-            job.transition(JobState.STARTING, now, f"{rec['cause']}; restarting on {len(keep)} devices from its "
+            job.transition(JobState.STARTING, now, f"{rec.cause}; restarting on {len(keep)} devices from its "
                                                    f"newest complete snapshot (restart {job.restarts} of at most "
                                                    f"{job.spec.max_restarts})")
         self.host.changed(job, resched=True)
@@ -221,15 +221,14 @@ class Recoveries:
     def stepped(self, job: Job, r: p.JobReport, now: float) -> None:
         """Rank 0's node reports the restarted job's first step: the recovery is over; record what it cost."""
         rec = job.recovery
-        if rec is not None and rec["kind"] == RESIZE:
-            if r.step > rec["failed_after_step"]:   # the restarted script's first step (its count goes on)
+        if rec is not None and rec.kind == RESIZE:
+            if r.step > rec.record.failed_after_step:   # the restarted script's first step (its count goes on)
                 self._restarted(job, now)
             return
         if rec is None or "resumed_from" not in r.metrics:
             return
         resumed = int(r.metrics["resumed_from"])
-        done = Recovery(**{k: rec[k] for k in ("cause", "at", "failed_after_step", "from_devices", "devices")},
-                        detected_after=rec.get("detected_after", 0.0))
+        done = rec.record
         # When its first step completed, by the agent's clock: heard of here a throttled report and a heartbeat later.
         done.resumed(resumed, float(r.metrics.get("resumed_at") or now))
         job.recoveries.append(done.to_dict())
@@ -251,11 +250,11 @@ class Recoveries:
         """A restart-resize's first step: its history entry gets its outcome and seconds."""
         rec = job.recovery
         assert rec is not None
-        if rec.get("fell_back"):
-            self.close_restart(job, ResizeOutcome.ABORTED, rec["cause"])
+        if rec.fell_back:
+            self.close_restart(job, ResizeOutcome.ABORTED, rec.cause)
         else:
-            self.close_restart(job, ResizeOutcome.RESTARTED, seconds=now - rec["at"])
+            self.close_restart(job, ResizeOutcome.RESTARTED, seconds=now - rec.record.at)
         job.recovery = None
         self.host.changed(job)
         log.info("job %s restarted on %d devices %.2fs after the resize began", job.job_id, len(job.placement),
-                 now - rec["at"])
+                 now - rec.record.at)

@@ -210,8 +210,8 @@ def test_a_job_that_cannot_move_waits_saying_why_and_is_recovered_at_the_deadlin
     out = isl.tick(4.5)
     j = isl.s.jobs[job]
     # Stopped to restart from its snapshot, as after a lost node (elasticd.scheduler.recovery).
-    assert j.state is JobState.RECOVERING and j.recovery["error"]["drain"] is True
-    assert f"node {other} was drained and its deadline passed" in j.recovery["cause"]
+    assert j.state is JobState.RECOVERING and j.recovery.error["drain"] is True
+    assert f"node {other} was drained and its deadline passed" in j.recovery.cause
     assert sorted(kills(out)) == sorted([(lead, job), (other, job)])
     assert not isl.s.drains.info(other, isl.now)["drained"]   # its agents are not gone yet
     isl.report(other, rep(job, "ended", (1,), ok=False))

@@ -117,7 +117,7 @@ def test_node_timeout_recovers_running_job_and_requeues_starting_one():
     # The running job's only device was on the lost node: it waits in the queue to restart from its snapshot.
     job = isl.s.jobs[running]
     assert isl.state(running) is JobState.QUEUED and job.restore_latest and job.restarts == 1
-    assert "lost" in job.recovery["cause"] and job.recovery["kind"] == "node_lost"
+    assert "lost" in job.recovery.cause and job.recovery.kind == "node_lost"
 
 
 def test_unknown_node_must_say_hello_and_rejoining_resumes():
@@ -270,12 +270,12 @@ def test_a_recoverys_figures_come_from_the_agents_beats_and_clocks_not_from_the_
     agent = p.AgentReport(rank=1, device_id="cpu:0", pid=11, alive=False, connected=True, exitcode=-9, completed=13)
     isl.report(other, rep(job, "ended", (1,), ok=False, error=died, agents=[agent]))
     j = isl.s.jobs[job]
-    failed_at = j.recovery["at"]
-    assert j.recovery["failed_after_step"] == 13
+    failed_at = j.recovery.record.at
+    assert j.recovery.record.failed_after_step == 13
     survivor = p.AgentReport(rank=0, device_id="cpu:0", pid=10, alive=False, connected=True, exitcode=3, completed=14)
     lost = {"message": "a collective of the agents' group failed", "cause": "peer_lost"}
     out = isl.report(first, rep(job, "ended", (0,), ok=False, error=lost, agents=[survivor]))
-    assert j.recovery["failed_after_step"] == 14
+    assert j.recovery.record.failed_after_step == 14
     [(node, _)] = launches(out)
     isl.now += 3.0
     isl.report(node, rep(job, "running", (0,), port=2, step=10, incarnation=1,
@@ -291,12 +291,12 @@ def test_an_agent_killed_restarts_the_job_from_its_snapshot_once_every_agent_is_
     out = isl.report(other, rep(job, "ended", (1,), ok=False, error=died))
     j = isl.s.jobs[job]
     assert isl.state(job) is JobState.RECOVERING and kills(out) == [(first, job)]
-    assert j.recovery["failed_after_step"] == 12 and "SIGKILL" in j.recovery["cause"]
+    assert j.recovery.record.failed_after_step == 12 and "SIGKILL" in j.recovery.cause
     assert launches(out) == []        # not while an agent of the job may still run
     # The survivor lost its group; its report must not replace the first cause.
     lost = {"message": "a collective of the agents' group failed", "cause": "peer_lost"}
     out = isl.report(first, rep(job, "ended", (0,), ok=False, error=lost))
-    assert isl.state(job) is JobState.STARTING and "SIGKILL" in j.recovery["cause"]
+    assert isl.state(job) is JobState.STARTING and "SIGKILL" in j.recovery.cause
     [(node, launch)] = launches(out)
     assert node == j.nodes[0] and launch.restore_latest and launch.incarnation == 1 == j.incarnation
     assert len(j.placement) == 2 and j.restarts == 1
@@ -357,7 +357,7 @@ def test_a_lost_node_restarts_the_job_on_the_devices_left():
     out = isl.report(first, rep(job, "ended", (0,), ok=False, error={"cause": "peer_lost", "message": "x"}))
     j = isl.s.jobs[job]
     assert isl.state(job) is JobState.STARTING and j.placement == [[first, "cpu:0"]]
-    assert launches(out)[0][1].devices == 1 and j.recovery["devices"] == 1
+    assert launches(out)[0][1].devices == 1 and j.recovery.record.devices == 1
 
 
 def test_submit_refuses_a_bad_snapshot_interval():

@@ -8,8 +8,11 @@ import stat
 import subprocess
 import sys
 
+from island_core import Island, rep
+
 from elasticd import protocol as p
-from elasticd.scheduler.jobs import JobState
+from elasticd.core.records import Recovery
+from elasticd.scheduler.jobs import Job, JobState, RecoveryInFlight
 from elasticd.scheduler.state import SchedulerState
 from elasticd.scheduler.store import JobStore
 
@@ -88,3 +91,25 @@ def test_the_job_table_is_the_owners_alone_whatever_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert len(files) == 3 and set(modes.values()) == {"0o600"}, modes
+
+
+def test_a_recovery_in_flight_is_read_back_typed_from_either_form(tmp_path):
+    """A job recovering when its scheduler stopped restarts from the record it kept: the typed record, and the
+    same record as one flat map."""
+    isl = Island()
+    isl.hello("a", 2)
+    job, _ = isl.submit(workers=2, lo=1, hi=2)
+    isl.report("a", rep(job, "running", (0, 1), step=7))
+    isl.report("a", rep(job, "ended", (0, 1), ok=False, error={"message": "agent 1 was killed by SIGKILL",
+                                                               "cause": "died", "exitcode": -9}))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.STARTING and j.recovery is not None
+    store = JobStore(tmp_path / "jobs.db")
+    store.save([j])
+    store.close()
+    [back] = JobStore(tmp_path / "jobs.db").load()
+    assert isinstance(back.recovery, RecoveryInFlight) and isinstance(back.recovery.record, Recovery)
+    assert back.to_doc() == j.to_doc() and back.recovery.kind == "died" and back.recovery.gone == ["a"]
+    rec = j.recovery
+    flat = {**rec.record.to_dict(), "kind": rec.kind, "gone": rec.gone, "error": rec.error}
+    assert Job.from_doc({**j.to_doc(), "recovery": flat}).recovery == rec
