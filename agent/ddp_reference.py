@@ -225,7 +225,8 @@ def _group_given(rank: int, world: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m elasticd.agent.ddp_reference", description="run an @elastic script under plain DDP")
+    p = argparse.ArgumentParser(prog="python -m elasticd.agent.ddp_reference",
+                                description="run an @elastic script under plain DDP")
     sub = p.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="N gloo processes on this machine")
     run.add_argument("target", metavar="SCRIPT[:FUNC]")
