@@ -36,7 +36,7 @@ from elasticd.core.agent_config import AgentConfig, launch_device_index
 from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY
 from elasticd.core.commands import module_command
 from elasticd.core.exits import EXIT_PEER_LOST
-from elasticd.core.failures import Cause, how_it_ended, is_infrastructure
+from elasticd.core.failures import Cause, how_it_ended, is_infrastructure, no_restart
 from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.records import Recovery, ResizeEntry
@@ -484,8 +484,7 @@ class LocalRun:
         if cause is None or self._plan is not None:
             return False   # the user's error (never retried), or a resize the plan did not roll back
         if len(self.recoveries) >= self.max_restarts:
-            self._say(f"{cause}; not restarting: {len(self.recoveries)} restart(s) of --max-restarts "
-                      f"{self.max_restarts} used")
+            self._say(no_restart(cause, len(self.recoveries), self.max_restarts))
             return False
         failed_at = time.time()
         self.stop_all()   # synchronous: once it returns no agent of the job runs on this machine

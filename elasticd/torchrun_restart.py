@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
+from elasticd.core.failures import no_restart
 from elasticd.ports import free_port
 
 
@@ -37,8 +38,7 @@ def recoverable(job: Any, bad: Any) -> str | None:
     if cause is None:
         return None
     if job.torchrun_recoveries >= job.max_restarts:
-        job._say(f"{cause}; not restarting: {job.torchrun_recoveries} restart(s) of --max-restarts "
-                 f"{job.max_restarts} used")
+        job._say(no_restart(cause, job.torchrun_recoveries, job.max_restarts))
         return None
     job.torchrun_recoveries += 1
     return cause

@@ -34,6 +34,11 @@ def is_infrastructure(cause: str | None) -> bool:
     return cause in INFRASTRUCTURE
 
 
+def no_restart(cause: str, used: int, limit: int) -> str:
+    """Why a job whose failure is the infrastructure's is not restarted: its --max-restarts are used up."""
+    return f"{cause}; not restarting: {used} restart(s) of --max-restarts {limit} used"
+
+
 def how_it_ended(code: int) -> str:
     """An agent's exit status as subprocess gives it, in words: 'was killed by SIGKILL' (-9), 'was killed by
     signal 40' (a real-time signal, which has no name of its own), 'exited with code 3'."""

@@ -36,7 +36,7 @@ import logging
 from typing import Any
 
 from elasticd import protocol as p
-from elasticd.core.failures import Cause, is_infrastructure
+from elasticd.core.failures import Cause, is_infrastructure, no_restart
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.scheduler.actions import SendToNode
@@ -134,8 +134,7 @@ class Recoveries:
 
     @staticmethod
     def restart_refusal(job: Job, err: dict[str, Any]) -> str:
-        return (f"{err.get('message') or err.get('cause')}; not restarting: {job.restarts} restart(s) of "
-                f"--max-restarts {job.spec.max_restarts} used")
+        return no_restart(str(err.get("message") or err.get("cause")), job.restarts, job.spec.max_restarts)
 
     def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         """A node's heartbeat about a job that is recovering."""

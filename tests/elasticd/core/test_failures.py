@@ -7,7 +7,7 @@ import json
 import pytest
 
 from elasticd import protocol as p
-from elasticd.core.failures import INFRASTRUCTURE, Cause, how_it_ended, is_infrastructure
+from elasticd.core.failures import INFRASTRUCTURE, Cause, how_it_ended, is_infrastructure, no_restart
 
 
 @pytest.mark.parametrize("cause", ["died", "peer_lost", "stuck", "node_lost", "drained"])
@@ -33,3 +33,8 @@ def test_a_cause_travels_as_its_plain_value() -> None:
                                          (-40, "was killed by signal 40")])
 def test_an_exit_status_in_words(code: int, words: str) -> None:
     assert how_it_ended(code) == words
+
+
+def test_a_refused_restart_says_what_failed_and_how_many_restarts_were_used() -> None:
+    assert no_restart("agent 1 was killed by SIGKILL", 2, 2) == \
+        "agent 1 was killed by SIGKILL; not restarting: 2 restart(s) of --max-restarts 2 used"
