@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from elasticd.agent import proc_name
+from elasticd.forked import SHARED_DIR_VAR
 
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
@@ -44,11 +45,19 @@ def job_env(**knobs: Any) -> dict[str, str]:
     return env
 
 
+def own_processes(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a run whose agents must be its own children: one the benchmark freezes or pins to cores by
+    process tree. A fork server shared through ELASTICD_FORKSERVER_DIR would fork them outside the tree."""
+    return {k: v for k, v in env.items() if k != SHARED_DIR_VAR}
+
+
 def run(cmd: Sequence[str], env: dict[str, str], timeout: float, cpus: frozenset[int] | None = None) -> None:
     """Run a command to completion, quietly; BenchError with its output if it fails or times out.
 
-    `cpus`: the cores the command may use (default: every core the benchmark started with)."""
+    `cpus`: the cores the command may use (default: every core the benchmark started with); a pinned run's
+    agents are its own children, which inherit the pinning."""
     allowed = ALL_CPUS if cpus is None else cpus
+    env = env if cpus is None else own_processes(env)
     try:
         proc = subprocess.run(list(cmd), env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                               preexec_fn=lambda: os.sched_setaffinity(0, allowed))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psutil
-from _benchjob_common import ALL_CPUS, REPO, BenchError, process_tree, read_json
+from _benchjob_common import ALL_CPUS, REPO, BenchError, own_processes, process_tree, read_json
 
 
 @dataclass
@@ -74,7 +74,8 @@ def run_interleaved(jobs: list[Job], slice_s: float = 1.5, timeout: float = 1200
     go = {j.name: os.path.join(gate.name, f"go{i}") for i, j in enumerate(jobs)}
     for j in jobs:
         j.log = tempfile.TemporaryFile("w+")
-        j.proc = subprocess.Popen(list(j.cmd), env={**j.env, "ELASTICD_BENCH_GO": go[j.name], "ELASTICD_BENCH_GO_AT": str(go_at)}, cwd=REPO,
+        env = own_processes({**j.env, "ELASTICD_BENCH_GO": go[j.name], "ELASTICD_BENCH_GO_AT": str(go_at)})
+        j.proc = subprocess.Popen(list(j.cmd), env=env, cwd=REPO,
                                   stdout=j.log, stderr=subprocess.STDOUT,
                                   preexec_fn=lambda cpus=j.cpus: os.sched_setaffinity(0, cpus))
     deadline = time.monotonic() + timeout

@@ -43,6 +43,7 @@ from _benchjob_common import (
     load_average,
     median,
     out_file,
+    own_processes,
     rank_of,
     read_json,
     run,
@@ -85,7 +86,8 @@ def recovery(a: argparse.Namespace, tmp: str) -> dict[str, float]:
     done = os.path.join(snaps, f"s{a.at}")
     proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(DEVICES),
                                          "--snapshot-every", str(a.at), "--snapshot-dir", snaps, "--summary", summary),
-                            env=job_env(workers=WORKERS, steps=a.at * 4, width=a.width, out=out_file(tmp, "rec")),
+                            env=own_processes(job_env(workers=WORKERS, steps=a.at * 4, width=a.width,
+                                                              out=out_file(tmp, "rec"))),
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 600

@@ -38,6 +38,7 @@ from _benchjob_common import (
     load_average,
     median,
     out_file,
+    own_processes,
     process_tree,
     read_json,
     run,
@@ -114,7 +115,7 @@ def restart(a: argparse.Namespace, tmp: str, old: int, new: int) -> dict[str, fl
         os.unlink(ckpt)
     first = out_file(tmp, "first")
     # The first job trains "forever": it is killed once its checkpoint is on disk, like a job that loses a node.
-    env = job_env(workers=WORKERS, steps=10**6, width=a.width, save_at=a.at, ckpt=ckpt, out=first)
+    env = own_processes(job_env(workers=WORKERS, steps=10**6, width=a.width, save_at=a.at, ckpt=ckpt, out=first))
     proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(old),
                                          *a.device_args),
                             env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

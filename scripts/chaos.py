@@ -38,6 +38,7 @@ from _benchjob_common import (
     job_env,
     launcher_agents,
     out_file,
+    own_processes,
     read_json,
     tempdir,
 )
@@ -92,7 +93,7 @@ def _training_seconds(a: argparse.Namespace, out: str) -> float:
     """The undisturbed run, timed as a trial's faults are: from its first agent to its end."""
     proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train_det", "--workers", str(WORKERS), "--devices",
                                          str(DEVICES), "--snapshot-every", "0"),
-                            env=job_env(workers=WORKERS, steps=a.steps, width=a.width, out=out), cwd=REPO,
+                            env=own_processes(job_env(workers=WORKERS, steps=a.steps, width=a.width, out=out)), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     started = _wait_for_agents(proc)
     _, err = proc.communicate(timeout=900)
@@ -108,7 +109,7 @@ def trial(a: argparse.Namespace, tmp: str, rng: random.Random, duration: float, 
     proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train_det", "--workers", str(WORKERS), "--devices",
                                          str(DEVICES), "--snapshot-every", str(a.every), "--max-restarts", "5",
                                          "--stuck-after", STUCK_AFTER, "--summary", summary),
-                            env=job_env(workers=WORKERS, steps=a.steps, width=a.width, out=out), cwd=REPO,
+                            env=own_processes(job_env(workers=WORKERS, steps=a.steps, width=a.width, out=out)), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     landed = 0
     try:
