@@ -87,7 +87,7 @@ def recovery(a: argparse.Namespace, tmp: str) -> dict[str, float]:
     proc = subprocess.Popen(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", str(DEVICES),
                                          "--snapshot-every", str(a.at), "--snapshot-dir", snaps, "--summary", summary),
                             env=own_processes(job_env(workers=WORKERS, steps=a.at * 4, width=a.width,
-                                                              out=out_file(tmp, "rec"))),
+                                                      out=out_file(tmp, "rec"))),
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 600
