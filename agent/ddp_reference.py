@@ -36,7 +36,6 @@ _REDUCE_OPS = {
     "min": dist.ReduceOp.MIN,
 }
 _LOG_EVERY = 10  # rank 0 prints ctx.log metrics every this many steps (and on the first)
-_POLL_S = 0.05   # how often the launcher looks at cold ranks' exits
 
 
 class NativeContext:
