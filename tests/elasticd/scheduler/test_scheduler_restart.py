@@ -4,7 +4,7 @@ restarted on the same state dir and port; the job table, and the running job, su
 from __future__ import annotations
 
 from cluster import status, wait_state
-from util import JOBS, cli, wait_until
+from util import JOBS, cli, cli_here, wait_until
 
 FAKE_SCRIPT = str(JOBS / "fake_agent.py")
 
@@ -38,7 +38,7 @@ def test_scheduler_killed_and_restarted_keeps_the_job_table(cluster, tmp_path):
     assert sched.info()["tcp"] == endpoint
 
     # the node notices (unknown_node), says hello again with its running job, and is back in the table
-    wait_until(lambda: cli("status", "--json", "--state-dir", str(sd)).code == 0
+    wait_until(lambda: cli_here("status", "--json", "--state-dir", str(sd)).code == 0
                and status(sd)["nodes"], 30, what="node to rejoin the restarted scheduler")
     after = {j["job_id"]: j["state"] for j in status(sd)["jobs"]}
     assert after == before
