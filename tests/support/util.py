@@ -159,14 +159,30 @@ def shared_servers() -> dict[str, str]:
     return {SHARED_DIR_VAR: SHARED_FORK_SERVERS} if SHARED_FORK_SERVERS else {}
 
 
-def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0, cwd: str | Path | None = None
-        ) -> CliResult:
-    """Run `python -m elasticd ARGS` in its own session; on timeout kill the whole session and fail.
+# Commands that only talk to a daemon or write keys: `cli` runs them in the test's process unless asked for an
+# interpreter of its own. Not those that follow a job until it ends (`--wait`, `-f`): a hang there must be
+# killable at `timeout`.
+CLIENT_COMMANDS = frozenset({"status", "submit", "stop", "scale", "logs", "events", "keygen", "drain", "undrain",
+                             "shutdown"})
+FOLLOWING = frozenset({"--wait", "-f", "--follow"})
+
+
+def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0, cwd: str | Path | None = None,
+        process: bool = False) -> CliResult:
+    """Run `elasticd ARGS`: a client command (CLIENT_COMMANDS) in this process through `cli_here` unless
+    `process`, anything else as `python -m elasticd ARGS` in its own session; on timeout kill the whole
+    session and fail.
+
+    A new interpreter for each client command cost a third of a CPU-second (a `submit` that imports its
+    script to read N: a second and a half), taken from the agents the test waits for on a 2-core machine;
+    the tests of the CLI as a program (exit codes, what a terminal shows) pass `process=True`.
 
     Its own session lets a hang be cleaned up completely and lets tests check that nothing the run started
     outlives it. `elasticd run` takes its fork servers from the suite's shared ones (tests/conftest.py), whose
     agents are outside that session: a test that looks at them passes `ELASTICD_FORKSERVER_DIR=""` in `env`.
     """
+    if not process and args[:1] and args[0] in CLIENT_COMMANDS and not FOLLOWING & set(args):
+        return cli_here(*args, env=env, cwd=cwd)
     start = time.monotonic()
     shared = shared_servers() if args[:1] == ("run",) else {}
     proc = subprocess.Popen(
@@ -180,22 +196,37 @@ def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0,
         out, err = proc.communicate()
         raise AssertionError(
             f"`elasticd {' '.join(args)}` still running after {timeout:.0f}s; output:\n{out}{err}") from None
-    with open('/tmp/cli_calls.log', 'a') as f:
-        f.write(f'{args[0]} {time.monotonic() - start:.3f}\n')
     return CliResult(proc.returncode, out, err, time.monotonic() - start, proc.pid)
 
 
-def cli_here(*args: str) -> CliResult:
-    """Run `elasticd ARGS` in this process (click's test runner): the same command code as `cli` without
-    an interpreter of its own. For the reads a test polls (`status --json` ten times a second while it waits):
-    a new interpreter each time costs a quarter of a CPU-second, taken from the agents the test waits for."""
+def cli_process(*args: str, **kw: Any) -> CliResult:
+    """`cli` with an interpreter of its own for every command: the CLI as a user's shell runs it (the tests
+    of exit codes and of what a terminal shows)."""
+    return cli(*args, process=True, **kw)
+
+
+def cli_here(*args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> CliResult:
+    """Run `elasticd ARGS` in this process (click's test runner): the same command code as a new interpreter
+    runs, `env` over this process's environment and `cwd` as the working directory while it runs (the CLI
+    reads both: a submitted job's directory, a relative script). An exception the command lets out is exit
+    code 1 with its traceback on stderr, as Python's own handler would print it."""
+    import traceback
+
     from click.testing import CliRunner
 
     from elasticd.cli import main
 
     start = time.monotonic()
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return CliResult(r.exit_code, r.stdout, r.stderr, time.monotonic() - start, 0)
+    here = os.getcwd()
+    os.chdir(cwd or REPO)
+    try:
+        r = CliRunner().invoke(main, list(args), env=dict(env or {}), catch_exceptions=True)
+    finally:
+        os.chdir(here)
+    err = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        err += "".join(traceback.format_exception(r.exception))
+    return CliResult(r.exit_code, r.stdout, err, time.monotonic() - start, 0)
 
 
 def session_pids(session: int) -> list[int]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from cluster import status, wait_state
-from util import JOBS, REPO, cli, load_state, max_rel_diff, wait_until
+from util import JOBS, REPO, load_state, max_rel_diff, wait_until
+from util import cli_process as cli  # the CLI as a shell runs it: an interpreter of its own
 
 SCRIPT = str(JOBS / "mlp_sgd.py")
 WORKERS, DEVICES = 4, 2

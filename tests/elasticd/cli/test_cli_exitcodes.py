@@ -10,7 +10,8 @@ import time
 
 import pytest
 from cluster import Cluster
-from util import JOBS, cli
+from util import JOBS
+from util import cli_process as cli  # the CLI as a shell runs it: an interpreter of its own
 
 FAKE_SCRIPT = str(JOBS / "fake_agent.py")
 
