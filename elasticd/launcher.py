@@ -116,6 +116,7 @@ class LocalRun:
     torchrun: bool = False  # a script with no @elastic function: resizes and recoveries restart it (torchrun_restart.py)
     blocks: list[int] = field(default_factory=list)  # the starting layout's block sizes (empty: uniform)
     stuck_after: str = "auto"   # when an agent counts as stuck and is fenced (elasticd/core/watchdog.py)
+    forks: ForkServer | None = None   # the agent fork server, if the caller started it already (run() closes it)
 
     def __post_init__(self) -> None:
         self.world = self.devices
@@ -153,8 +154,8 @@ class LocalRun:
         self.torchrun_recoveries = 0   # torchrun mode: restarts after an agent died (bounded by max_restarts)
         self._restarting: ResizeRecord | None = None   # torchrun mode: the restart waiting for its first step
         # Agents are forked from one process that imported torch once (elasticd/forked.py); started at
-        # run(), so that it imports while the launcher sets up.
-        self._forks: ForkServer | None = None
+        # run(), so that it imports while the launcher sets up, unless the CLI started it to read N.
+        self._forks = self.forks
         self._watchdog = Watchdog(StuckAfter.parse(self.stuck_after))   # keyed by pid: a new agent starts afresh
         self._fenced: dict[int, Fence] = {}    # pid -> why the watchdog killed it
         self._next_watch = 0.0
@@ -624,7 +625,7 @@ class LocalRun:
     def run(self) -> int:
         """Run to completion: 0, or 1 if an agent failed (its error already printed)."""
         try:
-            if supported():
+            if self._forks is None and supported():
                 env = self._agent_env()
                 self._forks = ForkServer(env, shared=shared_server("agent", env))
             port = free_port()
@@ -724,14 +725,14 @@ def run_local(script: str, func: str | None, workers: int, devices: int, device_
               scale_at: list[Any] | None = None, summary: str | None = None,
               snapshot_dir: str = "", torchrun: bool = False, snapshot_every: str = DEFAULT_SNAPSHOT_EVERY,
               max_restarts: int = DEFAULT_MAX_RESTARTS, blocks: list[int] | None = None,
-              stuck_after: str = "auto") -> int:
+              stuck_after: str = "auto", forks: ForkServer | None = None) -> int:
     """Run the job to completion; returns 0, or 1 if a worker failed (its error already printed).
 
     `scale_at`: (after step, devices[, blocks]) entries; `blocks`: the starting layout (empty: uniform).
     """
     job = LocalRun(script, func, workers, devices, device_type, threads, env, scale_at or [], device_memory=device_memory,
                    snapshot_dir=snapshot_dir, torchrun=torchrun, snapshot_every=snapshot_every,
-                   max_restarts=max_restarts, blocks=list(blocks or []), stuck_after=stuck_after)
+                   max_restarts=max_restarts, blocks=list(blocks or []), stuck_after=stuck_after, forks=forks)
     code = job.run()
     if summary:
         with open(summary, "w") as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,11 +14,17 @@ from elasticd.cli.script_args import ScriptCommand, split_target
 from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
 from elasticd.core.watchdog import StuckAfter
 
+if TYPE_CHECKING:
+    from elasticd.forked import ForkServer
 
-def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...] = ()) -> tuple[str, str | None, int]:
+
+def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...] = (),
+                   forks: Callable[[], ForkServer | None] | None = None) -> tuple[str, str | None, int]:
     """SCRIPT[:FUNC] and --workers -> (script, func, N), N from the script's decorator when not given:
-    read from its source where it is a literal, else by importing the script here, with `sys.argv` as
-    `python SCRIPT ARGS` gives it (a script that parses its arguments at the top must see its own).
+    read from its source where it is a literal, else by importing the script with `sys.argv` as
+    `python SCRIPT ARGS` gives it (a script that parses its arguments at the top must see its own): in a
+    fork of the server `forks` gives (torch is imported there already, and the run's agents fork from it
+    next), else here.
 
     Raises:
         click.UsageError: no such script, or no unambiguous @elastic function in it.
@@ -39,6 +45,9 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
             workers = declared_workers(script, func)
         except SyntaxError as e:
             raise click.UsageError(f"{script} does not parse: {e}") from None
+    if workers is None and forks is not None:
+        server = forks()
+        workers = forked_workers(server, script, func, script_args) if server is not None else None
     if workers is None:
         from elasticd.agent.script import ScriptError, load_function
 
@@ -51,6 +60,42 @@ def resolve_target(target: str, workers: int | None, script_args: tuple[str, ...
         finally:
             sys.argv = argv
     return script, func, workers
+
+
+def forked_workers(server: ForkServer, script: str, func: str | None, script_args: tuple[str, ...]) -> int | None:
+    """N as a fork of `server` imports SCRIPT to read it (agent/__main__.py's `--workers-of`); None where
+    the server cannot fork. The script's own output goes where ours does, as when it is imported here.
+
+    Raises:
+        click.UsageError: no unambiguous @elastic function in the script.
+        SystemExit: the script's top level raised (exit 1; its traceback is on stderr already).
+    """
+    import json
+
+    from elasticd.core.agent_config import WORKERS_OF
+
+    answer, end = os.pipe()
+    try:
+        proc = server.spawn([WORKERS_OF, str(end), os.path.abspath(script), func or "", *script_args],
+                            os.environ, (end,))
+        os.close(end)
+        end = -1
+        if proc is None:
+            return None
+        chunks = []
+        while chunk := os.read(answer, 65536):
+            chunks.append(chunk)
+        code = proc.wait()
+    finally:
+        os.close(answer)
+        if end >= 0:
+            os.close(end)
+    if not chunks:
+        sys.exit(code or 1)
+    reply = json.loads(b"".join(chunks))
+    if "error" in reply:
+        raise click.UsageError(reply["error"])
+    return int(reply["workers"])
 
 
 def refuse_skipped_main(script: str) -> None:
@@ -179,26 +224,6 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
     agent at the new size, as torchrun does: the script starts again from its beginning, and continues
     where it was only if it loads its own checkpoint.
     """
-    script, func, workers = resolve_target(target, workers, script_args)
-    torchrun = func is None and torchrun_mode(script)
-    if devices > workers:
-        click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
-                   f"logical worker", err=True)
-        sys.exit(EXIT_USAGE)
-    schedule = parse_scale_at(scale_at, workers)
-    blocks = parse_layout(layout, workers, devices)
-    if device_type == "cuda" and not ddp:
-        problem = _cuda_problem(max([devices, *(m for _, m, _ in schedule)]))
-        if problem:
-            click.echo(f"Error: {problem}", err=True)
-            sys.exit(EXIT_USAGE)
-    if ddp and torchrun:
-        import subprocess
-
-        # The reference for a torchrun script is torchrun itself.
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(workers),
-               script, *script_args]
-        sys.exit(subprocess.call(cmd))
     env = None
     if script_args:
         import json
@@ -206,19 +231,56 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
         from elasticd.core.env_names import ARGS_VAR
 
         env = {ARGS_VAR: json.dumps(list(script_args))}
-    if ddp:
-        from elasticd.reference_launch import run_native_ddp
+    servers: list[ForkServer] = []   # the run's agent fork server, once started (LocalRun takes it over)
+    try:
+        script, func, workers = resolve_target(target, workers, script_args,
+                                               None if ddp else lambda: _agent_server(servers, env))
+        torchrun = func is None and torchrun_mode(script)
+        if devices > workers:
+            click.echo(f"Error: --devices {devices} is more than --workers {workers}: a device hosts at least one "
+                       f"logical worker", err=True)
+            sys.exit(EXIT_USAGE)
+        schedule = parse_scale_at(scale_at, workers)
+        blocks = parse_layout(layout, workers, devices)
+        if device_type == "cuda" and not ddp:
+            problem = _cuda_problem(max([devices, *(m for _, m, _ in schedule)]))
+            if problem:
+                click.echo(f"Error: {problem}", err=True)
+                sys.exit(EXIT_USAGE)
+        if ddp and torchrun:
+            import subprocess
 
-        sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
-    from elasticd.launcher import run_local
+            # The reference for a torchrun script is torchrun itself.
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(workers),
+                   script, *script_args]
+            sys.exit(subprocess.call(cmd))
+        if ddp:
+            from elasticd.reference_launch import run_native_ddp
 
-    if snapshot_dir:
-        os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
-    sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
-                       device_memory=device_memory or 0, scale_at=schedule, summary=summary,
-                       snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,
-                       snapshot_every=snapshot_every, max_restarts=max_restarts, blocks=blocks,
-                       stuck_after=stuck_after))
+            sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
+        from elasticd.launcher import run_local
+
+        if snapshot_dir:
+            os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
+        sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
+                           device_memory=device_memory or 0, scale_at=schedule, summary=summary,
+                           snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,
+                           snapshot_every=snapshot_every, max_restarts=max_restarts, blocks=blocks,
+                           stuck_after=stuck_after, forks=servers[0] if servers else None))
+    finally:
+        for server in servers:   # closed already where the run got as far as LocalRun; closing is idempotent
+            server.close()
+
+
+def _agent_server(servers: list[ForkServer], env: dict[str, str] | None) -> ForkServer | None:
+    """The run's agent fork server, started at its first use (reading N off a script that computes it)
+    and kept in `servers` for the run's agents; None where forks are not supported."""
+    from elasticd.forked import ForkServer, shared_server, supported
+
+    if not servers and supported():
+        full = {**os.environ, **(env or {})}
+        servers.append(ForkServer(full, shared=shared_server("agent", full)))
+    return servers[0] if servers else None
 
 
 def _cuda_problem(devices: int) -> str | None:

@@ -17,6 +17,9 @@ from elasticd.core.cadence import Every
 from elasticd.core.env_names import DEVICE_BACKEND_ENV
 from elasticd.core.layout import Layout
 
+# An agent command line that asks only for N as the script declares it (agent/__main__.py): a launcher
+# sends it to a fork of its warm server rather than import the script, and torch, itself.
+WORKERS_OF = "--workers-of"
 # device_index of a CUDA agent started as a standby: its rank, hence its GPU, is known only at its join.
 DEVICE_AT_JOIN = -1
 
