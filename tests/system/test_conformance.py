@@ -135,6 +135,9 @@ def test_a_transformer_encoder_lm_resized_through_the_daemon_matches_ddp(cluster
             return info if len(info["resizes"]) >= n and info["resizing"] is None else None
         info = wait_until(resized, 120, interval=0.1, what=f"resize #{n}")
         assert info["resizes"][-1]["outcome"] == "done" and info["devices"] == devices, info["resizes"]
+        # A grow takes the device a shrink's leaver held only once that agent has exited (the scheduler
+        # refuses it until then, saying so).
+        wait_until(lambda d=devices: len(status(sd)["nodes"][0]["free"]) == 2 - d, 60, what="the leaver's device")
     release.touch()
     wait_state(sd, job, "finished", timeout=180)
     got = load_state(out)

@@ -124,6 +124,8 @@ def test_scale_queued_job_fixes_its_device_count(cluster):
     assert r.code == 0 and "1 devices" in r.out
     assert cli("stop", blocker, "--state-dir", str(sd)).code == 0
     assert wait_state(sd, job, "running")["devices"] == 1
+    # the blocker's agents exit and give both devices back; the job took one of them
+    wait_until(lambda: len(status(sd)["nodes"][0]["free"]) == 1, 20, what="the blocker's other device")
     r = cli("scale", job, "--devices", "2", "--state-dir", str(sd))   # running now: a live resize
     assert r.code == 0 and "resizing 1 -> 2" in r.out
     info = wait_until(lambda: (j := status(sd, job)["jobs"][0])["resizes"] and j, 20, what="the resize")
