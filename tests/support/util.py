@@ -76,10 +76,18 @@ def element_diff(want: Mapping[str, torch.Tensor], got: Mapping[str, torch.Tenso
 
 def torchrun(cwd: Path, script: Path, *args: str, ranks: int = REFERENCE_WORKERS, timeout: float = 240.0) -> None:
     """`script ARGS` under real torchrun, `ranks` processes over gloo, from `cwd`: the reference a torchrun-mode
-    test compares with. Fails the test with torchrun's output."""
+    test compares with. Fails the test with torchrun's output.
+
+    Run once more where a rank aborted in torch's own teardown ("terminate called without an active
+    exception": gloo's threads still hold tensors while the interpreter finalizes, an upstream fault a
+    script that calls destroy_process_group still meets now and then): the reference is torch's, and a
+    fault of torch's exit is no verdict on what elasticd computes."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
            str(script), *args]
-    run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    for _ in range(2):
+        run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        if run.returncode == 0 or "terminate called without an active exception" not in run.stderr:
+            break
     assert run.returncode == 0, f"torchrun failed:\n{run.stdout}{run.stderr}"
 
 
