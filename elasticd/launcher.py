@@ -530,10 +530,10 @@ class LocalRun:
     def _infrastructure_cause(self, bad: _Agent) -> str | None:
         """Why `bad` died when that is not the user's doing; None when a worker raised (its error report
         says so; the agents that lost their group after it say `peer_lost`, which does not count)."""
-        fenced = [(a.rank, self._fenced[a.proc.pid].reason) for a in self.agents.values() if a.proc.pid in self._fenced]
+        fenced = [(a.rank, self._fenced[a.proc.pid]) for a in self.agents.values() if a.proc.pid in self._fenced]
         if fenced:
-            rank, why = min(fenced)
-            return f"agent {rank} was stuck ({why}) and was fenced"
+            rank, fence = min(fenced, key=lambda f: f[0])
+            return fence.cause(rank, self._watchdog.describe())
         for a in [*self.agents.values(), *self.retired]:
             try:
                 with open(a.error_file) as f:

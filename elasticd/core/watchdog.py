@@ -159,6 +159,11 @@ class Fence:
     reason: str     # "stopped for 31s", in words, for the error report and `events`
     held: float     # seconds the job has been held by it: the detection's delay
 
+    def cause(self, rank: int, bound: str) -> str:
+        """The failure's cause in words, as `elasticd run` and the daemon both record it (the job's error,
+        its recovery, `events`); `bound`: the watchdog's `describe()` when it fenced."""
+        return f"agent {rank} was stuck ({self.reason}, --stuck-after {bound}) and was fenced"
+
 
 @dataclass
 class _Seen:

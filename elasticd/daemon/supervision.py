@@ -332,8 +332,7 @@ class Supervision:
         for fence in job.watchdog.verdict(now):
             agent = watched[fence.key]   # type: ignore[index]
             job.fenced.add(agent.pid)
-            message = f"agent {agent.rank} was stuck ({fence.reason}, --stuck-after {job.watchdog.describe()}) " \
-                      f"and was fenced"
+            message = fence.cause(agent.rank, job.watchdog.describe())
             log.warning("job %s: %s", job.job_id, message)
             if job.error is None or job.error.get("cause") == Cause.PEER_LOST:
                 job.error = {"cause": Cause.STUCK.value, "message": message, "rank": agent.rank,
