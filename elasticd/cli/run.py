@@ -68,7 +68,8 @@ def forked_workers(server: ForkServer, script: str, func: str | None, script_arg
 
     Raises:
         click.UsageError: no unambiguous @elastic function in the script.
-        SystemExit: the script's top level raised (exit 1; its traceback is on stderr already).
+        SystemExit: the script's top level raised (exit 1, its traceback on stderr already) or exited (its
+            code), or the process importing it was killed (exit 1, saying so).
     """
     import json
 
@@ -91,7 +92,11 @@ def forked_workers(server: ForkServer, script: str, func: str | None, script_arg
         if end >= 0:
             os.close(end)
     if not chunks:
-        sys.exit(code or 1)
+        if code <= 0:
+            from elasticd.core.failures import how_it_ended
+
+            click.echo(f"Error: the process importing {script} to read N {how_it_ended(code)}", err=True)
+        sys.exit(code if code > 0 else 1)
     reply = json.loads(b"".join(chunks))
     if "error" in reply:
         raise click.UsageError(reply["error"])

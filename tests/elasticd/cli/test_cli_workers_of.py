@@ -59,11 +59,17 @@ def test_a_script_with_two_functions_is_a_usage_error_naming_them(tmp_path: Path
     assert r.code == 0, r.output
 
 
-def test_a_script_whose_top_level_raises_fails_with_its_traceback_and_starts_no_agent(tmp_path: Path) -> None:
-    script = tmp_path / "raises.py"
-    script.write_text("import os\nimport elasticd\nN = int(os.environ['NO_SUCH_VARIABLE'])\n"
-                      "@elasticd.elastic(workers=N)\ndef f(ctx): pass\n")
+@pytest.mark.parametrize("top, code, said", [
+    ("N = int(os.environ['NO_SUCH_VARIABLE'])", 1, "KeyError: 'NO_SUCH_VARIABLE'"),   # its traceback
+    ("sys.exit(3)", 3, ""),                                                           # as `python SCRIPT` exits
+    ("os.kill(os.getpid(), 9)", 1, "to read N was killed by SIGKILL"),
+], ids=["raises", "exits", "killed"])
+def test_a_script_whose_top_level_ends_the_process_ends_the_run_as_python_would_and_starts_no_agent(
+        tmp_path: Path, top: str, code: int, said: str) -> None:
+    script = tmp_path / "ends.py"
+    script.write_text(f"import os, sys\nimport elasticd\n{top}\nN = 2\n@elasticd.elastic(workers=N)\ndef f(ctx): pass\n")
     r = cli("run", str(script), "--devices", "1")
-    assert r.code == 1, r.output
-    assert "KeyError: 'NO_SUCH_VARIABLE'" in r.err and f'File "{script}", line 3' in r.err, r.err
+    assert r.code == code and said in r.err, r.output
+    if said.startswith("KeyError"):
+        assert f'File "{script}", line 3' in r.err, r.err
     assert "[elasticd]" not in r.err, r.err   # no launcher line: nothing started
