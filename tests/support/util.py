@@ -181,9 +181,9 @@ def cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60.0,
     `process`, anything else as `python -m elasticd ARGS` in its own session; on timeout kill the whole
     session and fail.
 
-    A new interpreter for each client command cost a third of a CPU-second (a `submit` that imports its
-    script to read N: a second and a half), taken from the agents the test waits for on a 2-core machine;
-    the tests of the CLI as a program (exit codes, what a terminal shows) pass `process=True`.
+    A new interpreter for each client command costs 0.16 CPU-s (a `submit` that imports its script, so
+    torch, to read N: 3.9), taken from the agents the test waits for on a 2-core machine; the tests of the
+    CLI as a program (exit codes, what a terminal shows) pass `process=True`.
 
     Its own session lets a hang be cleaned up completely and lets tests check that nothing the run started
     outlives it. `elasticd run` takes its fork servers from the suite's shared ones (tests/conftest.py), whose
