@@ -29,24 +29,60 @@ def _called_name(call: ast.Call) -> str | None:
 
 
 def declared_workers(path: str, func: str | None) -> int | None:
-    """N as the script's decorator spells it (`@elasticd.elastic(workers=8)`, a literal), read from the source.
+    """N as the script's decorator spells it, read from the source: a literal (`@elasticd.elastic(workers=8)`),
+    or a module-level name the script binds once, to a literal, before the decorator (`N = 8` ...
+    `@elasticd.elastic(workers=N)`).
 
     The CLI needs N before any agent starts; importing the script for it would run its top level in the
-    CLI's process, once more than the run does. None when the source does not say (N computed, several
-    decorated functions and no FUNC): the caller then imports it.
+    CLI's process, once more than the run does. None when the source does not say (N computed, a name bound
+    more than once or anywhere but at the top level, several decorated functions and no FUNC): the caller
+    then imports it.
     """
+    tree = _parse(path)
     found: list[int | None] = []
-    for node in ast.walk(_parse(path)):
+    for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or (func and node.name != func):
             continue
         for deco in node.decorator_list:
             if not (isinstance(deco, ast.Call) and _called_name(deco) == "elastic"):
                 continue
             args = [k.value for k in deco.keywords if k.arg == "workers"] + deco.args[:1]
-            value = args[0] if args else None
-            ok = isinstance(value, ast.Constant) and type(value.value) is int
-            found.append(value.value if ok else None)
+            found.append(_int_value(tree, args[0], node.lineno) if args else None)
     return found[0] if len(found) == 1 else None
+
+
+def _int_value(tree: ast.Module, value: ast.expr, before: int) -> int | None:
+    """The int `value` is when the decorator on line `before` runs: a literal, or a name bound exactly once
+    in the whole script, by a top-level `NAME = <int literal>` above that line; else None."""
+    if isinstance(value, ast.Constant) and type(value.value) is int:
+        return value.value
+    if not isinstance(value, ast.Name):
+        return None
+    # `from m import *` may bind it too, unseen here
+    if sum(1 for node in ast.walk(tree) if value.id in _bound(node) or "*" in _bound(node)) != 1:
+        return None
+    for stmt in tree.body:
+        if (isinstance(stmt, ast.Assign) and stmt.lineno < before and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == value.id):
+            return _int_value(tree, stmt.value, stmt.lineno) if isinstance(stmt.value, ast.Constant) else None
+    return None
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """The names `node` binds or declares as another scope's (`global`, `nonlocal`)."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+        return {node.id}
+    if isinstance(node, ast.alias):
+        return {node.asname or node.name.split(".")[0]}
+    if isinstance(node, ast.Global | ast.Nonlocal):
+        return set(node.names)
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.arg):
+        return {node.arg}
+    if isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+        return {node.name}
+    return set()
 
 
 def _elastic_names(tree: ast.Module) -> set[str]:

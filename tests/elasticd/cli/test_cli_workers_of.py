@@ -1,4 +1,5 @@
-"""N computed by the script (not a literal in its decorator): `elasticd run` reads it from a fork of its warm
+"""N computed by the script (neither a literal in its decorator nor a name bound once to one, which the
+source gives): `elasticd run` reads it from a fork of its warm
 agent fork server (agent/__main__.py's `--workers-of`), so the launcher does not import the script, nor
 torch, itself; where forks are off it imports the script as before. The script's arguments, its errors and
 its output reach the user as when the launcher imported it."""
@@ -67,9 +68,19 @@ def test_a_script_with_two_functions_is_a_usage_error_naming_them(tmp_path: Path
 def test_a_script_whose_top_level_ends_the_process_ends_the_run_as_python_would_and_starts_no_agent(
         tmp_path: Path, top: str, code: int, said: str) -> None:
     script = tmp_path / "ends.py"
-    script.write_text(f"import os, sys\nimport elasticd\n{top}\nN = 2\n@elasticd.elastic(workers=N)\ndef f(ctx): pass\n")
+    script.write_text(f"import os, sys\nimport elasticd\n{top}\nN = int('2')\n@elasticd.elastic(workers=N)\ndef f(ctx): pass\n")
     r = cli("run", str(script), "--devices", "1")
     assert r.code == code and said in r.err, r.output
     if said.startswith("KeyError"):
         assert f'File "{script}", line 3' in r.err, r.err
     assert "[elasticd]" not in r.err, r.err   # no launcher line: nothing started
+
+
+def test_n_bound_once_to_a_literal_is_read_from_the_source_without_running_the_top_level(tmp_path: Path) -> None:
+    script = tmp_path / "constant.py"
+    script.write_text(COMPUTED.replace('int(os.environ.get("PROBE_WORKERS", "4"))', "6"))
+    out = tmp_path / "r"
+    r = cli("run", str(script), "--devices", "2", "--out", str(out))
+    assert r.code == 0, r.output
+    assert [json.loads(Path(f"{out}{rank}.json").read_text())["world"] for rank in range(6)] == [6] * 6
+    assert len(Path(f"{out}.tops").read_text().split()) == 2   # once per agent, and nowhere else

@@ -35,6 +35,17 @@ def test_workers_read_from_the_decorator_source(tmp_path: Path) -> None:
 
     assert n("import elasticd\n@elasticd.elastic(workers=8)\ndef f(ctx): pass\n") == 8
     assert n("from elasticd import elastic\n@elastic(3, deterministic=True)\ndef f(ctx): pass\n") == 3
-    assert n("import elasticd\nN = 4\n@elasticd.elastic(workers=N)\ndef f(ctx): pass\n") is None  # computed
+    deco = "@elasticd.elastic(workers=N)\ndef f(ctx): pass\n"
+    assert n(f"import elasticd\nN = 4\n{deco}") == 4   # a name bound once, to a literal, above the decorator
+    for computed in ("N = int(os.environ.get('N', '4'))\n",   # N what the environment says
+                     "N = 4\nN = 8\n",                      # bound twice
+                     "if os.environ.get('BIG'):\n    N = 4\n",   # conditionally
+                     "from cfg import *\nN = 4\n",          # perhaps by the star import too
+                     "N = True\n",                           # not an int
+                     "N = 4\ndef g():\n    global N\n    N = 2\n",   # rebound by a function
+                     "M = 4\nN = M\n"):                     # a name for a name: left to the import
+        assert n(f"import os\nimport elasticd\n{computed}{deco}") is None, computed
+    assert n(f"import elasticd\n{deco}N = 4\n") is None   # bound after the decorator runs: a NameError
+    assert n(f"import elasticd\nN = 4\n{deco}def g(N=2): pass\n") is None   # a parameter of that name elsewhere
     two = "import elasticd\n@elasticd.elastic(workers=2)\ndef f(ctx): pass\n@elasticd.elastic(workers=6)\ndef g(ctx): pass\n"
     assert n(two) is None and n(two, "g") == 6 and n(two, "h") is None
