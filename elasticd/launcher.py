@@ -116,7 +116,10 @@ class LocalRun:
     torchrun: bool = False  # a script with no @elastic function: resizes and recoveries restart it (torchrun_restart.py)
     blocks: list[int] = field(default_factory=list)  # the starting layout's block sizes (empty: uniform)
     stuck_after: str = "auto"   # when an agent counts as stuck and is fenced (elasticd/core/watchdog.py)
-    forks: ForkServer | None = None   # the agent fork server, if the caller started it already (run() closes it)
+    # The agents' fork server (elasticd/forked.py): agents fork from one process that imported torch once.
+    # run() starts it, so that it imports while the launcher sets up, unless the caller started it already
+    # (the CLI, to read a computed N); run() closes it either way.
+    forks: ForkServer | None = None
 
     def __post_init__(self) -> None:
         self.world = self.devices
@@ -153,9 +156,6 @@ class LocalRun:
         self.restarts = 0      # torchrun mode: agent restarts so far (resizes and recoveries)
         self.torchrun_recoveries = 0   # torchrun mode: restarts after an agent died (bounded by max_restarts)
         self._restarting: ResizeRecord | None = None   # torchrun mode: the restart waiting for its first step
-        # Agents are forked from one process that imported torch once (elasticd/forked.py); started at
-        # run(), so that it imports while the launcher sets up, unless the CLI started it to read N.
-        self._forks = self.forks
         self._watchdog = Watchdog(StuckAfter.parse(self.stuck_after))   # keyed by pid: a new agent starts afresh
         self._fenced: dict[int, Fence] = {}    # pid -> why the watchdog killed it
         self._next_watch = 0.0
@@ -181,8 +181,8 @@ class LocalRun:
             os.unlink(beat_path(cfg.error_file))   # an earlier agent's, under the same name: not this one's beat
         env = self._agent_env()
         proc: subprocess.Popen | ForkedProcess | None = None
-        if self._forks is not None:
-            proc = self._forks.spawn(cfg.to_argv(), env, (cmd_r, ev_w))
+        if self.forks is not None:
+            proc = self.forks.spawn(cfg.to_argv(), env, (cmd_r, ev_w))
         if proc is None:
             proc = subprocess.Popen([*module_command(), *cfg.to_argv()], env=env, pass_fds=(cmd_r, ev_w))
         os.close(cmd_r)
@@ -625,9 +625,9 @@ class LocalRun:
     def run(self) -> int:
         """Run to completion: 0, or 1 if an agent failed (its error already printed)."""
         try:
-            if self._forks is None and supported():
+            if self.forks is None and supported():
                 env = self._agent_env()
-                self._forks = ForkServer(env, shared=shared_server("agent", env))
+                self.forks = ForkServer(env, shared=shared_server("agent", env))
             port = free_port()
             for rank in range(self.devices):
                 self._spawn(rank, self.devices, port)
@@ -678,8 +678,8 @@ class LocalRun:
                 except OSError:
                     pass
             self._sel.close()
-            if self._forks is not None:
-                self._forks.close()
+            if self.forks is not None:
+                self.forks.close()
             self._tmp.cleanup()
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)

@@ -54,18 +54,20 @@ def declared_workers(path: str, func: str | None) -> int | None:
 def _int_value(tree: ast.Module, value: ast.expr, before: int) -> int | None:
     """The int `value` is when the decorator on line `before` runs: a literal, or a name bound exactly once
     in the whole script, by a top-level `NAME = <int literal>` above that line; else None."""
-    if isinstance(value, ast.Constant) and type(value.value) is int:
-        return value.value
     if not isinstance(value, ast.Name):
-        return None
+        return _literal_int(value)
     # `from m import *` may bind it too, unseen here
     if sum(1 for node in ast.walk(tree) if value.id in _bound(node) or "*" in _bound(node)) != 1:
         return None
     for stmt in tree.body:
         if (isinstance(stmt, ast.Assign) and stmt.lineno < before and len(stmt.targets) == 1
                 and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id == value.id):
-            return _int_value(tree, stmt.value, stmt.lineno) if isinstance(stmt.value, ast.Constant) else None
+            return _literal_int(stmt.value)
     return None
+
+
+def _literal_int(value: ast.expr) -> int | None:
+    return value.value if isinstance(value, ast.Constant) and type(value.value) is int else None
 
 
 def _bound(node: ast.AST) -> set[str]:

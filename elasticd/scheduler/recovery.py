@@ -46,7 +46,6 @@ from elasticd.scheduler.jobs import RESIZE, Job, JobState, RecoveryInFlight
 log = logging.getLogger(__name__)
 
 
-
 def infrastructure(err: dict[str, Any] | None) -> bool:
     """Whether a failure a node or the scheduler reported is the infrastructure's doing (a cause of
     elasticd/core/failures.py other than the user's): anything else -- a worker's exception, a script that
