@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,15 +12,24 @@ from elasticd.cli import client
 from elasticd.core.lifecycle import JOB_ENDED
 from elasticd.core.text import printable as safe
 
+if TYPE_CHECKING:
+    from elasticd.protocol import Event
+
 _ENDS = JOB_ENDED
 FOLLOW_POLL_S = 0.5   # how often -f asks; events are derived from the job table, so polling is all it takes
 
 
-def render(e: dict[str, Any]) -> str:
-    at = e.get("at") or 0.0
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
-    subject = f"job {e['job']}" if e.get("job") else f"node {e.get('node')}"
-    return f"{when}  {safe(subject):<14} {safe(str(e.get('event'))):<16} {safe(str(e.get('detail', '')))}"
+def render(e: Event) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at)) + f".{int(e.at * 1000) % 1000:03d}"
+    subject = f"job {e.job}" if e.job else f"node {e.node}"
+    return f"{when}  {safe(subject):<14} {safe(e.event):<16} {safe(e.detail)}"
+
+
+def event_doc(e: Event) -> dict[str, Any]:
+    """An event as `--json` prints it: its fields under their wire names, those that do not apply left out."""
+    from elasticd.protocol import plain
+
+    return {k: v for k, v in plain(e).items() if v is not None}
 
 
 @click.command("events")
@@ -40,8 +49,8 @@ def events(job_id: str | None, follow: bool, as_json: bool, since: float | None,
 
     Job events come from the job table (they survive a scheduler restart); node events from a log of the
     newest 1000 the scheduler keeps in memory. A client key sees its own jobs' events and the nodes'.
-    Each JSON object has `at` (Unix time), `event`, `job` or `node`, `detail`, and for resizes and
-    recoveries `from`, `to`, `step`, `seconds`.
+    Each JSON object has `at` (Unix time), `event`, `job` or `node`, `detail`, and where they apply
+    `from`, `to`, `step`, `seconds` (resizes), `seconds`, `steps_redone`, `detected_after` (recoveries).
     """
     from elasticd.protocol import Events
 
@@ -54,14 +63,15 @@ def events(job_id: str | None, follow: bool, as_json: bool, since: float | None,
         while True:
             reply = c.request(Events(job_id=job_id, after=max(0.0, after - 0.001)))
             for e in reply.events:  # type: ignore[attr-defined]
-                at, doc = float(e.get("at") or 0.0), json.dumps(e, sort_keys=True)
-                if at < after or (at == after and doc in at_last):
+                at, doc = e.at, event_doc(e)
+                key = json.dumps(doc, sort_keys=True)
+                if at < after or (at == after and key in at_last):
                     continue
-                click.echo(json.dumps(e) if as_json else render(e))
+                click.echo(json.dumps(doc) if as_json else render(e))
                 if at > after:
                     after, at_last = at, set()
-                at_last.add(doc)
-                ended = ended or (job_id is not None and e.get("event") in _ENDS)
+                at_last.add(key)
+                ended = ended or (job_id is not None and e.event in _ENDS)
             if reply.more:  # type: ignore[attr-defined]
                 continue
             if not follow or ended:

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from elasticd.cli import client
 from elasticd.core.lifecycle import JOB_ENDED, TOOK_EFFECT
+from elasticd.core.records import ResizeEntry
 from elasticd.core.text import printable as safe
 
+if TYPE_CHECKING:
+    from elasticd.protocol import JobInfo, NodeInfo, StatusReply
 
-def job_doc(info: Any) -> dict[str, Any]:
-    return dataclasses.asdict(info)
+
+def job_doc(info: JobInfo) -> dict[str, Any]:
+    """A job's row as `--json` prints it: the fields under their wire names (a resize's "from" and "to")."""
+    from elasticd.protocol import plain
+
+    return plain(info)
 
 
 def _fmt_loss(metrics: dict[str, Any]) -> str:
@@ -24,54 +30,49 @@ def _fmt_loss(metrics: dict[str, Any]) -> str:
     return f"{loss:.4g}" if isinstance(loss, int | float) else "-"
 
 
-def _fmt_resizes(resizes: list[dict[str, Any]]) -> str:
+def _fmt_resizes(resizes: list[ResizeEntry]) -> str:
     """The resize history in a table cell: "4->2->1", the sizes a job went through, then how many of the
     resizes asked for ended otherwise, by outcome: "4->2 (1 refused)"."""
     if not resizes:
         return "-"
-    took = [r for r in resizes if r.get("outcome") in TOOK_EFFECT]
-    path = "->".join([str(took[0].get("from"))] + [str(r.get("to")) for r in took]) if took else "none"
-    others = collections.Counter(str(r.get("outcome")) for r in resizes if r.get("outcome") not in TOOK_EFFECT)
+    took = [r for r in resizes if r.outcome in TOOK_EFFECT]
+    path = "->".join([str(took[0].src)] + [str(r.dst) for r in took]) if took else "none"
+    others = collections.Counter(r.outcome for r in resizes if r.outcome not in TOOK_EFFECT)
     return path + (f" ({', '.join(f'{n} {o}' for o, n in sorted(others.items()))})" if others else "")
 
 
-def _fmt_resize(r: dict[str, Any]) -> str:
-    secs = r.get("seconds")
-    took = f" in {secs:.2f}s" if isinstance(secs, int | float) else ""
-    hand = r.get("handover_s")
-    pause = f" (hand-over {hand:.2f}s)" if isinstance(hand, int | float) else ""
-    when = time.strftime("%H:%M:%S", time.localtime(r["at"])) if isinstance(r.get("at"), int | float) else "?"
-    note = f": {safe(r['note'])}" if r.get("note") else ""
-    if r.get("blocks_to") is not None:   # a re-layout: same devices, other blocks
-        gain = r.get("predicted_gain")
-        what = (f"blocks {_blocks(r.get('blocks_from'))} -> {_blocks(r.get('blocks_to'))}"
-                + (f" (predicted {100 * gain:.0f}% shorter step)" if isinstance(gain, int | float) else ""))
-        return (f"  {when}  re-layout {what} at step {r.get('step')}  {r.get('outcome')}{took}{pause}  "
-                f"[{safe(r.get('reason'))}]{note}")
-    return (f"  {when}  {r.get('from')} -> {r.get('to')} devices at step {r.get('step')}  {r.get('outcome')}"
-            f"{took}{pause}  [{safe(r.get('why'))}]{note}")
+def _fmt_resize(r: ResizeEntry) -> str:
+    took = f" in {r.seconds:.2f}s" if r.seconds is not None else ""
+    pause = f" (hand-over {r.handover_s:.2f}s)" if r.handover_s is not None else ""
+    when = time.strftime("%H:%M:%S", time.localtime(r.at))
+    note = f": {safe(r.note)}" if r.note else ""
+    if r.blocks_to is not None:   # a re-layout: same devices, other blocks
+        gain = r.predicted_gain
+        what = (f"blocks {_blocks(r.blocks_from)} -> {_blocks(r.blocks_to)}"
+                + (f" (predicted {100 * gain:.0f}% shorter step)" if gain is not None else ""))
+        return (f"  {when}  re-layout {what} at step {r.step}  {r.outcome}{took}{pause}  "
+                f"[{safe(r.reason)}]{note}")
+    return (f"  {when}  {r.src} -> {r.dst} devices at step {r.step}  {r.outcome}"
+            f"{took}{pause}  [{safe(r.why)}]{note}")
 
 
-def _blocks(b: Any) -> str:
-    return "/".join(str(x) for x in b) if isinstance(b, list) and b else "uniform"
+def _blocks(b: list[int] | None) -> str:
+    return "/".join(str(x) for x in b) if b else "uniform"
 
 
-def _fmt_layout(j: Any) -> list[str]:
+def _fmt_layout(j: JobInfo) -> list[str]:
     """Speed-aware placement: the blocks, each agent's device and fitted speed, predicted vs measured step."""
-    lay = getattr(j, "layout", None)
-    if not lay:
+    lay = j.layout
+    if lay is None:
         return []
-    pred, meas = lay.get("predicted_step_s"), lay.get("measured_step_s")
-    comm = lay.get("comm_s")
-    lines = [f"layout     blocks {_blocks(j.blocks) if j.blocks else 'uniform'}; step predicted "
-             + (f"{pred:.4f}s" if isinstance(pred, int | float) else "-")
-             + " measured " + (f"{meas:.4f}s" if isinstance(meas, int | float) else "-")
-             + (f" (comm {comm:.4f}s)" if isinstance(comm, int | float) and comm else "")]
-    for a in lay.get("agents", []):
-        c = a.get("worker_step_s")
-        lines.append(f"  rank {a.get('rank')}  {safe(a.get('device'))}  {a.get('workers')} workers  speed "
-                     f"{a.get('speed'):.2f}  " + (f"{c:.4f}s per worker-step" if isinstance(c, int | float)
-                                                  else "not measured yet"))
+    meas = lay.measured_step_s
+    lines = [f"layout     blocks {_blocks(j.blocks)}; step predicted {lay.predicted_step_s:.4f}s measured "
+             + (f"{meas:.4f}s" if meas is not None else "-")
+             + (f" (comm {lay.comm_s:.4f}s)" if lay.comm_s else "")]
+    for a in lay.agents:
+        c = a.worker_step_s
+        lines.append(f"  rank {a.rank}  {safe(a.device)}  {a.workers} workers  speed {a.speed:.2f}  "
+                     + (f"{c:.4f}s per worker-step" if c is not None else "not measured yet"))
     return lines
 
 
@@ -80,30 +81,29 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def _node_state(n: Any) -> str:
+def _node_state(n: NodeInfo) -> str:
     if not n.alive:
         return "lost"
     d = n.draining
-    if not d:
+    if d is None:
         return "up"
-    if d.get("drained"):
-        return f"drained ({d.get('seconds', 0):.1f}s)"
-    left = d.get("deadline_s")
-    state = "draining" + (f" ({left:.0f}s left)" if isinstance(left, int | float) else "")
-    return state + (f": {d['waiting']}" if d.get("waiting") else "")
+    if d.drained:
+        return f"drained ({d.seconds:.1f}s)"
+    state = "draining" + (f" ({d.deadline_s:.0f}s left)" if d.deadline_s is not None else "")
+    return state + (f": {safe(d.waiting)}" if d.waiting else "")
 
 
-def _pending_request(j: Any) -> bool:
+def _pending_request(j: JobInfo) -> bool:
     """A `scale` request the job has yet to carry out: none once it ended, or once it is at that size."""
     return bool(j.requested_devices) and j.requested_devices != j.devices and j.state not in JOB_ENDED
 
 
-def render(reply: Any) -> str:
+def render(reply: StatusReply) -> str:
     rows = [["JOB", "NAME", "STATE", "N", "DEVICES", "NODES", "STEP", "STEPS/S", "LOSS", "PRIO", "RESIZES"]]
     for j in reply.jobs:
         dev = str(j.devices) if j.devices else f"{j.min_devices}-{j.max_devices}"
         if j.resizing:
-            dev += f" (->{j.resizing['to']})"
+            dev += f" (->{j.resizing.dst})"
         elif _pending_request(j):
             dev += f" (->{j.requested_devices})"
         rows.append([safe(j.job_id), safe(j.name) or "-", j.state, str(j.workers), dev, safe(",".join(j.nodes)) or "-",
@@ -114,7 +114,7 @@ def render(reply: Any) -> str:
     if reply.nodes:
         nrows = [["NODE", "HOST", "STATE", "DEVICES", "FREE", "SPEEDS", "LAST SEEN"]]
         for n in reply.nodes:
-            speeds = getattr(n, "speeds", None) or {}
+            speeds = n.speeds
             nrows.append([safe(n.node_id), safe(n.host), _node_state(n), ",".join(n.devices) or "-",
                           str(len(n.free)), ",".join(f"{speeds[d]:.2f}" if d in speeds else "-" for d in n.devices)
                           or "-", f"{n.last_seen_s:.1f}s ago"])
@@ -122,7 +122,7 @@ def render(reply: Any) -> str:
     return "\n".join(out)
 
 
-def render_job(j: Any) -> str:
+def render_job(j: JobInfo) -> str:
     def ts(t: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
@@ -135,31 +135,30 @@ def render_job(j: Any) -> str:
              f"nodes      {safe(','.join(j.nodes)) or '-'}",
              f"step       {j.step}  ({j.steps_per_s:.2f} steps/s)  loss {_fmt_loss(j.metrics)}",
              f"submitted  {ts(j.submitted_at)}   started {ts(j.started_at)}   ended {ts(j.ended_at)}",
-             f"resizes    {len(j.resizes)}" + (f" (resizing {j.resizing['from']} -> {j.resizing['to']}: "
-                                                  f"{j.resizing['phase']}, snapshot parts saved "
-                                                  f"{j.resizing.get('saved', 0)}/{j.resizing.get('parts', '?')})"
+             f"resizes    {len(j.resizes)}" + (f" (resizing {j.resizing.src} -> {j.resizing.dst}: "
+                                                  f"{j.resizing.phase}, snapshot parts saved "
+                                                  f"{j.resizing.saved}/{j.resizing.parts})"
                                                   if j.resizing else "")]
     lines += [_fmt_resize(r) for r in j.resizes]
     lines += _fmt_layout(j)
-    snap = getattr(j, "snapshot", None) or {}
+    snap = j.snapshot or {}
     if snap:
         step = snap.get("step", -1)
         lines.append(f"snapshot   {'none complete yet' if step is None or step < 0 else f'step {step}'}, "
                      f"{int(snap.get('bytes') or 0) / 2**20:.1f} MiB per agent in host memory (two at most: the "
                      f"complete one and the one being written)"
                      + (f"; OFF: {safe(snap['error'])}" if snap.get("error") else ""))
-    recoveries = getattr(j, "recoveries", None) or []
-    lines.append(f"recoveries {len(recoveries)}")
-    for r in recoveries:
-        lines.append(f"  {ts(r.get('at'))}  {safe(r.get('cause'))}: resumed at step {r.get('resumed_from')} "
-                     f"({r.get('steps_redone')} redone) on {r.get('devices')} devices, first step "
-                     f"{r.get('seconds')}s after the failure was detected"
-                     + (f"; the stuck agent had held the job {r['detected_after']}s before it was fenced"
-                        if r.get("detected_after") else ""))
+    lines.append(f"recoveries {len(j.recoveries)}")
+    for r in j.recoveries:
+        lines.append(f"  {ts(r.at)}  {safe(r.cause)}: resumed at step {r.resumed_from} "
+                     f"({r.steps_redone} redone) on {r.devices} devices, first step "
+                     f"{r.seconds}s after the failure was detected"
+                     + (f"; the stuck agent had held the job {r.detected_after}s before it was fenced"
+                        if r.detected_after else ""))
     for a in j.agents:
-        lines.append(f"agent {a.get('rank')}    {safe(a.get('node'))}/{safe(a.get('device'))} pid {a.get('pid')} "
-                     f"{'alive' if a.get('alive') else 'exit ' + str(a.get('exitcode'))} "
-                     f"rss {int(a.get('rss') or 0) / 2**20:.0f} MiB cpu {a.get('cpu')}%")
+        lines.append(f"agent {a.rank}    {safe(a.node)}/{safe(a.device)} pid {a.pid} "
+                     f"{'alive' if a.alive else 'exit ' + str(a.exitcode)} "
+                     f"rss {a.rss / 2**20:.0f} MiB cpu {a.cpu}%")
     lines.append("history")
     for t, state, reason in j.history:
         lines.append(f"  {ts(t)}  {safe(state):<9} {safe(reason)}")
@@ -184,8 +183,10 @@ def status(job_id: str | None, as_json: bool, **opts: object) -> None:
     else:
         reply = _all_pages(opts, as_json=as_json)
     if as_json:
+        from elasticd.protocol import plain
+
         doc: dict[str, Any] = {"jobs": [job_doc(j) for j in reply.jobs],  # type: ignore[attr-defined]
-                               "nodes": [dataclasses.asdict(n) for n in reply.nodes]}  # type: ignore[attr-defined]
+                               "nodes": [plain(n) for n in reply.nodes]}  # type: ignore[attr-defined]
         click.echo(json.dumps(doc))
     elif job_id is not None:
         click.echo(render_job(reply.jobs[0]))  # type: ignore[attr-defined]

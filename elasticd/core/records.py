@@ -1,10 +1,18 @@
-"""Records a job's history keeps, one schema whoever ran the job (the scheduler or `elasticd run`)."""
+"""Records a job's history keeps, one schema whoever ran the job (the scheduler or `elasticd run`).
+
+The same records travel in `elasticd status` replies (elasticd.protocol.status), decoded strictly like any
+message field. A field whose name on the wire is a Python keyword says so in its metadata
+(`field(metadata=WIRE_FROM)`): a resize's `src` and `dst` are "from" and "to" in every document.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+WIRE_FROM = {"wire": "from"}
+WIRE_TO = {"wire": "to"}
 
 
 @dataclass(slots=True)
@@ -30,13 +38,17 @@ class Recovery:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recovery:
+        return cls(**d)
+
 
 @dataclass(slots=True)
 class ResizeEntry:
     """One resize asked of a job, as its history keeps it (`to_dict`: "from" and "to" for `src` and `dst`)."""
 
-    src: int                          # devices before
-    dst: int                          # devices asked for
+    src: int = dataclasses.field(metadata=WIRE_FROM)   # devices before
+    dst: int = dataclasses.field(metadata=WIRE_TO)     # devices asked for
     outcome: str                      # a ResizeOutcome's value
     at: float                         # when it was asked: wall-clock seconds since the epoch
     why: str = ""                     # who asked: a user's scale, the policy, a drain, a --scale-at schedule
@@ -61,3 +73,9 @@ class ResizeEntry:
         d = dataclasses.asdict(self)
         d["from"], d["to"] = d.pop("src"), d.pop("dst")
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ResizeEntry:
+        """The entry `to_dict` wrote (a job table's row)."""
+        d = dict(d)
+        return cls(src=d.pop("from"), dst=d.pop("to"), **d)

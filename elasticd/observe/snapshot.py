@@ -46,12 +46,12 @@ def job_row(job: Job) -> dict[str, Any]:
             "nodes": job.nodes, "step": job.step, "steps_per_s": job.steps_per_s, "loss": _loss(job.metrics),
             "metrics": {k: v for k, v in job.metrics.items()
                         if isinstance(v, int | float) and not isinstance(v, bool)},
-            "resizes": [{k: r.get(k) for k in ("at", "from", "to", "why", "outcome", "seconds")}
-                        for r in job.resizes],
+            "resizes": [{"at": r.at, "from": r.src, "to": r.dst, "why": r.why, "outcome": r.outcome,
+                         "seconds": r.seconds} for r in job.resizes],
             "resizing": {"from": job.resize.src, "to": job.resize.dst} if job.resize is not None else None,
-            "recoveries": [{k: r.get(k) for k in ("at", "cause", "seconds")} for r in job.recoveries],
+            "recoveries": [{"at": r.at, "cause": r.cause, "seconds": r.seconds} for r in job.recoveries],
             "snapshot": dict(job.snapshot) if job.snapshot else None,
-            "agents": [{"node": a.get("node"), "alive": a.get("alive"), "rss": a.get("rss"), "cpu": a.get("cpu")}
+            "agents": [{"node": a.node, "alive": a.alive, "rss": a.rss, "cpu": a.cpu}
                        for agents in job.agents.values() for a in agents] if active else [],
             # Not the error's text: the page and /api/status.json are unauthenticated, and an error message or
             # traceback is its owner's (`elasticd status JOB` shows it to the owner and admins).

@@ -183,7 +183,7 @@ class Speeds:
     # --- views ----------------------------------------------------------------------------------------
 
     def job_layout(self, job_id: str, workers: int, placement: list[list[str]], blocks: list[int],
-                   steps_per_s: float) -> dict[str, Any] | None:
+                   steps_per_s: float) -> p.JobLayout | None:
         """`status JOB`'s view: each agent's device, workers, fitted speed; predicted vs measured step."""
         m = len(placement)
         if m == 0:
@@ -193,12 +193,11 @@ class Speeds:
         for rank, ((node, dev), n) in enumerate(zip(placement, per, strict=True)):
             key = device_key(node, dev)
             c = self.costs.worker_step_seconds(key, job_id)
-            agents.append({"rank": rank, "device": key, "workers": n, "speed": round(self.costs.speed(key), 3),
-                           "worker_step_s": round(c, 6) if c is not None else None})
-        return {"agents": agents,
-                "predicted_step_s": round(self.predict(job_id, workers, placement, blocks), 6),
-                "measured_step_s": round(1.0 / steps_per_s, 6) if steps_per_s > 0 else None,
-                "comm_s": round(self.costs.comm_seconds(job_id, m), 6)}
+            agents.append(p.LayoutAgent(rank=rank, device=key, workers=n, speed=round(self.costs.speed(key), 3),
+                                        worker_step_s=round(c, 6) if c is not None else None))
+        return p.JobLayout(agents=agents, predicted_step_s=round(self.predict(job_id, workers, placement, blocks), 6),
+                           measured_step_s=round(1.0 / steps_per_s, 6) if steps_per_s > 0 else None,
+                           comm_s=round(self.costs.comm_seconds(job_id, m), 6))
 
     # --- persistence ----------------------------------------------------------------------------------
 

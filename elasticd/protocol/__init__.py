@@ -1,13 +1,13 @@
 """Every message of the control plane: one dataclass per message type, msgpack on the wire.
 
 `wire` holds the envelope (version, request id), decoding with validation, and the error replies;
-the messages are grouped by who talks: `requests` (CLI), `nodes` (daemon <-> scheduler) and
-`agents` (agent <-> daemon). Everything is re-exported here: ``from elasticd import protocol as p``.
+the messages are grouped by who talks: `requests` (CLI), `status` and `events` (what the CLI reads),
+`nodes` (daemon <-> scheduler) and `agents` (agent <-> daemon). Everything is re-exported here: ``from elasticd import protocol as p``.
 
 One name per count: the CLI, the scheduler and the daemons count a job's agents as `devices` (one agent
 per device; `devices_from` before a resize); the messages to an agent say `world`, as torch.distributed
 names the size of the agents' own process group. Payloads are typed records or maps of scalars, checked
-at decoding; the few free-form maps left are the documents `status` and `events` print.
+at decoding; no field holds an untyped map.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from elasticd.protocol.agents import (  # noqa: F401
     RefusedInfo,
     ResizedInfo,
 )
-from elasticd.protocol.events import Events, EventsReply  # noqa: F401
+from elasticd.protocol.events import Event, Events, EventsReply  # noqa: F401
 from elasticd.protocol.nodes import (  # noqa: F401
     AbortResize,
     AgentReport,
@@ -51,18 +51,25 @@ from elasticd.protocol.nodes import (  # noqa: F401
 )
 from elasticd.protocol.requests import (  # noqa: F401
     Drain,
-    JobInfo,
     Logs,
     LogsReply,
-    NodeInfo,
     Scale,
     Shutdown,
-    Status,
-    StatusReply,
     Stop,
     Submit,
     Submitted,
     Undrain,
+)
+from elasticd.protocol.status import (  # noqa: F401
+    AgentRow,
+    DrainInfo,
+    JobInfo,
+    JobLayout,
+    LayoutAgent,
+    NodeInfo,
+    ResizeInFlight,
+    Status,
+    StatusReply,
 )
 from elasticd.protocol.wire import (  # noqa: F401
     BAD_FRAME,
@@ -96,6 +103,7 @@ from elasticd.protocol.wire import (  # noqa: F401
     message,
     peek_op,
     peek_rid,
+    plain,
     record,
     registered_ops,
 )

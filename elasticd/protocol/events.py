@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from dataclasses import field
+from typing import ClassVar
 
+from elasticd.core.records import WIRE_FROM, WIRE_TO
 from elasticd.protocol import limits as L
-from elasticd.protocol.wire import Message, message
+from elasticd.protocol.wire import Message, message, record
 
 
 @message
@@ -26,8 +28,25 @@ class Events(Message):
         return None if self.job_id is None else L.bad_text("job id", self.job_id, L.MAX_JOB_ID)
 
 
+@record
+class Event:
+    """One thing that happened: to a job (`job`) or to a node (`node`); the figures only where they apply."""
+
+    at: float                     # Unix time
+    event: str                    # a name from elasticd.scheduler.events JOB_EVENTS or NODE_EVENTS
+    detail: str                   # one line for people
+    job: str | None = None
+    node: str | None = None
+    src: int | None = field(default=None, metadata=WIRE_FROM)   # a resize: devices before
+    dst: int | None = field(default=None, metadata=WIRE_TO)     # and asked for
+    step: int | None = None       # a resize: the last step before it
+    seconds: float | None = None  # a resize or a recovery: how long it took
+    steps_redone: int | None = None        # a recovery: steps computed again
+    detected_after: float | None = None    # a recovery: seconds the job was held before the failure was seen
+
+
 @message
 class EventsReply(Message):
     op: ClassVar[str] = "events_reply"
-    events: list[dict[str, Any]]
+    events: list[Event]
     more: bool = False    # a page: ask again with after = the last event's `at`

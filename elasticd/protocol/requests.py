@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from elasticd.protocol import limits as L
-from elasticd.protocol.wire import Message, Scalar, message, record
+from elasticd.protocol.wire import Message, message
 
 
 def _job_id(job_id: str | None) -> str | None:
@@ -62,75 +62,6 @@ class Submit(Message):
 class Submitted(Message):
     op: ClassVar[str] = "submitted"
     job_id: str
-
-
-@message
-class Status(Message):
-    op: ClassVar[str] = "status"
-    job_id: str | None = None
-    after: int = 0                # the job list is paged: jobs submitted after the one with this seq
-
-    def check(self) -> str | None:
-        return _job_id(self.job_id)
-
-
-@record
-class JobInfo:
-    """One row of `elasticd status`."""
-
-    job_id: str
-    name: str
-    state: str
-    workers: int
-    devices: int                  # M: physical agents (0 while queued)
-    min_devices: int
-    max_devices: int
-    priority: int
-    nodes: list[str]
-    step: int = 0
-    steps_per_s: float = 0.0
-    metrics: dict[str, Scalar] = field(default_factory=dict)
-    script: str = ""
-    submitted_at: float = 0.0
-    started_at: float | None = None
-    ended_at: float | None = None
-    error: dict[str, Scalar] | None = None
-    requested_devices: int | None = None
-    resizes: list[dict[str, Any]] = field(default_factory=list)   # at, from, to, why, seconds, outcome
-    resizing: dict[str, Any] | None = None   # the resize in flight: epoch, from, to, why, phase, at
-    history: list[list[Any]] = field(default_factory=list)
-    agents: list[dict[str, Any]] = field(default_factory=list)   # rank, node, device, pid, alive, rss, cpu
-    # one per restart after an infrastructure failure: cause, at, failed_after_step, resumed_from,
-    # steps_redone, seconds (failure -> first step after it), devices
-    recoveries: list[dict[str, Scalar]] = field(default_factory=list)   # elasticd.core.records.Recovery
-    snapshot: dict[str, Any] | None = None   # newest complete periodic snapshot: step, bytes (per node)
-    blocks: list[int] = field(default_factory=list)   # logical workers per agent, rank order (empty: uniform)
-    # Speed-aware placement (elasticd.placement.speeds): per agent {rank, device ("NODE/INDEX"), workers,
-    # speed, worker_step_s (fitted; None: not measured yet)}, and predicted_step_s, measured_step_s, comm_s.
-    layout: dict[str, Any] | None = None
-    run_as: str = ""   # the Unix user its agents run as ("": each node's --jobs-as user)
-
-
-@record
-class NodeInfo:
-    node_id: str
-    host: str
-    alive: bool
-    devices: list[str]
-    free: list[str]
-    last_seen_s: float            # seconds since the last heartbeat
-    # While draining (elasticd.scheduler.draining): since, deadline_s (left; None: none), drained,
-    # seconds (draining so far, or until drained), waiting (why a job cannot move off yet).
-    draining: dict[str, Any] | None = None
-    speeds: dict[str, float] = field(default_factory=dict)   # device id -> relative speed (fitted, else prior)
-
-
-@message
-class StatusReply(Message):
-    op: ClassVar[str] = "status_reply"
-    jobs: list[JobInfo]
-    nodes: list[NodeInfo]
-    next_after: int = 0           # > 0: more jobs follow; ask again with after=next_after
 
 
 @message

@@ -25,7 +25,7 @@ import msgpack
 from elasticd.core.errors import ControlPlaneError
 from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
-PROTOCOL_VERSION = 5   # 5: jobs carry the user they run as; an agent proves itself with its token
+PROTOCOL_VERSION = 6   # 6: status rows and events are typed records
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
 # Error codes (the ``code`` of an `Error` reply).
@@ -177,7 +177,7 @@ def error_from(exc: ProtocolError, rid: int = 0) -> Error:
 
 # --- validation -------------------------------------------------------------------------------------
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELD_NAMES: dict[type, tuple[tuple[str, str], ...]] = {}
 _SCALARS = (str, int, float, bool, bytes, type(None))
 
 
@@ -193,8 +193,20 @@ def _plain(v: Any) -> Any:
     if names is None:
         if not dataclasses.is_dataclass(v):
             return v
-        names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(v))
-    return {n: _plain(getattr(v, n)) for n in names}
+        names = _FIELD_NAMES[t] = tuple((f.name, wire_name(f)) for f in dataclasses.fields(v))
+    return {key: _plain(getattr(v, attr)) for attr, key in names}
+
+
+def plain(record: Any) -> Any:
+    """`record` (a message, a nested record, or lists and maps of them) as the plain map the wire carries:
+    what `--json` prints, with each field under its wire name."""
+    return _plain(record)
+
+
+def wire_name(f: dataclasses.Field) -> str:
+    """The key a field travels under: its name, or `metadata["wire"]` where the name on the wire is a Python
+    keyword (a resize's "from" and "to")."""
+    return f.metadata.get("wire", f.name)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -211,7 +223,7 @@ def _hints(cls: type) -> dict[str, Any]:
 # path is only formatted when something is wrong.
 _Checker = typing.Callable[[Any], Any]
 _CHECKERS: dict[Any, _Checker] = {}
-_PLANS: dict[type, list[tuple[str, _Checker, bool]]] = {}
+_PLANS: dict[type, list[tuple[str, str, _Checker, bool]]] = {}
 
 
 class _Mismatch(ControlPlaneError):
@@ -222,11 +234,11 @@ def _bad(tp: Any, v: Any) -> _Mismatch:
     return _Mismatch(f"expected {getattr(tp, '__name__', tp)}, got {type(v).__name__}")
 
 
-def _plan(cls: type) -> list[tuple[str, _Checker, bool]]:
+def _plan(cls: type) -> list[tuple[str, str, _Checker, bool]]:
     plan = _PLANS.get(cls)
     if plan is None:
         hints = _hints(cls)
-        plan = [(f.name, _checker(hints[f.name]),
+        plan = [(f.name, wire_name(f), _checker(hints[f.name]),
                  f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
                 for f in dataclasses.fields(cls)]
         _PLANS[cls] = plan
@@ -242,17 +254,20 @@ def _build(cls: type[M], body: dict[str, Any], where: str) -> M:
 
 def _build_unchecked(cls: type[M], body: dict[str, Any]) -> M:
     kwargs: dict[str, Any] = {}
-    for name, check, required in _plan(cls):
-        if name in body:
+    known = 0
+    for attr, key, check, required in _plan(cls):
+        if key in body:
+            known += 1
             try:
-                kwargs[name] = check(body[name])
+                kwargs[attr] = check(body[key])
             except _Mismatch as e:
                 msg = str(e)
-                raise _Mismatch(f".{name}{msg}" if msg.startswith((".", ":")) else f".{name}: {msg}") from None
+                raise _Mismatch(f".{key}{msg}" if msg.startswith((".", ":")) else f".{key}: {msg}") from None
         elif required:
-            raise _Mismatch(f": missing field {name!r}")
-    if len(kwargs) != len(body):
-        unknown = [k for k in body if k not in kwargs]
+            raise _Mismatch(f": missing field {key!r}")
+    if known != len(body):
+        keys = {key for _, key, _, _ in _plan(cls)}
+        unknown = [k for k in body if k not in keys]
         raise _Mismatch(f": unknown field(s) {sorted(map(str, unknown))}")
     return cls(**kwargs)
 
@@ -301,6 +316,18 @@ def _compile(tp: Any) -> _Checker:
                 return float(v)
             raise _bad(tp, v)
         return real
+    if origin is tuple:   # a fixed-length row, a list on the wire: (at, state, reason)
+        args = typing.get_args(tp)
+        if not args or args[-1] is Ellipsis:
+            raise TypeError(f"unsupported annotation {tp!r}: only fixed-length tuples")
+        items = [_checker(a) for a in args]
+
+        def row(v: Any) -> Any:
+            if type(v) is not list or len(v) != len(items):
+                raise _Mismatch(f"expected a list of {len(items)}, got {type(v).__name__}"
+                                + (f" of {len(v)}" if type(v) is list else ""))
+            return tuple(c(x) for c, x in zip(items, v, strict=True))
+        return row
     if origin is list:
         item = _checker(typing.get_args(tp)[0])
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome
+from elasticd.protocol.status import DrainInfo
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
 
@@ -56,10 +57,10 @@ class NodeDrain:
     drained_at: float | None = None   # when the last agent of an active job there was gone
     waiting: str = ""                 # why a job cannot move off yet (shown in status)
 
-    def info(self, now: float) -> dict[str, Any]:
+    def info(self, now: float) -> DrainInfo:
         left = None if math.isinf(self.deadline) else round(max(0.0, self.deadline - now), 3)
-        return {"since": round(self.since, 3), "deadline_s": left, "drained": self.drained_at is not None,
-                "seconds": round((self.drained_at or now) - self.since, 3), "waiting": self.waiting}
+        return DrainInfo(since=round(self.since, 3), deadline_s=left, drained=self.drained_at is not None,
+                           seconds=round((self.drained_at or now) - self.since, 3), waiting=self.waiting)
 
 
 class Drains:
@@ -73,7 +74,7 @@ class Drains:
         """The node takes no new work."""
         return node_id in self.nodes
 
-    def info(self, node_id: str, now: float) -> dict[str, Any] | None:
+    def info(self, node_id: str, now: float) -> DrainInfo | None:
         d = self.nodes.get(node_id)
         return None if d is None else d.info(now)
 
@@ -191,10 +192,10 @@ class Drains:
         if job.state is not JobState.RUNNING or job.resize is not None:
             return ""   # starting, or a resize in flight: looked at again once it runs
         what = f"drain of node {d.node_id}"
-        last = job.resizes[-1] if job.resizes else {}
-        if last.get("outcome") == ResizeOutcome.REFUSED and str(last.get("why", "")).startswith(what):
+        last = job.resizes[-1] if job.resizes else None
+        if last is not None and last.outcome == ResizeOutcome.REFUSED and last.why.startswith(what):
             # Its agents cannot carry its state: asking again would only cost it a capture per attempt.
-            return f"its agents refused to move it: {last.get('note', '')}"
+            return f"its agents refused to move it: {last.note}"
         keep, grow, why = self._plan(job)
         if keep is not None:
             log.info("job %s: moving off draining node %s, keeping old ranks %s", job.job_id, d.node_id, keep)

@@ -6,17 +6,18 @@ restarted scheduler still tells a job's whole story. Nodes have no table row, so
 drains go into `NodeEvents`, a bounded in-memory log (the newest `MAX_NODE_EVENTS`; lost on a restart,
 which the README says).
 
-Every event is a plain dict: ``at`` (Unix time), ``event`` (a name from `JOB_EVENTS` or `NODE_EVENTS`),
-``job`` or ``node``, ``detail`` (one line for people), and, for some, more fields (``from``/``to`` of a
-resize). Pure functions and a plain class: no sockets, no clock.
+Every event is an `Event` record (elasticd.protocol.events): ``at`` (Unix time), ``event`` (a name from
+`JOB_EVENTS` or `NODE_EVENTS`), ``job`` or ``node``, ``detail`` (one line for people), and, for some, the
+figures of what happened (``from``/``to`` of a resize). Pure functions and a plain class: no sockets, no
+clock.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from elasticd.core.lifecycle import TOOK_EFFECT, ResizeOutcome
+from elasticd.protocol.events import Event
 from elasticd.scheduler.jobs import Job
 
 MAX_NODE_EVENTS = 1000
@@ -40,40 +41,34 @@ def _state_event(state: str, reason: str, seen: set[str]) -> str:
     return state
 
 
-def job_events(job: Job) -> list[dict[str, Any]]:
+def job_events(job: Job) -> list[Event]:
     """Everything the table says happened to `job`, oldest first."""
-    out: list[dict[str, Any]] = []
+    out: list[Event] = []
     seen: set[str] = set()
     for at, state, reason in job.history:
         name = _state_event(str(state), str(reason), seen)
         seen.add(name)
-        out.append({"at": at, "event": name, "job": job.job_id, "detail": str(reason)})
+        out.append(Event(at=at, event=name, job=job.job_id, detail=str(reason)))
     for r in job.resizes:
-        outcome = str(r.get("outcome", ""))
-        if outcome == ResizeOutcome.RESTARTING:
+        if r.outcome == ResizeOutcome.RESTARTING:
             continue   # a torchrun-mode restart in flight: the state entries tell it until it ends
         # A torchrun-mode job resized by a restart at the new size is resized all the same.
-        name = "resized" if outcome in TOOK_EFFECT else "resize_" + outcome.replace(" ", "_")
-        if outcome == ResizeOutcome.ROLLED_BACK:
+        name = "resized" if r.outcome in TOOK_EFFECT else "resize_" + r.outcome.replace(" ", "_")
+        if r.outcome == ResizeOutcome.ROLLED_BACK:
             name = "rolled_back"
-        took = r.get("seconds")
-        at = r.get("at") or 0.0
-        ev = {"at": round(at + (took or 0.0), 3), "event": name, "job": job.job_id,
-              "from": r.get("from"), "to": r.get("to"), "step": r.get("step"), "seconds": took,
-              "detail": f"{r.get('from')} -> {r.get('to')} devices ({r.get('why')})"
-                        + (f" in {took:.2f}s" if isinstance(took, int | float) else "")
-                        + (", restarting the torchrun-mode job" if outcome == ResizeOutcome.RESTARTED else "")
-                        + (f": {r['note']}" if r.get("note") else "")}
-        out.append(ev)
-    for r in job.recoveries:
-        took = r.get("seconds")
-        at = r.get("at") or 0.0
-        out.append({"at": round(at + (took or 0.0), 3), "event": "recovered", "job": job.job_id,
-                    "seconds": took, "steps_redone": r.get("steps_redone"),
-                    "detected_after": r.get("detected_after", 0.0),
-                    "detail": f"{r.get('cause')}: resumed at step {r.get('resumed_from')} "
-                              f"({r.get('steps_redone')} redone) on {r.get('devices')} devices"})
-    out.sort(key=lambda e: e["at"])   # stable: a state entry stays before a resize recorded at its time
+        took = r.seconds
+        out.append(Event(
+            at=round(r.at + (took or 0.0), 3), event=name, job=job.job_id, src=r.src, dst=r.dst, step=r.step,
+            seconds=took,
+            detail=f"{r.src} -> {r.dst} devices ({r.why})" + (f" in {took:.2f}s" if took is not None else "")
+                   + (", restarting the torchrun-mode job" if r.outcome == ResizeOutcome.RESTARTED else "")
+                   + (f": {r.note}" if r.note else "")))
+    for c in job.recoveries:
+        out.append(Event(at=round(c.at + (c.seconds or 0.0), 3), event="recovered", job=job.job_id,
+                         seconds=c.seconds, steps_redone=c.steps_redone, detected_after=c.detected_after,
+                         detail=f"{c.cause}: resumed at step {c.resumed_from} ({c.steps_redone} redone) "
+                                f"on {c.devices} devices"))
+    out.sort(key=lambda e: e.at)   # stable: a state entry stays before a resize recorded at its time
     return out
 
 
@@ -81,35 +76,35 @@ class NodeEvents:
     """The newest `MAX_NODE_EVENTS` node events (nodes have no persisted row to derive them from)."""
 
     def __init__(self, limit: int = MAX_NODE_EVENTS) -> None:
-        self._log: deque[dict[str, Any]] = deque(maxlen=limit)
+        self._log: deque[Event] = deque(maxlen=limit)
 
     def add(self, now: float, event: str, node_id: str, detail: str = "") -> None:
         assert event in NODE_EVENTS, event
-        self._log.append({"at": round(now, 3), "event": event, "node": node_id, "detail": detail})
+        self._log.append(Event(at=round(now, 3), event=event, node=node_id, detail=detail))
 
-    def since(self, after: float) -> list[dict[str, Any]]:
-        return [dict(e) for e in self._log if e["at"] > after]
+    def since(self, after: float) -> list[Event]:
+        return [e for e in self._log if e.at > after]
 
 
 def select(jobs: list[Job], nodes: NodeEvents | None, after: float = 0.0,
-           limit: int = MAX_EVENTS_PER_REPLY) -> tuple[list[dict[str, Any]], bool]:
+           limit: int = MAX_EVENTS_PER_REPLY) -> tuple[list[Event], bool]:
     """The events later than `after` of `jobs` (and of the nodes, unless None), oldest first, at most
     `limit`; and whether more were left out (the caller asks again from the last one's time).
 
     A page ends only between two different times, so asking again with ``after`` = its last time
     neither repeats nor skips an event.
     """
-    evs = [e for job in jobs for e in job_events(job) if e["at"] > after]
+    evs = [e for job in jobs for e in job_events(job) if e.at > after]
     if nodes is not None:
         evs += nodes.since(after)
-    evs.sort(key=lambda e: e["at"])
+    evs.sort(key=lambda e: e.at)
     if len(evs) <= limit:
         return evs, False
     cut = limit
-    while cut > 0 and evs[cut - 1]["at"] == evs[cut]["at"]:
+    while cut > 0 and evs[cut - 1].at == evs[cut].at:
         cut -= 1
     if cut == 0:   # more than `limit` events at one instant: send them all rather than stall
         cut = limit
-        while cut < len(evs) and evs[cut]["at"] == evs[limit - 1]["at"]:
+        while cut < len(evs) and evs[cut].at == evs[limit - 1].at:
             cut += 1
     return evs[:cut], True

@@ -9,6 +9,7 @@ from typing import Any
 from elasticd.core.errors import RuntimeFault
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
+from elasticd.protocol.status import AgentRow
 from elasticd.resize_plan import ResizePlan
 
 RESIZE = "resize"   # the `kind` of a restart at a new size (a torchrun-mode resize), beside the failure causes
@@ -145,19 +146,18 @@ class Job:
     zombies: dict[str, list[str]] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     requested_devices: int | None = None   # M pinned by `elasticd scale` (the policy leaves the job alone)
-    # Resize history, one entry per resize asked for: at, from, to, why, seconds (request -> first step
-    # at the new size), outcome ("done", "aborted", "failed", "not applied", "refused") and a note.
-    resizes: list[dict[str, Any]] = field(default_factory=list)
+    # Resize history, one entry per resize asked for, oldest first (the newest 100).
+    resizes: list[ResizeEntry] = field(default_factory=list)
     epoch: int = 0                          # layout epoch: +1 per resize started
     resize: ResizePlan | None = None        # the resize in flight
     restore_epoch: int = 0                  # > 0: (re)started from the snapshot of that resize
     history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
-    # Recovery after infrastructure failures (elasticd.scheduler.recovery): the one in flight, the record of
-    # those done (elasticd.core.records.Recovery, as dicts: the job table is JSON), the count,
+    # Recovery after infrastructure failures (elasticd.scheduler.recovery): the one in flight, the records of
+    # those done, the count,
     # the launch generation (reports of agents from before a restart are told apart by it), and whether
     # the next launch restores the newest periodic snapshot.
     recovery: RecoveryInFlight | None = None
-    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)
     restarts: int = 0
     incarnation: int = 0                    # launches since the first: recoveries and torchrun-mode restarts
     step_offset: int = 0                    # torchrun mode: the step count a restarted script goes on from
@@ -172,7 +172,7 @@ class Job:
     step: int = 0
     steps_per_s: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
-    agents: dict[str, list[dict[str, Any]]] = field(default_factory=dict)   # node -> its agents' last report
+    agents: dict[str, list[AgentRow]] = field(default_factory=dict)   # node -> its agents' last report
 
     def transition(self, dst: JobState, now: float, reason: str = "") -> None:
         """Move to `dst`.
@@ -201,7 +201,7 @@ class Job:
             done_step=self.step if outcome is ResizeOutcome.DONE else None,
             **(self.relayout or {}))   # a re-layout's reason, predicted_gain, blocks_from, blocks_to
         self.relayout = None
-        self.resizes.append(entry.to_dict())
+        self.resizes.append(entry)
         del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
 
     @property
@@ -224,6 +224,7 @@ class Job:
     def to_doc(self) -> dict[str, Any]:
         d = asdict(self)
         d["state"] = self.state.value
+        d["resizes"] = [r.to_dict() for r in self.resizes]   # the wire's "from" and "to"
         return d
 
     @classmethod
@@ -235,4 +236,7 @@ class Job:
             d["resize"] = ResizePlan(**d["resize"])
         if d.get("recovery") is not None:
             d["recovery"] = RecoveryInFlight.from_doc(d["recovery"])
+        d["resizes"] = [ResizeEntry.from_dict(r) for r in d.get("resizes", [])]
+        d["recoveries"] = [Recovery.from_dict(r) for r in d.get("recoveries", [])]
+        d["agents"] = {node: [AgentRow(**a) for a in rows] for node, rows in d.get("agents", {}).items()}
         return cls(**d)

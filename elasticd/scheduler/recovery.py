@@ -104,7 +104,7 @@ class Recoveries:
         """Resize a running torchrun-mode job by restarting it on `placement` (see the module docstring)."""
         src, dst = len(job.placement), len(placement)
         job.resizes.append(ResizeEntry(src=src, dst=dst, outcome=ResizeOutcome.RESTARTING.value, at=round(now, 3),
-                                       why=why, step=job.step, blocks=list(blocks)).to_dict())
+                                       why=why, step=job.step, blocks=list(blocks)))
         del job.resizes[:-100]
         cause = f"{why}: {src} -> {dst} devices"
         record = Recovery(cause=cause, at=round(now, 3), failed_after_step=job.step, from_devices=src, devices=src)
@@ -229,7 +229,7 @@ class Recoveries:
         done = rec.record
         # When its first step completed, by the agent's clock: heard of here a throttled report and a heartbeat later.
         done.resumed(resumed, float(r.metrics.get("resumed_at") or now))
-        job.recoveries.append(done.to_dict())
+        job.recoveries.append(done)
         del job.recoveries[:-100]
         job.recovery = None
         job.restore_latest = False
@@ -240,9 +240,10 @@ class Recoveries:
     @staticmethod
     def close_restart(job: Job, outcome: ResizeOutcome, note: str = "", seconds: float | None = None) -> None:
         """End the history entry of the restart-resize in flight."""
-        entry = next((e for e in reversed(job.resizes) if e.get("outcome") == ResizeOutcome.RESTARTING.value), None)
+        entry = next((e for e in reversed(job.resizes) if e.outcome == ResizeOutcome.RESTARTING), None)
         if entry is not None:
-            entry.update(outcome=outcome.value, note=note, seconds=None if seconds is None else round(seconds, 3))
+            entry.outcome, entry.note = outcome.value, note
+            entry.seconds = None if seconds is None else round(seconds, 3)
 
     def _restarted(self, job: Job, now: float) -> None:
         """A restart-resize's first step: its history entry gets its outcome and seconds."""

@@ -314,7 +314,8 @@ class SchedulerState:
             raise SchedulerError(p.UNKNOWN_NODE, f"node {st.node_id} must say hello first")
         nd.last_seen = now
         out, forget = self._reports(st.node_id, st.jobs, now)
-        drained = bool((self.drains.info(st.node_id, now) or {}).get("drained"))
+        drain = self.drains.info(st.node_id, now)
+        drained = drain is not None and drain.drained
         out.append(SendToNode(st.node_id, p.NodeAck(seq=st.seq, forget=forget, drained=drained)))
         return out + self._schedule(now)
 
@@ -463,7 +464,7 @@ class SchedulerState:
             if (job.state is not JobState.RUNNING or job.resize is not None or job.zombies
                     or len(job.placement) < 2 or not job.entered_steps
                     or any(self.drains.holds(n) for n in job.nodes)
-                    or job.resizes and job.resizes[-1]["outcome"] == ResizeOutcome.REFUSED):   # its agents would again
+                    or job.resizes and job.resizes[-1].outcome == ResizeOutcome.REFUSED):   # its agents would again
                 continue
             rl = self.speeds.relayout(job.job_id, job.spec.workers, job.placement, job.blocks, now)
             if rl is None:
@@ -537,9 +538,9 @@ class SchedulerState:
                 # launch): gone, and likewise their node keeps the snapshots the restart restores.
                 continue
             if job is not None and node in job.launched:   # also after the job ended: agents still exiting
-                job.agents[node] = [{"rank": a.rank, "node": node, "device": a.device_id, "pid": a.pid,
-                                     "alive": a.alive, "rss": a.rss, "cpu": a.cpu, "exitcode": a.exitcode,
-                                     "timing": dict(a.timing)}
+                job.agents[node] = [p.AgentRow(rank=a.rank, node=node, device=a.device_id, pid=a.pid,
+                                               alive=a.alive, rss=a.rss, cpu=a.cpu, exitcode=a.exitcode,
+                                               timing=dict(a.timing))
                                     for a in r.agents]
                 if job.state is JobState.RUNNING:
                     self.speeds.observe(job.job_id, len(job.placement), node, r.agents, now)
@@ -744,14 +745,13 @@ class SchedulerState:
         return [SendToNode(node, p.KillJob(job_id=job_id, reason=reason, force=hard))]
 
     @staticmethod
-    def _resizing_info(job: Job) -> dict[str, Any] | None:
+    def _resizing_info(job: Job) -> p.ResizeInFlight | None:
         plan = job.resize
         if plan is None:
             return None
         saved = {part for parts in plan.saved.values() for part in parts}
-        # "saved": snapshot parts written so far (the job's logical ranks plus its replicated state).
-        return {"epoch": plan.epoch, "from": plan.src, "to": plan.dst, "why": plan.why, "phase": plan.phase.value,
-                "at": round(plan.requested_at, 3), "saved": len(saved), "parts": job.spec.workers + 1}
+        return p.ResizeInFlight(epoch=plan.epoch, src=plan.src, dst=plan.dst, why=plan.why, phase=plan.phase.value,
+                                at=round(plan.requested_at, 3), saved=len(saved), parts=job.spec.workers + 1)
 
     def _info(self, job: Job) -> p.JobInfo:
         return p.JobInfo(
@@ -762,11 +762,12 @@ class SchedulerState:
             script=job.spec.script, submitted_at=job.submitted_at, started_at=job.started_at,
             ended_at=job.ended_at, error=p.flat_scalars(job.error) if job.error else None,
             requested_devices=job.requested_devices,
-            resizes=list(job.resizes), resizing=self._resizing_info(job), history=[list(h) for h in job.history],
+            resizes=list(job.resizes), resizing=self._resizing_info(job),
+            history=[(float(at), str(state), str(reason)) for at, state, reason in job.history],
             recoveries=list(job.recoveries), snapshot=dict(job.snapshot) or None, blocks=list(job.blocks),
             layout=(self.speeds.job_layout(job.job_id, job.spec.workers, job.placement, job.blocks, job.steps_per_s)
                     if job.state.active else None),
-            agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a["rank"]),
+            agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a.rank),
             run_as=job.spec.run_as)
 
 

@@ -9,7 +9,8 @@ import dataclasses
 from elasticd.cli.logs import _who
 from elasticd.cli.status import _fmt_resizes, render, render_job
 from elasticd.core.lifecycle import JOB_ENDED
-from elasticd.protocol.requests import JobInfo, StatusReply
+from elasticd.core.records import ResizeEntry
+from elasticd.protocol import JobInfo, StatusReply
 from elasticd.scheduler.jobs import JobState
 
 
@@ -19,8 +20,8 @@ def _job(**kw: object) -> JobInfo:
     return dataclasses.replace(base, **kw)
 
 
-def _resize(src: int, dst: int, outcome: str) -> dict[str, object]:
-    return {"from": src, "to": dst, "outcome": outcome, "at": 0.0, "why": "scale"}
+def _resize(src: int, dst: int, outcome: str) -> ResizeEntry:
+    return ResizeEntry(src=src, dst=dst, outcome=outcome, at=0.0, why="scale")
 
 
 def test_a_finished_job_shows_no_pending_scale_request() -> None:

@@ -71,8 +71,8 @@ def test_equal_unmeasured_devices_launch_with_the_uniform_layout_of_before():
     ((_, launch),) = launches(out)
     assert launch.blocks == [] and isl.s.jobs[job].blocks == []
     lay = isl.s.status(job, isl.now).jobs[0].layout
-    assert [a["workers"] for a in lay["agents"]] == [4, 4] and [a["speed"] for a in lay["agents"]] == [1.0, 1.0]
-    assert all(a["worker_step_s"] is None for a in lay["agents"])
+    assert [a.workers for a in lay.agents] == [4, 4] and [a.speed for a in lay.agents] == [1.0, 1.0]
+    assert all(a.worker_step_s is None for a in lay.agents)
 
 
 def test_declared_speeds_give_the_faster_device_more_workers_at_launch():
@@ -155,13 +155,13 @@ def test_a_straggler_is_learned_and_the_job_re_laid_out_live_then_back_when_it_g
     j = isl.s.jobs[job]
     assert j.blocks == prep.blocks and j.placement == [["a", "cpu:0"], ["a", "cpu:1"]]
     (entry,) = j.resizes
-    assert entry["outcome"] == "done" and entry["from"] == entry["to"] == 2
-    assert entry["blocks_from"] == [4, 4] and entry["blocks_to"] == prep.blocks
-    assert 0.1 <= entry["predicted_gain"] < 0.5 and "speeds drifted" in entry["reason"]
-    assert 0 < entry["predicted_s"] < entry["predicted_from_s"]   # the model's step times, kept in the history
+    assert entry.outcome == "done" and entry.src == entry.dst == 2
+    assert entry.blocks_from == [4, 4] and entry.blocks_to == prep.blocks
+    assert 0.1 <= entry.predicted_gain < 0.5 and "speeds drifted" in entry.reason
+    assert 0 < entry.predicted_s < entry.predicted_from_s   # the model's step times, kept in the history
     info = isl.s.status(job, isl.now).jobs[0]
-    assert info.blocks == prep.blocks and info.layout["measured_step_s"] == pytest.approx(0.2)
-    assert info.layout["predicted_step_s"] > 0
+    assert info.blocks == prep.blocks and info.layout.measured_step_s == pytest.approx(0.2)
+    assert info.layout.predicted_step_s > 0
     text = render_job(info)
     assert f"layout     blocks {prep.blocks[0]}/{prep.blocks[1]}; step predicted" in text and "measured 0.2000s" in text
     assert "re-layout blocks 4/4 -> " in text and "a/cpu:1" in text and "per worker-step" in text
@@ -174,7 +174,7 @@ def test_a_straggler_is_learned_and_the_job_re_laid_out_live_then_back_when_it_g
     ((_, prep2),) = preps
     assert prep2.blocks == []   # uniform, spelled as before
     go2 = complete(isl, job, 2)
-    assert go2.blocks == [] and j.blocks == [] and j.resizes[-1]["blocks_to"] == [4, 4]
+    assert go2.blocks == [] and j.blocks == [] and j.resizes[-1].blocks_to == [4, 4]
 
 
 def test_a_re_layout_that_fails_half_way_falls_back_on_the_old_blocks_unpinned():
@@ -189,7 +189,7 @@ def test_a_re_layout_that_fails_half_way_falls_back_on_the_old_blocks_unpinned()
                            snapshot_parts=[-1, *range(8)]))
     j = isl.s.jobs[job]
     assert j.resize is None and j.blocks == [] and j.requested_devices is None
-    assert j.resizes[-1]["outcome"] == "rolled back" and "predicted_gain" in j.resizes[-1]
+    assert j.resizes[-1].outcome == "rolled back" and j.resizes[-1].predicted_gain is not None
     restart = [m for _n, m in of(isl.sent, p.LaunchJob)][-1]
     assert restart.blocks == [] and restart.restore_epoch == 1
 
@@ -206,7 +206,7 @@ def test_a_re_layout_its_agents_refuse_is_not_tried_again():
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, metrics={"total_steps": 1000},
                            resize_error={"message": "cannot carry `w`", "refused": True, "step": 20}))
     j = isl.s.jobs[job]
-    assert j.state is JobState.RUNNING and j.blocks == [] and j.resizes[-1]["outcome"] == "refused"
+    assert j.state is JobState.RUNNING and j.blocks == [] and j.resizes[-1].outcome == "refused"
     assert j.requested_devices is None   # a re-layout pins no size
     isl.now += 31   # past the gate's cooldown
     _, preps = relayout_until_prepared(isl, job, t, [0.01, 0.03], rounds=40)

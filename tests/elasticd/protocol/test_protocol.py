@@ -17,6 +17,7 @@ import zmq
 from elasticd import protocol as p
 from elasticd.agent.control.pipe_channel import PipeControl
 from elasticd.agent.control.zmq_channel import ZmqControl
+from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.protocol.lines import LineReader, encode_line
 
 
@@ -36,6 +37,8 @@ def sample(tp, rng: random.Random):
         return sample(typing.get_args(tp)[0], rng)
     if origin is list:
         return [sample(typing.get_args(tp)[0], rng) for _ in range(2)]
+    if origin is tuple:
+        return tuple(sample(a, rng) for a in typing.get_args(tp))
     if origin is dict:
         kt, vt = typing.get_args(tp)
         return {sample(kt, rng): sample(vt, rng)}
@@ -317,12 +320,46 @@ def _untyped_fields() -> set[str]:
     return out
 
 
-def test_only_the_status_documents_are_untyped_maps():
-    # What agents and nodes report is typed records or maps of scalars, checked at decoding; the maps left
-    # are documents the scheduler writes for `status` and `events` readers (free-form by design, never read
-    # back by a daemon). A new untyped field fails here.
-    assert _untyped_fields() == {"EventsReply.events", "JobInfo.agents", "JobInfo.history", "JobInfo.layout",
-                                 "JobInfo.resizes", "JobInfo.resizing", "JobInfo.snapshot", "NodeInfo.draining"}
+def test_no_message_field_is_an_untyped_map():
+    # Every payload, down to the rows `status` and `events` print, is a typed record or a map of scalars,
+    # checked at decoding. A new untyped field fails here.
+    assert _untyped_fields() == set()
+
+
+def test_a_status_row_travels_typed_with_a_resize_s_from_and_to_under_those_names():
+    job = p.JobInfo(
+        job_id="j1", name="", state="resizing", workers=8, devices=2, min_devices=1, max_devices=4, priority=0,
+        nodes=["n1"], resizes=[ResizeEntry(src=4, dst=2, outcome="done", at=1.0, why="scale command", step=7)],
+        resizing=p.ResizeInFlight(epoch=2, src=2, dst=1, why="policy", phase="prepare", at=2.0, saved=3, parts=9),
+        history=[(0.5, "queued", "submitted")],
+        agents=[p.AgentRow(rank=0, node="n1", device="cpu:0", pid=7, alive=True, rss=1, cpu=0.5,
+                           timing={"hosted": 4, "compute_s": 0.1})],
+        recoveries=[Recovery(cause="agent killed", at=1.5, failed_after_step=3, from_devices=2, devices=2)],
+        snapshot={"step": 6, "bytes": 1024},
+        layout=p.JobLayout(agents=[p.LayoutAgent(rank=0, device="n1/0", workers=4, speed=1.0, worker_step_s=None)],
+                           predicted_step_s=0.2, measured_step_s=None, comm_s=0.01))
+    node = p.NodeInfo(node_id="n1", host="h", alive=True, devices=["cpu:0"], free=[], last_seen_s=0.1,
+                      draining=p.DrainInfo(since=1.0, deadline_s=None, drained=False, seconds=0.5))
+    reply = p.StatusReply(jobs=[job], nodes=[node])
+    assert p.decode(reply.encode()) == reply
+    body = reply.to_wire()
+    row = body["jobs"][0]
+    assert (row["resizes"][0]["from"], row["resizes"][0]["to"]) == (4, 2) and "src" not in row["resizes"][0]
+    assert (row["resizing"]["from"], row["resizing"]["to"]) == (2, 1) and row["history"] == [[0.5, "queued", "submitted"]]
+    # Decoded strictly: a history row of the wrong length, a resize without its "to", an agent's pid as text.
+    for path, bad in ((("history", 0), [0.5, "queued"]), (("resizes", 0, "to"), None), (("agents", 0, "pid"), "7")):
+        doc = reply.to_wire()
+        where = doc["jobs"][0]
+        for k in path[:-1]:
+            where = where[k]
+        if bad is None:
+            del where[path[-1]]
+        else:
+            where[path[-1]] = bad
+        with pytest.raises(p.ProtocolError, match=path[0]):
+            p.decode(msgpack.packb(doc))
+    events = p.EventsReply(events=[p.Event(at=1.0, event="resized", detail="4 -> 2", job="j1", src=4, dst=2)])
+    assert p.decode(events.encode()) == events and events.to_wire()["events"][0]["from"] == 4
 
 
 def test_a_heartbeat_with_a_non_scalar_metric_is_refused_by_name():

@@ -126,18 +126,18 @@ def test_draining_the_node_of_rank_0_shrinks_onto_the_other_which_picks_the_port
     assert sorted(n for n, _ in gos) == ["a", "b"]
     assert all((g.keep, g.devices, g.master_addr, g.master_port) == ([1], 1, f"{other}.host", 777) for _, g in gos)
     info = isl.s.status(None, isl.now).nodes
-    assert next(n for n in info if n.node_id == lead).draining["drained"] is False
+    assert next(n for n in info if n.node_id == lead).draining.drained is False
     # the other node's agent, renumbered 0, re-forms and steps; the leaving one exits
     isl.report(lead, report(job, [agent(0, 0, epoch=1, left=True)], resize_epoch=1))
     isl.report(other, report(job, [agent(0, 0, epoch=1, stepped=1)], resize_epoch=1,
                              resizes=[{"epoch": 1, "seconds": 0.3, "step": 7}]))
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and j.placement == [[other, "cpu:0"]] and j.master_addr == f"{other}.host"
-    assert j.resizes[-1]["outcome"] == "done" and j.resizes[-1]["step"] == 7
+    assert j.resizes[-1].outcome == "done" and j.resizes[-1].step == 7
     isl.report(lead, report(job, [], state="ended"))
     isl.tick(0.5)
     (row,) = [n for n in isl.s.status(None, isl.now).nodes if n.node_id == lead]
-    assert row.draining["drained"] and row.draining["seconds"] == pytest.approx(0.5)
+    assert row.draining.drained and row.draining.seconds == pytest.approx(0.5)
 
 
 def test_a_move_its_agents_refuse_is_not_asked_again_and_the_drain_waits_saying_why():
@@ -150,10 +150,10 @@ def test_a_move_its_agents_refuse_is_not_asked_again_and_the_drain_waits_saying_
                                   resize_error={"message": why, "refused": True, "step": 9}))
     assert sorted(n for n, _ in of(out, p.AbortResize)) == ["a", "b"]
     j = isl.s.jobs[job]
-    assert j.state is JobState.RUNNING and len(j.placement) == 2 and j.resizes[-1]["outcome"] == "refused"
+    assert j.state is JobState.RUNNING and len(j.placement) == 2 and j.resizes[-1].outcome == "refused"
     out = isl.tick(1.0)
     assert of(out, p.PrepareResize) == [] and j.resize is None   # not asked again
-    assert f"{job}: its agents refused to move it: {why}" in isl.s.drains.info(lead, isl.now)["waiting"]
+    assert f"{job}: its agents refused to move it: {why}" in isl.s.drains.info(lead, isl.now).waiting
 
 
 def test_a_draining_node_takes_no_new_job_until_undrained():
@@ -163,10 +163,10 @@ def test_a_draining_node_takes_no_new_job_until_undrained():
     isl.s.tick(isl.now)   # nothing runs there: drained at once
     job, out = isl.submit(workers=1)
     assert launches(out) == [] and isl.state(job) is JobState.QUEUED
-    assert isl.s.status(None, isl.now).nodes[0].draining["deadline_s"] is None
+    assert isl.s.status(None, isl.now).nodes[0].draining.deadline_s is None
     text, out = isl.s.undrain("a", isl.now)
     assert "back in service" in text and launches(isl._take(out))[0][0] == "a"
-    node_events = [e["event"] for e in isl.s.events(None, 0.0).events if e.get("node") == "a"]
+    node_events = [e.event for e in isl.s.events(None, 0.0).events if e.node == "a"]
     assert node_events == ["node_joined", "node_draining", "node_drained", "node_undrained"]   # `elasticd events`
     with pytest.raises(SchedulerError) as e:
         isl.s.undrain("a", isl.now)
@@ -205,7 +205,7 @@ def test_a_job_that_cannot_move_waits_saying_why_and_is_recovered_at_the_deadlin
     isl._take(isl.s.drain(other, 5.0, isl.now)[1])
     assert isl.s.jobs[job].resize is None
     isl.tick(1.0)
-    waiting = isl.s.drains.info(other, isl.now)["waiting"]
+    waiting = isl.s.drains.info(other, isl.now).waiting
     assert job in waiting and "--min-devices 2" in waiting
     out = isl.tick(4.5)
     j = isl.s.jobs[job]
@@ -213,11 +213,11 @@ def test_a_job_that_cannot_move_waits_saying_why_and_is_recovered_at_the_deadlin
     assert j.state is JobState.RECOVERING and j.recovery.error["drain"] is True
     assert f"node {other} was drained and its deadline passed" in j.recovery.cause
     assert sorted(kills(out)) == sorted([(lead, job), (other, job)])
-    assert not isl.s.drains.info(other, isl.now)["drained"]   # its agents are not gone yet
+    assert not isl.s.drains.info(other, isl.now).drained   # its agents are not gone yet
     isl.report(other, rep(job, "ended", (1,), ok=False))
     isl.report(lead, rep(job, "ended", (0,), ok=False))
     isl.tick(0.5)
-    assert isl.s.drains.info(other, isl.now)["drained"]
+    assert isl.s.drains.info(other, isl.now).drained
     # One device left off the drained node, --min-devices 2: it waits in the queue to restart from its snapshot.
     assert j.state is JobState.QUEUED and j.restore_latest and j.placement == []
 

@@ -15,6 +15,7 @@ from util import JOBS, cli, wait_until
 
 from elasticd import keys
 from elasticd import protocol as p
+from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.scheduler import authz
 from elasticd.scheduler.events import NodeEvents, job_events, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
@@ -36,39 +37,38 @@ def test_history_resizes_and_recoveries_become_named_events_in_time_order():
     job.transition(JobState.STARTING, 5.5, "restart from snapshot")
     job.transition(JobState.RUNNING, 6.0, "agents up")
     job.transition(JobState.FINISHED, 9.0, "done")
-    job.resizes.append({"at": 3.5, "from": 2, "to": 1, "why": "scale command", "step": 7, "outcome": "done",
-                        "seconds": 0.5})
-    job.resizes.append({"at": 4.0, "from": 1, "to": 2, "why": "policy", "outcome": "rolled back", "seconds": 0.1})
-    job.recoveries.append({"at": 5.0, "cause": "agent_killed", "resumed_from": 4, "steps_redone": 3,
-                           "devices": 1, "seconds": 1.25})
-    got = [(e["at"], e["event"]) for e in job_events(job)]
+    job.resizes.append(ResizeEntry(at=3.5, src=2, dst=1, why="scale command", step=7, outcome="done", seconds=0.5))
+    job.resizes.append(ResizeEntry(at=4.0, src=1, dst=2, why="policy", outcome="rolled back", seconds=0.1))
+    job.recoveries.append(Recovery(at=5.0, cause="agent_killed", failed_after_step=6, from_devices=2, devices=1,
+                                   resumed_from=4, steps_redone=3, seconds=1.25))
+    got = [(e.at, e.event) for e in job_events(job)]
     assert got == [(1.0, "submitted"), (2.0, "placed"), (3.0, "started"), (4.0, "resized"), (4.1, "rolled_back"),
                    (5.0, "recovering"), (5.5, "restarting"), (6.0, "running"), (6.25, "recovered"),
                    (9.0, "finished")]
     resized = job_events(job)[3]
-    assert resized["from"] == 2 and resized["to"] == 1 and "scale command" in resized["detail"]
+    assert resized.src == 2 and resized.dst == 1 and "scale command" in resized.detail
 
 
 def test_pages_end_between_two_times_so_asking_again_from_the_last_neither_repeats_nor_skips():
     nodes = NodeEvents(limit=5)
     for i in range(8):   # bounded: only the newest 5 are kept
         nodes.add(float(i // 2), "node_joined", f"n{i}")
-    assert [e["node"] for e in nodes.since(0.0)] == ["n3", "n4", "n5", "n6", "n7"]
+    assert [e.node for e in nodes.since(0.0)] == ["n3", "n4", "n5", "n6", "n7"]
     seen: list[str] = []
     after, more = -1.0, True
     while more:
         page, more = select([], nodes, after, limit=2)
         assert page, "a page must make progress"
-        seen += [e["node"] for e in page]
-        after = page[-1]["at"]
+        seen += [e.node for e in page]
+        after = page[-1].at
     assert seen == ["n3", "n4", "n5", "n6", "n7"]
 
 
 def test_a_client_sees_its_own_jobs_events_an_admin_every_job():
     state = SchedulerState([_job("j1", owner="KEYA"), _job("j2", owner="KEYB")], now=0.0)
     mine = state.events(None, 0.0, owner="KEYA").events
-    assert {e["job"] for e in mine if "job" in e} == {"j1"}
-    assert {e["job"] for e in state.events(None, 0.0).events} == {"j1", "j2"}
+    assert {e.job for e in mine if e.job is not None} == {"j1"}
+    assert {e.job for e in state.events(None, 0.0).events} == {"j1", "j2"}
     client = authz.Principal(owner="KEYA", role=keys.CLIENT)
     assert authz.check(client, p.Events(job_id="j2"), "KEYB") is not None
     assert authz.check(client, p.Events(job_id="j1"), "KEYA") is None

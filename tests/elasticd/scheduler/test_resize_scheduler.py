@@ -38,8 +38,8 @@ def test_shrink_prepares_port_goes_completes_on_first_step_and_frees_devices_of_
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and j.placement == [["a", "cpu:0"], ["a", "cpu:1"]]
     (entry,) = j.resizes
-    assert entry["from"] == 4 and entry["to"] == 2 and entry["why"] == "scale command"
-    assert entry["outcome"] == "done" and entry["seconds"] == pytest.approx(0.75) and entry["handover_s"] == 0.2
+    assert entry.src == 4 and entry.dst == 2 and entry.why == "scale command"
+    assert entry.outcome == "done" and entry.seconds == pytest.approx(0.75) and entry.handover_s == 0.2
     # devices of the ranks that left stay taken until their agents are gone
     assert isl.s.free_count() == 0
     isl.report("a", report(job, acked[:2] + [agent(3, 3, epoch=1, left=True)]))
@@ -90,8 +90,8 @@ def test_a_joiner_dying_before_the_hand_over_calls_the_resize_off_and_the_job_go
     assert abort.epoch == 1 and "ImportError" in abort.reason
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and len(j.placement) == 2 and j.requested_devices == 2
-    assert j.resizes[-1]["outcome"] == "aborted" and "ImportError" in j.resizes[-1]["note"]
-    assert set(j.resizes[-1]) == set(ResizeEntry(0, 0, "", 0.0).to_dict())   # elasticd run's schema
+    assert j.resizes[-1].outcome == "aborted" and "ImportError" in j.resizes[-1].note
+    assert type(j.resizes[-1]) is ResizeEntry   # elasticd run's record
     isl.report("a", report(job, [agent(0, 0), agent(1, 1), agent(2, 2, standby=True)]))
     assert isl.s.free_count() == 1   # rank 2's joiner is still exiting
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)]))
@@ -119,7 +119,7 @@ def test_a_grow_across_nodes_its_agents_refuse_is_undone_on_every_node_and_the_j
     assert j.state is JobState.RUNNING and j.placement == [["a", "cpu:0"], ["a", "cpu:1"]] and j.resize is None
     assert j.requested_devices == 2   # the policy does not ask again and again
     entry = j.resizes[-1]
-    assert (entry["from"], entry["to"], entry["outcome"], entry["note"]) == (2, 4, "refused", why)
+    assert (entry.src, entry.dst, entry.outcome, entry.note) == (2, 4, "refused", why)
     assert "refused by its agents" in j.history[-1][2]
     again = isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_error=refusal))
     assert of(again, p.AbortResize) == [] and isl.state(job) is JobState.RUNNING
@@ -141,7 +141,7 @@ def test_an_agent_dying_while_the_group_re_forms_without_a_whole_snapshot_fails_
     assert j.state is JobState.FAILED and j.resize is None
     assert j.error["message"].startswith("resize 1 (4 -> 2 devices, scale command) failed: agent 2 exited")
     assert "no complete snapshot to fall back to: its snapshot lacks logical rank(s) [2, 3]" in j.error["message"]
-    assert j.resizes[-1]["outcome"] == "failed"
+    assert j.resizes[-1].outcome == "failed"
     assert isl.s.free_count() == 4
 
 
@@ -178,7 +178,7 @@ def test_an_agent_dying_while_the_group_re_forms_restarts_the_job_on_its_devices
     assert [pl.device_id for pl in launch.placements] == ["cpu:0", "cpu:1"]
     j = isl.s.jobs[job]
     assert j.state is JobState.STARTING and j.requested_devices == 2 and j.error is None
-    assert j.resizes[-1]["outcome"] == "rolled back" and "agent 3 exited" in j.resizes[-1]["note"]
+    assert j.resizes[-1].outcome == "rolled back" and "agent 3 exited" in j.resizes[-1].note
     assert "failed half-way" in j.history[-1][2]
     # a heartbeat about the agents before the fall-back neither fails the job nor makes a forget its snapshot
     out = isl.report("a", report(job, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended",
@@ -201,7 +201,7 @@ def test_losing_the_node_of_the_joiners_mid_hand_over_falls_back_on_the_nodes_th
     ((node, launch),) = launches(out)
     j = isl.s.jobs[job]
     assert node == "a" and launch.restore_epoch == 1 and j.state is JobState.STARTING
-    assert "resize 1 (2 -> 4 devices, scale command) failed: node b" in j.resizes[-1]["note"], j.resizes[-1]
+    assert "resize 1 (2 -> 4 devices, scale command) failed: node b" in j.resizes[-1].note, j.resizes[-1]
 
 
 def test_a_fall_back_across_nodes_relaunches_rank_0_first_and_the_others_once_its_port_is_known():
@@ -236,7 +236,7 @@ def test_resize_phases_time_out_prepare_aborts_go_fails():
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5))
     out = isl.tick(31.0)
     assert of(out, p.AbortResize) and isl.state(job) is JobState.RUNNING
-    assert "joining ranks [2] not ready within 30s" in isl.s.jobs[job].resizes[-1]["note"]
+    assert "joining ranks [2] not ready within 30s" in isl.s.jobs[job].resizes[-1].note
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)]))   # the joiner is gone
     isl.s.scale(job, 1, isl.now)
     isl.report("a", report(job, [agent(0, 0), agent(1, 1)], resize_epoch=2, resize_port=6))
@@ -260,7 +260,7 @@ def test_job_finishing_before_the_joiners_are_warm_finishes_and_sends_them_away(
     isl.report(other, report(job, [agent(2, 0, standby=False), agent(3, 1, standby=False)], state="launching"))
     out = isl.report(first, report(job, [agent(0, 0, False), agent(1, 1, False)], state="ended"))
     j = isl.s.jobs[job]
-    assert j.state is JobState.FINISHED and j.resizes[-1]["outcome"] == "not applied"
+    assert j.state is JobState.FINISHED and j.resizes[-1].outcome == "not applied"
     assert (other, job) in kills(out) or any(n == other for n, _ in of(out, p.AbortResize))
     assert isl.s.free_count() == 2   # the joiners' devices: taken until node b reports them gone
     isl.report(other, report(job, [agent(2, 0, False), agent(3, 1, False)], state="ended"))
@@ -306,7 +306,7 @@ def test_high_priority_job_shrinks_a_running_elastic_job_which_grows_back_when_i
     assert prep.job_id == low and prep.devices == 4 and [pl.rank for pl in prep.joiners] == [2, 3]
     complete(isl, "a", low, 2, 4, 2)
     j = isl.s.jobs[low]
-    assert [(r["from"], r["to"], r["why"], r["outcome"]) for r in j.resizes] == [
+    assert [(r.src, r.dst, r.why, r.outcome) for r in j.resizes] == [
         (4, 2, f"policy: preempted by job {high}", "done"), (2, 4, "policy: grow into freed devices", "done")]
 
 
@@ -349,7 +349,7 @@ def test_a_restarted_scheduler_carries_a_resize_in_flight_to_its_end():
     again.report("a", report(job, [agent(r, r, epoch=1, stepped=1 if r == 0 else 0) for r in range(4)],
                              resize_epoch=1))
     j = again.s.jobs[job]
-    assert j.state is JobState.RUNNING and len(j.placement) == 4 and j.resizes[-1]["outcome"] == "done"
+    assert j.state is JobState.RUNNING and len(j.placement) == 4 and j.resizes[-1].outcome == "done"
 
 
 def test_a_scheduler_restarted_mid_rollback_finishes_the_fall_back_from_its_stored_table(tmp_path):
@@ -372,7 +372,7 @@ def test_a_scheduler_restarted_mid_rollback_finishes_the_fall_back_from_its_stor
     ((node, launch),) = launches(again.sent)
     j = again.s.jobs[job]
     assert node == "a" and launch.restore_epoch == 1 and j.state is JobState.STARTING
-    assert j.resizes[-1]["outcome"] == "rolled back" and "did not re-form" in j.resizes[-1]["note"]
+    assert j.resizes[-1].outcome == "rolled back" and "did not re-form" in j.resizes[-1].note
 
 
 def _shrink_to_go(isl: Island, job: str, **kw) -> tuple[str, list[p.AgentReport]]:
@@ -393,8 +393,8 @@ def test_a_scale_of_a_job_that_never_enters_ctx_steps_says_so_and_is_recorded_as
     isl.report("a", report(job, [agent(r, r, alive=False) for r in range(4)], state="ended"))
     j = isl.s.jobs[job]
     assert j.state is JobState.FINISHED
-    assert j.resizes[-1]["outcome"] == "refused" and "never reached a step boundary of `ctx.steps`" in \
-        j.resizes[-1]["note"], j.resizes
+    assert j.resizes[-1].outcome == "refused" and "never reached a step boundary of `ctx.steps`" in \
+        j.resizes[-1].note, j.resizes
 
 
 def test_the_resize_history_records_the_step_the_agents_stopped_after():
@@ -409,4 +409,4 @@ def test_the_resize_history_records_the_step_the_agents_stopped_after():
     isl.report("a", report(job, acked, resize_epoch=1, step=9, metrics={"total_steps": 50},
                            resizes=[{"epoch": 1, "seconds": 0.2, "step": 8}]))
     (entry,) = isl.s.jobs[job].resizes
-    assert entry["outcome"] == "done" and entry["step"] == 8 and entry["done_step"] == 9, entry
+    assert entry.outcome == "done" and entry.step == 8 and entry.done_step == 9, entry

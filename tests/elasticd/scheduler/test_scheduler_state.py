@@ -281,7 +281,7 @@ def test_a_recoverys_figures_come_from_the_agents_beats_and_clocks_not_from_the_
     isl.report(node, rep(job, "running", (0,), port=2, step=10, incarnation=1,
                          metrics={"resumed_from": 10, "resumed_at": failed_at + 1.5}))
     [rec] = j.recoveries
-    assert rec["failed_after_step"] == 14 and rec["steps_redone"] == 5 and rec["seconds"] == 1.5
+    assert rec.failed_after_step == 14 and rec.steps_redone == 5 and rec.seconds == 1.5
 
 
 def test_an_agent_killed_restarts_the_job_from_its_snapshot_once_every_agent_is_gone():
@@ -310,7 +310,7 @@ def test_an_agent_killed_restarts_the_job_from_its_snapshot_once_every_agent_is_
     isl.report(node, rep(job, "running", (0,), port=2, step=10, incarnation=1,
                          metrics={"resumed_from": 10, "snapshot_step": 10, "snapshot_bytes": 2048}))
     [rec] = j.recoveries
-    assert rec["resumed_from"] == 10 and rec["steps_redone"] == 3 and rec["seconds"] == 3.0
+    assert rec.resumed_from == 10 and rec.steps_redone == 3 and rec.seconds == 3.0
     assert j.recovery is None and not j.restore_latest and isl.state(job) is JobState.RUNNING
     info = isl.s.status(job, isl.now).jobs[0]
     assert info.recoveries == [rec] and info.snapshot == {"step": 10, "bytes": 2048}
@@ -385,7 +385,7 @@ def test_a_torchrun_mode_job_resizes_by_restarting_at_the_new_size():
     j = isl.s.jobs[job]
     assert "restarting on 1 devices" in msg and kills(out) == [("a", job)] and launches(out) == []
     assert isl.state(job) is JobState.RECOVERING
-    assert [(r["from"], r["to"], r["outcome"]) for r in j.resizes] == [(2, 1, "restarting")]
+    assert [(r.src, r.dst, r.outcome) for r in j.resizes] == [(2, 1, "restarting")]
     # The killed agents' report (infrastructure causes, as for a recovery) lets it start again.
     killed = {"message": "agent 0 was killed by SIGKILL", "cause": "died"}
     out = isl.report("a", rep(job, "ended", (0, 1), ok=False, error=killed))
@@ -395,18 +395,18 @@ def test_a_torchrun_mode_job_resizes_by_restarting_at_the_new_size():
     assert j.restarts == 0 and isl.state(job) is JobState.STARTING
     isl.now += 2.0
     isl.report("a", rep(job, "running", (0,), port=2, step=7, incarnation=1))   # up, not stepped yet
-    assert j.resizes[-1]["outcome"] == "restarting"
+    assert j.resizes[-1].outcome == "restarting"
     isl.report("a", rep(job, "running", (0,), port=2, step=8, incarnation=1))
-    assert [(r["from"], r["to"], r["outcome"], r["seconds"]) for r in j.resizes] == [(2, 1, "restarted", 2.0)]
+    assert [(r.src, r.dst, r.outcome, r.seconds) for r in j.resizes] == [(2, 1, "restarted", 2.0)]
     assert j.recovery is None and j.recoveries == [] and isl.state(job) is JobState.RUNNING
     from elasticd.scheduler.events import job_events
 
-    [ev] = [e for e in job_events(j) if e["event"] == "resized"]
-    assert ev["from"] == 2 and ev["to"] == 1 and "restarting the torchrun-mode job" in ev["detail"]
+    [ev] = [e for e in job_events(j) if e.event == "resized"]
+    assert ev.src == 2 and ev.dst == 1 and "restarting the torchrun-mode job" in ev.detail
     # Stopped while restarting at a new size: that resize did not happen, and the history says so.
     isl._take(isl.s.scale(job, 2, isl.now)[1])
     isl._take(isl.s.stop(job, isl.now)[1])
-    assert isl.state(job) is JobState.STOPPED and j.resizes[-1]["outcome"] == "not applied"
+    assert isl.state(job) is JobState.STOPPED and j.resizes[-1].outcome == "not applied"
 
 
 def test_the_policy_shrinks_and_grows_a_torchrun_mode_job_by_restarts():
@@ -421,7 +421,7 @@ def test_the_policy_shrinks_and_grows_a_torchrun_mode_job_by_restarts():
     out = isl.report("a", rep(job, "ended", (0, 1), ok=False, error={"message": "killed", "cause": "died"}))
     assert [(n, m.devices) for n, m in launches(out) if m.job_id == job] == [("a", 1)]
     isl.report("a", rep(job, "running", (0,), port=2, step=4, incarnation=1))
-    assert isl.s.jobs[job].resizes[-1]["outcome"] == "restarted" and isl.state(job) is JobState.RUNNING
+    assert isl.s.jobs[job].resizes[-1].outcome == "restarted" and isl.state(job) is JobState.RUNNING
     out = isl.tick(1.0)
     assert [m.job_id for _, m in launches(isl.sent)].count(urgent) == 1   # the freed device went to it
     isl.report("a", rep(urgent, "running", (0,), port=3), rep(job, "running", (0,), port=2, step=5, incarnation=1))
@@ -432,5 +432,5 @@ def test_the_policy_shrinks_and_grows_a_torchrun_mode_job_by_restarts():
                               incarnation=1))
     assert [(n, m.devices, m.incarnation) for n, m in launches(out)] == [("a", 2, 2)]
     isl.report("a", rep(job, "running", (0, 1), port=4, step=7, incarnation=2))
-    assert [(r["from"], r["to"], r["outcome"]) for r in isl.s.jobs[job].resizes] == [(2, 1, "restarted"),
+    assert [(r.src, r.dst, r.outcome) for r in isl.s.jobs[job].resizes] == [(2, 1, "restarted"),
                                                                                       (1, 2, "restarted")]
