@@ -227,6 +227,8 @@ class Recoveries:
             return
         resumed = int(r.metrics["resumed_from"])
         done = rec.record
+        # Where it resumed: a restart whose start lost a node too was placed again, on fewer devices.
+        done.devices = len(job.placement)
         # When its first step completed, by the agent's clock: heard of here a throttled report and a heartbeat later.
         done.resumed(resumed, float(r.metrics.get("resumed_at") or now))
         job.recoveries.append(done)

@@ -317,6 +317,29 @@ def test_an_agent_killed_restarts_the_job_from_its_snapshot_once_every_agent_is_
     assert "resumed_from" not in info.metrics and "snapshot_step" not in info.metrics
 
 
+def test_a_recovery_records_the_devices_the_job_resumed_on_when_its_restart_lost_a_node_too():
+    """The restart was placed on both nodes, and one of them was lost before the job came up: it starts again
+    on the one left. Its record says so (1 device), not the placement the first restart attempt had."""
+    isl = Island()
+    job, first, other = _two_node_job(isl)
+    died = {"message": "agent 1 was killed by SIGKILL", "cause": "died", "exitcode": -9}
+    isl.report(other, rep(job, "ended", (1,), ok=False, error=died))
+    lost = {"message": "a collective of the agents' group failed", "cause": "peer_lost"}
+    out = isl.report(first, rep(job, "ended", (0,), ok=False, error=lost))
+    j = isl.s.jobs[job]
+    assert isl.state(job) is JobState.STARTING and len(j.placement) == 2 and launches(out)
+    isl._take(isl.s.node_bye(other, isl.now))
+    assert isl.state(job) is JobState.QUEUED and j.recovery is not None   # its start interrupted: queued again
+    out = isl.report(first, rep(job, "ended", (0,), ok=False, incarnation=1, error={"message": "killed"}))
+    [(node, launch)] = launches(out)   # the device freed: restarted on the one node left
+    assert node == first and launch.devices == 1 and launch.restore_latest
+    isl.report(first, rep(job, "running", (0,), port=2, incarnation=launch.incarnation))
+    isl.report(first, rep(job, "running", (0,), port=2, step=10, incarnation=launch.incarnation,
+                          metrics={"resumed_from": 10}))
+    [rec] = j.recoveries
+    assert (rec.from_devices, rec.devices, rec.resumed_from) == (2, 1, 10), rec
+
+
 def test_a_worker_exception_is_not_retried_even_when_a_survivor_is_heard_first():
     isl = Island()
     job, first, other = _two_node_job(isl)
