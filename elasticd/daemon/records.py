@@ -60,7 +60,7 @@ class NodeJob:
     agents: dict[int, Agent] = field(default_factory=dict)   # by physical rank: the job's agents and joiners
     retired: list[Agent] = field(default_factory=list)      # left in a shrink or dropped joiners, until gone
     error: dict[str, Any] | None = None
-    resizes: list[dict[str, Any]] = field(default_factory=list)
+    resizes: list[p.ResizedInfo] = field(default_factory=list)   # the lead agent's, newest last
     killing: str | None = None          # reason, once a stop/kill started
     term_at: float | None = None        # when to send SIGTERM
     kill_at: float | None = None        # when to send SIGKILL

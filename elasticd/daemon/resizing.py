@@ -27,6 +27,7 @@ and never starts, signals or deletes anything itself.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Collection
 from typing import Any
@@ -146,7 +147,7 @@ class NodeResizes:
         agent.joining = False
         agent.former_rank = None   # it speaks as its new rank from now on (agent.process `_relayout`)
         job.before_go = None       # the hand-over happened: nothing to put back
-        info = {**resized.as_dict(), "epoch": agent.epoch}
+        info = dataclasses.replace(resized, epoch=agent.epoch)
         if agent.left:
             log.info("job %s: agent %d left in resize %d", job.job_id, agent.rank, agent.epoch)
         elif job.agents and agent is job.lead():

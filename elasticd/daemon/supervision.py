@@ -287,7 +287,7 @@ class Supervision:
                 step=lead.step if lead else 0, steps_per_s=round(float(rate), 4), metrics=metrics,
                 # Maps of scalars, as the scheduler decodes them: one job's odd record must never make the
                 # whole heartbeat undecodable and cost the node its membership.
-                ok=job.ok, error=_flat(job.error), resizes=[p.flat_scalars(r) for r in job.resizes],
+                ok=job.ok, error=_flat(job.error), resizes=list(job.resizes),
                 resize_epoch=job.resize_epoch, resize_port=job.resize_port, resize_error=_flat(job.resize_error),
                 snapshot_epoch=epoch, snapshot_parts=parts, restore_epoch=job.launch.restore_epoch,
                 incarnation=job.launch.incarnation,

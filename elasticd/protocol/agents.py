@@ -52,13 +52,6 @@ class ResizedInfo:
     blocks: str           # the new layout, as `Layout` prints it
     step: int | None = None   # the step the agents stopped after (None: a joiner)
 
-    def as_dict(self) -> dict[str, object]:
-        """Without `step` for a joiner, which stopped at no step."""
-        d = dataclasses.asdict(self)
-        if self.step is None:
-            del d["step"]
-        return d
-
 
 @dataclass(slots=True)
 class RefusedInfo:

@@ -6,6 +6,7 @@ from dataclasses import field
 from typing import ClassVar
 
 from elasticd.core.watchdog import StuckAfter
+from elasticd.protocol.agents import ResizedInfo
 from elasticd.protocol.limits import bad_user_name
 from elasticd.protocol.wire import Message, Scalar, message, record
 
@@ -83,7 +84,8 @@ class JobReport:
     # without a report), with the physical rank it came from.
     error: dict[str, Scalar] | None = None
     agents: list[AgentReport] = field(default_factory=list)
-    resizes: list[dict[str, Scalar]] = field(default_factory=list)   # ResizedInfo.as_dict() of the lead agent
+    # The lead agent's finished resizes, newest last, each with the epoch this node knows it by.
+    resizes: list[ResizedInfo] = field(default_factory=list)
     resize_epoch: int = 0         # the resize this node is preparing or carrying out (0: none)
     resize_port: int = 0          # its rendezvous port, picked by the node hosting rank 0
     resize_error: dict[str, Scalar] | None = None   # a joining agent died before the hand-over; or, with

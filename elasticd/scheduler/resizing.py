@@ -174,11 +174,9 @@ class Resizes:
             if rank0 is not None and rank0.stepped == plan.epoch:
                 job.step = max(job.step, r.step)
                 # The history records the step the agents actually stopped after, not the one current when asked.
-                plan.step = next((x["step"] for x in r.resizes if x.get("epoch") == plan.epoch
-                                  and isinstance(x.get("step"), int) and not isinstance(x.get("step"), bool)),
-                                 plan.step)
-                handover = next((x.get("seconds") for x in r.resizes if x.get("epoch") == plan.epoch
-                                 and isinstance(x.get("seconds"), float)), None)
+                mine = [x for x in r.resizes if x.epoch == plan.epoch]
+                plan.step = next((x.step for x in mine if x.step is not None), plan.step)
+                handover = next((x.seconds for x in mine), None)
                 return self._act(job, now, plan.stepped(now, handover))
         return []
 

@@ -62,6 +62,11 @@ def report(job: str, agents: list[p.AgentReport], state: str = "running", **kw) 
     return p.JobReport(job_id=job, state=state, ranks=sorted(a.rank for a in agents), agents=agents, **kw)
 
 
+def resized(epoch: int, seconds: float, step: int | None = None, world: int = 1) -> p.ResizedInfo:
+    """What the lead agent reports of a finished resize (its node fills in the epoch)."""
+    return p.ResizedInfo(epoch=epoch, world=world, rank=0, left=False, seconds=seconds, blocks="", step=step)
+
+
 def of(out, kind):
     return [(a.node_id, a.msg) for a in out if isinstance(a.msg, kind)]
 

@@ -183,7 +183,7 @@ def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_st
     for rank, ident in enumerate([*idents, *joiners]):
         info = resized(1 if rank < 2 else None, rank)           # a joiner does not know the epoch
         assert node.core.agent_message(ident, p.AgentResized(job_id="j", rank=rank, info=info), T0) == (None, [Report()])
-    assert [r["epoch"] for r in node.report("j").resizes] == [1]
+    assert [r.epoch for r in node.report("j").resizes] == [1]
     step = p.AgentStep(job_id="j", rank=3, step=9)
     assert node.core.agent_message(joiners[1], step, T0) == (None, [Report(), DropSnapshots("j", 1)])
     assert [(a.epoch, a.stepped) for a in node.report("j").agents] == [(1, 0), (1, 0), (1, 0), (1, 1)]

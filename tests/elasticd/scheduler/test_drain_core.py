@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from island_core import Island, agent, kills, launches, of, rep, report
+from island_core import Island, agent, kills, launches, of, rep, report, resized
 from node_core import T0, Node, running
 
 from elasticd import protocol as p
@@ -130,7 +130,7 @@ def test_draining_the_node_of_rank_0_shrinks_onto_the_other_which_picks_the_port
     # the other node's agent, renumbered 0, re-forms and steps; the leaving one exits
     isl.report(lead, report(job, [agent(0, 0, epoch=1, left=True)], resize_epoch=1))
     isl.report(other, report(job, [agent(0, 0, epoch=1, stepped=1)], resize_epoch=1,
-                             resizes=[{"epoch": 1, "seconds": 0.3, "step": 7}]))
+                             resizes=[resized(epoch=1, seconds=0.3, step=7)]))
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and j.placement == [[other, "cpu:0"]] and j.master_addr == f"{other}.host"
     assert j.resizes[-1].outcome == "done" and j.resizes[-1].step == 7

@@ -4,7 +4,7 @@ no sockets): the messages it sends at each step, what it records, how it fails."
 from __future__ import annotations
 
 import pytest
-from island_core import Island, agent, complete, kills, launches, of, report, running_job
+from island_core import Island, agent, complete, kills, launches, of, report, resized, running_job
 
 from elasticd import protocol as p
 from elasticd.core.records import ResizeEntry
@@ -34,7 +34,7 @@ def test_shrink_prepares_port_goes_completes_on_first_step_and_frees_devices_of_
     assert isl.state(job) is JobState.RESIZING   # rank 0 has not stepped at the new size yet
     acked[0] = agent(0, 0, epoch=1, stepped=1)
     isl.now += 0.25
-    isl.report("a", report(job, acked, resize_epoch=1, resizes=[{"epoch": 1, "seconds": 0.2}]))
+    isl.report("a", report(job, acked, resize_epoch=1, resizes=[resized(epoch=1, seconds=0.2)]))
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and j.placement == [["a", "cpu:0"], ["a", "cpu:1"]]
     (entry,) = j.resizes
@@ -407,6 +407,6 @@ def test_the_resize_history_records_the_step_the_agents_stopped_after():
     acked = [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1), agent(2, 2, epoch=1, left=True),
              agent(3, 3, epoch=1, left=True)]
     isl.report("a", report(job, acked, resize_epoch=1, step=9, metrics={"total_steps": 50},
-                           resizes=[{"epoch": 1, "seconds": 0.2, "step": 8}]))
+                           resizes=[resized(epoch=1, seconds=0.2, step=8)]))
     (entry,) = isl.s.jobs[job].resizes
     assert entry.outcome == "done" and entry.step == 8 and entry.done_step == 9, entry
