@@ -19,6 +19,7 @@ import torch
 from elasticd import protocol as p
 from elasticd.agent import proc_name
 from elasticd.agent.comm import beat
+from elasticd.agent.comm.islands import emulated_islands
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
@@ -164,6 +165,11 @@ class AgentProcess:
             except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
                 _report(self.cfg, self.control, None, f"cannot load {self.cfg.script}: {type(e).__name__}: {e}",
                         traceback.format_exc())
+                return 1
+            try:
+                emulated_islands(self.cfg.world)   # read again at each segment's start; refused here, once
+            except ValueError as e:
+                _report(self.cfg, self.control, None, str(e), "")
                 return 1
             _set_threads(self.cfg, self.device, self.ef.deterministic)
             set_deterministic(self.device, self.ef.deterministic)  # CUDA: before any worker's first kernel

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from elasticd.agent.comm.carried_vote import CarriedVote
+from elasticd.agent.comm.islands import Islands, two_level_sum
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.comm.rank_tree import Node, pieces, tree_sum
 from elasticd.core.errors import JobError
@@ -35,6 +36,9 @@ class FlushEnv:
     vote: CarriedVote | None = None   # the step-boundary vote a gradient flush may carry
     grad_buckets: Any = None          # default mode: the gradient flush's buckets (replicated/buckets.py)
     layout: Layout | None = None   # None: the uniform layout over phys.world
+    # Agents per island (comm/islands.py): a deterministic sum goes in two levels, only the islands' own
+    # pieces crossing between them. None, or one island: the flat sum.
+    islands: Islands | None = None
 
     def counts(self) -> tuple[int, ...]:
         """How many logical ranks each agent hosts, in agent order."""
@@ -99,6 +103,8 @@ class FlushEnv:
         mine = [tree_sum(leaves, p) for p in self._pieces(me)]
         if m == 1:
             return mine[0]
+        if self.islands is not None and len(self.islands.sizes) > 1:
+            return two_level_sum(phys, self.layout, self.islands, mine)  # type: ignore[arg-type]
         everyone = [self._pieces(a) for a in range(m)]
         nodes = [node for p in everyone for node in p]   # agent after agent, each one's pieces in rank order
         if n < m * SHARD_MIN:

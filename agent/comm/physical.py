@@ -106,6 +106,8 @@ class PhysicalGroup:
         self.device = device
         self.spec = spec if spec is not None else group_spec(device)
         self.bytes_reduced = 0  # accounting for benchmarks and tests
+        self.cross_island_bytes = 0      # of those, sent to another island (comm/islands.py)
+        self.cross_island_messages = 0
         # Whole-group collectives of the training so far (not point-to-point, not the side group): the
         # same sequence on every agent, so a position in it names the same moment everywhere
         # (comm/carried_vote.py).
@@ -228,6 +230,17 @@ class PhysicalGroup:
     def irecv(self, t: torch.Tensor, src: int, tag: int) -> Any:
         with _peers(waits=False):
             return dist.irecv(t, src, tag=tag)
+
+    def send_(self, t: torch.Tensor, dst: int, tag: int) -> None:
+        """A blocking point-to-point send, inside a sum that every agent takes part in (comm/islands.py):
+        a wait here is a wait in a collective, which the beat file shows."""
+        with _peers():
+            dist.isend(t, dst, tag=tag).wait()
+
+    def recv_(self, t: torch.Tensor, src: int, tag: int) -> torch.Tensor:
+        with _peers():
+            dist.irecv(t, src, tag=tag).wait()
+        return t
 
     def barrier(self) -> None:
         if self.world > 1:

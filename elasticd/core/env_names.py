@@ -11,6 +11,11 @@ STEP_OFFSET_VAR = "ELASTICD_STEP_OFFSET"
 # by the scheduler after a recovery.
 RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
 
+# Emulated islands (agent/comm/islands.py): "K" splits a job's agents into K islands of consecutive agents,
+# as even as they come, and deterministic sums go in two levels across them. For tests and the islands
+# benchmark, until a job's islands come from where its agents run.
+ISLANDS_VAR = "ELASTICD_ISLANDS"
+
 # Test-only switch: "gloo" makes the group of CUDA agents plain gloo (which carries CUDA tensors too),
 # so that two agents can share one GPU, which NCCL refuses. Slower; never for real runs.
 DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"

@@ -1,7 +1,8 @@
 """The deterministic sum over logical ranks (agent/comm/collectives.py `FlushEnv.sum_over_ranks`) gives the
 bits of the rank tree (agent/comm/rank_tree.py) on every number of agents and layout, for tensors big
-enough to be summed shard by shard and for small ones, with sizes that do not divide evenly. Real agent
-processes, real gloo."""
+enough to be summed shard by shard and for small ones, with sizes that do not divide evenly; also in two
+levels across islands (agent/comm/islands.py), wherever the islands cut the tree. Real agent processes,
+real gloo."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from elasticd.agent.comm.collectives import SHARD_MIN, FlushEnv
+from elasticd.agent.comm.islands import Islands, emulated_islands
 from elasticd.agent.comm.rank_tree import pieces, tree_sum
 from elasticd.core.layout import Layout
 from elasticd.ports import free_port
@@ -26,30 +28,36 @@ def rank_tensor(rank: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=g) * torch.logspace(-6, 6, shape[-1])
 
 
-def _agent(rank: int, world: int, port: int, out: str, blocks: tuple[int, ...]) -> None:
+def _agent(rank: int, world: int, port: int, out: str, blocks: tuple[int, ...], islands: tuple[int, ...]) -> None:
     from elasticd.agent.comm.physical import PhysicalGroup
 
     phys = PhysicalGroup.connect(rank, world, torch.device("cpu"), "127.0.0.1", port)
     layout = Layout.of(WORKERS, world, blocks)
-    env = FlushEnv(phys, WORKERS, deterministic=True, layout=layout)
+    env = FlushEnv(phys, WORKERS, deterministic=True, layout=layout, islands=Islands(islands) if islands else None)
     try:
         sums = [env.sum_over_ranks([rank_tensor(r, s) for r in layout.hosted(rank)]) for s in SIZES]
     finally:
         phys.close()
-    torch.save(sums, out)
+    torch.save({"sums": sums, "cross_bytes": phys.cross_island_bytes, "cross_messages": phys.cross_island_messages,
+                "collectives": phys.collectives}, out)
 
 
-def sums_on(tmp: Path, world: int, blocks: tuple[int, ...]) -> list:
+def run_agents(tmp: Path, world: int, blocks: tuple[int, ...], islands: tuple[int, ...] = ()) -> list[dict]:
     port = free_port("127.0.0.1")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_agent, args=(r, world, port, str(tmp / f"m{world}-{r}.pt"), blocks))
+    name = f"m{world}-{'_'.join(map(str, blocks))}-{'_'.join(map(str, islands))}"
+    procs = [ctx.Process(target=_agent, args=(r, world, port, str(tmp / f"{name}-{r}.pt"), blocks, islands))
              for r in range(world)]
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join(120)
         assert proc.exitcode == 0, f"agent exited with {proc.exitcode}"
-    return [torch.load(tmp / f"m{world}-{r}.pt") for r in range(world)]
+    return [torch.load(tmp / f"{name}-{r}.pt") for r in range(world)]
+
+
+def sums_on(tmp: Path, world: int, blocks: tuple[int, ...]) -> list:
+    return [got["sums"] for got in run_agents(tmp, world, blocks)]
 
 
 def tree_order_sum(ranks: range, shape: tuple[int, ...]) -> torch.Tensor:
@@ -71,6 +79,48 @@ def test_sum_over_ranks_is_bitwise_the_rank_tree_sum_on_any_layout(tmp_path: Pat
     for agent, got in enumerate(sums_on(tmp_path, world, blocks)):
         for shape, w, g in zip(SIZES, want, got, strict=True):
             assert g.shape == w.shape and torch.equal(g, w), f"agent {agent} of {world}: sum of {shape} differs"
+
+
+# (world, blocks, islands): islands cutting the tree at a subtree's edge and inside one, an island of one agent
+# on either side, three islands with a leader that hosts a single rank.
+ISLAND_CASES = [(4, (), (2, 2)), (4, (1, 2, 3, 1), (1, 3)), (3, (3, 1, 3), (2, 1)), (4, (2, 1, 2, 2), (1, 2, 1))]
+
+
+@pytest.mark.parametrize("world, blocks, islands", ISLAND_CASES)
+def test_across_islands_the_sum_is_bitwise_the_flat_one_and_only_the_islands_pieces_cross(
+        tmp_path: Path, world: int, blocks: tuple[int, ...], islands: tuple[int, ...]) -> None:
+    want = [tree_order_sum(range(WORKERS), shape) for shape in SIZES]
+    got = run_agents(tmp_path, world, blocks, islands)
+    layout, isl = Layout.of(WORKERS, world, blocks), Islands(islands)
+    for agent, g in enumerate(got):
+        for shape, w, s in zip(SIZES, want, g["sums"], strict=True):
+            assert s.shape == w.shape and torch.equal(s, w), f"agent {agent}, islands {islands}: sum of {shape} differs"
+        # One whole-group collective per sum on every agent, as a flat sum counts (comm/carried_vote.py).
+        assert g["collectives"] == len(SIZES), g
+    tops = []
+    for i in range(len(islands)):
+        members = isl.agents(i)
+        lo, last = layout.starts[members[0]], members[-1]
+        tops.append(len(pieces(WORKERS, lo, layout.starts[last] + layout.sizes[last])))
+    per_sum = sum(torch.Size(s).numel() * 4 for s in SIZES)
+    for agent, g in enumerate(got):
+        i = isl.of(agent)
+        leader = agent == isl.agents(i)[0]
+        # A leader sends its island's pieces to every other leader, and nothing else crosses.
+        assert g["cross_messages"] == (tops[i] * (len(islands) - 1) * len(SIZES) if leader else 0), (agent, g)
+        assert g["cross_bytes"] == (tops[i] * (len(islands) - 1) * per_sum if leader else 0), (agent, g)
+
+
+def test_emulated_islands_come_from_the_environment_and_a_bad_count_is_refused() -> None:
+    assert emulated_islands(4, {}) is None and emulated_islands(4, {"ELASTICD_ISLANDS": "1"}) is None
+    assert emulated_islands(5, {"ELASTICD_ISLANDS": "2"}) == Islands((3, 2))
+    assert emulated_islands(2, {"ELASTICD_ISLANDS": "3"}) == Islands((1, 1))   # at most one island per agent
+    assert emulated_islands(1, {"ELASTICD_ISLANDS": "2"}) is None
+    for bad in ("0", "two", "-1", "1.5"):
+        with pytest.raises(ValueError, match="expected a number of islands >= 1"):
+            emulated_islands(4, {"ELASTICD_ISLANDS": bad})
+    with pytest.raises(ValueError, match="at least one agent each"):
+        Islands((2, 0))
 
 
 def test_one_agent_sums_the_same_tree_without_a_group() -> None:
