@@ -37,8 +37,10 @@ class FlushEnv:
     grad_buckets: Any = None          # default mode: the gradient flush's buckets (replicated/buckets.py)
     layout: Layout | None = None   # None: the uniform layout over phys.world
     # Agents per island (comm/islands.py): a deterministic sum goes in two levels, only the islands' own
-    # pieces crossing between them. None, or one island: the flat sum.
+    # pieces crossing between them (`two_level` False: flat, its traffic between islands counted, for
+    # scripts/bench_islands.py). None, or one island: the flat sum.
     islands: Islands | None = None
+    two_level: bool = True
 
     def counts(self) -> tuple[int, ...]:
         """How many logical ranks each agent hosts, in agent order."""
@@ -103,11 +105,15 @@ class FlushEnv:
         mine = [tree_sum(leaves, p) for p in self._pieces(me)]
         if m == 1:
             return mine[0]
-        if self.islands is not None and len(self.islands.sizes) > 1:
+        split = self.islands is not None and len(self.islands.sizes) > 1
+        if split and self.two_level:
             return two_level_sum(phys, self.layout, self.islands, mine)  # type: ignore[arg-type]
         everyone = [self._pieces(a) for a in range(m)]
         nodes = [node for p in everyone for node in p]   # agent after agent, each one's pieces in rank order
+        item = hosted[0].element_size()
         if n < m * SHARD_MIN:
+            if split:   # all_gather: every agent's (padded) pieces to every other agent
+                self._count_cross([max(len(p) for p in everyone) * n * item] * m)
             got = self._gather(mine, [len(p) for p in everyone])
             return tree_sum(dict(zip(nodes, got, strict=True)), (0, self.workers))
         sizes, starts = self._shards(n)
@@ -116,12 +122,26 @@ class FlushEnv:
         send = rows[0] if len(rows) == 1 else torch.cat(
             [r[a:a + z] for a, z in zip(starts, sizes, strict=True) for r in rows])
         recv = send.new_empty(len(nodes) * sizes[me])
+        if split:   # all_to_all: my pieces' parts of shard j to agent j; all_gather: my (padded) shard to all
+            self._count_cross([len(rows) * z * item for z in sizes])
+            self._count_cross([sizes[0] * item] * m)
         phys.all_to_all_(recv, send, [len(p) * sizes[me] for p in everyone], [len(rows) * z for z in sizes])
         shard = tree_sum(dict(zip(nodes, recv.view(len(nodes), sizes[me]), strict=True)), (0, self.workers))
         if sizes[me] < sizes[0]:  # all_gather wants equal sizes: the last shards may be one shorter
             shard = torch.cat([shard, shard.new_zeros(sizes[0] - sizes[me])])
         gathered = phys.all_gather(shard)
         return torch.cat([g[:z] for g, z in zip(gathered, sizes, strict=True)]).view(shape)
+
+
+    def _count_cross(self, bytes_to: list[int]) -> None:
+        """Count what this agent sends to agents of other islands (`bytes_to[j]`: to agent j)."""
+        islands, me, phys = self.islands, self.phys.rank, self.phys
+        assert islands is not None
+        mine = islands.of(me)
+        for j, b in enumerate(bytes_to):
+            if b and islands.of(j) != mine:
+                phys.cross_island_bytes += b
+                phys.cross_island_messages += 1
 
 
 # Below this many elements per agent a deterministic sum gathers whole tensors: one collective instead of
