@@ -167,7 +167,7 @@ class AgentProcess:
                         traceback.format_exc())
                 return 1
             try:
-                emulated_islands(self.cfg.world)   # read again at each segment's start; refused here, once
+                emulated_islands(self.cfg.world)   # read again by each group the agents form; refused here, once
             except ValueError as e:
                 _report(self.cfg, self.control, None, str(e), "")
                 return 1

@@ -22,7 +22,6 @@ import torch
 
 from elasticd.agent.capture import reentry_writes, shared_globals
 from elasticd.agent.comm.collectives import Collective, CollectiveMismatch, FlushEnv, check_matching
-from elasticd.agent.comm.islands import emulated_islands
 from elasticd.agent.comm.p2p import PointToPoint
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat import cuda_ranks, warning_origin, worker_env
@@ -91,7 +90,7 @@ class Runtime:
         self.control: ControlChannel = control or NullControl(phys.rank)
         # `layout`: every agent's block of ranks (None: the uniform one); this agent's is `hosted`.
         self.env = FlushEnv(phys=phys, workers=workers, deterministic=deterministic, layout=layout,
-                            islands=emulated_islands(phys.world))
+                            islands=phys.islands.islands if phys.islands is not None else None)
         if layout is not None and layout.hosted(phys.rank) != self.hosted:
             raise ValueError(f"agent {phys.rank} hosts ranks {self.hosted}, not its block of layout {layout}")
         self.baton = Baton(self.hosted)

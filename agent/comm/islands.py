@@ -1,12 +1,20 @@
-"""Islands: runs of agents with fast links inside and a slow one between, and the two-level sum across them.
+"""Islands: runs of agents with fast links inside and a slow one between, and the two-level sums across them.
 
 A job that spans islands (racks, pods, clusters) should not send its gradients over the slow link from
-every agent. The sum over logical ranks goes in two levels instead: inside each island, its agents' pieces
-of the rank tree (comm/rank_tree.py) go to the island's leader (its first agent), which adds them up into
-the island's own pieces, the maximal subtrees inside the island's block of ranks; only those cross the
-slow link, leader to leader; every leader then adds up the top of the tree and sends the sum back inside
-its island. The tree is deterministic mode's, so the bits are those of the flat sum whatever the islands,
-the layout and where they cut the tree.
+every agent. Its sums go in two levels instead.
+
+Deterministic mode (`two_level_sum`): inside each island, its agents' pieces of the rank tree
+(comm/rank_tree.py) go to the island's leader (its first agent), which adds them up into the island's own
+pieces, the maximal subtrees inside the island's block of ranks; only those cross the slow link, leader
+to leader; every leader then adds up the top of the tree and sends the sum back inside its island. The
+tree is deterministic mode's, so the bits are those of the flat sum whatever the islands, the layout and
+where they cut the tree.
+
+Default mode (`IslandGroups`): an all-reduce is a reduce to the island's leader over the island's own
+process group, an all-reduce among the leaders over theirs, and a broadcast back inside the island. The
+three run one after another on a thread of the group's own, for every all-reduce of the agent in the
+order it asked for them (the same on every agent, as each group's collectives must be), so a gradient
+bucket's sum still overlaps the rest of the backward pass.
 
 An island is a run of consecutive agents, so its ranks are one block. The transfers are point-to-point on
 the agents' group under a tag comm/p2p.py never uses (its tag 1 from logical rank 0 to rank 0: a rank
@@ -17,15 +25,22 @@ sending to itself, which it refuses); the whole sum counts as one whole-group co
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed.distributed_c10d as dist  # unpatched, as comm/physical.py
 
-from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.comm.rank_tree import Node, pieces, tree_sum
 from elasticd.core.env_names import ISLANDS_VAR
 from elasticd.core.layout import Layout
+
+if TYPE_CHECKING:
+    from elasticd.agent.comm.physical import PhysicalGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +89,47 @@ def emulated_islands(world: int, environ: Mapping[str, str] = os.environ) -> Isl
         raise ValueError(f"{ISLANDS_VAR}={raw!r}: expected a number of islands >= 1")
     islands = Islands.even(world, int(raw))
     return islands if len(islands.sizes) > 1 else None
+
+
+class IslandGroups:
+    """The process groups of the agents' islands and of their leaders, and the thread that runs the agent's
+    two-level all-reduces in order. Made right after the agents' group, by every agent alike (torch
+    requires every member of the job to enter each `new_group`, in the same order)."""
+
+    def __init__(self, islands: Islands, rank: int) -> None:
+        self.islands = islands
+        island = islands.of(rank)
+        self.leader = islands.agents(island)[0]
+        self.is_leader = rank == self.leader
+        own = [dist.new_group(list(islands.agents(i))) for i in range(len(islands.sizes))]
+        self.local = own[island]
+        self.leaders = dist.new_group([islands.agents(i)[0] for i in range(len(islands.sizes))])
+        self._todo: queue.SimpleQueue[tuple[torch.Tensor, Any, Future[torch.Tensor]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="elasticd-islands", daemon=True)
+        self._thread.start()
+
+    def all_reduce(self, t: torch.Tensor, op: Any) -> Future[torch.Tensor]:
+        """Start the two-level all-reduce of `t` (in place) after those started before it."""
+        done: Future[torch.Tensor] = Future()
+        self._todo.put((t, op, done))
+        return done
+
+    def close(self) -> None:
+        self._todo.put(None)
+        self._thread.join(timeout=60.0)
+
+    def _serve(self) -> None:
+        while (item := self._todo.get()) is not None:
+            t, op, done = item
+            try:
+                dist.reduce(t, self.leader, op=op, group=self.local)
+                if self.is_leader:
+                    dist.all_reduce(t, op=op, group=self.leaders)
+                dist.broadcast(t, self.leader, group=self.local)
+            except BaseException as e:  # noqa: BLE001 - the caller's wait raises it (comm/physical.py)
+                done.set_exception(e)
+                continue
+            done.set_result(t)
 
 
 def two_level_sum(phys: PhysicalGroup, layout: Layout, islands: Islands, mine: list[torch.Tensor]

@@ -21,6 +21,7 @@ import datetime
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 import torch.distributed.distributed_c10d as dist  # unpatched: flushes run in worker threads, where torch.distributed.* is logical (agent/compat/torch_dist.py)
 
 from elasticd.agent.comm import beat
+from elasticd.agent.comm.islands import IslandGroups, emulated_islands
 from elasticd.core.env_names import DEVICE_BACKEND_ENV
 from elasticd.core.errors import ElasticdInterrupt
 from elasticd.core.exits import EXIT_PEER_LOST
@@ -115,6 +117,8 @@ class PhysicalGroup:
         # Copies of periodic snapshots to another node run on the snapshot writer's thread while training
         # goes on: on a group of their own, so they never interleave with the training's collectives.
         self.side: Any = None
+        # A job across islands (comm/islands.py): its all-reduces go in two levels.
+        self.islands: IslandGroups | None = None
 
     @classmethod
     def connect(cls, rank: int, world: int, device: torch.device, master_addr: str, master_port: int,
@@ -132,9 +136,15 @@ class PhysicalGroup:
         group = cls(rank, world, device, spec)
         if world > 1:
             group.side = dist.new_group(backend="gloo")   # entered by every agent of the new group, here
+            islands = emulated_islands(world)
+            if islands is not None:
+                group.islands = IslandGroups(islands, rank)
         return group
 
     def close(self) -> None:
+        if self.islands is not None:
+            self.islands.close()
+            self.islands = None
         if self.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -143,7 +153,10 @@ class PhysicalGroup:
             self.bytes_reduced += t.numel() * t.element_size()
             self.collectives += 1
             with _peers():
-                dist.all_reduce(t, op=_OPS[op])
+                if self.islands is not None:
+                    self.islands.all_reduce(t, _OPS[op]).result()
+                else:
+                    dist.all_reduce(t, op=_OPS[op])
         return t
 
     def all_reduce_start(self, t: torch.Tensor) -> Any:
@@ -154,6 +167,8 @@ class PhysicalGroup:
             return None
         self.bytes_reduced += t.numel() * t.element_size()
         self.collectives += 1
+        if self.islands is not None:
+            return _Started(self.islands.all_reduce(t, dist.ReduceOp.SUM))
         with _peers():
             return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
 
@@ -269,6 +284,17 @@ class PhysicalGroup:
                 dist.recv(payload, src, group=group)
         # Straight from the tensor's memory: numpy is not a dependency of the runtime.
         return ctypes.string_at(payload.data_ptr(), payload.numel())
+
+
+class _Started:
+    """A two-level all-reduce under way (comm/islands.py), waited for as a torch `Work` is."""
+
+    def __init__(self, done: Future[torch.Tensor]) -> None:
+        self._done = done
+
+    def wait(self) -> bool:
+        self._done.result()
+        return True
 
 
 _OPS = {
