@@ -19,7 +19,7 @@ import torch
 from elasticd import protocol as p
 from elasticd.agent import proc_name
 from elasticd.agent.comm import beat
-from elasticd.agent.comm.islands import emulated_islands
+from elasticd.agent.comm.islands import emulated_islands, emulated_link
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
 from elasticd.agent.control.channel import ControlChannel, NullControl
@@ -166,8 +166,9 @@ class AgentProcess:
                 _report(self.cfg, self.control, None, f"cannot load {self.cfg.script}: {type(e).__name__}: {e}",
                         traceback.format_exc())
                 return 1
-            try:
-                emulated_islands(self.cfg.world)   # read again by each group the agents form; refused here, once
+            try:   # read again by each group the agents form; refused here, once
+                emulated_islands(self.cfg.world)
+                emulated_link()
             except ValueError as e:
                 _report(self.cfg, self.control, None, str(e), "")
                 return 1

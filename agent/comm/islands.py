@@ -16,6 +16,10 @@ three run one after another on a thread of the group's own, for every all-reduce
 order it asked for them (the same on every agent, as each group's collectives must be), so a gradient
 bucket's sum still overlaps the rest of the backward pass.
 
+A slow link between islands can be emulated (`ELASTICD_ISLAND_LINK=MBPS[:MS]`, `Link`): the leaders wait,
+after each exchange between islands, for the time that many bytes would take at that bandwidth and
+one-way latency. Only what crosses between leaders is delayed; loopback carries it all the same.
+
 An island is a run of consecutive agents, so its ranks are one block. The transfers are point-to-point on
 the agents' group under a tag comm/p2p.py never uses (its tag 1 from logical rank 0 to rank 0: a rank
 sending to itself, which it refuses); the whole sum counts as one whole-group collective on every agent
@@ -27,6 +31,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -36,7 +41,7 @@ import torch
 import torch.distributed.distributed_c10d as dist  # unpatched, as comm/physical.py
 
 from elasticd.agent.comm.rank_tree import Node, pieces, tree_sum
-from elasticd.core.env_names import ISLANDS_VAR
+from elasticd.core.env_names import ISLAND_LINK_VAR, ISLANDS_VAR
 from elasticd.core.layout import Layout
 
 if TYPE_CHECKING:
@@ -76,6 +81,41 @@ class Islands:
         raise ValueError(f"agent {agent} is not on any of {len(self.sizes)} islands of {self.world} agents")
 
 
+@dataclass(frozen=True, slots=True)
+class Link:
+    """An emulated link between islands: `mbps` megabits a second, `latency_s` one way."""
+
+    mbps: float
+    latency_s: float = 0.0
+
+    def message_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes * 8 / (self.mbps * 1e6)
+
+    def all_reduce_s(self, nbytes: int, leaders: int) -> float:
+        """A ring all-reduce among `leaders`: 2(L-1) steps, each moving 1/L of the bytes over the link."""
+        return 2 * (leaders - 1) * self.message_s(nbytes / leaders)
+
+
+def emulated_link(environ: Mapping[str, str] = os.environ) -> Link | None:
+    """The link ELASTICD_ISLAND_LINK=MBPS[:MS] asks for; None when unset.
+
+    Raises:
+        ValueError: not a bandwidth > 0 and an optional latency >= 0 in milliseconds.
+    """
+    raw = environ.get(ISLAND_LINK_VAR, "").strip()
+    if not raw:
+        return None
+    bw, _, ms = raw.partition(":")
+    try:
+        link = Link(float(bw), float(ms or 0) / 1000)
+    except ValueError:
+        link = None
+    if link is None or not link.mbps > 0 or not link.latency_s >= 0 or link.mbps == float("inf"):
+        raise ValueError(f"{ISLAND_LINK_VAR}={raw!r}: expected MBPS[:MS], a bandwidth > 0 in megabits a "
+                         f"second and a one-way latency >= 0 in milliseconds, e.g. 1000:2")
+    return link
+
+
 def emulated_islands(world: int, environ: Mapping[str, str] = os.environ) -> Islands | None:
     """The islands ELASTICD_ISLANDS=K asks for over `world` agents; None when unset, or one island.
 
@@ -104,6 +144,7 @@ class IslandGroups:
         own = [dist.new_group(list(islands.agents(i))) for i in range(len(islands.sizes))]
         self.local = own[island]
         self.leaders = dist.new_group([islands.agents(i)[0] for i in range(len(islands.sizes))])
+        self.link = emulated_link()
         self._todo: queue.SimpleQueue[tuple[torch.Tensor, Any, Future[torch.Tensor]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="elasticd-islands", daemon=True)
         self._thread.start()
@@ -125,6 +166,8 @@ class IslandGroups:
                 dist.reduce(t, self.leader, op=op, group=self.local)
                 if self.is_leader:
                     dist.all_reduce(t, op=op, group=self.leaders)
+                    if self.link is not None:
+                        time.sleep(self.link.all_reduce_s(t.numel() * t.element_size(), len(self.islands.sizes)))
                 dist.broadcast(t, self.leader, group=self.local)
             except BaseException as e:  # noqa: BLE001 - the caller's wait raises it (comm/physical.py)
                 done.set_exception(e)
@@ -195,4 +238,7 @@ def _send(phys: PhysicalGroup, t: torch.Tensor, dst: int, tag: int, cross: bool 
     if cross:
         phys.cross_island_bytes += nbytes
         phys.cross_island_messages += 1
+        link = phys.islands.link if phys.islands is not None else None
+        if link is not None:
+            time.sleep(link.message_s(nbytes))
     phys.send_(t, dst, tag)

@@ -15,6 +15,9 @@ RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
 # as even as they come, and deterministic sums go in two levels across them. For tests and the islands
 # benchmark, until a job's islands come from where its agents run.
 ISLANDS_VAR = "ELASTICD_ISLANDS"
+# An emulated link between those islands, "MBPS[:MS]": what crosses between island leaders is delayed as
+# that bandwidth and one-way latency would (scripts/bench_islands_link.py).
+ISLAND_LINK_VAR = "ELASTICD_ISLAND_LINK"
 
 # Test-only switch: "gloo" makes the group of CUDA agents plain gloo (which carries CUDA tensors too),
 # so that two agents can share one GPU, which NCCL refuses. Slower; never for real runs.

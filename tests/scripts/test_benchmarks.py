@@ -41,6 +41,7 @@ ON_SHARED_SERVERS = {"bench_torchrun_mode.py"}
     ("bench_torchrun_mode.py", "torchrun_mode_vs_torchrun"),
     ("bench_resize_memory.py", "rss_last_vs_first_resize"),
     ("bench_islands.py", "cross_island_bytes_ratio"),
+    ("bench_islands_link.py", "two_islands_vs_one"),
 ])
 def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     env = {**os.environ, **(shared_servers() if script in ON_SHARED_SERVERS else {})}
@@ -57,7 +58,7 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
 
 @pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py",
                                     "bench_resize.py", "bench_daemon_grow.py", "bench_torchrun_mode.py",
-                                    "bench_resize_memory.py", "bench_islands.py"])
+                                    "bench_resize_memory.py", "bench_islands.py", "bench_islands_link.py"])
 def test_help_explains(script: str) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "-h"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)

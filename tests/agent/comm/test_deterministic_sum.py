@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from elasticd.agent.comm.collectives import SHARD_MIN, FlushEnv
-from elasticd.agent.comm.islands import Islands, emulated_islands
+from elasticd.agent.comm.islands import Islands, Link, emulated_islands, emulated_link
 from elasticd.agent.comm.rank_tree import pieces, tree_sum
 from elasticd.core.layout import Layout
 from elasticd.ports import free_port
@@ -121,6 +121,14 @@ def test_emulated_islands_come_from_the_environment_and_a_bad_count_is_refused()
             emulated_islands(4, {"ELASTICD_ISLANDS": bad})
     with pytest.raises(ValueError, match="at least one agent each"):
         Islands((2, 0))
+    # The emulated link between them: bandwidth and one-way latency, what a message and a ring take.
+    link = emulated_link({"ELASTICD_ISLAND_LINK": "800:2"})
+    assert link == Link(800.0, 0.002) and emulated_link({}) is None
+    assert link.message_s(1e6) == pytest.approx(0.002 + 0.01)
+    assert link.all_reduce_s(2_000_000, 2) == pytest.approx(2 * (0.002 + 0.01))
+    for bad in ("0", "fast", "100:-1", "inf", "nan", "100:x"):
+        with pytest.raises(ValueError, match="expected MBPS"):
+            emulated_link({"ELASTICD_ISLAND_LINK": bad})
 
 
 def test_one_agent_sums_the_same_tree_without_a_group() -> None:
