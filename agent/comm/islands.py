@@ -125,7 +125,7 @@ def emulated_islands(world: int, environ: Mapping[str, str] = os.environ) -> Isl
     raw = environ.get(ISLANDS_VAR, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise ValueError(f"{ISLANDS_VAR}={raw!r}: expected a number of islands >= 1")
     islands = Islands.even(world, int(raw))
     return islands if len(islands.sizes) > 1 else None
@@ -156,8 +156,10 @@ class IslandGroups:
         return done
 
     def close(self) -> None:
+        """After the last all-reduce, ended or failed; briefly otherwise (one stuck on a peer that hangs
+        ends when the group is destroyed, and the agent must not wait for it to exit or re-form)."""
         self._todo.put(None)
-        self._thread.join(timeout=60.0)
+        self._thread.join(timeout=2.0)
 
     def _serve(self) -> None:
         while (item := self._todo.get()) is not None:

@@ -40,7 +40,8 @@ class Recovery:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recovery:
-        return cls(**d)
+        """A job table's record; keys this version does not know are left out (a row is never lost for them)."""
+        return cls(**_known(cls, d))
 
 
 @dataclass(slots=True)
@@ -76,6 +77,11 @@ class ResizeEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResizeEntry:
-        """The entry `to_dict` wrote (a job table's row)."""
-        d = dict(d)
-        return cls(src=d.pop("from"), dst=d.pop("to"), **d)
+        """The entry `to_dict` wrote (a job table's row); keys this version does not know are left out."""
+        d = _known(cls, {**d, "src": d.get("from"), "dst": d.get("to")})
+        return cls(**d)
+
+
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}

@@ -238,5 +238,9 @@ class Job:
             d["recovery"] = RecoveryInFlight.from_doc(d["recovery"])
         d["resizes"] = [ResizeEntry.from_dict(r) for r in d.get("resizes", [])]
         d["recoveries"] = [Recovery.from_dict(r) for r in d.get("recoveries", [])]
-        d["agents"] = {node: [AgentRow(**a) for a in rows] for node, rows in d.get("agents", {}).items()}
+        # The agents' last reports: refreshed by the next heartbeats, so a row of another version starts empty.
+        try:
+            d["agents"] = {node: [AgentRow(**a) for a in rows] for node, rows in d.get("agents", {}).items()}
+        except TypeError:
+            d["agents"] = {}
         return cls(**d)

@@ -116,7 +116,7 @@ def test_emulated_islands_come_from_the_environment_and_a_bad_count_is_refused()
     assert emulated_islands(5, {"ELASTICD_ISLANDS": "2"}) == Islands((3, 2))
     assert emulated_islands(2, {"ELASTICD_ISLANDS": "3"}) == Islands((1, 1))   # at most one island per agent
     assert emulated_islands(1, {"ELASTICD_ISLANDS": "2"}) is None
-    for bad in ("0", "two", "-1", "1.5"):
+    for bad in ("0", "two", "-1", "1.5", "\u00b2"):
         with pytest.raises(ValueError, match="expected a number of islands >= 1"):
             emulated_islands(4, {"ELASTICD_ISLANDS": bad})
     with pytest.raises(ValueError, match="at least one agent each"):

@@ -11,7 +11,7 @@ import sys
 from island_core import Island, rep
 
 from elasticd import protocol as p
-from elasticd.core.records import Recovery
+from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.scheduler.jobs import Job, JobState, RecoveryInFlight
 from elasticd.scheduler.state import SchedulerState
 from elasticd.scheduler.store import JobStore
@@ -113,3 +113,27 @@ def test_a_recovery_in_flight_is_read_back_typed_from_either_form(tmp_path):
     rec = j.recovery
     flat = {**rec.record.to_dict(), "kind": rec.kind, "gone": rec.gone, "error": rec.error}
     assert Job.from_doc({**j.to_doc(), "recovery": flat}).recovery == rec
+
+
+def test_a_row_s_history_and_agents_read_back_typed_and_a_key_of_another_version_loses_nothing(tmp_path):
+    """The resize and recovery histories come back as the records they were (the row keeps a resize's "from"
+    and "to"); a key this version does not know in them is left out, and agents' reports of another shape
+    are dropped (the next heartbeats bring them), instead of the whole job being skipped as unreadable."""
+    isl = Island()
+    isl.hello("a", 2)
+    job, _ = isl.submit(workers=2, lo=1, hi=2)
+    isl.report("a", rep(job, "running", (0, 1), step=7, agents=[
+        p.AgentReport(rank=0, device_id="cpu:0", pid=11, alive=True, connected=True)]))
+    j = isl.s.jobs[job]
+    j.resizes.append(ResizeEntry(src=2, dst=1, outcome="done", at=3.0, why="scale command", step=5))
+    j.recoveries.append(Recovery(cause="agent 1 was killed", at=4.0, failed_after_step=6, from_devices=2, devices=2))
+    doc = j.to_doc()
+    assert doc["resizes"][0]["from"] == 2 and doc["resizes"][0]["to"] == 1 and "src" not in doc["resizes"][0]
+    back = Job.from_doc(doc)
+    assert back.resizes == j.resizes and back.recoveries == j.recoveries and back.agents == j.agents
+    assert [type(a) for rows in back.agents.values() for a in rows] == [p.AgentRow]
+    other = {**doc, "resizes": [{**doc["resizes"][0], "shard_mb": 3}],
+             "recoveries": [{**doc["recoveries"][0], "zone": "b"}],
+             "agents": {"a": [{"rank": 0, "pid": 11, "gpu_util": 0.5}]}}
+    back = Job.from_doc(other)
+    assert back.resizes == j.resizes and back.recoveries == j.recoveries and back.agents == {}
