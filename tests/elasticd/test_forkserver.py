@@ -8,6 +8,7 @@ is bitwise the cold start's. Real processes throughout: the server imports torch
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import shutil
@@ -149,7 +150,7 @@ def test_reference_ranks_are_forked_plain_ddp_processes_computing_what_cold_ones
 
 
 def test_a_shared_server_gives_each_launcher_a_server_of_its_own_unless_the_environment_differs(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """`forkserver --listen`: each client gets a fork of the warm server (no second torch import), which ends
     with the client; a client whose interpreter-start variables differ starts its own server instead."""
     path = tmp_path / "agent.sock"
@@ -157,8 +158,11 @@ def test_a_shared_server_gives_each_launcher_a_server_of_its_own_unless_the_envi
     try:
         wait_until(path.exists, 300, what="the shared server's socket")
         assert path.stat().st_mode & 0o777 == 0o600
-        joined = ForkServer(dict(os.environ), shared=str(path))
-        assert joined._proc is None and psutil.Process(joined.pid).ppid() == shared.pid
+        with caplog.at_level(logging.INFO, logger="elasticd.forked"):
+            joined = ForkServer(dict(os.environ), shared=str(path))
+        # Why it started a server of its own, if it did (the variables that differ, or the server's silence).
+        assert joined._proc is None, caplog.text
+        assert psutil.Process(joined.pid).ppid() == shared.pid
         stdin, keep = os.pipe()   # a spare waits for its job on stdin: it stays until killed
         try:
             forked = joined.spawn([], dict(os.environ), (), stdio=[stdin, 1, 2], options={"spare": True})
