@@ -46,7 +46,8 @@ def test_a_stopped_agent_is_fenced_and_the_job_recovers_bitwise(undisturbed: Pat
     [rec] = summary["recoveries"]
     # the cause in the daemon's words (tests/elasticd/daemon/test_recovery_daemon.py)
     assert re.fullmatch(r"agent 1 was stuck \(stopped[^)]*, --stuck-after 2s\) and was fenced", rec["cause"]), rec
-    assert rec["detected_after"] > 2.0, rec   # held that long before it was fenced; `seconds` counts from there
+    # Held longer than the bound before it was fenced (`seconds` counts from there); kept to the millisecond.
+    assert rec["detected_after"] >= 2.0, rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"] <= 5 + 1, rec
     assert completed_twice(out) == list(range(rec["resumed_from"], rec["failed_after_step"] + 1)), rec
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)

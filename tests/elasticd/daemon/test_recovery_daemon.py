@@ -92,7 +92,8 @@ def test_a_stopped_agent_under_the_daemon_is_fenced_and_the_job_recovers_bitwise
         in rec["cause"], rec
     assert rec["steps_redone"] == rec["failed_after_step"] + 1 - rec["resumed_from"], rec
     assert completed_twice(out) == list(range(rec["resumed_from"], rec["failed_after_step"] + 1)), rec
-    assert rec["detected_after"] > 2.0, rec   # held that long before it was fenced; `seconds` counts from there
+    # Held longer than the bound before it was fenced (`seconds` counts from there); kept to the millisecond.
+    assert rec["detected_after"] >= 2.0, rec
     assert_same_run(out, undisturbed, STEPS, ranks=4, recovered=True)
     events = cli("events", job, "--state-dir", str(sd))
     assert "was stuck (stopped" in events.out, events.output
