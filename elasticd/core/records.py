@@ -9,10 +9,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+R = TypeVar("R")
 
 WIRE_FROM = {"wire": "from"}
 WIRE_TO = {"wire": "to"}
+
+
+def wire_name(f: dataclasses.Field) -> str:
+    """The key a field is kept and sent under: its name, or `metadata["wire"]` where that key is a Python
+    keyword (a resize's "from" and "to"). The wire (elasticd.protocol.wire) and the job table both use it."""
+    return f.metadata.get("wire", f.name)
+
+
+def as_row(record: Any) -> dict[str, Any]:
+    """A record as a plain map under its fields' wire names (a job table's row, `elasticd run --summary`)."""
+    d = dataclasses.asdict(record)
+    return {wire_name(f): d[f.name] for f in dataclasses.fields(record)}
+
+
+def from_row(cls: type[R], d: dict[str, Any]) -> R:
+    """The record `as_row` wrote; keys this version does not know are left out (a row is never lost for
+    them)."""
+    names = {wire_name(f): f.name for f in dataclasses.fields(cls)}
+    return cls(**{names[k]: v for k, v in d.items() if k in names})
 
 
 @dataclass(slots=True)
@@ -36,12 +57,11 @@ class Recovery:
         self.seconds = round(now - self.at, 3)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return as_row(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recovery:
-        """A job table's record; keys this version does not know are left out (a row is never lost for them)."""
-        return cls(**_known(cls, d))
+        return from_row(cls, d)
 
 
 @dataclass(slots=True)
@@ -71,17 +91,8 @@ class ResizeEntry:
     predicted_from_s: float | None = None   # and on the old ones
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["from"], d["to"] = d.pop("src"), d.pop("dst")
-        return d
+        return as_row(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResizeEntry:
-        """The entry `to_dict` wrote (a job table's row); keys this version does not know are left out."""
-        d = _known(cls, {**d, "src": d.get("from"), "dst": d.get("to")})
-        return cls(**d)
-
-
-def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
+        return from_row(cls, d)

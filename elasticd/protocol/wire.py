@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar, Union
 import msgpack
 
 from elasticd.core.errors import ControlPlaneError
+from elasticd.core.records import wire_name
 from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
 PROTOCOL_VERSION = 6   # 6: status rows and events are typed records
@@ -203,10 +204,6 @@ def plain(record: Any) -> Any:
     return _plain(record)
 
 
-def wire_name(f: dataclasses.Field) -> str:
-    """The key a field travels under: its name, or `metadata["wire"]` where the name on the wire is a Python
-    keyword (a resize's "from" and "to")."""
-    return f.metadata.get("wire", f.name)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -254,10 +251,8 @@ def _build(cls: type[M], body: dict[str, Any], where: str) -> M:
 
 def _build_unchecked(cls: type[M], body: dict[str, Any]) -> M:
     kwargs: dict[str, Any] = {}
-    known = 0
     for attr, key, check, required in _plan(cls):
         if key in body:
-            known += 1
             try:
                 kwargs[attr] = check(body[key])
             except _Mismatch as e:
@@ -265,7 +260,7 @@ def _build_unchecked(cls: type[M], body: dict[str, Any]) -> M:
                 raise _Mismatch(f".{key}{msg}" if msg.startswith((".", ":")) else f".{key}: {msg}") from None
         elif required:
             raise _Mismatch(f": missing field {key!r}")
-    if known != len(body):
+    if len(kwargs) != len(body):
         keys = {key for _, key, _, _ in _plan(cls)}
         unknown = [k for k in body if k not in keys]
         raise _Mismatch(f": unknown field(s) {sorted(map(str, unknown))}")

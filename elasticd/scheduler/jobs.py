@@ -153,9 +153,8 @@ class Job:
     restore_epoch: int = 0                  # > 0: (re)started from the snapshot of that resize
     history: list[list[Any]] = field(default_factory=list)   # [time, state, reason]
     # Recovery after infrastructure failures (elasticd.scheduler.recovery): the one in flight, the records of
-    # those done, the count,
-    # the launch generation (reports of agents from before a restart are told apart by it), and whether
-    # the next launch restores the newest periodic snapshot.
+    # those done, the count, the launch generation (reports of agents from before a restart are told apart
+    # by it), and whether the next launch restores the newest periodic snapshot.
     recovery: RecoveryInFlight | None = None
     recoveries: list[Recovery] = field(default_factory=list)
     restarts: int = 0
@@ -201,6 +200,9 @@ class Job:
             done_step=self.step if outcome is ResizeOutcome.DONE else None,
             **(self.relayout or {}))   # a re-layout's reason, predicted_gain, blocks_from, blocks_to
         self.relayout = None
+        self.add_resize(entry)
+
+    def add_resize(self, entry: ResizeEntry) -> None:
         self.resizes.append(entry)
         del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
 
@@ -224,7 +226,7 @@ class Job:
     def to_doc(self) -> dict[str, Any]:
         d = asdict(self)
         d["state"] = self.state.value
-        d["resizes"] = [r.to_dict() for r in self.resizes]   # the wire's "from" and "to"
+        d["resizes"] = [r.to_dict() for r in self.resizes]   # under the wire's "from" and "to"
         return d
 
     @classmethod

@@ -103,9 +103,8 @@ class Recoveries:
                       now: float) -> list[SendToNode]:
         """Resize a running torchrun-mode job by restarting it on `placement` (see the module docstring)."""
         src, dst = len(job.placement), len(placement)
-        job.resizes.append(ResizeEntry(src=src, dst=dst, outcome=ResizeOutcome.RESTARTING.value, at=round(now, 3),
-                                       why=why, step=job.step, blocks=list(blocks)))
-        del job.resizes[:-100]
+        job.add_resize(ResizeEntry(src=src, dst=dst, outcome=ResizeOutcome.RESTARTING.value, at=round(now, 3),
+                                   why=why, step=job.step, blocks=list(blocks)))
         cause = f"{why}: {src} -> {dst} devices"
         record = Recovery(cause=cause, at=round(now, 3), failed_after_step=job.step, from_devices=src, devices=src)
         job.recovery = RecoveryInFlight(record, kind=RESIZE, placement=[list(x) for x in placement],
