@@ -125,6 +125,7 @@ class ResizePlan:
     keep: list[int] = field(default_factory=list)   # a shrink keeping these old ranks, in new rank order
     blocks: list[int] = field(default_factory=list)      # the new layout's block sizes (empty: uniform)
     src_blocks: list[int] = field(default_factory=list)  # the old layout's, to fall back to (empty: uniform)
+    release: bool = False          # to the layout the job has: lets agents held at a step go on (no state moves)
 
     def __post_init__(self) -> None:
         self.phase = ResizePhase(self.phase)   # a plan read back from the job table holds its phase as text
@@ -132,7 +133,7 @@ class ResizePlan:
     @classmethod
     def begin(cls, *, epoch: int, src: int, dst: int, why: str, now: float, placement: list[list[str]],
               step: int, timeout_s: float, keep: list[int] | None = None, blocks: list[int] | None = None,
-              src_blocks: list[int] | None = None) -> ResizePlan:
+              src_blocks: list[int] | None = None, release: bool = False) -> ResizePlan:
         """A resize from `src` to `dst` agents whose new layout is `placement` (ranks 0..src-1 as before,
         or for a shrink, the old ranks `keep` as new ranks 0..dst-1), with block sizes `blocks` (from
         `src_blocks`; both in wire form, empty = uniform). `dst == src` is a re-layout: the sizes must differ.
@@ -141,7 +142,7 @@ class ResizePlan:
             ValueError: sizes, blocks or `keep` that describe no resize.
         """
         blocks, src_blocks = list(blocks or []), list(src_blocks or [])
-        if dst < 1 or len(placement) != dst or (dst == src and blocks == src_blocks):
+        if dst < 1 or len(placement) != dst or (dst == src and blocks == src_blocks and not release):
             raise ValueError(f"no resize from {src} to {dst} devices over a layout of {len(placement)}"
                              + (f" with blocks {blocks or 'uniform'}" if dst == src else ""))
         if blocks and len(blocks) != dst or src_blocks and len(src_blocks) != src:
@@ -153,7 +154,7 @@ class ResizePlan:
             raise ValueError(f"a resize from {src} to {dst} devices cannot keep old ranks {keep}")
         return cls(epoch=epoch, src=src, dst=dst, why=why, requested_at=now, placement=placement,
                    deadline=now + timeout_s, step=step, timeout_s=timeout_s,
-                   keep=list(keep) if keep is not None and list(keep) != list(range(dst)) else [],
+                   keep=list(keep) if keep is not None and list(keep) != list(range(dst)) else [], release=release,
                    blocks=blocks, src_blocks=src_blocks)
 
     # --- who moves ------------------------------------------------------------------------------------

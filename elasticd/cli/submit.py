@@ -53,6 +53,11 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
 @recovery_options
+@click.option("--scale-at", "scale_at", metavar="STEP:M[,...]", default="",
+              help="Resize live to M devices right after step STEP of ctx.steps (e.g. 10:2,20:1): every agent "
+                   "stops after STEP and waits for the resize, so it happens exactly there. A grow that finds "
+                   "too few free devices then is refused and recorded in the job's resizes; the job goes on. "
+                   "The layout is the scheduler's (measured speeds), not given here.")
 @click.option("--run-as", default="", metavar="USER",
               help="Admins only: the Unix user the job's agents run as on nodes whose daemon runs as root "
                    "[default: the one your key maps to, else each node's --jobs-as user].")
@@ -62,7 +67,7 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @client.client_options
 def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int, max_devices: int | None,
            priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int,
-           stuck_after: str, run_as: str, wait: bool, as_json: bool, **opts: object) -> None:
+           stuck_after: str, scale_at: str, run_as: str, wait: bool, as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
     The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
@@ -79,7 +84,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     """
     from elasticd.cli.run import resolve_target, torchrun_mode
     from elasticd.core.env_names import ARGS_VAR
-    from elasticd.protocol import Submit
+    from elasticd.protocol import ScaleAt, Submit
 
     why = L.bad_text("--name", name, L.MAX_NAME)
     if why:
@@ -97,10 +102,11 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     if not min_devices <= hi <= workers:
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
                                f"<= {workers}")
+    schedule = _schedule(scale_at, workers, torchrun)
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
                  snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
-                 run_as=run_as)
+                 run_as=run_as, scale_at=[ScaleAt(step=step, devices=m) for step, m in schedule])
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:
@@ -109,6 +115,26 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     if not as_json:
         click.echo(job_id)
     sys.exit(_follow(opts, job_id, as_json))
+
+
+def _schedule(text: str, workers: int, torchrun: bool) -> list[tuple[int, int]]:
+    """--scale-at's (step, devices) entries by step, with a usage error for what the scheduler would refuse."""
+    from elasticd.cli.run import parse_scale_at
+
+    entries = sorted(parse_scale_at(text, workers), key=lambda e: e[0])
+    if not entries:
+        return []
+    if torchrun:
+        raise click.BadParameter("a script with no @elastic function has no `ctx.steps` boundary to stop at; "
+                                 "resize a torchrun-mode job with `elasticd scale` (it restarts)",
+                                 param_hint="--scale-at")
+    if any(blocks for _, _, blocks in entries):
+        raise click.BadParameter("block sizes (STEP:M:B1/B2) are `elasticd run`'s; under the scheduler the layout "
+                                 "follows the devices' measured speeds", param_hint="--scale-at")
+    schedule = [(step, m) for step, m, _ in entries]
+    if (why := L.bad_scale_at(schedule, workers)):
+        raise click.BadParameter(why, param_hint="--scale-at")
+    return schedule
 
 
 @client.guarded()

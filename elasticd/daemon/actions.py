@@ -32,6 +32,7 @@ class Spawn:
     restore_epoch: int = 0   # start from the node's resize snapshot of this epoch (0: from scratch)
     restore_latest: bool = False   # recovering: from the newest complete periodic snapshot (agent/resize/periodic.py)
     blocks: list[int] = field(default_factory=list)   # the layout's workers per agent (empty: uniform)
+    hold_at: list[int] = field(default_factory=list)  # steps it stops after for a scheduled resize
 
     @property
     def job_id(self) -> str:

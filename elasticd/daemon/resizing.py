@@ -65,7 +65,7 @@ class NodeResizes:
                 break
             taken.add(pl.rank)
             out.append(Spawn(job.launch, pl.rank, msg.devices, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
-                             standby=True, blocks=list(msg.blocks)))
+                             standby=True, blocks=list(msg.blocks), hold_at=list(msg.hold_at)))
         log.info("job %s resize %d (%d -> %d): joiners %s starting%s", msg.job_id, msg.epoch, msg.devices_from,
                  msg.devices, [pl.rank for pl in msg.joiners],
                  f"; rendezvous port {job.resize_port}" if job.resize_port else "")

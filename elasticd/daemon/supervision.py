@@ -76,7 +76,8 @@ class Supervision:
                  [pl.rank for pl in msg.placements], msg.devices, msg.master_addr, job.master_port)
         return [Spawn(msg, pl.rank, msg.devices, pl.device_id, f"rank{pl.rank}.json", master_addr=msg.master_addr,
                       master_port=job.master_port, restore_epoch=msg.restore_epoch,
-                      restore_latest=msg.restore_latest, blocks=list(msg.blocks)) for pl in msg.placements]
+                      restore_latest=msg.restore_latest, blocks=list(msg.blocks), hold_at=list(msg.hold_at))
+                for pl in msg.placements]
 
     def kill(self, job_id: str, reason: str, now: float, graceful: bool = True) -> list[Action]:
         """Start stopping a job's agents: stop commands to those connected, signals later (or now)."""

@@ -54,6 +54,7 @@ from elasticd.protocol.requests import (  # noqa: F401
     Logs,
     LogsReply,
     Scale,
+    ScaleAt,
     Shutdown,
     Stop,
     Submit,

@@ -20,6 +20,7 @@ MAX_LOG_OFFSETS = 4096         # log files named in one `logs` request
 # its node is alive (a heartbeat over the frame cap is refused, and the node would be declared lost).
 MAX_METRICS = 64               # values
 MAX_METRIC_CHARS = 256         # characters of one string value (a phase name, not a report)
+MAX_SCALE_AT = 256             # entries of one job's --scale-at schedule
 
 
 def bad_job_id(value: str) -> str | None:
@@ -51,4 +52,20 @@ def bad_text(what: str, value: str, limit: int, *, path: bool = False) -> str | 
             return f"{what} must be an absolute path, got {value[:80]!r}"
     elif any(ord(c) < 32 or ord(c) == 127 for c in value):
         return f"{what} contains control characters"
+    return None
+
+
+def bad_scale_at(schedule: list[tuple[int, int]], workers: int) -> str | None:
+    """Why a (step, devices) resize schedule is none (None: it is one): at most MAX_SCALE_AT entries,
+    steps ascending and distinct, each device count in 1..workers."""
+    if len(schedule) > MAX_SCALE_AT:
+        return f"{len(schedule)} entries, at most {MAX_SCALE_AT} are allowed"
+    last = -1
+    for step, devices in schedule:
+        if step <= last:
+            return f"steps must be distinct and ascending, got {step} after {last}" if last >= 0 else \
+                f"a step must be >= 0, got {step}"
+        if not 1 <= devices <= workers:
+            return f"after step {step}: devices must be in 1..{workers}, got {devices}"
+        last = step
     return None

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from elasticd.core.watchdog import StuckAfter
 from elasticd.protocol.agents import ResizedInfo
-from elasticd.protocol.limits import bad_user_name
+from elasticd.protocol.limits import MAX_SCALE_AT, bad_user_name
 from elasticd.protocol.wire import Message, Scalar, message, record
 
 
@@ -27,6 +27,12 @@ def bad_blocks(blocks: list[int], world: int, workers: int | None = None) -> str
 
 def bad_run_as(name: str) -> str | None:
     return f"run_as: {why}" if name and (why := bad_user_name(name)) else None
+
+
+def bad_hold_at(steps: list[int]) -> str | None:
+    if len(steps) > MAX_SCALE_AT or any(s < 0 for s in steps):
+        return f"hold_at: at most {MAX_SCALE_AT} steps, each >= 0"
+    return None
 
 
 def bad_stuck_after(text: str) -> str | None:
@@ -178,10 +184,11 @@ class LaunchJob(Message):
     blocks: list[int] = field(default_factory=list)
     stuck_after: str = "auto"     # the node's watchdog fences agents stuck this long (elasticd/core/watchdog.py)
     run_as: str = ""              # the Unix user its agents run as ("": the node's default, elasticd/daemon/job_user.py)
+    hold_at: list[int] = field(default_factory=list)   # steps its agents stop after for a scheduled resize
 
     def check(self) -> str | None:
         return (bad_blocks(self.blocks, self.devices, self.workers) or bad_stuck_after(self.stuck_after)
-                or bad_run_as(self.run_as))
+                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at))
 
 
 @message
@@ -218,10 +225,11 @@ class PrepareResize(Message):
     blocks: list[int] = field(default_factory=list)   # the new layout's, as in LaunchJob (empty: uniform)
     stuck_after: str = "auto"     # as in LaunchJob
     run_as: str = ""              # as in LaunchJob
+    hold_at: list[int] = field(default_factory=list)   # as in LaunchJob, for the joiners
 
     def check(self) -> str | None:
         return (bad_blocks(self.blocks, self.devices, self.workers or None) or bad_stuck_after(self.stuck_after)
-                or bad_run_as(self.run_as))
+                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at))
 
 
 @message

@@ -6,11 +6,19 @@ from dataclasses import field
 from typing import ClassVar
 
 from elasticd.protocol import limits as L
-from elasticd.protocol.wire import Message, message
+from elasticd.protocol.wire import Message, message, record
 
 
 def _job_id(job_id: str | None) -> str | None:
     return None if job_id is None else L.bad_job_id(job_id)
+
+
+@record
+class ScaleAt:
+    """One entry of a job's resize schedule: after step `step` (logical rank 0's count), run on `devices`."""
+
+    step: int
+    devices: int
 
 
 @message
@@ -32,8 +40,12 @@ class Submit(Message):
     torchrun: bool = False        # no @elastic function (torchrun mode): the scheduler resizes it by restarting it
     stuck_after: str = "auto"     # when an agent counts as stuck and is fenced (elasticd/core/watchdog.py)
     run_as: str = ""              # the Unix user its agents run as (admins only; "": the key's or the node's)
+    # Resizes at exact steps (`--scale-at`): the agents stop after each step and wait for the resize.
+    scale_at: list[ScaleAt] = field(default_factory=list)
 
     def check(self) -> str | None:
+        if (why := L.bad_scale_at([(e.step, e.devices) for e in self.scale_at], self.workers)):
+            return f"scale_at: {why}"
         if self.run_as and (why := L.bad_user_name(self.run_as)):
             return f"run_as: {why}"
         if not 1 <= self.workers <= L.MAX_WORKERS:

@@ -122,6 +122,8 @@ class JobSpec:
     torchrun: bool = False   # no @elastic function: resized by restarting it (elasticd.scheduler.recovery)
     stuck_after: str = "auto"   # when a node's watchdog fences an agent (elasticd/core/watchdog.py)
     run_as: str = ""   # the Unix user its agents run as ("": each node's default; elasticd/daemon/job_user.py)
+    # (after step, devices), ascending: resizes at exact steps (elasticd.scheduler.scheduled)
+    scale_at: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -160,6 +162,8 @@ class Job:
     restarts: int = 0
     incarnation: int = 0                    # launches since the first: recoveries and torchrun-mode restarts
     step_offset: int = 0                    # torchrun mode: the step count a restarted script goes on from
+    scheduled: int = 0                      # entries of spec.scale_at handled (started, refused or dropped)
+    held: int | None = None                 # the step its agents may be held after, waiting for a command
     restore_latest: bool = False
     snapshot: dict[str, Any] = field(default_factory=dict)   # newest complete periodic snapshot: step, bytes
     # Speed-aware placement (elasticd.placement.speeds): logical workers per agent in rank order (empty: the
@@ -207,6 +211,20 @@ class Job:
         del self.resizes[:-100]   # bounded: a job resized by policy for weeks must not grow its row forever
 
     @property
+    def hold_at(self) -> list[int]:
+        """The steps its agents stop after, waiting for a scheduled resize: those not handled yet."""
+        return [step for step, _ in self.spec.scale_at[self.scheduled:]]
+
+    def drop_schedule(self, reason: str, now: float) -> None:
+        """The agents refused a resize and dropped their held steps (agent/slicer/boundary.py): so does
+        the schedule, each entry recorded as refused."""
+        for step, target in self.spec.scale_at[self.scheduled:]:
+            self.add_resize(ResizeEntry(src=len(self.placement), dst=target, outcome=ResizeOutcome.REFUSED.value,
+                                        at=round(now, 3), why=f"--scale-at {step}:{target}", step=step,
+                                        note=f"dropped: an earlier resize was refused ({reason})"))
+        self.scheduled = len(self.spec.scale_at)
+
+    @property
     def entered_steps(self) -> bool:
         """Rank 0 reported a `ctx.steps` step boundary (only those reports carry `total_steps`): the only
         place the job can be resized. A job that never does cannot honour a scale."""
@@ -232,7 +250,9 @@ class Job:
     @classmethod
     def from_doc(cls, d: dict[str, Any]) -> Job:
         d = dict(d)
-        d["spec"] = JobSpec(**d["spec"])
+        spec = dict(d["spec"])
+        spec["scale_at"] = [(int(step), int(devices)) for step, devices in spec.get("scale_at", [])]
+        d["spec"] = JobSpec(**spec)
         d["state"] = JobState(d["state"])
         if d.get("resize") is not None:
             d["resize"] = ResizePlan(**d["resize"])

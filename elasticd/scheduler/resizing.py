@@ -104,17 +104,25 @@ class Resizes:
             job.relayout = None
             raise
 
+    def begin_release(self, job: Job, step: int, now: float) -> list[SendToNode]:
+        """Let the agents held after `step` for a scheduled resize that did not happen go on: a resize to
+        the layout they have, so nothing moves (elasticd.scheduler.scheduled)."""
+        assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
+        return self._begin(job, [list(x) for x in job.placement], None, f"release after step {step}", now,
+                           list(job.blocks), release=True)
+
     def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
-               now: float, blocks: list[int]) -> list[SendToNode]:
+               now: float, blocks: list[int], release: bool = False) -> list[SendToNode]:
         if job.spec.torchrun:   # no step boundary to hand over at: restart it there (elasticd.scheduler.recovery)
             return self.restarts.begin_restart(job, placement, blocks, why, now)
         src, dst = len(job.placement), len(placement)
         plan = ResizePlan.begin(epoch=job.epoch + 1, src=src, dst=dst, why=why, now=now, placement=placement,
                                 step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep,
-                                blocks=blocks, src_blocks=job.blocks)
+                                blocks=blocks, src_blocks=job.blocks, release=release)
         job.epoch += 1
         job.resize = plan
-        change = (f"blocks {speeds.sizes(plan.src_blocks, job.spec.workers, src)} -> "
+        change = ("the agents held there go on" if release else
+                  f"blocks {speeds.sizes(plan.src_blocks, job.spec.workers, src)} -> "
                   f"{speeds.sizes(plan.blocks, job.spec.workers, dst)}" if src == dst else f"{src} -> {dst} devices")
         job.transition(JobState.RESIZING, now, f"{why}: {change}")
         self.host.changed(job, resched=True)
@@ -133,7 +141,7 @@ class Resizes:
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
                 env=job.spec.env, snapshot_every=job.spec.snapshot_every, blocks=list(plan.blocks),
-                stuck_after=job.spec.stuck_after, run_as=job.spec.run_as)))
+                stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at)))
         return out
 
     # --- progress, from node reports --------------------------------------------------------------
@@ -208,6 +216,7 @@ class Resizes:
     def _go(self, job: Job, now: float) -> list[SendToNode]:
         plan = job.resize
         assert plan is not None and plan.phase == ResizePhase.GO
+        job.held = None   # agents held at a scheduled step take this command
         self.host.changed(job)
         lead = plan.placement[0][0]
         addr = self.host.nodes[lead].host if lead in self.host.nodes and self.host.nodes[lead].host else job.master_addr
@@ -238,9 +247,11 @@ class Resizes:
                 job.launched.remove(node)
                 job.ended.remove(node)
                 job.zombies.pop(node, None)
-        job.record_resize(plan, ResizeOutcome.DONE, seconds=seconds)
+        if not plan.release:   # a release is no resize of the user's: the scheduled entry was recorded
+            job.record_resize(plan, ResizeOutcome.DONE, seconds=seconds)
         job.resize = None
-        what = "re-laid out" if plan.src == plan.dst else f"resized {plan.src} -> {plan.dst} devices"
+        what = ("released the agents held after its step" if plan.release else
+                "re-laid out" if plan.src == plan.dst else f"resized {plan.src} -> {plan.dst} devices")
         job.transition(JobState.RUNNING, now, f"{what} in {seconds:.2f}s")
         self.host.changed(job, resched=True)
         log.info("job %s resize %d done: %d -> %d devices in %.2fs (hand-over %.2fs)", job.job_id, plan.epoch,
@@ -269,8 +280,13 @@ class Resizes:
             told = {s.node_id for s in out}
             out += [SendToNode(node, p.AbortResize(job_id=job.job_id, epoch=plan.epoch, reason=reason))
                     for node in dict.fromkeys(job.nodes) if node not in told and node not in job.ended]
-        job.record_resize(plan, outcome, note=reason)
+        if not plan.release:
+            job.record_resize(plan, outcome, note=reason)
+        elif outcome is ResizeOutcome.ABORTED:
+            job.held = plan.step   # the command never reached the held agents: release them again
         job.resize = None
+        if outcome is ResizeOutcome.REFUSED:
+            job.drop_schedule(reason, now)   # the agents dropped the steps they were to hold after
         if plan.dst != plan.src:
             # Pinned at the size it has, so the policy does not retry the same resize in a loop (a
             # re-layout is not retried before the gate's cooldown either).

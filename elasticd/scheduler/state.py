@@ -25,12 +25,14 @@ from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.watchdog import StuckAfter
 from elasticd.placement import policy
 from elasticd.placement.speeds import Speeds
+from elasticd.protocol.limits import bad_scale_at
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes
+from elasticd.scheduler.scheduled import ScheduledScales
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class SchedulerState:
         self.resizes = Resizes(self)
         self.recoveries = Recoveries(self)
         self.drains = Drains(self)   # nodes being emptied before they go (elasticd.scheduler.draining)
+        self.scheduled = ScheduledScales(self, self.resizes, self.free_count)   # --scale-at
         self.node_events = NodeEvents()   # joins, losses, drains: `elasticd events` (jobs keep their own)
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
@@ -122,6 +125,11 @@ class SchedulerState:
             stuck_after = str(StuckAfter.parse(req.stuck_after))
         except ValueError as e:
             raise SchedulerError(p.BAD_REQUEST, str(e)) from None
+        if req.scale_at and req.torchrun:
+            raise SchedulerError(p.BAD_REQUEST, "--scale-at needs the step boundaries of an @elastic function's "
+                                 "`ctx.steps`; a torchrun-mode job is resized by restarting it (`elasticd scale`)")
+        if (why := bad_scale_at([(e.step, e.devices) for e in req.scale_at], n)):
+            raise SchedulerError(p.BAD_REQUEST, f"--scale-at: {why}")
         if not 0 <= req.max_restarts <= 10_000:
             raise SchedulerError(p.BAD_REQUEST, f"--max-restarts must be between 0 and 10000, got {req.max_restarts}")
         seq = self._next_seq
@@ -129,7 +137,8 @@ class SchedulerState:
         spec = JobSpec(script=req.script, func=req.func, workers=n, min_devices=req.min_devices,
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
-                       owner=owner, torchrun=req.torchrun, stuck_after=stuck_after, run_as=run_as)
+                       owner=owner, torchrun=req.torchrun, stuck_after=stuck_after, run_as=run_as,
+                       scale_at=[(e.step, e.devices) for e in req.scale_at])
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -341,6 +350,8 @@ class SchedulerState:
         if self.speeds.expire(now):
             self._resched = True
         out += self.resizes.tick(now)
+        for job in list(self.jobs.values()):
+            out += self.scheduled.due(job, now)   # a scheduled resize that waited for one in flight
         out += self.drains.tick(now)
         out += self._relayouts(now)
         return out + self._schedule(now)
@@ -496,6 +507,7 @@ class SchedulerState:
 
     def launch(self, job: Job, node: str) -> SendToNode:
         job.launched.append(node)
+        job.held = None   # new agents: none is held
         self.dirty.add(job.job_id)
         if p.bad_blocks(job.blocks, len(job.placement), job.spec.workers) is not None:
             # A restart on fewer devices (recovery, a fall-back) keeps no stale layout: placed afresh.
@@ -508,7 +520,7 @@ class SchedulerState:
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
             snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks),
-            stuck_after=job.spec.stuck_after, run_as=job.spec.run_as))
+            stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at))
 
     @staticmethod
     def _env(job: Job) -> dict[str, str]:
@@ -585,6 +597,7 @@ class SchedulerState:
                 self._progress(job, r)
                 if job.recovery is not None:
                     self.recoveries.stepped(job, r, now)
+                out += self.scheduled.due(job, now)
         return out, forget
 
     @staticmethod

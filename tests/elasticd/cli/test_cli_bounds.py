@@ -34,6 +34,10 @@ def node(tmp_path_factory):
     (["--workers", "2", "--name", "\x1b]0;owned\x07"], "--name"),
     (["--workers", "2", "--name", "n" * (L.MAX_NAME + 1)], "--name"),
     (["--workers", "2", "--env", "BIG=" + "x" * (L.MAX_ENV_BYTES + 1)], "--env"),
+    (["--workers", "2", "--scale-at", "5:3"], "--scale-at"),
+    (["--workers", "2", "--scale-at", "5:1,5:2"], "--scale-at"),
+    (["--workers", "2", "--scale-at", "5:2:1/1"], "--scale-at"),
+    (["--workers", "2", "--scale-at", "five:2"], "--scale-at"),
 ])
 def test_out_of_range_submit_options_are_usage_errors(node, args, option):
     r = cli("submit", FAKE_SCRIPT, *args, "--state-dir", str(node.state_dir))

@@ -78,6 +78,25 @@ def test_scale_4_2_1_4_while_training_is_bitwise_the_unscaled_run(cluster, tmp_p
 
 
 @pytest.mark.slow
+def test_scale_at_resizes_after_exactly_the_steps_asked_refuses_a_grow_it_cannot_place_and_ends_bitwise(
+        cluster, tmp_path, unscaled):
+    d = cluster.daemon(cpu=3, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "scheduled"
+    out.mkdir()
+    (out / "release").touch()   # full speed: the agents hold at each step asked, however late the scheduler is
+    # Starts on 2 of the 3 devices (a count that divides N), so the grow to 4 after step 80 cannot be placed.
+    job = submit(sd, JOB, job_env(out), "--workers", "4", "--max-devices", "3", "--scale-at", "120:2,40:1,80:4")
+    info = wait_state(sd, job, "finished", timeout=300)
+    assert [(x["from"], x["to"], x["why"], x["outcome"], x["step"]) for x in info["resizes"]] == [
+        (2, 1, "--scale-at 40:1", "done", 40), (1, 4, "--scale-at 80:4", "refused", 80),
+        (1, 2, "--scale-at 120:2", "done", 120)], info["resizes"]
+    assert "more needed" in info["resizes"][1]["note"], info["resizes"][1]
+    assert info["devices"] == 2
+    assert_exactly_the_unscaled_run(out, unscaled)
+
+
+@pytest.mark.slow
 def test_high_priority_job_shrinks_a_running_job_which_grows_back_when_it_finishes(cluster, tmp_path, unscaled):
     d = cluster.daemon(cpu=4, fake=False)
     sd = d.state_dir

@@ -1,0 +1,67 @@
+"""Resizes at exact steps (`elasticd submit --scale-at STEP:M,...`), the scheduler's half.
+
+The agents are launched knowing the steps of the schedule still to come (`Job.hold_at`, sent in
+`LaunchJob.hold_at` and, for joiners, `PrepareResize.hold_at`): at each such step boundary every agent
+votes for a resize and waits for its command, so a resize asked for "after step 10" happens after step 10 however late the scheduler hears of
+it. Once rank 0's node reports the job at or past the entry's step, the scheduler starts that resize as
+`elasticd scale` would. When it cannot -- a grow with too few free devices, or a size the job already
+has -- the held agents are released by a resize to the layout they have (no state moves; `_relayout`
+keeps every worker where it is); a refused grow is recorded in the job's resize history. A release is also
+what follows a scheduled resize called off before its go (a joiner died), since the agents were held for it.
+
+The agents drop their held steps when they refuse a resize (a state they cannot carry): the rest of the
+schedule is dropped with them (`Job.drop_schedule`), as `elasticd run` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from elasticd.core.lifecycle import ResizeOutcome
+from elasticd.core.records import ResizeEntry
+from elasticd.scheduler.actions import SendToNode
+from elasticd.scheduler.host import ResizeHost
+from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.resizing import Resizes
+
+log = logging.getLogger(__name__)
+
+
+class ScheduledScales:
+    def __init__(self, host: ResizeHost, resizes: Resizes, free_count: Callable[[], int]) -> None:
+        self.host = host
+        self.resizes = resizes
+        self.free_count = free_count   # devices free for a grow now
+
+    def due(self, job: Job, now: float) -> list[SendToNode]:
+        """Start the job's next scheduled resize if its step has come, or release agents held for one that
+        did not happen. Only between resizes and recoveries: a resize in flight goes first."""
+        if job.state is not JobState.RUNNING or job.resize is not None or job.recovery is not None:
+            return []
+        schedule = job.spec.scale_at
+        if job.scheduled < len(schedule) and job.step >= schedule[job.scheduled][0]:
+            step, target = schedule[job.scheduled]
+            job.scheduled += 1
+            if job.step == step:
+                job.held = step   # every agent voted to stop after it: they wait for a command
+            self.host.changed(job)
+            why = f"--scale-at {step}:{target}"
+            current = len(job.placement)
+            if target == current:
+                log.info("job %s: %s: already on %d devices", job.job_id, why, target)
+            else:
+                free = self.free_count()
+                if target - current <= free:
+                    job.requested_devices = target
+                    log.info("job %s: %s: resizing %d -> %d devices", job.job_id, why, current, target)
+                    return self.resizes.begin(job, target, why, now)
+                note = f"{free} device(s) free after step {step}, {target - current} more needed"
+                job.add_resize(ResizeEntry(src=current, dst=target, outcome=ResizeOutcome.REFUSED.value,
+                                           at=round(now, 3), why=why, step=step, note=note))
+                log.warning("job %s: %s refused: %s", job.job_id, why, note)
+        if job.held is not None:
+            held, job.held = job.held, None
+            self.host.changed(job)
+            return self.resizes.begin_release(job, held, now)
+        return []

@@ -1,0 +1,103 @@
+"""Resizes at exact steps (`submit --scale-at`) in the scheduler's state machine, driven by hand: the held
+steps the agents are launched with, the resize started once rank 0 reports the step, the release of agents
+held for a resize that cannot happen, and the schedule dropped with a refusal."""
+
+from __future__ import annotations
+
+import pytest
+from island_core import Island, agent, complete, launches, of, report
+
+from elasticd import protocol as p
+from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.state import SchedulerError
+
+
+def submit(isl: Island, workers: int, hi: int, schedule: list[tuple[int, int]]) -> tuple[str, p.LaunchJob]:
+    job, out = isl.s.submit(p.Submit(script="/s.py", workers=workers, max_devices=hi,
+                                     scale_at=[p.ScaleAt(step=s, devices=m) for s, m in schedule]), isl.now)
+    ((_, launch),) = launches(isl._take(out))
+    isl.report("a", report(job.job_id, [agent(r, r) for r in range(hi)], master_port=1234))
+    assert isl.state(job.job_id) is JobState.RUNNING
+    return job.job_id, launch
+
+
+def step(isl: Island, job: str, n: int, devices: int) -> list:
+    return isl.report("a", report(job, [agent(r, r) for r in range(devices)], step=n))
+
+
+def test_the_agents_hold_each_scheduled_step_and_the_resize_starts_when_rank_0_reports_it():
+    isl = Island()
+    isl.hello("a", 4)
+    job, launch = submit(isl, 4, 4, [(5, 2), (10, 4)])
+    assert launch.hold_at == [5, 10]
+    assert of(step(isl, job, 4, 4), p.PrepareResize) == []
+    ((_, prep),) = of(step(isl, job, 5, 4), p.PrepareResize)
+    assert (prep.devices_from, prep.devices) == (4, 2)
+    complete(isl, "a", job, 1, 2, 4)
+    j = isl.s.jobs[job]
+    assert j.resizes[-1].why == "--scale-at 5:2" and j.resizes[-1].outcome == "done" and j.resizes[-1].step == 5
+    assert j.requested_devices == 2 and j.hold_at == [10]
+    ((_, prep),) = of(step(isl, job, 10, 2), p.PrepareResize)
+    assert (prep.devices_from, prep.devices) == (2, 4) and prep.hold_at == []   # nothing left to hold for
+    assert [pl.rank for pl in prep.joiners] == [2, 3]
+
+
+def test_a_grow_without_free_devices_is_refused_and_the_held_agents_are_released_in_place():
+    isl = Island()
+    isl.hello("a", 2)
+    job, launch = submit(isl, 4, 2, [(3, 4), (6, 1)])
+    assert launch.hold_at == [3, 6]
+    out = step(isl, job, 3, 2)
+    ((_, prep),) = of(out, p.PrepareResize)
+    assert prep.devices_from == prep.devices == 2 and prep.joiners == []   # the release: nothing moves
+    j = isl.s.jobs[job]
+    (refused,) = j.resizes
+    assert refused.outcome == "refused" and refused.why == "--scale-at 3:4" and "0 device(s) free" in refused.note
+    isl.report("a", report(job, [agent(0, 0), agent(1, 1)], step=3, resize_epoch=1, resize_port=9))
+    ((_, go),) = of(isl.sent, p.ResizeJob)
+    assert (go.devices_from, go.devices, go.blocks) == (2, 2, j.resize.blocks)
+    isl.report("a", report(job, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1)], step=4, resize_epoch=1))
+    assert j.state is JobState.RUNNING and j.resize is None and j.held is None
+    assert len(j.resizes) == 1 and "released" in j.history[-1][2]   # a release is not a resize of the user's
+    assert j.hold_at == [6]
+    ((_, prep),) = of(step(isl, job, 6, 2), p.PrepareResize)   # the next entry is a shrink: it happens
+    assert (prep.devices_from, prep.devices) == (2, 1)
+
+
+def test_a_resize_the_agents_refuse_drops_the_rest_of_the_schedule_as_they_drop_their_held_steps():
+    isl = Island()
+    isl.hello("a", 4)
+    job, _ = submit(isl, 4, 4, [(5, 2), (10, 1), (20, 4)])
+    step(isl, job, 5, 4)
+    isl.report("a", report(job, [agent(r, r) for r in range(4)], step=5, resize_epoch=1, resize_port=9))
+    isl.report("a", report(job, [agent(r, r) for r in range(4)], step=5, resize_epoch=1,
+                           resize_error={"message": "cannot carry `x`", "refused": True, "step": 5}))
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and len(j.placement) == 4 and j.hold_at == []
+    assert [(e.why, e.outcome) for e in j.resizes] == [("--scale-at 5:2", "refused"), ("--scale-at 10:1", "refused"),
+                                                       ("--scale-at 20:4", "refused")]
+    assert "dropped" in j.resizes[1].note and "cannot carry `x`" in j.resizes[1].note
+    assert of(step(isl, job, 10, 4), p.PrepareResize) == []
+
+
+def test_the_schedule_survives_a_scheduler_restart():
+    isl = Island()
+    isl.hello("a", 4)
+    job, _ = submit(isl, 4, 4, [(5, 2), (10, 4)])
+    step(isl, job, 5, 4)
+    doc = isl.s.jobs[job].to_doc()
+    back = Job.from_doc(doc)
+    assert back.spec.scale_at == [(5, 2), (10, 4)] and back.hold_at == [10] and back.held == 5
+
+
+@pytest.mark.parametrize(("schedule", "torchrun", "words"), [
+    ([(5, 2), (5, 1)], False, "ascending"),
+    ([(5, 9)], False, "1..4"),
+    ([(5, 2)], True, "torchrun-mode"),
+])
+def test_a_schedule_that_cannot_be_kept_is_refused_at_submit(schedule, torchrun, words):
+    isl = Island()
+    with pytest.raises(SchedulerError) as e:
+        isl.s.submit(p.Submit(script="/s.py", workers=4, torchrun=torchrun,
+                              scale_at=[p.ScaleAt(step=s, devices=m) for s, m in schedule]), isl.now)
+    assert e.value.code == p.BAD_REQUEST and words in e.value.message
