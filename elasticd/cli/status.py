@@ -140,6 +140,8 @@ def render_job(j: JobInfo) -> str:
                                                   f"{j.resizing.saved}/{j.resizing.parts})"
                                                   if j.resizing else "")]
     lines += [_fmt_resize(r) for r in j.resizes]
+    if j.scale_at:
+        lines.append("scale at   " + ", ".join(f"after step {e.step} -> {e.devices} device(s)" for e in j.scale_at))
     lines += _fmt_layout(j)
     snap = j.snapshot or {}
     if snap:

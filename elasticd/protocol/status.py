@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from elasticd.core.records import WIRE_FROM, WIRE_TO, Recovery, ResizeEntry
 from elasticd.protocol import limits as L
+from elasticd.protocol.requests import ScaleAt
 from elasticd.protocol.wire import Message, Scalar, message, record
 
 
@@ -105,6 +106,7 @@ class JobInfo:
     blocks: list[int] = field(default_factory=list)   # logical workers per agent, rank order (empty: uniform)
     layout: JobLayout | None = None
     run_as: str = ""   # the Unix user its agents run as ("": each node's --jobs-as user)
+    scale_at: list[ScaleAt] = field(default_factory=list)   # the --scale-at entries still to come
 
 
 @record

@@ -250,7 +250,7 @@ class Resizes:
         if not plan.release:   # a release is no resize of the user's: the scheduled entry was recorded
             job.record_resize(plan, ResizeOutcome.DONE, seconds=seconds)
         job.resize = None
-        what = ("released the agents held after its step" if plan.release else
+        what = (f"released the agents held after step {plan.step}" if plan.release else
                 "re-laid out" if plan.src == plan.dst else f"resized {plan.src} -> {plan.dst} devices")
         job.transition(JobState.RUNNING, now, f"{what} in {seconds:.2f}s")
         self.host.changed(job, resched=True)

@@ -781,7 +781,8 @@ class SchedulerState:
             layout=(self.speeds.job_layout(job.job_id, job.spec.workers, job.placement, job.blocks, job.steps_per_s)
                     if job.state.active else None),
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a.rank),
-            run_as=job.spec.run_as)
+            run_as=job.spec.run_as,
+            scale_at=[p.ScaleAt(step=step, devices=m) for step, m in job.spec.scale_at[job.scheduled:]])
 
 
 def _completed(r: p.JobReport) -> int:

@@ -8,6 +8,7 @@ import pytest
 from island_core import Island, agent, complete, launches, of, report
 
 from elasticd import protocol as p
+from elasticd.cli.status import render_job
 from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.state import SchedulerError
 
@@ -37,6 +38,9 @@ def test_the_agents_hold_each_scheduled_step_and_the_resize_starts_when_rank_0_r
     j = isl.s.jobs[job]
     assert j.resizes[-1].why == "--scale-at 5:2" and j.resizes[-1].outcome == "done" and j.resizes[-1].step == 5
     assert j.requested_devices == 2 and j.hold_at == [10]
+    info = isl.s.status(job, isl.now).jobs[0]
+    assert info.scale_at == [p.ScaleAt(step=10, devices=4)]   # what is still to come
+    assert "scale at   after step 10 -> 4 device(s)" in render_job(info)
     ((_, prep),) = of(step(isl, job, 10, 2), p.PrepareResize)
     assert (prep.devices_from, prep.devices) == (2, 4) and prep.hold_at == []   # nothing left to hold for
     assert [pl.rank for pl in prep.joiners] == [2, 3]
