@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import subprocess
@@ -130,6 +132,15 @@ def assert_ranks_saw_what_torchrun_showed(script: Path, devices: int, want: list
         differ = [k for k in theirs if not same(theirs[k], ours[k])]
         assert not differ, f"rank {r} saw other values than under torchrun: " \
                            f"{[(k, theirs[k], ours[k]) for k in differ]}"
+
+
+def agent_processes() -> multiprocessing.context.BaseContext:
+    """A multiprocessing context for test agents: each child forks from one server process that imported
+    torch once (per test process), instead of importing it again itself as under "spawn" (seconds each on
+    a busy machine). The server never touches a process group, so a forked child starts clean."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
 
 
 def wait_until(pred: Callable[[], T], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> T:

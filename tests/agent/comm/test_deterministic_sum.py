@@ -6,11 +6,11 @@ real gloo."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
+from util import agent_processes
 
 from elasticd.agent.comm.collectives import SHARD_MIN, FlushEnv
 from elasticd.agent.comm.islands import Islands, Link, emulated_islands, emulated_link
@@ -44,7 +44,7 @@ def _agent(rank: int, world: int, port: int, out: str, blocks: tuple[int, ...], 
 
 def run_agents(tmp: Path, world: int, blocks: tuple[int, ...], islands: tuple[int, ...] = ()) -> list[dict]:
     port = free_port("127.0.0.1")
-    ctx = mp.get_context("spawn")
+    ctx = agent_processes()
     name = f"m{world}-{'_'.join(map(str, blocks))}-{'_'.join(map(str, islands))}"
     procs = [ctx.Process(target=_agent, args=(r, world, port, str(tmp / f"{name}-{r}.pt"), blocks, islands))
              for r in range(world)]

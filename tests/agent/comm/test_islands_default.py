@@ -5,12 +5,12 @@ processes, real gloo; end to end against real DDP in tests/system/test_equivalen
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from util import agent_processes
 
 from elasticd.ports import free_port
 
@@ -46,7 +46,7 @@ def _agent(rank: int, world: int, port: int, islands: str, out: str) -> None:
 def test_all_reduces_across_islands_give_the_flat_sums_in_order(tmp_path: Path, world: int, islands: str,
                                                                 sizes: tuple[int, ...]) -> None:
     port = free_port("127.0.0.1")
-    ctx = mp.get_context("spawn")
+    ctx = agent_processes()
     outs = [str(tmp_path / f"agent{r}.pt") for r in range(world)]
     procs = [ctx.Process(target=_agent, args=(r, world, port, islands, outs[r])) for r in range(world)]
     for p in procs:

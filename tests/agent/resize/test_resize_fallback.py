@@ -3,12 +3,12 @@ by real agents over gloo, trading the parts that are on another node."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import stat
 from pathlib import Path
 
 import torch
+from util import agent_processes
 
 from elasticd.agent.resize import fallback
 from elasticd.agent.resize.snapshot import AgentSnapshot, GroupSnapshot, WorkerSnapshot
@@ -47,7 +47,7 @@ def _restore(rank: int, port: int, root: str, out: str) -> None:
 
 def restore_on_two_nodes(tmp: Path, roots: list[Path]) -> list[dict]:
     port = free_port("127.0.0.1")
-    ctx = mp.get_context("spawn")
+    ctx = agent_processes()
     procs = [ctx.Process(target=_restore, args=(r, port, str(roots[r]), str(tmp / f"out{r}.pt"))) for r in range(2)]
     for proc in procs:
         proc.start()
