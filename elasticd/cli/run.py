@@ -13,6 +13,7 @@ from elasticd.cli import EXIT_USAGE
 from elasticd.cli.script_args import ScriptCommand, split_target
 from elasticd.core.cadence import DEFAULT_MAX_RESTARTS, DEFAULT_SNAPSHOT_EVERY, Every
 from elasticd.core.watchdog import StuckAfter
+from elasticd.protocol import limits as L
 
 if TYPE_CHECKING:
     from elasticd.forked import ForkServer
@@ -177,6 +178,18 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
                              "one. 0: none (a failure restarts it from the beginning).")(f)
 
 
+def agent_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--threads and --device-memory, alike on `run` and `submit`."""
+    f = click.option("--device-memory", type=click.IntRange(min=1, max=L.MAX_DEVICE_MEMORY), default=None,
+                     metavar="BYTES",
+                     help="Per-device budget for replicated plus worker-private state (ctx.private); private "
+                          "state beyond it is swapped to host memory between turns. Activations, cuBLAS "
+                          "workspaces (the running worker's and autograd's, 32 MiB each on Hopper) and allocator "
+                          "slack come on top.")(f)
+    return click.option("--threads", type=click.IntRange(min=0, max=L.MAX_THREADS), default=0,
+                        help="torch threads per agent (default: the machine's cores split between agents).")(f)
+
+
 @click.command("run", cls=ScriptCommand, context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="SCRIPT[:FUNC]")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
@@ -185,8 +198,6 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--devices", "-m", type=click.IntRange(min=1), default=1, show_default=True,
               help="M devices (one agent process each); N logical workers are time-sliced over them.")
 @click.option("--device-type", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--threads", type=click.IntRange(min=0), default=0,
-              help="torch threads per agent (default: the machine's cores split between agents).")
 @click.option("--layout", "layout", metavar="B1,B2,...", default="",
               help="Logical workers per device, in device order (e.g. 6,2: a faster first device hosts more); "
                    "they sum to --workers, one per device, each >= 1. Default: as even as possible.")
@@ -196,11 +207,7 @@ def recovery_options(f: Callable[..., Any]) -> Callable[..., Any]:
                    "that is a live re-layout. A function that never enters ctx.steps cannot be resized (exit 1).")
 @click.option("--summary", type=click.Path(dir_okay=False), default=None,
               help="Write a JSON summary (exit code, last step, resizes with their durations) here.")
-@click.option("--device-memory", type=click.IntRange(min=1), default=None, metavar="BYTES",
-              help="Per-device budget for replicated plus worker-private state (ctx.private); private "
-                   "state beyond it is swapped to host memory between turns. Activations, cuBLAS "
-                   "workspaces (the running worker's and autograd's, 32 MiB each on Hopper) and allocator "
-                   "slack come on top.")
+@agent_options
 @click.option("--snapshot-dir", type=click.Path(file_okay=False), default="",
               help="Where each resize's snapshot is kept until a step completed after it, so a resize that "
                    "fails half-way restarts from it (default: a private directory in /dev/shm, host memory).")

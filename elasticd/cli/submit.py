@@ -10,7 +10,7 @@ import time
 import click
 
 from elasticd.cli import EXIT_DAEMON_ERROR, EXIT_OK, client
-from elasticd.cli.run import recovery_options
+from elasticd.cli.run import agent_options, recovery_options
 from elasticd.cli.script_args import ScriptCommand
 from elasticd.core.lifecycle import JOB_ENDED
 from elasticd.protocol import limits as L
@@ -53,6 +53,7 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--env", "env_items", multiple=True, metavar="KEY[=VALUE]",
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
 @recovery_options
+@agent_options
 @click.option("--scale-at", "scale_at", metavar="STEP:M[,...]", default="",
               help="Resize live to M devices right after step STEP of ctx.steps (e.g. 10:2,20:1): every agent "
                    "stops after STEP and waits for the resize, so it happens exactly there. A grow that finds "
@@ -67,7 +68,8 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @client.client_options
 def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int, max_devices: int | None,
            priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int,
-           stuck_after: str, scale_at: str, run_as: str, wait: bool, as_json: bool, **opts: object) -> None:
+           stuck_after: str, device_memory: int | None, threads: int, scale_at: str, run_as: str, wait: bool,
+           as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
     The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
@@ -106,7 +108,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
                  snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
-                 run_as=run_as, scale_at=[ScaleAt(step=step, devices=m) for step, m in schedule])
+                 run_as=run_as, scale_at=[ScaleAt(step=step, devices=m) for step, m in schedule], threads=threads,
+                 device_memory=device_memory or 0)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:

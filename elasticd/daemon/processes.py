@@ -296,7 +296,8 @@ class AgentProcesses:
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
                           standby=spawn.standby, snapshot_dir=str(job_dir),
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
-                          snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks), hold_at=tuple(spawn.hold_at))
+                          snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks), hold_at=tuple(spawn.hold_at),
+                          threads=msg.threads, device_memory=msg.device_memory)
         log_path = log_dir / f"rank{spawn.rank}.log"
         token = secrets.token_hex(16)
         popen = self._spawn(cfg, msg, log_path, token, user, str(job_dir))

@@ -21,6 +21,8 @@ MAX_LOG_OFFSETS = 4096         # log files named in one `logs` request
 MAX_METRICS = 64               # values
 MAX_METRIC_CHARS = 256         # characters of one string value (a phase name, not a report)
 MAX_SCALE_AT = 256             # entries of one job's --scale-at schedule
+MAX_THREADS = 4096             # --threads per agent
+MAX_DEVICE_MEMORY = 1 << 50    # --device-memory bytes (1 PiB)
 
 
 def bad_job_id(value: str) -> str | None:
@@ -52,6 +54,15 @@ def bad_text(what: str, value: str, limit: int, *, path: bool = False) -> str | 
             return f"{what} must be an absolute path, got {value[:80]!r}"
     elif any(ord(c) < 32 or ord(c) == 127 for c in value):
         return f"{what} contains control characters"
+    return None
+
+
+def bad_agent_options(threads: int, device_memory: int) -> str | None:
+    """Why per-agent --threads / --device-memory values are none (None: they are; 0 is the default)."""
+    if not 0 <= threads <= MAX_THREADS:
+        return f"threads must be in 0..{MAX_THREADS}, got {threads}"
+    if not 0 <= device_memory <= MAX_DEVICE_MEMORY:
+        return f"device_memory must be in 0..{MAX_DEVICE_MEMORY}, got {device_memory}"
     return None
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from elasticd.core.watchdog import StuckAfter
 from elasticd.protocol.agents import ResizedInfo
-from elasticd.protocol.limits import MAX_SCALE_AT, bad_user_name
+from elasticd.protocol.limits import MAX_SCALE_AT, bad_agent_options, bad_user_name
 from elasticd.protocol.wire import Message, Scalar, message, record
 
 
@@ -185,10 +185,13 @@ class LaunchJob(Message):
     stuck_after: str = "auto"     # the node's watchdog fences agents stuck this long (elasticd/core/watchdog.py)
     run_as: str = ""              # the Unix user its agents run as ("": the node's default, elasticd/daemon/job_user.py)
     hold_at: list[int] = field(default_factory=list)   # steps its agents stop after for a scheduled resize
+    threads: int = 0              # torch threads per agent (0: the node's cores split between its agents)
+    device_memory: int = 0        # bytes per device for replicated plus ctx.private state (0: no budget)
 
     def check(self) -> str | None:
         return (bad_blocks(self.blocks, self.devices, self.workers) or bad_stuck_after(self.stuck_after)
-                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at))
+                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at)
+                or bad_agent_options(self.threads, self.device_memory))
 
 
 @message
@@ -226,10 +229,13 @@ class PrepareResize(Message):
     stuck_after: str = "auto"     # as in LaunchJob
     run_as: str = ""              # as in LaunchJob
     hold_at: list[int] = field(default_factory=list)   # as in LaunchJob, for the joiners
+    threads: int = 0              # as in LaunchJob
+    device_memory: int = 0        # as in LaunchJob
 
     def check(self) -> str | None:
         return (bad_blocks(self.blocks, self.devices, self.workers or None) or bad_stuck_after(self.stuck_after)
-                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at))
+                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at)
+                or bad_agent_options(self.threads, self.device_memory))
 
 
 @message

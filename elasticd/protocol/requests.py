@@ -42,10 +42,14 @@ class Submit(Message):
     run_as: str = ""              # the Unix user its agents run as (admins only; "": the key's or the node's)
     # Resizes at exact steps (`--scale-at`): the agents stop after each step and wait for the resize.
     scale_at: list[ScaleAt] = field(default_factory=list)
+    threads: int = 0              # torch threads per agent (0: the node's cores split between its agents)
+    device_memory: int = 0        # bytes per device for replicated plus ctx.private state (0: no budget)
 
     def check(self) -> str | None:
         if (why := L.bad_scale_at([(e.step, e.devices) for e in self.scale_at], self.workers)):
             return f"scale_at: {why}"
+        if (why := L.bad_agent_options(self.threads, self.device_memory)):
+            return why
         if self.run_as and (why := L.bad_user_name(self.run_as)):
             return f"run_as: {why}"
         if not 1 <= self.workers <= L.MAX_WORKERS:

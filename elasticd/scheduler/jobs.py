@@ -124,6 +124,8 @@ class JobSpec:
     run_as: str = ""   # the Unix user its agents run as ("": each node's default; elasticd/daemon/job_user.py)
     # (after step, devices), ascending: resizes at exact steps (elasticd.scheduler.scheduled)
     scale_at: list[tuple[int, int]] = field(default_factory=list)
+    threads: int = 0          # torch threads per agent (0: the node's default)
+    device_memory: int = 0    # per-device budget for replicated plus ctx.private state (0: none)
 
 
 @dataclass(slots=True)

@@ -141,7 +141,8 @@ class Resizes:
                 joiners=[p.RankPlacement(rank=r, device_id=placement[r][1]) for r in joiners],
                 script=job.spec.script, func=job.spec.func, workers=job.spec.workers, cwd=job.spec.cwd,
                 env=job.spec.env, snapshot_every=job.spec.snapshot_every, blocks=list(plan.blocks),
-                stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at)))
+                stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at,
+                threads=job.spec.threads, device_memory=job.spec.device_memory)))
         return out
 
     # --- progress, from node reports --------------------------------------------------------------

@@ -138,7 +138,8 @@ class SchedulerState:
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
                        owner=owner, torchrun=req.torchrun, stuck_after=stuck_after, run_as=run_as,
-                       scale_at=[(e.step, e.devices) for e in req.scale_at])
+                       scale_at=[(e.step, e.devices) for e in req.scale_at], threads=req.threads,
+                       device_memory=req.device_memory)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -520,7 +521,8 @@ class SchedulerState:
             master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
             snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks),
-            stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at))
+            stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at,
+            threads=job.spec.threads, device_memory=job.spec.device_memory))
 
     @staticmethod
     def _env(job: Job) -> dict[str, str]:

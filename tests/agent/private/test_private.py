@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from cluster import Cluster, wait_state
+from daemon_jobs import submit
 
 import elasticd  # noqa: F401 - installs the package the way a user script does
 from elasticd.agent.comm.physical import PhysicalGroup
@@ -293,7 +295,8 @@ def train(ctx):
         opt.step()
         mine.mul_(0.5).add_(float(step))
     torch.save({"mine": mine.clone(), "params": [p.detach().clone() for p in model.parameters()],
-                "stats": stats(ctx).as_dict()}, os.path.join(os.environ["JOB_OUT"], f"rank{ctx.rank}.pt"))
+                "stats": stats(ctx).as_dict(), "threads": torch.get_num_threads()},
+               os.path.join(os.environ["JOB_OUT"], f"rank{ctx.rank}.pt"))
 """
 
 
@@ -306,12 +309,7 @@ def _elasticd_run(script: Path, out: Path, *extra: str) -> dict[int, dict]:
     return {r: torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(4)}
 
 
-def test_elasticd_run_with_a_device_memory_budget(tmp_path: Path) -> None:
-    script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(JOB))
-    budget = 100_000  # two workers of 64 KiB each per device: only one fits
-    tight = _elasticd_run(script, tmp_path / "tight", "--device-memory", str(budget))
-    free = _elasticd_run(script, tmp_path / "free")
+def _check_budgeted(tight: dict[int, dict], free: dict[int, dict], budget: int) -> None:
     for agent_ranks in ([0, 1], [2, 3]):  # hosted ranks of each agent; the last to finish saw all moves
         last = tight[agent_ranks[-1]]["stats"]
         assert last["budget"] == budget
@@ -322,3 +320,33 @@ def test_elasticd_run_with_a_device_memory_budget(tmp_path: Path) -> None:
         assert torch.equal(tight[r]["mine"], free[r]["mine"])
         for x, y in zip(tight[r]["params"], free[r]["params"], strict=True):
             assert torch.equal(x, y)
+
+
+def test_elasticd_run_with_a_device_memory_budget(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(JOB))
+    budget = 100_000  # two workers of 64 KiB each per device: only one fits
+    tight = _elasticd_run(script, tmp_path / "tight", "--device-memory", str(budget))
+    free = _elasticd_run(script, tmp_path / "free")
+    _check_budgeted(tight, free, budget)
+
+
+def test_a_job_submitted_with_a_device_memory_budget_and_threads_gets_both_on_every_agent(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(JOB))
+    budget = 100_000
+    threads = (os.cpu_count() or 1) // 2 + 1   # never what the agents take by default (the cores split in two)
+    free = _elasticd_run(script, tmp_path / "free")
+    c = Cluster(tmp_path / "cluster")
+    try:
+        sd = c.daemon(cpu=2, fake=False).state_dir
+        out = tmp_path / "tight"
+        out.mkdir()
+        job = submit(sd, str(script), {"JOB_OUT": str(out)}, "--workers", "4", "--max-devices", "2",
+                     "--min-devices", "2", "--device-memory", str(budget), "--threads", str(threads))
+        wait_state(sd, job, "finished", timeout=180)
+    finally:
+        c.cleanup()
+    tight = {r: torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(4)}
+    _check_budgeted(tight, free, budget)
+    assert {tight[r]["threads"] for r in range(4)} == {threads}
