@@ -141,7 +141,9 @@ def render_job(j: JobInfo) -> str:
                                                   if j.resizing else "")]
     lines += [_fmt_resize(r) for r in j.resizes]
     if j.scale_at:
-        lines.append("scale at   " + ", ".join(f"after step {e.step} -> {e.devices} device(s)" for e in j.scale_at))
+        lines.append("scale at   " + ", ".join(f"after step {e.step} -> {e.devices} device(s)"
+                                                 + (f" (blocks {'/'.join(map(str, e.blocks))})" if e.blocks else "")
+                                                 for e in j.scale_at))
     lines += _fmt_layout(j)
     snap = j.snapshot or {}
     if snap:

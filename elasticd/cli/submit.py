@@ -43,8 +43,9 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[ARGS]...")
 @click.option("--workers", "-n", type=click.IntRange(1, L.MAX_WORKERS), default=None,
               help="N logical workers (default: the script's @elastic(workers=N)).")
-@click.option("--min-devices", type=click.IntRange(1, L.MAX_WORKERS), default=1, show_default=True,
-              help="Start only when at least this many devices are free (gang).")
+@click.option("--min-devices", type=click.IntRange(1, L.MAX_WORKERS), default=None,
+              help="Start only when at least this many devices are free (gang) [default: 1, or --layout's "
+                   "device count].")
 @click.option("--max-devices", type=click.IntRange(1, L.MAX_WORKERS), default=None,
               help="Never use more [default: N].")
 @click.option("--priority", type=click.IntRange(-L.MAX_PRIORITY, L.MAX_PRIORITY), default=0, show_default=True,
@@ -54,11 +55,16 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
               help="Set KEY in the agents' environment (repeatable); KEY alone copies it from here.")
 @recovery_options
 @agent_options
-@click.option("--scale-at", "scale_at", metavar="STEP:M[,...]", default="",
+@click.option("--layout", "layout", metavar="B1,B2,...", default="",
+              help="Logical workers per device, in device order (e.g. 6,2): the job runs on that many devices "
+                   "(its --min-devices and --max-devices) with these block sizes, which the scheduler's "
+                   "speed-aware re-layout then leaves alone. Default: the scheduler's choice.")
+@click.option("--scale-at", "scale_at", metavar="STEP:M[:B1/B2/...][,...]", default="",
               help="Resize live to M devices right after step STEP of ctx.steps (e.g. 10:2,20:1): every agent "
-                   "stops after STEP and waits for the resize, so it happens exactly there. A grow that finds "
-                   "too few free devices then is refused and recorded in the job's resizes; the job goes on. "
-                   "The layout is the scheduler's (measured speeds), not given here.")
+                   "stops after STEP and waits for the resize, so it happens exactly there. Block sizes give the "
+                   "new layout (10:2:6/2; at the same M a live re-layout), else the scheduler picks it. A grow "
+                   "that finds too few free devices then is refused and recorded in the job's resizes; the job "
+                   "goes on.")
 @click.option("--run-as", default="", metavar="USER",
               help="Admins only: the Unix user the job's agents run as on nodes whose daemon runs as root "
                    "[default: the one your key maps to, else each node's --jobs-as user].")
@@ -66,9 +72,10 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
                                            "unless it finished.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
-def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int, max_devices: int | None,
+def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int | None,
+           max_devices: int | None,
            priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int,
-           stuck_after: str, device_memory: int | None, threads: int, scale_at: str, run_as: str, wait: bool,
+           stuck_after: str, device_memory: int | None, threads: int, layout: str, scale_at: str, run_as: str, wait: bool,
            as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
@@ -97,7 +104,9 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     if not 1 <= workers <= L.MAX_WORKERS:
         raise click.UsageError(f"{target} asks for {workers} workers; at most {L.MAX_WORKERS} are allowed")
     torchrun = func is None and torchrun_mode(script)
-    hi = max_devices or (min_devices if torchrun else workers)
+    blocks = _layout(layout, workers, min_devices, max_devices)
+    min_devices = min_devices or len(blocks) or 1
+    hi = max_devices or len(blocks) or (min_devices if torchrun else workers)
     env = _env(env_items)
     if script_args:
         env[ARGS_VAR] = json.dumps(list(script_args))
@@ -108,8 +117,8 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
                  snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
-                 run_as=run_as, scale_at=[ScaleAt(step=step, devices=m) for step, m in schedule], threads=threads,
-                 device_memory=device_memory or 0)
+                 run_as=run_as, scale_at=[ScaleAt(step=step, devices=m, blocks=b) for step, m, b in schedule], threads=threads,
+                 device_memory=device_memory or 0, blocks=blocks)
     reply = client.call(opts, msg, as_json)
     job_id = reply.job_id  # type: ignore[attr-defined]
     if not wait:
@@ -120,8 +129,9 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     sys.exit(_follow(opts, job_id, as_json))
 
 
-def _schedule(text: str, workers: int, torchrun: bool) -> list[tuple[int, int]]:
-    """--scale-at's (step, devices) entries by step, with a usage error for what the scheduler would refuse."""
+def _schedule(text: str, workers: int, torchrun: bool) -> list[tuple[int, int, list[int]]]:
+    """--scale-at's (step, devices, blocks) entries by step, with a usage error for what the scheduler would
+    refuse."""
     from elasticd.cli.run import parse_scale_at
 
     entries = sorted(parse_scale_at(text, workers), key=lambda e: e[0])
@@ -131,13 +141,27 @@ def _schedule(text: str, workers: int, torchrun: bool) -> list[tuple[int, int]]:
         raise click.BadParameter("a script with no @elastic function has no `ctx.steps` boundary to stop at; "
                                  "resize a torchrun-mode job with `elasticd scale` (it restarts)",
                                  param_hint="--scale-at")
-    if any(blocks for _, _, blocks in entries):
-        raise click.BadParameter("block sizes (STEP:M:B1/B2) are `elasticd run`'s; under the scheduler the layout "
-                                 "follows the devices' measured speeds", param_hint="--scale-at")
-    schedule = [(step, m) for step, m, _ in entries]
-    if (why := L.bad_scale_at(schedule, workers)):
+    if (why := L.bad_scale_at([(step, m) for step, m, _ in entries], workers)):
         raise click.BadParameter(why, param_hint="--scale-at")
-    return schedule
+    return entries
+
+
+def _layout(text: str, workers: int, lo: int | None, hi: int | None) -> list[int]:
+    """--layout's block sizes ([] when not given), with a usage error for a layout the device bounds exclude."""
+    from elasticd.cli.run import parse_layout
+    from elasticd.core.layout import parse_blocks
+
+    if not text:
+        return []
+    try:
+        devices = len(parse_blocks(text))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--layout") from None
+    blocks = parse_layout(text, workers, devices)
+    if (lo or devices) != devices or (hi or devices) != devices:
+        raise click.BadParameter(f"a layout of {devices} devices runs on {devices} devices: leave out "
+                                 f"--min-devices/--max-devices or give {devices}", param_hint="--layout")
+    return blocks
 
 
 @client.guarded()

@@ -6,6 +6,7 @@ from dataclasses import field
 from typing import ClassVar
 
 from elasticd.protocol import limits as L
+from elasticd.protocol.nodes import bad_blocks
 from elasticd.protocol.wire import Message, message, record
 
 
@@ -19,6 +20,7 @@ class ScaleAt:
 
     step: int
     devices: int
+    blocks: list[int] = field(default_factory=list)   # the new layout's block sizes (empty: the scheduler's)
 
 
 @message
@@ -44,10 +46,17 @@ class Submit(Message):
     scale_at: list[ScaleAt] = field(default_factory=list)
     threads: int = 0              # torch threads per agent (0: the node's cores split between its agents)
     device_memory: int = 0        # bytes per device for replicated plus ctx.private state (0: no budget)
+    # The starting layout's block sizes (`--layout`; empty: the scheduler's): the job runs on len(blocks) devices.
+    blocks: list[int] = field(default_factory=list)
 
     def check(self) -> str | None:
         if (why := L.bad_scale_at([(e.step, e.devices) for e in self.scale_at], self.workers)):
             return f"scale_at: {why}"
+        for e in self.scale_at:
+            if (why := bad_blocks(e.blocks, e.devices, self.workers)):
+                return f"scale_at: after step {e.step}: {why}"
+        if self.blocks and (why := bad_blocks(self.blocks, len(self.blocks), self.workers)):
+            return why
         if (why := L.bad_agent_options(self.threads, self.device_memory)):
             return why
         if self.run_as and (why := L.bad_user_name(self.run_as)):

@@ -9,6 +9,7 @@ from typing import Any
 from elasticd.core.errors import RuntimeFault
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
+from elasticd.protocol.requests import ScaleAt
 from elasticd.protocol.status import AgentRow
 from elasticd.resize_plan import ResizePlan
 
@@ -99,6 +100,11 @@ class InvalidTransition(RuntimeFault, RuntimeError):
     """A state change the lifecycle does not allow: a bug in the scheduler, never user input."""
 
 
+def scale_at_why(e: ScaleAt) -> str:
+    """How a --scale-at entry is named in the resize history: "--scale-at 10:2" (":6/2" with blocks)."""
+    return f"--scale-at {e.step}:{e.devices}" + (":" + "/".join(map(str, e.blocks)) if e.blocks else "")
+
+
 def allowed(src: JobState, dst: JobState) -> bool:
     return dst in _TRANSITIONS[src]
 
@@ -122,8 +128,9 @@ class JobSpec:
     torchrun: bool = False   # no @elastic function: resized by restarting it (elasticd.scheduler.recovery)
     stuck_after: str = "auto"   # when a node's watchdog fences an agent (elasticd/core/watchdog.py)
     run_as: str = ""   # the Unix user its agents run as ("": each node's default; elasticd/daemon/job_user.py)
-    # (after step, devices), ascending: resizes at exact steps (elasticd.scheduler.scheduled)
-    scale_at: list[tuple[int, int]] = field(default_factory=list)
+    # resizes at exact steps, by step (elasticd.scheduler.scheduled)
+    scale_at: list[ScaleAt] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)   # the starting layout asked for (`--layout`; empty: none)
     threads: int = 0          # torch threads per agent (0: the node's default)
     device_memory: int = 0    # per-device budget for replicated plus ctx.private state (0: none)
 
@@ -164,6 +171,7 @@ class Job:
     restarts: int = 0
     incarnation: int = 0                    # launches since the first: recoveries and torchrun-mode restarts
     step_offset: int = 0                    # torchrun mode: the step count a restarted script goes on from
+    layout_pinned: bool = False             # its blocks are the user's (--layout, --scale-at): no re-layout
     scheduled: int = 0                      # entries of spec.scale_at handled (started, refused or dropped)
     held: int | None = None                 # the step its agents may be held after, waiting for a command
     restore_latest: bool = False
@@ -215,14 +223,14 @@ class Job:
     @property
     def hold_at(self) -> list[int]:
         """The steps its agents stop after, waiting for a scheduled resize: those not handled yet."""
-        return [step for step, _ in self.spec.scale_at[self.scheduled:]]
+        return [e.step for e in self.spec.scale_at[self.scheduled:]]
 
     def drop_schedule(self, reason: str, now: float) -> None:
         """The agents refused a resize and dropped their held steps (agent/slicer/boundary.py): so does
         the schedule, each entry recorded as refused."""
-        for step, target in self.spec.scale_at[self.scheduled:]:
-            self.add_resize(ResizeEntry(src=len(self.placement), dst=target, outcome=ResizeOutcome.REFUSED.value,
-                                        at=round(now, 3), why=f"--scale-at {step}:{target}", step=step,
+        for e in self.spec.scale_at[self.scheduled:]:
+            self.add_resize(ResizeEntry(src=len(self.placement), dst=e.devices, outcome=ResizeOutcome.REFUSED.value,
+                                        at=round(now, 3), why=scale_at_why(e), step=e.step, blocks=list(e.blocks),
                                         note=f"dropped: an earlier resize was refused ({reason})"))
         self.scheduled = len(self.spec.scale_at)
 
@@ -253,7 +261,7 @@ class Job:
     def from_doc(cls, d: dict[str, Any]) -> Job:
         d = dict(d)
         spec = dict(d["spec"])
-        spec["scale_at"] = [(int(step), int(devices)) for step, devices in spec.get("scale_at", [])]
+        spec["scale_at"] = [ScaleAt(**e) for e in spec.get("scale_at", [])]
         d["spec"] = JobSpec(**spec)
         d["state"] = JobState(d["state"])
         if d.get("resize") is not None:

@@ -57,8 +57,9 @@ class Resizes:
 
     # --- starting ------------------------------------------------------------------------------------
 
-    def begin(self, job: Job, dst: int, why: str, now: float) -> list[SendToNode]:
-        """Start moving a running job to `dst` devices (phase 1).
+    def begin(self, job: Job, dst: int, why: str, now: float, blocks: list[int] | None = None) -> list[SendToNode]:
+        """Start moving a running job to `dst` devices (phase 1); `blocks`: the new layout's block sizes, the
+        user's (the job is then left alone by the speed-aware re-layout), else the cost model's.
 
         Raises:
             ValueError: a grow needs more devices than are free (callers check `SchedulerState.free_count`).
@@ -70,7 +71,9 @@ class Resizes:
             placement = [list(x) for x in job.placement] + [[n, d] for n, d in chosen]
         else:
             placement = [list(x) for x in job.placement[:dst]]
-        blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
+        job.layout_pinned = blocks is not None
+        if blocks is None:
+            blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
         return self._begin(job, placement, None, why, now, blocks)
 
     def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[SendToNode]:
@@ -82,6 +85,7 @@ class Resizes:
         """
         assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
         placement = [list(job.placement[k]) for k in keep]
+        job.layout_pinned = False
         blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
         return self._begin(job, placement, keep, why, now, blocks)
 

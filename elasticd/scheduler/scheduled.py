@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import ResizeEntry
+from elasticd.placement.speeds import sizes
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
-from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.jobs import Job, JobState, scale_at_why
 from elasticd.scheduler.resizing import Resizes
 
 log = logging.getLogger(__name__)
@@ -40,25 +41,27 @@ class ScheduledScales:
         if job.state is not JobState.RUNNING or job.resize is not None or job.recovery is not None:
             return []
         schedule = job.spec.scale_at
-        if job.scheduled < len(schedule) and job.step >= schedule[job.scheduled][0]:
-            step, target = schedule[job.scheduled]
+        if job.scheduled < len(schedule) and job.step >= schedule[job.scheduled].step:
+            e = schedule[job.scheduled]
             job.scheduled += 1
-            if job.step == step:
-                job.held = step   # every agent voted to stop after it: they wait for a command
+            if job.step == e.step:
+                job.held = e.step   # every agent voted to stop after it: they wait for a command
             self.host.changed(job)
-            why = f"--scale-at {step}:{target}"
-            current = len(job.placement)
-            if target == current:
-                log.info("job %s: %s: already on %d devices", job.job_id, why, target)
+            why, target, current = scale_at_why(e), e.devices, len(job.placement)
+            workers = job.spec.workers
+            same = target == current and (not e.blocks or sizes(e.blocks, workers, target)
+                                          == sizes(job.blocks, workers, current))
+            if same:
+                log.info("job %s: %s: the job has that layout already", job.job_id, why)
             else:
                 free = self.free_count()
                 if target - current <= free:
                     job.requested_devices = target
                     log.info("job %s: %s: resizing %d -> %d devices", job.job_id, why, current, target)
-                    return self.resizes.begin(job, target, why, now)
-                note = f"{free} device(s) free after step {step}, {target - current} more needed"
+                    return self.resizes.begin(job, target, why, now, blocks=list(e.blocks) or None)
+                note = f"{free} device(s) free after step {e.step}, {target - current} more needed"
                 job.add_resize(ResizeEntry(src=current, dst=target, outcome=ResizeOutcome.REFUSED.value,
-                                           at=round(now, 3), why=why, step=step, note=note))
+                                           at=round(now, 3), why=why, step=e.step, blocks=list(e.blocks), note=note))
                 log.warning("job %s: %s refused: %s", job.job_id, why, note)
         if job.held is not None:
             held, job.held = job.held, None

@@ -128,8 +128,15 @@ class SchedulerState:
         if req.scale_at and req.torchrun:
             raise SchedulerError(p.BAD_REQUEST, "--scale-at needs the step boundaries of an @elastic function's "
                                  "`ctx.steps`; a torchrun-mode job is resized by restarting it (`elasticd scale`)")
-        if (why := bad_scale_at([(e.step, e.devices) for e in req.scale_at], n)):
+        if (why := bad_scale_at([(e.step, e.devices) for e in req.scale_at], n)
+                or next((f"after step {e.step}: {w}" for e in req.scale_at
+                         if (w := p.bad_blocks(e.blocks, e.devices, n))), None)):
             raise SchedulerError(p.BAD_REQUEST, f"--scale-at: {why}")
+        if req.blocks and ((why := p.bad_blocks(req.blocks, len(req.blocks), n))
+                           or not req.min_devices == len(req.blocks) == hi):
+            raise SchedulerError(p.BAD_REQUEST, "--layout: " + (why or f"a layout of {len(req.blocks)} devices runs "
+                                                                f"on {len(req.blocks)} devices, not {req.min_devices}"
+                                                                f"..{hi}"))
         if not 0 <= req.max_restarts <= 10_000:
             raise SchedulerError(p.BAD_REQUEST, f"--max-restarts must be between 0 and 10000, got {req.max_restarts}")
         seq = self._next_seq
@@ -138,8 +145,8 @@ class SchedulerState:
                        max_devices=hi, priority=req.priority, name=req.name[:128], cwd=req.cwd,
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
                        owner=owner, torchrun=req.torchrun, stuck_after=stuck_after, run_as=run_as,
-                       scale_at=[(e.step, e.devices) for e in req.scale_at], threads=req.threads,
-                       device_memory=req.device_memory)
+                       scale_at=list(req.scale_at), threads=req.threads, device_memory=req.device_memory,
+                       blocks=list(req.blocks))
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -474,7 +481,7 @@ class SchedulerState:
         out: list[SendToNode] = []
         for job in sorted(self.jobs.values(), key=lambda j: j.seq):
             if (job.state is not JobState.RUNNING or job.resize is not None or job.zombies
-                    or len(job.placement) < 2 or not job.entered_steps
+                    or len(job.placement) < 2 or not job.entered_steps or job.layout_pinned
                     or any(self.drains.holds(n) for n in job.nodes)
                     or job.resizes and job.resizes[-1].outcome == ResizeOutcome.REFUSED):   # its agents would again
                 continue
@@ -493,7 +500,12 @@ class SchedulerState:
 
     def _start(self, job: Job, chosen: list[tuple[str, str]], now: float) -> list[SendToNode]:
         job.placement = [[n, d] for n, d in chosen]
-        job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
+        if job.layout_pinned and job.blocks and len(job.blocks) == len(chosen):
+            pass   # the user's layout (--scale-at's blocks) on a restart at the same size
+        elif job.spec.blocks and len(job.spec.blocks) == len(chosen):
+            job.blocks, job.layout_pinned = list(job.spec.blocks), True   # --layout
+        else:
+            job.blocks, job.layout_pinned = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement), False
         job.relayout = None
         job.launched, job.ready, job.ended = [], [], []
         job.master_addr, job.master_port = self.nodes[chosen[0][0]].host, 0
@@ -512,7 +524,7 @@ class SchedulerState:
         self.dirty.add(job.job_id)
         if p.bad_blocks(job.blocks, len(job.placement), job.spec.workers) is not None:
             # A restart on fewer devices (recovery, a fall-back) keeps no stale layout: placed afresh.
-            job.blocks = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement)
+            job.blocks, job.layout_pinned = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement), False
         return SendToNode(node, p.LaunchJob(
             job_id=job.job_id, script=job.spec.script, func=job.spec.func, workers=job.spec.workers,
             devices=len(job.placement),
@@ -784,7 +796,7 @@ class SchedulerState:
                     if job.state.active else None),
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a.rank),
             run_as=job.spec.run_as,
-            scale_at=[p.ScaleAt(step=step, devices=m) for step, m in job.spec.scale_at[job.scheduled:]])
+            scale_at=list(job.spec.scale_at[job.scheduled:]))
 
 
 def _completed(r: p.JobReport) -> int:

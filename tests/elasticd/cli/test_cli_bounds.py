@@ -36,7 +36,9 @@ def node(tmp_path_factory):
     (["--workers", "2", "--env", "BIG=" + "x" * (L.MAX_ENV_BYTES + 1)], "--env"),
     (["--workers", "2", "--scale-at", "5:3"], "--scale-at"),
     (["--workers", "2", "--scale-at", "5:1,5:2"], "--scale-at"),
-    (["--workers", "2", "--scale-at", "5:2:1/1"], "--scale-at"),
+    (["--workers", "2", "--scale-at", "5:2:1/2"], "--scale-at"),
+    (["--workers", "4", "--layout", "3,1", "--min-devices", "1"], "--layout"),
+    (["--workers", "4", "--layout", "3,2"], "--layout"),
     (["--workers", "2", "--scale-at", "five:2"], "--scale-at"),
 ])
 def test_out_of_range_submit_options_are_usage_errors(node, args, option):

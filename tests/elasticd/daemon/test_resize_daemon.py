@@ -85,14 +85,16 @@ def test_scale_at_resizes_after_exactly_the_steps_asked_refuses_a_grow_it_cannot
     out = tmp_path / "scheduled"
     out.mkdir()
     (out / "release").touch()   # full speed: the agents hold at each step asked, however late the scheduler is
-    # Starts on 2 of the 3 devices (a count that divides N), so the grow to 4 after step 80 cannot be placed.
-    job = submit(sd, JOB, job_env(out), "--workers", "4", "--max-devices", "3", "--scale-at", "120:2,40:1,80:4")
+    # Starts on 2 of the 3 devices with the layout asked, so the grow to 4 after step 80 cannot be placed.
+    job = submit(sd, JOB, job_env(out), "--workers", "4", "--layout", "1,3", "--scale-at", "120:2:3/1,40:1,80:4")
     info = wait_state(sd, job, "finished", timeout=300)
     assert [(x["from"], x["to"], x["why"], x["outcome"], x["step"]) for x in info["resizes"]] == [
         (2, 1, "--scale-at 40:1", "done", 40), (1, 4, "--scale-at 80:4", "refused", 80),
-        (1, 2, "--scale-at 120:2", "done", 120)], info["resizes"]
+        (1, 2, "--scale-at 120:2:3/1", "done", 120)], info["resizes"]
     assert "more needed" in info["resizes"][1]["note"], info["resizes"][1]
-    assert info["devices"] == 2
+    assert info["devices"] == 2 and info["blocks"] == [3, 1]
+    assert d.log is not None and f"job {job} starting: 4 workers on 2 devices" in d.log.read_text()
+    assert "blocks [1, 3]" in next(x for x in d.log.read_text().splitlines() if f"job {job} starting" in x)
     assert_exactly_the_unscaled_run(out, unscaled)
 
 

@@ -49,8 +49,8 @@ def sample(tp, rng: random.Random):
 
 
 _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devices": 1, "max_devices": 4,
-                         "scale_at": [p.ScaleAt(step=10, devices=2), p.ScaleAt(step=30, devices=8)],
-                         "threads": 2, "device_memory": 1 << 30},
+                         "scale_at": [p.ScaleAt(step=10, devices=2, blocks=[3, 5]), p.ScaleAt(step=30, devices=8)],
+                         "threads": 2, "device_memory": 1 << 30, "blocks": [6, 2]},
               "scale_job": {"devices": 2},
               # a layout's blocks must describe `devices` agents hosting `workers` (protocol.nodes.bad_blocks)
               "launch_job": {"workers": 8, "devices": 2, "blocks": [6, 2], "stuck_after": "90s", "hold_at": [4, 9],
@@ -96,6 +96,8 @@ def test_ops_are_unique_and_named():
                     "scale_at": [[5, 1]]}), p.BAD_REQUEST),   # an entry is a record, not a pair
     (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "submit", "script": "/x", "workers": 2, "threads": -1}),
      p.BAD_REQUEST),
+    (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "submit", "script": "/x", "workers": 4,
+                    "scale_at": [{"step": 5, "devices": 2, "blocks": [1, 2]}]}), p.BAD_REQUEST),   # not 4 workers
     (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "status", "job_id": None, "admin": True}), p.BAD_REQUEST),
     (msgpack.packb({"v": p.PROTOCOL_VERSION, "op": "node_status", "node_id": "n", "jobs": [{"job_id": "j"}]}), p.BAD_REQUEST),
     (b"\x00" * (p.MAX_FRAME_BYTES + 1), p.TOO_LARGE),

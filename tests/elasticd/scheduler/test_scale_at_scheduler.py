@@ -13,9 +13,15 @@ from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.state import SchedulerError
 
 
-def submit(isl: Island, workers: int, hi: int, schedule: list[tuple[int, int]]) -> tuple[str, p.LaunchJob]:
-    job, out = isl.s.submit(p.Submit(script="/s.py", workers=workers, max_devices=hi,
-                                     scale_at=[p.ScaleAt(step=s, devices=m) for s, m in schedule]), isl.now)
+def entry(step: int, devices: int, blocks: list[int] | None = None) -> p.ScaleAt:
+    return p.ScaleAt(step=step, devices=devices, blocks=blocks or [])
+
+
+def submit(isl: Island, workers: int, hi: int, schedule: list[tuple], blocks: list[int] | None = None
+           ) -> tuple[str, p.LaunchJob]:
+    job, out = isl.s.submit(p.Submit(script="/s.py", workers=workers, min_devices=len(blocks) if blocks else 1,
+                                     max_devices=hi, blocks=blocks or [],
+                                     scale_at=[entry(*e) for e in schedule]), isl.now)
     ((_, launch),) = launches(isl._take(out))
     isl.report("a", report(job.job_id, [agent(r, r) for r in range(hi)], master_port=1234))
     assert isl.state(job.job_id) is JobState.RUNNING
@@ -91,17 +97,32 @@ def test_the_schedule_survives_a_scheduler_restart():
     step(isl, job, 5, 4)
     doc = isl.s.jobs[job].to_doc()
     back = Job.from_doc(doc)
-    assert back.spec.scale_at == [(5, 2), (10, 4)] and back.hold_at == [10] and back.held == 5
+    assert back.spec.scale_at == [entry(5, 2), entry(10, 4)] and back.hold_at == [10] and back.held == 5
+
+
+def test_blocks_asked_for_at_a_step_re_lay_the_job_out_there_and_pin_the_layout():
+    isl = Island()
+    isl.hello("a", 2)
+    job, launch = submit(isl, 8, 2, [(5, 2, [6, 2]), (9, 1)], blocks=[3, 5])
+    j = isl.s.jobs[job]
+    assert launch.blocks == [3, 5] and j.layout_pinned   # --layout: the speed model leaves it alone
+    ((_, prep),) = of(step(isl, job, 5, 2), p.PrepareResize)
+    assert (prep.devices_from, prep.devices, prep.blocks) == (2, 2, [6, 2]) and prep.joiners == []
+    complete(isl, "a", job, 1, 2, 2)
+    assert j.blocks == [6, 2] and j.layout_pinned and j.resizes[-1].why == "--scale-at 5:2:6/2"
+    ((_, prep),) = of(step(isl, job, 9, 2), p.PrepareResize)
+    assert prep.devices == 1 and not j.layout_pinned   # a size without blocks: the scheduler's layout again
 
 
 @pytest.mark.parametrize(("schedule", "torchrun", "words"), [
     ([(5, 2), (5, 1)], False, "ascending"),
     ([(5, 9)], False, "1..4"),
     ([(5, 2)], True, "torchrun-mode"),
+    ([(5, 2, [3, 2])], False, "sum to 5"),
 ])
 def test_a_schedule_that_cannot_be_kept_is_refused_at_submit(schedule, torchrun, words):
     isl = Island()
     with pytest.raises(SchedulerError) as e:
         isl.s.submit(p.Submit(script="/s.py", workers=4, torchrun=torchrun,
-                              scale_at=[p.ScaleAt(step=s, devices=m) for s, m in schedule]), isl.now)
+                              scale_at=[entry(*e) for e in schedule]), isl.now)
     assert e.value.code == p.BAD_REQUEST and words in e.value.message
