@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 _Z85 = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 
 
-CLIENT, NODE, ADMIN = "client", "node", "admin"
-ROLES = (CLIENT, NODE, ADMIN)
+CLIENT, NODE, ISLAND, ADMIN = "client", "node", "island", "admin"
+ROLES = (CLIENT, NODE, ISLAND, ADMIN)   # in order of trust: one key in two files gets the lesser
+BOUND = (NODE, ISLAND)   # roles bound to the one id they may speak for (a node's, an island scheduler's)
 _NODE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 MAX_KEY_FILE = 4096   # a key file is ~200 bytes; anything bigger was not written by us
 
@@ -49,7 +50,8 @@ class BadKeyError(UsageError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class KeyGrant:
-    """What one allowed key may do: its role and, for a node key, the one node id it may speak for."""
+    """What one allowed key may do: its role and, for a node or island key, the one node or island id it
+    may speak for (`node_id`, whichever it is)."""
 
     name: str
     role: str
@@ -170,12 +172,13 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
         raise BadKeyError(f"key name must be 1-64 of [A-Za-z0-9_.-], got {name!r}")
     if role not in ROLES:
         raise BadKeyError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    if (role == NODE) != (node_id is not None):
-        raise BadKeyError("a node key needs --node-id (the one node it may speak for); other roles take none")
+    if (role in BOUND) != (node_id is not None):
+        raise BadKeyError(f"a {role} key needs --{role}-id (the one {role} it may speak for)" if role in BOUND else
+                          "only node and island keys take an id (--node-id, --island-id)")
     if node_id is not None and not _NODE_ID.match(node_id):
         raise BadKeyError(f"node id must be 1-128 of [A-Za-z0-9_.:-], got {node_id!r}")
-    if run_as is not None and (role == NODE or bad_user_name(run_as)):
-        raise BadKeyError(f"--run-as {run_as!r}: " + ("a node key submits no jobs of its own" if role == NODE
+    if run_as is not None and (role in BOUND or bad_user_name(run_as)):
+        raise BadKeyError(f"--run-as {run_as!r}: " + (f"a {role} key submits no jobs of its own" if role in BOUND
                                                      else str(bad_user_name(run_as))))
     ad = allowed_dir(state_dir)
     _private_dir(ad)
@@ -189,7 +192,7 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
     if current is not None and current[0] == public and current[1] == want:
         return target
     tmp = ad / f".{name}.key.tmp"
-    meta = (f'    role = "{role}"\n' + (f'    node-id = "{node_id}"\n' if node_id else "")
+    meta = (f'    role = "{role}"\n' + (f'    {role}-id = "{node_id}"\n' if node_id else "")
             + (f'    run-as = "{run_as}"\n' if run_as else ""))
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -199,7 +202,7 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
     return target
 
 
-_FIELD = re.compile(r'^\s*(public-key|role|node-id|run-as)\s*=\s*"([^"]*)"\s*$', re.M)
+_FIELD = re.compile(r'^\s*(public-key|role|node-id|island-id|run-as)\s*=\s*"([^"]*)"\s*$', re.M)
 
 
 def trusted_file(st: os.stat_result) -> str | None:
@@ -250,13 +253,13 @@ def _read_grant(path: Path) -> tuple[bytes, KeyGrant] | None:
     name = path.name[:-len(".key")]
     if role is None:
         return public, KeyGrant(name, CLIENT, None, legacy=True)
-    node_id = fields.get("node-id")
-    if role not in ROLES or (role == NODE) != bool(node_id):
-        raise BadKeyError(f"{path}: role {role!r} with node id {node_id!r} is not a valid grant")
+    node_id = fields.get(f"{role}-id") if role in BOUND else None
+    if role not in ROLES or (role in BOUND) != bool(node_id) or (node_id and not _NODE_ID.match(node_id)):
+        raise BadKeyError(f"{path}: role {role!r} with id {node_id!r} is not a valid grant")
     run_as = fields.get("run-as") or None
-    if run_as is not None and (role == NODE or bad_user_name(run_as)):
+    if run_as is not None and (role in BOUND or bad_user_name(run_as)):
         raise BadKeyError(f"{path}: run-as {run_as!r} is not a valid grant for a {role} key")
-    return public, KeyGrant(name, role, node_id if role == NODE else None, run_as=run_as)
+    return public, KeyGrant(name, role, node_id, run_as=run_as)
 
 
 def allowed_grants(state_dir: Path) -> dict[bytes, KeyGrant]:

@@ -32,6 +32,8 @@ _COMMANDS = {
     "stop": "stop",
     "shutdown": "shutdown",
     "keygen": "keygen",
+    "federation": "federation",
+    "islands": "islands",
 }
 
 

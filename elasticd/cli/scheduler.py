@@ -26,10 +26,19 @@ from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from, metrics_
                    "their devices' measured speeds drift; --no-relayout keeps the layout chosen at launch.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--federation", default=None, metavar="tcp://HOST:PORT",
+              help="Join the federation front there as island --island-id: it is told this island's nodes, "
+                   "devices and jobs every heartbeat (`elasticd islands` on the front shows them).")
+@click.option("--federation-key", default=None, metavar="KEY",
+              help="The front's public key (Z85 text or certificate file).")
+@click.option("--island-id", default=None, metavar="ID",
+              help="This island's id at the front; the front's operator binds this scheduler's key to it "
+                   "(`elasticd keygen --allow KEY --role island --island-id ID`).")
 @metrics_option
 @limit_options
 def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: float, start_timeout: float,
-              relayout: bool, log_level: str, metrics: tuple[str, int] | None, **limits: object) -> None:
+              relayout: bool, log_level: str, federation: str | None, federation_key: str | None,
+              island_id: str | None, metrics: tuple[str, int] | None, **limits: object) -> None:
     """Run an island scheduler without a node daemon: nodes join it with `elasticd start --scheduler`.
 
     Nodes and clients must present a CURVE key on the allow-list of this state dir (`elasticd keygen
@@ -38,13 +47,24 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
     """
     from elasticd.cli.start import setup_logging
     from elasticd.daemon.server import DaemonError, lock_state_dir
-    from elasticd.keys import BadKeyError
+    from elasticd.keys import BadKeyError, parse_public_key
     from elasticd.observe.serving import watch_at
-    from elasticd.scheduler.server import SchedulerServer
+    from elasticd.protocol.limits import bad_island_id
+    from elasticd.scheduler.server import Federation, SchedulerServer
     from elasticd.scheduler.state import Config
     from elasticd.statedir import StateDir, UnsafeStateDir
     from elasticd.transport import TransportError, ipc_endpoint
 
+    link = None
+    if (federation, federation_key, island_id) != (None, None, None):
+        if None in (federation, federation_key, island_id):
+            raise click.UsageError("--federation, --federation-key and --island-id go together")
+        if (why := bad_island_id(island_id)):   # type: ignore[arg-type]
+            raise click.BadParameter(why, param_hint="--island-id")
+        try:
+            link = Federation(federation, parse_public_key(federation_key), island_id)   # type: ignore[arg-type]
+        except BadKeyError as e:
+            raise click.BadParameter(str(e), param_hint="--federation-key") from None
     try:
         sd = StateDir.resolve(state_dir).create()
     except UnsafeStateDir as e:
@@ -56,7 +76,7 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
         server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),
                                  config=Config(heartbeat_s=heartbeat, node_timeout_s=node_timeout,
                                                start_timeout_s=start_timeout, relayout_enabled=relayout), limits=limits_from(limits),
-                                 watch=watch_at(metrics))
+                                 watch=watch_at(metrics), federation=link)
     except (DaemonError, TransportError, RuntimeError, BadKeyError, OSError) as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)

@@ -32,6 +32,16 @@ from elasticd.protocol.agents import (  # noqa: F401
     ResizedInfo,
 )
 from elasticd.protocol.events import Event, Events, EventsReply  # noqa: F401
+from elasticd.protocol.federation import (  # noqa: F401
+    IslandAck,
+    IslandBye,
+    IslandCapacity,
+    IslandHello,
+    IslandInfo,
+    IslandsReply,
+    IslandStatus,
+    ListIslands,
+)
 from elasticd.protocol.nodes import (  # noqa: F401
     AbortResize,
     AgentReport,

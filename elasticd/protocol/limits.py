@@ -21,6 +21,7 @@ MAX_LOG_OFFSETS = 4096         # log files named in one `logs` request
 MAX_METRICS = 64               # values
 MAX_METRIC_CHARS = 256         # characters of one string value (a phase name, not a report)
 MAX_SCALE_AT = 256             # entries of one job's --scale-at schedule
+MAX_ISLAND_COUNT = 10**6       # nodes, devices or jobs an island reports
 MAX_THREADS = 4096             # --threads per agent
 MAX_DEVICE_MEMORY = 1 << 50    # --device-memory bytes (1 PiB)
 
@@ -30,6 +31,13 @@ def bad_job_id(value: str) -> str | None:
     log and error folders as it is, so no two ids may map to one folder (`.j1` and `j1`)."""
     if not 0 < len(value) <= MAX_JOB_ID or not all(c.isascii() and (c.isalnum() or c in "-_") for c in value):
         return f"job id {value[:80]!r}: 1-{MAX_JOB_ID} letters, digits, '-' or '_'"
+    return None
+
+
+def bad_island_id(value: str) -> str | None:
+    """Why `value` is no island id (None: it is one): 1-128 of letters, digits and `_.:-`, as node ids."""
+    if not 0 < len(value) <= MAX_NAME or not all(c.isascii() and (c.isalnum() or c in "_.:-") for c in value):
+        return f"island id {value[:80]!r}: 1-{MAX_NAME} letters, digits, '_', '.', ':' or '-'"
     return None
 
 

@@ -86,6 +86,8 @@ def redacted(error: dict[str, p.Scalar] | None) -> dict[str, p.Scalar] | None:
 def check(who: Principal, msg: p.Message, job_owner: str | None = None) -> str | None:
     """Why `who` may not send `msg` (None: it may). `job_owner` is the owner of the job `msg` names,
     when it names one that exists."""
+    if who.role == keys.ISLAND:   # an island scheduler's key speaks to a federation front, not to a scheduler
+        return f"{who.describe()} may not send {msg.op}: an island key is for the federation front only"
     if _node_op(msg):
         node_id = getattr(msg, "node_id", who.node_id)
         if who.local:

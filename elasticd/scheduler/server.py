@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -21,6 +22,7 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.placement.speeds import Speeds
 from elasticd.scheduler import admission, authz
+from elasticd.scheduler.federation_link import FederationLink
 from elasticd.scheduler.state import Config, SchedulerError, SchedulerState, SendToNode
 from elasticd.scheduler.store import JobStore
 from elasticd.scheduler.watch import Watcher
@@ -31,6 +33,15 @@ log = logging.getLogger(__name__)
 _BATCH = 256  # messages served per socket per loop turn, so one busy socket cannot starve the tick
 _NODE_OPS = frozenset({p.NodeStatus.op, p.NodeHello.op, p.NodeBye.op})
 FORWARD_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Federation:
+    """Where an island scheduler reports to: a federation front's endpoint and key, and its island id."""
+
+    endpoint: str
+    server_key: bytes
+    island_id: str
 
 
 class SchedulerServer:
@@ -49,7 +60,7 @@ class SchedulerServer:
     def __init__(self, state_dir: StateDir, *, bind: str | None, local: str | None,
                  ctx: zmq.Context | None = None, config: Config | None = None,
                  allow_shutdown: bool = True, limits: admission.Limits | None = None,
-                 watch: Callable[[], Watcher] | None = None) -> None:
+                 watch: Callable[[], Watcher] | None = None, federation: Federation | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.cfg = config or Config()
@@ -78,9 +89,13 @@ class SchedulerServer:
         self._budget = admission.KeyBudget()   # requests per second of each client and admin key
         self._refusals_logged: set[tuple[str, str, str]] = set()
         self.watch: Watcher | None = None
+        self.federation: FederationLink | None = None
         try:
             if watch is not None:
                 self.watch = watch()
+            if federation is not None:
+                self.federation = FederationLink(self.ctx, self.identity, federation.endpoint, federation.server_key,
+                                                 federation.island_id, self.cfg.heartbeat_s)
             if bind:
                 transport.raise_fd_limit()
                 self.allow = transport.AllowList(self.sd.root)
@@ -124,6 +139,8 @@ class SchedulerServer:
         poller = zmq.Poller()
         for s in self.sockets:
             poller.register(s, zmq.POLLIN)
+        if self.federation is not None:
+            poller.register(self.federation.sock, zmq.POLLIN)
         tick_every = min(0.5, self.cfg.heartbeat_s / 2)
         next_tick = time.monotonic()
         try:
@@ -133,6 +150,8 @@ class SchedulerServer:
                 for sock in self.sockets:
                     if sock in ready:
                         self._drain(sock)
+                if self.federation is not None and self.federation.sock in ready:
+                    self.federation.readable()
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + tick_every
                     try:
@@ -141,12 +160,17 @@ class SchedulerServer:
                         self._purge(time.time())
                         if self.watch is not None:
                             self.watch.refresh(self.state)
+                        if self.federation is not None:
+                            self.federation.beat(self.state, time.monotonic())
                     except Exception:  # a bug in one tick must not take the island down
                         log.exception("scheduler tick failed")
         finally:
             self.close()
 
     def close(self) -> None:
+        if self.federation is not None:
+            self.federation.close()
+            self.federation = None
         try:
             if self.state.speeds.dirty:
                 self.store.save_speeds(self.state.speeds.to_dict())

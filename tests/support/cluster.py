@@ -153,12 +153,32 @@ class Cluster:
         return self.daemon(name, "--scheduler", info[endpoint_key], "--scheduler-key",
                            str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra, cpu=cpu, fake=fake)
 
-    def scheduler(self, name: str = "sched", bind: str = "tcp://127.0.0.1:0") -> Proc:
+    def scheduler(self, name: str = "sched", *extra: str, bind: str = "tcp://127.0.0.1:0") -> Proc:
         sd = self.root / name
         proc = Proc(["scheduler", "--bind", bind, "--state-dir", str(sd), "--heartbeat", "0.1",
-                     "--node-timeout", "5", "--log-level", "DEBUG"], sd, "scheduler.json")
+                     "--node-timeout", "5", "--log-level", "DEBUG", *extra], sd, "scheduler.json")
         self.procs.append(proc)
         return proc.start()
+
+    def federation(self, name: str = "front", island_timeout: float = 2.0) -> Proc:
+        sd = self.root / name
+        proc = Proc(["federation", "--bind", "tcp://127.0.0.1:0", "--state-dir", str(sd), "--island-timeout",
+                     str(island_timeout), "--log-level", "DEBUG"], sd, "federation.json")
+        self.procs.append(proc)
+        return proc.start()
+
+    def island(self, front: Proc, name: str, island_id: str | None = None, *, allow_as: str | None = None) -> Proc:
+        """An island scheduler `name` joined to the front as `island_id` (default: `name`); its key is allowed
+        on the front as the island `allow_as` (default: the id it claims)."""
+        island_id = island_id or name
+        pub = cli("keygen", "--state-dir", str(self.root / name)).out.strip()
+        r = cli("keygen", "--state-dir", str(front.state_dir), "--allow", pub, "--name", name, "--role", "island",
+                "--island-id", allow_as or island_id)
+        assert r.code == 0, r.err
+        info = front.info()
+        assert info is not None
+        return self.scheduler(name, "--federation", info["tcp"], "--federation-key", info["public_key"],
+                              "--island-id", island_id)
 
     def cleanup(self) -> None:
         for proc in reversed(self.procs):

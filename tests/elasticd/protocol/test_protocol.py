@@ -57,7 +57,13 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
                              "threads": 3, "device_memory": 5},
               "prepare_resize": {"workers": 8, "devices": 2, "blocks": [5, 3], "stuck_after": "off", "hold_at": [9],
                                  "threads": 0, "device_memory": 7},
-              "resize_job": {"devices": 2, "blocks": [7, 1]}}
+              "resize_job": {"devices": 2, "blocks": [7, 1]},
+              "island_hello": {"island_id": "A", "capacity": p.IslandCapacity(nodes=1, devices=4, free=2)},
+              "island_status": {"island_id": "b-2", "capacity": p.IslandCapacity(devices=3, free=3, running=1,
+                                                                                 device_types=["cuda"])},
+              "island_bye": {"island_id": "A"},
+              "islands_reply": {"islands": [p.IslandInfo(island_id="A", state="up", capacity=p.IslandCapacity(),
+                                                         joined_at=1.0, last_seen=2.0)]}}
 
 
 @pytest.mark.parametrize("op", sorted(p.registered_ops()))

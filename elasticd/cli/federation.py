@@ -1,0 +1,61 @@
+"""`elasticd federation`: a federation front that island schedulers join."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import click
+
+from elasticd.cli import EXIT_DAEMON_ERROR
+
+
+@click.command("federation")
+@click.option("--bind", default="tcp://127.0.0.1:7460", show_default=True, metavar="tcp://HOST:PORT",
+              help="TCP endpoint island schedulers and remote CLIs connect to (CURVE); port 0 picks a free one.")
+@click.option("--state-dir", default=None, envvar="ELASTICD_STATE_DIR", metavar="DIR",
+              help="The front's keys and allow-list [default: ~/.elasticd].")
+@click.option("--island-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds without a status after which an island is declared lost.")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def federation(bind: str, state_dir: str | None, island_timeout: float, log_level: str) -> None:
+    """Run a federation front: island schedulers join it (`elasticd scheduler --federation`), and it keeps
+    the table of islands with what each has (live nodes, devices, free devices, jobs), shown by
+    `elasticd islands`.
+
+    Each island scheduler presents a key allowed on this state dir with its island id (`elasticd keygen
+    --allow KEY --role island --island-id ID --state-dir DIR`) and may speak for that island only;
+    client keys may read the table. The front places no work: each island's scheduler keeps its own
+    queue and nodes (docs/islands.md says what spans islands today and what does not).
+    """
+    from elasticd.cli.start import setup_logging
+    from elasticd.daemon.server import DaemonError, lock_state_dir
+    from elasticd.federation.server import FederationServer, info_path, sock_path
+    from elasticd.keys import BadKeyError
+    from elasticd.statedir import StateDir, UnsafeStateDir
+    from elasticd.transport import TransportError
+
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
+    setup_logging(log_level, sd.root / "federation.log")
+    try:
+        lock = lock_state_dir(sd, "federation")
+        server = FederationServer(sd, bind=bind, timeout_s=island_timeout)
+    except (DaemonError, TransportError, BadKeyError, OSError) as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    server.write_info()
+    click.echo(f"elasticd federation front on {server.tcp_endpoint}; public key {server.public_key}", err=True)
+    try:
+        server.run()
+    finally:
+        for path in (info_path(sd), sock_path(sd)):
+            path.unlink(missing_ok=True)
+        os.close(lock)

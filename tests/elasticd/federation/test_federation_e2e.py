@@ -1,0 +1,73 @@
+"""A federation front with real island schedulers (and a node daemon on one island) over CURVE TCP: islands
+join with keys bound to their ids, report what they have, and are seen lost, back and gone."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from cluster import Cluster
+from util import cli, wait_until
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.cleanup()
+
+
+def islands(front) -> dict[str, dict]:
+    r = cli("islands", "--json", "--state-dir", str(front.state_dir))
+    assert r.code == 0, (r.code, r.out, r.err)
+    return {i["island_id"]: i for i in r.json()["islands"]}
+
+
+def table_when(front, pred) -> dict[str, dict] | None:
+    t = islands(front)
+    return t if pred(t) else None
+
+
+def test_islands_join_report_their_devices_and_are_seen_lost_back_and_gone(cluster):
+    front = cluster.federation(island_timeout=1.5)
+    a = cluster.island(front, "A")
+    b = cluster.island(front, "B")
+    cluster.node(a, "a1", cpu=3)
+    seen = wait_until(lambda: table_when(front, lambda t: "B" in t and t.get("A", {})["capacity"]["devices"] == 3),
+                      30, what="both islands, A with its node's devices")
+    assert seen["A"]["state"] == seen["B"]["state"] == "up"
+    assert seen["A"]["capacity"] | {"running": 0} == {"nodes": 1, "devices": 3, "free": 3, "running": 0, "queued": 0,
+                                                      "device_types": ["cpu"]}
+    assert seen["B"]["capacity"]["devices"] == 0
+    text = cli("islands", "--state-dir", str(front.state_dir)).out
+    assert "ISLAND" in text and "3/3" in text
+
+    # A client key reads the table over CURVE; a node key may not.
+    for role, code in (("client", 0), ("node", 1)):
+        pub = cli("keygen", "--state-dir", str(cluster.root / role)).out.strip()
+        extra = ["--node-id", "x"] if role == "node" else []
+        assert cli("keygen", "--state-dir", str(front.state_dir), "--allow", pub, "--role", role, *extra).code == 0
+        r = cli("islands", "--json", "--state-dir", str(cluster.root / role), "--endpoint", front.info()["tcp"],
+                "--server-key", front.info()["public_key"])
+        assert r.code == code, (role, r.out, r.err)
+        assert ("\"A\"" in r.out) if code == 0 else ("may not send islands" in r.out), (role, r.out, r.err)
+
+    b.kill(signal.SIGKILL)   # no bye: silent past the timeout
+    lost = wait_until(lambda: table_when(front, lambda t: t["B"]["state"] == "lost"), 30, what="B lost")
+    assert "no status for" in lost["B"]["reason"] and lost["A"]["state"] == "up"
+    b.start()                # the same scheduler again: it says hello, and is up
+    wait_until(lambda: islands(front)["B"]["state"] == "up", 30, what="B back")
+    a.cleanup()              # SIGTERM: it says bye
+    gone = wait_until(lambda: table_when(front, lambda t: t["A"]["state"] == "left"), 30, what="A left")
+    assert "shut down" in gone["A"]["reason"]
+
+
+def test_an_island_key_may_speak_only_for_its_own_island(cluster):
+    front = cluster.federation()
+    cluster.island(front, "B")
+    intruder = cluster.island(front, "C", "B", allow_as="C")   # C's key, claiming to be B
+    wait_until(lambda: "refused island_hello" in front.output(), 30, what="the front to refuse C's hello")
+    assert "is bound to island 'C'; it may not speak for 'B'" in front.output()
+    wait_until(lambda: "bound to island 'C'" in intruder.output(), 30, what="the scheduler to log the refusal")
+    table = islands(front)
+    assert set(table) == {"B"} and table["B"]["state"] == "up"
