@@ -172,13 +172,14 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
         raise BadKeyError(f"key name must be 1-64 of [A-Za-z0-9_.-], got {name!r}")
     if role not in ROLES:
         raise BadKeyError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    a_role = f"{'an' if role == ISLAND else 'a'} {role} key"
     if (role in BOUND) != (node_id is not None):
-        raise BadKeyError(f"a {role} key needs --{role}-id (the one {role} it may speak for)" if role in BOUND else
+        raise BadKeyError(f"{a_role} needs --{role}-id (the one {role} it may speak for)" if role in BOUND else
                           "only node and island keys take an id (--node-id, --island-id)")
     if node_id is not None and not _NODE_ID.match(node_id):
         raise BadKeyError(f"node id must be 1-128 of [A-Za-z0-9_.:-], got {node_id!r}")
     if run_as is not None and (role in BOUND or bad_user_name(run_as)):
-        raise BadKeyError(f"--run-as {run_as!r}: " + (f"a {role} key submits no jobs of its own" if role in BOUND
+        raise BadKeyError(f"--run-as {run_as!r}: " + (f"{a_role} submits no jobs of its own" if role in BOUND
                                                      else str(bad_user_name(run_as))))
     ad = allowed_dir(state_dir)
     _private_dir(ad)
