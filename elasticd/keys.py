@@ -177,7 +177,7 @@ def allow_key(state_dir: Path, key: str | bytes, name: str, role: str = CLIENT,
         raise BadKeyError(f"{a_role} needs --{role}-id (the one {role} it may speak for)" if role in BOUND else
                           "only node and island keys take an id (--node-id, --island-id)")
     if node_id is not None and not _NODE_ID.match(node_id):
-        raise BadKeyError(f"node id must be 1-128 of [A-Za-z0-9_.:-], got {node_id!r}")
+        raise BadKeyError(f"{role} id must be 1-128 of [A-Za-z0-9_.:-], got {node_id!r}")
     if run_as is not None and (role in BOUND or bad_user_name(run_as)):
         raise BadKeyError(f"--run-as {run_as!r}: " + (f"{a_role} submits no jobs of its own" if role in BOUND
                                                      else str(bad_user_name(run_as))))
