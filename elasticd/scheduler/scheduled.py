@@ -2,12 +2,13 @@
 
 The agents are launched knowing the steps of the schedule still to come (`Job.hold_at`, sent in
 `LaunchJob.hold_at` and, for joiners, `PrepareResize.hold_at`): at each such step boundary every agent
-votes for a resize and waits for its command, so a resize asked for "after step 10" happens after step 10 however late the scheduler hears of
-it. Once rank 0's node reports the job at or past the entry's step, the scheduler starts that resize as
-`elasticd scale` would. When it cannot -- a grow with too few free devices, or a size the job already
-has -- the held agents are released by a resize to the layout they have (no state moves; `_relayout`
-keeps every worker where it is); a refused grow is recorded in the job's resize history. A release is also
-what follows a scheduled resize called off before its go (a joiner died), since the agents were held for it.
+votes for a resize and waits for its command, so a resize asked for "after step 10" happens after step
+10 however late the scheduler hears of it. Once rank 0's node reports the job at or past the entry's
+step, the scheduler starts that resize as `elasticd scale` would. When it cannot -- a grow with too few
+free devices, or a layout the job has already -- the held agents are released by a resize to the layout
+they have (nothing moves: the agents' `_relayout` keeps every worker where it is); a refused grow is
+recorded in the job's resize history. A scheduled resize called off before its go (a joiner died) is
+followed by a release too, since the agents were held for it.
 
 The agents drop their held steps when they refuse a resize (a state they cannot carry): the rest of the
 schedule is dropped with them (`Job.drop_schedule`), as `elasticd run` does.
