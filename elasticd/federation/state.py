@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from elasticd import protocol as p
+from elasticd.core.errors import ControlPlaneError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,9 @@ class Island:
                             joined_at=self.joined_at, last_seen=self.last_seen, reason=self.reason)
 
 
-class FederationError(Exception):
+class FederationError(ControlPlaneError):
+    """A request the front refuses; `code` is a protocol error code."""
+
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message
