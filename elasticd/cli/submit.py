@@ -64,7 +64,8 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
                    "stops after STEP and waits for the resize, so it happens exactly there. Block sizes give the "
                    "new layout (10:2:6/2; at the same M a live re-layout), else the scheduler picks it. A grow "
                    "that finds too few free devices then is refused and recorded in the job's resizes; the job "
-                   "goes on.")
+                   "goes on. A torchrun-mode script counts its optimizer steps and is restarted there, as "
+                   "`elasticd run --scale-at` does.")
 @click.option("--run-as", default="", metavar="USER",
               help="Admins only: the Unix user the job's agents run as on nodes whose daemon runs as root "
                    "[default: the one your key maps to, else each node's --jobs-as user].")
@@ -113,7 +114,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     if not min_devices <= hi <= workers:
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
                                f"<= {workers}")
-    schedule = _schedule(scale_at, workers, torchrun)
+    schedule = _schedule(scale_at, workers)
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,
                  snapshot_every=snapshot_every, max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
@@ -129,7 +130,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     sys.exit(_follow(opts, job_id, as_json))
 
 
-def _schedule(text: str, workers: int, torchrun: bool) -> list[tuple[int, int, list[int]]]:
+def _schedule(text: str, workers: int) -> list[tuple[int, int, list[int]]]:
     """--scale-at's (step, devices, blocks) entries by step, with a usage error for what the scheduler would
     refuse."""
     from elasticd.cli.run import parse_scale_at
@@ -137,10 +138,6 @@ def _schedule(text: str, workers: int, torchrun: bool) -> list[tuple[int, int, l
     entries = sorted(parse_scale_at(text, workers), key=lambda e: e[0])
     if not entries:
         return []
-    if torchrun:
-        raise click.BadParameter("a script with no @elastic function has no `ctx.steps` boundary to stop at; "
-                                 "resize a torchrun-mode job with `elasticd scale` (it restarts)",
-                                 param_hint="--scale-at")
     if (why := L.bad_scale_at([(step, m) for step, m, _ in entries], workers)):
         raise click.BadParameter(why, param_hint="--scale-at")
     return entries

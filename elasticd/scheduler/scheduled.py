@@ -10,6 +10,10 @@ they have (nothing moves: the agents' `_relayout` keeps every worker where it is
 recorded in the job's resize history. A scheduled resize called off before its go (a joiner died) is
 followed by a release too, since the agents were held for it.
 
+A torchrun-mode job counts its optimizer steps (agent/script_main.py) and its agents stop for good at a
+held step: each resize there is a restart at the new size (elasticd.scheduler.recovery), and so is its
+release, at the size it has, since a stopped script cannot go on in place.
+
 The agents drop their held steps when they refuse a resize (a state they cannot carry): the rest of the
 schedule is dropped with them (`Job.drop_schedule`), as `elasticd run` does.
 """

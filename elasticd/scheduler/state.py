@@ -125,9 +125,6 @@ class SchedulerState:
             stuck_after = str(StuckAfter.parse(req.stuck_after))
         except ValueError as e:
             raise SchedulerError(p.BAD_REQUEST, str(e)) from None
-        if req.scale_at and req.torchrun:
-            raise SchedulerError(p.BAD_REQUEST, "--scale-at needs the step boundaries of an @elastic function's "
-                                 "`ctx.steps`; a torchrun-mode job is resized by restarting it (`elasticd scale`)")
         if (why := bad_scale_at([(e.step, e.devices) for e in req.scale_at], n)
                 or next((f"after step {e.step}: {w}" for e in req.scale_at
                          if (w := p.bad_blocks(e.blocks, e.devices, n))), None)):

@@ -507,6 +507,23 @@ def test_submit_runs_the_tutorial_script_with_its_args(cluster, torchrun_referen
         assert cli("stop", job, "--state-dir", sd).code == 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_submit_scale_at_restarts_a_torchrun_job_after_that_optimizer_step(
+        cluster, torchrun_reference: dict[str, torch.Tensor], tmp_path: Path) -> None:
+    """`elasticd run --scale-at 12:1` above, under the daemon: the agents stop after optimizer step 12, every one
+    restarts on 1 device, the script resumes from its checkpoint; the result is the undisturbed torchrun run's."""
+    d = cluster.daemon(cpu=2, fake=False)
+    run = cli("submit", str(SCRIPT), "--workers", "4", "--min-devices", "2", "--scale-at", "12:1", "--wait", "--json",
+              "--state-dir", str(d.state_dir), *tutorial_args(tmp_path, "final.pt"), cwd=tmp_path, timeout=RUN_TIMEOUT)
+    assert run.code == 0, run.output
+    info = json.loads(run.out)
+    assert [(r["step"], r["from"], r["to"], r["why"], r["outcome"]) for r in info["resizes"]] == [
+        (12, 2, 1, "--scale-at 12:1", "restarted")], info["resizes"]
+    assert info["state"] == "finished" and info["devices"] == 1
+    assert_ddp_close(torchrun_reference, load_state(tmp_path / "final.pt"))
+
+
 RESTARTED = """\
 import os, sys, time
 import torch

@@ -5,7 +5,7 @@ held for a resize that cannot happen, and the schedule dropped with a refusal.""
 from __future__ import annotations
 
 import pytest
-from island_core import Island, agent, complete, launches, of, report
+from island_core import Island, agent, complete, kills, launches, of, rep, report
 
 from elasticd import protocol as p
 from elasticd.cli.status import render_job
@@ -100,6 +100,29 @@ def test_the_schedule_survives_a_scheduler_restart():
     assert back.spec.scale_at == [entry(5, 2), entry(10, 4)] and back.hold_at == [10] and back.held == 5
 
 
+def test_a_torchrun_mode_job_is_restarted_at_each_scheduled_step_and_at_its_size_when_a_grow_cannot_be_placed():
+    isl = Island()
+    isl.hello("a", 2)
+    j, out = isl.s.submit(p.Submit(script="/s.py", workers=4, max_devices=2, torchrun=True,
+                                   scale_at=[entry(3, 1), entry(6, 4)]), isl.now)
+    job = j.job_id
+    ((_, launch),) = launches(isl._take(out))
+    assert launch.hold_at == [3, 6]   # optimizer steps (agent/script_main.py)
+    isl.report("a", rep(job, "running", (0, 1), port=1, step=2))
+    out = isl.report("a", rep(job, "running", (0, 1), port=1, step=3))
+    assert isl.state(job) is JobState.RECOVERING and kills(out) == [("a", job)]   # held agents stop: a restart
+    assert [(e.why, e.outcome, e.dst) for e in j.resizes] == [("--scale-at 3:1", "restarting", 1)]
+    killed = {"message": "agent 0 was killed by SIGKILL", "cause": "died"}
+    ((_, launch),) = launches(isl.report("a", rep(job, "ended", (0, 1), ok=False, error=killed)))
+    assert launch.devices == 1 and launch.hold_at == [6]   # what is left of the schedule
+    isl.report("a", rep(job, "running", (0,), port=2, step=4, incarnation=1))
+    assert j.resizes[-1].outcome == "restarted" and isl.state(job) is JobState.RUNNING
+    out = isl.report("a", rep(job, "running", (0,), port=2, step=6, incarnation=1))   # 4 devices: 1 free
+    assert [(e.why, e.outcome) for e in j.resizes[1:]] == [("--scale-at 6:4", "refused"),
+                                                           ("release after step 6", "restarting")]
+    assert j.resizes[2].src == j.resizes[2].dst == 1 and kills(out) == [("a", job)]   # it cannot go on in place
+
+
 def test_blocks_asked_for_at_a_step_re_lay_the_job_out_there_and_pin_the_layout():
     isl = Island()
     isl.hello("a", 2)
@@ -117,7 +140,6 @@ def test_blocks_asked_for_at_a_step_re_lay_the_job_out_there_and_pin_the_layout(
 @pytest.mark.parametrize(("schedule", "torchrun", "words"), [
     ([(5, 2), (5, 1)], False, "ascending"),
     ([(5, 9)], False, "1..4"),
-    ([(5, 2)], True, "torchrun-mode"),
     ([(5, 2, [3, 2])], False, "sum to 5"),
 ])
 def test_a_schedule_that_cannot_be_kept_is_refused_at_submit(schedule, torchrun, words):
