@@ -19,6 +19,7 @@ from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.federation import authz
 from elasticd.federation.state import FederationError, FederationState
+from elasticd.scheduler import admission
 from elasticd.scheduler import authz as principals
 from elasticd.statedir import StateDir, write_info
 
@@ -53,6 +54,7 @@ class FederationServer:
         self.tcp_endpoint: str | None = None
         self.allow: transport.AllowList | None = None
         self._refusals_logged: set[tuple[str, str, str]] = set()
+        self._budget = admission.KeyBudget()   # requests per second of each client and admin key
         try:
             if bind:
                 transport.raise_fd_limit()
@@ -134,6 +136,10 @@ class FederationServer:
         reply: p.Message | None
         if who is None:
             reply = p.Error(code=p.FORBIDDEN, message="this key is no longer on the allow-list")
+        elif not (who.local or who.role == keys.ISLAND) and not self._budget.take(who.owner, time.monotonic()):
+            # An island's status must not wait behind a client's flood, or the island would be declared lost.
+            reply = p.Error(code=p.BUSY, message=f"busy: {who.describe()} sent more than "
+                                                 f"{admission.KEY_RATE:.0f} requests a second; slow down")
         elif (why := authz.check(who, msg)) is not None:
             self._refused(who, msg, why)
             reply = p.Error(code=p.FORBIDDEN, message=why)

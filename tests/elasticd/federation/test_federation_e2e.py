@@ -3,11 +3,19 @@ join with keys bound to their ids, report what they have, and are seen lost, bac
 
 from __future__ import annotations
 
+import collections
 import signal
 
 import pytest
+import zmq
 from cluster import Cluster
 from util import cli, wait_until
+
+from elasticd import keys, transport
+from elasticd import protocol as p
+from elasticd.scheduler.admission import KEY_BURST
+
+FLOOD = 2000
 
 
 @pytest.fixture
@@ -71,3 +79,32 @@ def test_an_island_key_may_speak_only_for_its_own_island(cluster):
     wait_until(lambda: "bound to island 'C'" in intruder.output(), 30, what="the scheduler to log the refusal")
     table = islands(front)
     assert set(table) == {"B"} and table["B"]["state"] == "up"
+
+
+def test_a_client_flood_is_answered_busy_and_costs_no_island_its_place(cluster):
+    """2000 table requests fired by one client key without waiting: every one is answered (the table or
+    `busy`, KEY_RATE a second after a burst of KEY_BURST), and the island joined meanwhile stays up."""
+    front = cluster.federation(island_timeout=1.5)
+    cluster.island(front, "A")
+    wait_until(lambda: islands(front).get("A", {}).get("state") == "up", 30, what="island A up")
+    identity = keys.ensure_identity(cluster.root / "flooder")
+    assert cli("keygen", "--state-dir", str(front.state_dir), "--allow", identity[0].decode()).code == 0
+    ctx = zmq.Context()
+    sock = transport.dealer(ctx, immediate=False)
+    transport.curve_client(sock, identity, keys.parse_public_key(front.info()["public_key"]))
+    sock.connect(front.info()["tcp"])
+    got: collections.Counter = collections.Counter()
+    try:
+        for rid in range(1, FLOOD + 1):
+            sock.send(p.ListIslands(rid=rid).encode())
+        seen: set[int] = set()
+        while len(seen) < FLOOD:
+            assert sock.poll(30_000), f"{FLOOD - len(seen)} requests unanswered"
+            reply = p.decode(sock.recv())
+            seen.add(reply.rid)
+            got[reply.code if isinstance(reply, p.Error) else type(reply).__name__] += 1
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert set(got) == {"IslandsReply", p.BUSY} and got["IslandsReply"] >= KEY_BURST, got
+    assert islands(front)["A"]["state"] == "up"
