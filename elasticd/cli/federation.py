@@ -30,19 +30,13 @@ def federation(bind: str, state_dir: str | None, island_timeout: float, log_leve
     client keys may read the table. The front places no work: each island's scheduler keeps its own
     queue and nodes (docs/islands.md says what spans islands today and what does not).
     """
-    from elasticd.cli.start import setup_logging
+    from elasticd.cli.start import serving_state_dir
     from elasticd.daemon.server import DaemonError, lock_state_dir
     from elasticd.federation.server import FederationServer, info_path, sock_path
     from elasticd.keys import BadKeyError
-    from elasticd.statedir import StateDir, UnsafeStateDir
     from elasticd.transport import TransportError
 
-    try:
-        sd = StateDir.resolve(state_dir).create()
-    except UnsafeStateDir as e:
-        click.echo(f"Error: {e}", err=True)
-        sys.exit(EXIT_DAEMON_ERROR)
-    setup_logging(log_level, sd.root / "federation.log")
+    sd = serving_state_dir(state_dir, log_level, "federation.log")
     try:
         lock = lock_state_dir(sd, "federation")
         server = FederationServer(sd, bind=bind, timeout_s=island_timeout)

@@ -45,14 +45,13 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
     --allow KEY --state-dir DIR`); they need this scheduler's public key (printed at start, and in
     DIR/keys/id.key). The job table lives in DIR/scheduler.db and survives restarts.
     """
-    from elasticd.cli.start import setup_logging
+    from elasticd.cli.start import serving_state_dir
     from elasticd.daemon.server import DaemonError, lock_state_dir
     from elasticd.keys import BadKeyError, parse_public_key
     from elasticd.observe.serving import watch_at
     from elasticd.protocol.limits import bad_island_id
     from elasticd.scheduler.server import Federation, SchedulerServer
     from elasticd.scheduler.state import Config
-    from elasticd.statedir import StateDir, UnsafeStateDir
     from elasticd.transport import TransportError, ipc_endpoint
 
     link = None
@@ -65,12 +64,7 @@ def scheduler(bind: str, state_dir: str | None, heartbeat: float, node_timeout: 
             link = Federation(federation, parse_public_key(federation_key), island_id)   # type: ignore[arg-type]
         except BadKeyError as e:
             raise click.BadParameter(str(e), param_hint="--federation-key") from None
-    try:
-        sd = StateDir.resolve(state_dir).create()
-    except UnsafeStateDir as e:
-        click.echo(f"Error: {e}", err=True)
-        sys.exit(EXIT_DAEMON_ERROR)
-    setup_logging(log_level, sd.root / "scheduler.log")
+    sd = serving_state_dir(state_dir, log_level, "scheduler.log")
     try:
         lock = lock_state_dir(sd, "scheduler")
         server = SchedulerServer(sd, bind=bind, local=ipc_endpoint(sd.scheduler_sock),

@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from elasticd.cli import EXIT_DAEMON_ERROR, limit_options, limits_from, metrics_option
+
+if TYPE_CHECKING:
+    from elasticd.statedir import StateDir
 
 DEFAULT_BIND = "tcp://127.0.0.1:7450"
 
@@ -32,6 +36,20 @@ def setup_logging(level: str, logfile: object | None = None) -> None:
     for handler in handlers:
         handler.setFormatter(formatter)
     logging.basicConfig(level=level.upper(), handlers=handlers, force=True)
+
+
+def serving_state_dir(state_dir: str | None, log_level: str, log_name: str) -> StateDir:
+    """The state dir a serving process (daemon, scheduler, federation front) runs in, created, with logging
+    set up to stderr and to `log_name` in it. Exits with EXIT_DAEMON_ERROR when the dir is unsafe."""
+    from elasticd.statedir import StateDir, UnsafeStateDir
+
+    try:
+        sd = StateDir.resolve(state_dir).create()
+    except UnsafeStateDir as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(EXIT_DAEMON_ERROR)
+    setup_logging(log_level, sd.root / log_name)
+    return sd
 
 
 @click.command("start")
@@ -101,19 +119,13 @@ def start(scheduler: str | None, scheduler_key: str | None, bind: str, cpu_devic
     from elasticd import keys
     from elasticd.daemon.devices import parse_speeds
     from elasticd.daemon.server import DaemonConfig, DaemonError, NodeDaemon
-    from elasticd.statedir import StateDir, UnsafeStateDir
 
     if device_speed is not None:
         try:
             parse_speeds(device_speed)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-    try:
-        sd = StateDir.resolve(state_dir).create()
-    except UnsafeStateDir as e:
-        click.echo(f"Error: {e}", err=True)
-        sys.exit(EXIT_DAEMON_ERROR)
-    setup_logging(log_level, sd.root / "daemon.log")
+    sd = serving_state_dir(state_dir, log_level, "daemon.log")
     key = None
     if scheduler is not None and metrics is not None:
         raise click.UsageError("--metrics serves the island scheduler's metrics: give it to `elasticd scheduler` "
