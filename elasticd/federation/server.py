@@ -53,7 +53,7 @@ class FederationServer:
         self._tcp: zmq.Socket | None = None
         self.tcp_endpoint: str | None = None
         self.allow: transport.AllowList | None = None
-        self._refusals_logged: set[tuple[str, str, str]] = set()
+        self._refused = principals.Refusals(log)
         self._budget = admission.KeyBudget()   # requests per second of each client and admin key
         try:
             if bind:
@@ -117,12 +117,6 @@ class FederationServer:
             ident, payload, extra, user_id = got
             self._serve(sock, ident, payload, extra, user_id)
 
-    def _principal(self, sock: zmq.Socket, user_id: str | None) -> principals.Principal | None:
-        if sock is not self._tcp:
-            return principals.LOCAL
-        grant = self.allow.grant(user_id) if (self.allow is not None and user_id) else None
-        return principals.principal_of(user_id, grant) if grant is not None and user_id else None
-
     def _serve(self, sock: zmq.Socket, ident: bytes, payload: bytes, extra: int, user_id: str | None) -> None:
         if extra:
             transport.send(sock, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {extra + 1}"), ident)
@@ -132,16 +126,15 @@ class FederationServer:
         except p.ProtocolError as e:
             transport.send(sock, p.error_from(e, p.peek_rid(payload)), ident)
             return
-        who = self._principal(sock, user_id)
+        who = principals.peer(user_id, self.allow, local=sock is not self._tcp)
         reply: p.Message | None
         if who is None:
             reply = p.Error(code=p.FORBIDDEN, message="this key is no longer on the allow-list")
-        elif not (who.local or who.role == keys.ISLAND) and not self._budget.take(who.owner, time.monotonic()):
+        elif (busy := self._budget.busy(who, keys.ISLAND, time.monotonic())) is not None:
             # An island's status must not wait behind a client's flood, or the island would be declared lost.
-            reply = p.Error(code=p.BUSY, message=f"busy: {who.describe()} sent more than "
-                                                 f"{admission.KEY_RATE:.0f} requests a second; slow down")
+            reply = p.Error(code=p.BUSY, message=busy)
         elif (why := authz.check(who, msg)) is not None:
-            self._refused(who, msg, why)
+            self._refused(who, msg, why, str(getattr(msg, "island_id", "")))
             reply = p.Error(code=p.FORBIDDEN, message=why)
         else:
             try:
@@ -168,9 +161,3 @@ class FederationServer:
             return self.state.table()
         raise FederationError(p.UNEXPECTED, f"a federation front does not serve {msg.op}")
 
-    def _refused(self, who: principals.Principal, msg: p.Message, why: str) -> None:
-        key = (who.owner, msg.op, str(getattr(msg, "island_id", "")))
-        if key in self._refusals_logged or len(self._refusals_logged) >= 4096:
-            return
-        self._refusals_logged.add(key)
-        log.warning("refused %s from %s: %s", msg.op, who.describe(), why)

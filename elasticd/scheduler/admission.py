@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from elasticd import protocol as p
 from elasticd.protocol.wire import encoded_size
 from elasticd.scheduler.jobs import Job
 from elasticd.scheduler.state import Node, SchedulerError
+
+if TYPE_CHECKING:
+    from elasticd.scheduler.authz import Principal
 
 PAGE_BYTES = 512 * 1024        # one status page, well under the 1 MiB frame limit with the node table
 
@@ -38,6 +42,14 @@ class KeyBudget:
     def __init__(self, rate: float = KEY_RATE, burst: float = KEY_BURST) -> None:
         self.rate, self.burst = rate, burst
         self._tokens: dict[str, tuple[float, float]] = {}   # key -> (tokens, when)
+
+    def busy(self, who: Principal, exempt: str, now: float) -> str | None:
+        """Why `who`'s request is refused for its rate (None: it is served). `exempt`: the role whose
+        reports the budget protects (nodes on a scheduler, islands on a federation front), never limited,
+        nor is the local socket."""
+        if who.local or who.role == exempt or self.take(who.owner, now):
+            return None
+        return f"busy: {who.describe()} sent more than {KEY_RATE:.0f} requests a second; slow down"
 
     def take(self, key: str, now: float) -> bool:
         tokens, when = self._tokens.pop(key, (self.burst, now))

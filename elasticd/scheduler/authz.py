@@ -18,7 +18,9 @@ An op this table does not name is admin-only: a new request type is closed until
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from elasticd import keys
 from elasticd import protocol as p
@@ -61,6 +63,37 @@ LOCAL = Principal(owner=LOCAL_OWNER, role=keys.ADMIN, name="local", local=True)
 
 def principal_of(key: str, grant: keys.KeyGrant) -> Principal:
     return Principal(owner=key, role=grant.role, name=grant.name, node_id=grant.node_id, run_as=grant.run_as or "")
+
+
+class Grants(Protocol):   # transport.AllowList
+    def grant(self, z85_key: str) -> keys.KeyGrant | None: ...
+
+
+def peer(user_id: str | None, allow: Grants | None, *, local: bool) -> Principal | None:
+    """Who sent a frame: LOCAL on an ipc/inproc socket (only this user can open it); on TCP, the grant of
+    the key CURVE authenticated, or None when that key left the allow-list after the handshake."""
+    if local:
+        return LOCAL
+    grant = allow.grant(user_id) if (allow is not None and user_id) else None
+    return principal_of(user_id, grant) if grant is not None and user_id else None
+
+
+class Refusals:
+    """Logs each refusal once per (key, op, the id it named): a node or island retrying its hello every
+    second must not flood the log, and an operator must still see the first one. Bounded: past `limit`
+    distinct refusals, the rest go to the debug log."""
+
+    def __init__(self, logger: logging.Logger, limit: int = 4096) -> None:
+        self._log, self._limit = logger, limit
+        self._seen: set[tuple[str, str, str]] = set()
+
+    def __call__(self, who: Principal, msg: p.Message, why: str, named: str = "") -> None:
+        key = (who.owner, msg.op, named)
+        if key in self._seen or len(self._seen) >= self._limit:
+            self._log.debug("%s from %s refused again: %s", msg.op, who.describe(), why)
+            return
+        self._seen.add(key)
+        self._log.warning("refused %s from %s: %s", msg.op, who.describe(), why)
 
 
 def run_as(who: Principal, msg: p.Submit) -> str:

@@ -87,7 +87,7 @@ class SchedulerServer:
         self.allow: transport.AllowList | None = None
         self._tcp: zmq.Socket | None = None
         self._budget = admission.KeyBudget()   # requests per second of each client and admin key
-        self._refusals_logged: set[tuple[str, str, str]] = set()
+        self._refused = authz.Refusals(log)
         self.watch: Watcher | None = None
         self.federation: FederationLink | None = None
         try:
@@ -207,12 +207,6 @@ class SchedulerServer:
             op = self._serve(sock, ident, payload, extra, user_id)
             self.watch.request(op, time.perf_counter() - t0)
 
-    def _principal(self, sock: zmq.Socket, user_id: str | None) -> authz.Principal | None:
-        if sock is not self._tcp:
-            return authz.LOCAL
-        grant = self.allow.grant(user_id) if (self.allow is not None and user_id) else None
-        return authz.principal_of(user_id, grant) if grant is not None and user_id else None
-
     def _serve(self, sock: zmq.Socket, ident: bytes, payload: bytes, extra: int = 0,
                user_id: str | None = None) -> str:
         """Serve one frame; returns its op ("invalid" for a frame that did not decode), for the metrics."""
@@ -226,19 +220,18 @@ class SchedulerServer:
             log.debug("bad frame from %r: %s", ident, e)
             self._reply(sock, ident, p.error_from(e, p.peek_rid(payload)))
             return "invalid"
-        who = self._principal(sock, user_id)
+        who = authz.peer(user_id, self.allow, local=sock is not self._tcp)
         if who is None:   # its key left the allow-list after the handshake
             self._reply(sock, ident, p.Error(code=p.FORBIDDEN, rid=msg.rid,
                                              message="this key is no longer on the allow-list"))
             return msg.op
-        if not (who.local or who.role == keys.NODE) and not self._budget.take(who.owner, time.monotonic()):
-            self._reply(sock, ident, p.Error(code=p.BUSY, rid=msg.rid, message=(
-                f"busy: {who.describe()} sent more than {admission.KEY_RATE:.0f} requests a second; slow down")))
+        if (busy := self._budget.busy(who, keys.NODE, time.monotonic())) is not None:
+            self._reply(sock, ident, p.Error(code=p.BUSY, rid=msg.rid, message=busy))
             return msg.op
         try:
             why = authz.check(who, msg, self._owner_of(msg))
             if why is not None:
-                self._refused(who, msg, why)
+                self._refused(who, msg, why, str(getattr(msg, "node_id", "")))
                 raise SchedulerError(p.FORBIDDEN, why)
             reply, actions = self._dispatch(sock, ident, msg, who)
         except SchedulerError as e:
@@ -262,16 +255,6 @@ class SchedulerServer:
         job_id = getattr(msg, "job_id", None)
         job = self.state.jobs.get(job_id) if isinstance(job_id, str) else None
         return job.spec.owner if job is not None else None
-
-    def _refused(self, who: authz.Principal, msg: p.Message, why: str) -> None:
-        """Log a refusal once per (key, op, node id): a node retrying its hello every second must not
-        flood the log, and an operator must still see the first one."""
-        key = (who.owner, msg.op, str(getattr(msg, "node_id", "")))
-        if key in self._refusals_logged or len(self._refusals_logged) >= 4096:
-            log.debug("%s from %s refused again: %s", msg.op, who.describe(), why)
-            return
-        self._refusals_logged.add(key)
-        log.warning("refused %s from %s: %s", msg.op, who.describe(), why)
 
     def _dispatch(self, sock: zmq.Socket, ident: bytes, msg: p.Message,
                   who: authz.Principal = authz.LOCAL) -> tuple[p.Message | None, list[SendToNode]]:
