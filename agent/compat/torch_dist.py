@@ -291,6 +291,7 @@ def rebind_loaded() -> None:
     module holding the real class would build torch's DDP inside a worker ("Default process group has not
     been initialized"). The agent process installs before the script loads; this covers the rest.
     """
+    replacements = _replacements()   # once: hundreds of modules are loaded (numpy, sympy, the script's)
     for name, module in list(sys.modules.items()):
         if module is None or name.partition(".")[0] in _KEEP:
             continue
@@ -299,13 +300,18 @@ def rebind_loaded() -> None:
         except Exception:  # noqa: BLE001 - a lazy module that cannot load now holds no name of ours yet
             continue
         if isinstance(namespace, dict):
-            rebind(namespace)
+            rebind(namespace, replacements)
 
 
-def rebind(namespace: dict[str, Any]) -> None:
-    """Point names bound to the unpatched objects (`from torch.distributed import all_reduce`) at the patches."""
+def _replacements() -> dict[int, Any]:
     replacements: dict[int, Any] = {id(RealDDP): DistributedDataParallel}
     replacements.update({id(getattr(c10d, name)): patched for name, patched in PATCHES.items()})
+    return replacements
+
+
+def rebind(namespace: dict[str, Any], replacements: dict[int, Any] | None = None) -> None:
+    """Point names bound to the unpatched objects (`from torch.distributed import all_reduce`) at the patches."""
+    replacements = _replacements() if replacements is None else replacements
     for key, value in list(namespace.items()):
         new = replacements.get(id(value))
         if new is not None:
