@@ -40,6 +40,7 @@ differs there cold (elasticd/startup_env.py).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -75,6 +76,15 @@ def _send(sock: socket.socket, msg: dict, fds: list[int] | None = None) -> None:
         pass   # the launcher is gone; the end of file on the next read ends this server
 
 
+def _freeze_before_fork() -> None:
+    """Move every object this server has to the collector's permanent generation, so that its children's
+    collections never visit the some 300,000 objects the imports made (torch and its compiler stack): a
+    full collection in a child then walks what the child made, not the server's heap, whose pages it
+    would also copy on write. Each resize's collection and the exit's look for open files
+    (agent/process_exit.py) are on an agent's critical path."""
+    gc.freeze()
+
+
 class Server:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -107,6 +117,7 @@ class Server:
                 raise ValueError(f"{len(fds)} descriptors for {3 + len(job['fds'])} places")
             sys.stdout.flush()
             sys.stderr.flush()
+            _freeze_before_fork()
             pid = os.fork()
         except Exception as e:   # noqa: BLE001 - any refusal is the launcher's to report; this server goes on
             for fd in fds:
@@ -236,6 +247,7 @@ def _listen(path: str, kind: str) -> int:
     while os.getppid() == parent:
         if select.select([listener], [], [], 1.0)[0]:
             conn, _ = listener.accept()
+            _freeze_before_fork()
             if os.fork() == 0:
                 listener.close()
                 return _serve(conn, kind, entry)

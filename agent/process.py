@@ -160,6 +160,10 @@ class AgentProcess:
                 install_torch_dist()
                 beat.start(self.cfg.error_file)   # for the supervisor's watchdog (elasticd/core/watchdog.py)
                 proc_name.set_name(self.cfg.rank, self.cfg.standby)
+                # What is loaded so far (torch, elasticd: some 300,000 objects) lives as long as the process:
+                # the collections of each resize and the exit's look for open files skip it, as they do in
+                # an agent forked from a fork server (agent/forkserver.py). The script's objects come after.
+                gc.freeze()
                 rng.mark_start()  # the process's random streams before the script can seed them
                 self.ef = load_target(self.cfg.script, self.cfg.func, script_args())
             except BaseException as e:  # noqa: BLE001 - a broken script is the user's error, reported whole
