@@ -49,6 +49,7 @@ _BATCH = 256
 MAX_IN_FLIGHT_PER_PEER = 8
 MAX_IN_FLIGHT = 64
 MAX_LOG_REPLY = 512 * 1024
+HELLO_WAIT_S = 60.0   # the longest a node waits for its spares' fork server before offering its devices
 
 
 class DaemonError(ControlPlaneError, RuntimeError):
@@ -122,6 +123,8 @@ class NodeDaemon:
         self._next_beat = 0.0
         self._push = False
         self._last_error: tuple[str, str] | None = None
+        self._started = time.time()
+        self._said_warming = False
         self.heartbeat_s = cfg.heartbeat_s
         self.grace = GraceDrain(cfg.drain_grace_s)
         self._term = threading.Event()
@@ -427,9 +430,22 @@ class NodeDaemon:
         if self._welcomed:
             self._seq += 1
             transport.send(self.link, p.NodeStatus(node_id=self.node_id, seq=self._seq, jobs=self.sup.reports()))
-        else:
+        elif self._warm_enough(now):
             transport.send(self.link, p.NodeHello(node_id=self.node_id, host=self.cfg.host, devices=self.devices,
                                                   pid=os.getpid(), jobs=self.sup.reports()))
+
+    def _warm_enough(self, now: float) -> bool:
+        """Whether to offer this node's devices yet: not while the spares' fork server imports torch (for at
+        most HELLO_WAIT_S after start). A job placed meanwhile would start each agent cold, every one importing
+        torch beside the server: seconds of CPU per agent, and on a small node a later first step than
+        waiting the server's import out and forking them."""
+        if not self.sup.spares.warming() or now - self._started > HELLO_WAIT_S:
+            return True
+        if not self._said_warming:
+            self._said_warming = True
+            log.info("node %s: offering its devices once the spares' fork server has imported torch (at most "
+                     "%.0fs)", self.node_id, HELLO_WAIT_S)
+        return False
 
     # --- logs ------------------------------------------------------------------------------------
 

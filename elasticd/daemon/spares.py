@@ -14,7 +14,8 @@ the interpreter and torch once: a spare is then ready in milliseconds instead of
 replaces a taken spare no longer takes a core from the training for seconds, and idle spares share the
 server's memory until they write to it. Each is a session leader that gets SIGTERM when the server ends,
 and the server gets it when the daemon ends (the same PR_SET_PDEATHSIG prelude as agents). Until the
-server is ready no spare is started (an agent started meanwhile starts cold); without pidfds or with
+server is ready no spare is started (an agent started meanwhile starts cold; the daemon offers its devices
+to the scheduler only once the server is ready, elasticd/daemon/server.py); without pidfds or with
 `ELASTICD_FORKSERVER=0`, or once the server has failed, spares start cold, each `python -m
 elasticd.agent.spare` importing torch itself.
 
@@ -93,6 +94,12 @@ class SparePool:
 
     def pids(self) -> list[int]:
         return [s.popen.pid for s in self.spares]
+
+    def warming(self) -> bool:
+        """Whether the fork server is still importing torch (started, neither ready nor failed): an agent
+        started now would start cold and import torch beside it."""
+        server = self._server
+        return server is not None and not server.broken and not server.ready()
 
     def want(self, idle_devices: int) -> None:
         """How many devices no agent runs on: the pool follows it (at least one, at most `limit`)."""

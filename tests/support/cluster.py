@@ -136,7 +136,7 @@ class Cluster:
         self.procs.append(proc)
         proc.start()
         if "--scheduler" not in extra:
-            wait_until(lambda: status(sd)["nodes"], 30, what=f"daemon {name}'s node to join its scheduler")
+            wait_until(lambda: status(sd)["nodes"], 90, what=f"daemon {name}'s node to join its scheduler")
         return proc
 
     def node(self, sched: Proc, name: str, *extra: str, cpu: int = 1, fake: bool = True,

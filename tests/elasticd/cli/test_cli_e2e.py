@@ -46,7 +46,7 @@ def test_submitted_job_equals_elasticd_run(cluster, tmp_path, reference):
 def test_one_job_spans_two_nodes_of_one_scheduler(cluster, tmp_path, reference):
     sched = cluster.scheduler()
     nodes = [cluster.node(sched, name, fake=False) for name in ("a", "b")]
-    wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 30, what="both nodes to join")
+    wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 90, what="both nodes to join")
     out = tmp_path / "final.pt"
     r = cli("submit", SCRIPT, "--workers", str(WORKERS), "--min-devices", str(DEVICES),
             "--env", f"ELASTICD_TEST_OUT={out}", "--state-dir", str(nodes[0].state_dir))

@@ -145,7 +145,7 @@ def test_logs_follow_streams_until_the_job_ends(cluster):
 def test_job_spans_two_daemons_sharing_one_scheduler(cluster, tmp_path):
     a = cluster.daemon("a", cpu=1)
     b = cluster.node(a, "b", endpoint_key="scheduler_tcp")
-    wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 20, what="node b to join")
+    wait_until(lambda: len(status(a.state_dir)["nodes"]) == 2, 90, what="node b to join")
     out = tmp_path / "out"
     out.mkdir()
     job = submit_fake(b.state_dir, "--workers", "4", "--min-devices", "2", FAKE_OUT=str(out), FAKE_STEPS="10")
@@ -184,7 +184,7 @@ def test_daemon_killed_takes_its_agents_along_and_restarts_with_the_job_table(cl
             return True
     wait_until(lambda: all(gone(pid) for pid in pids), 20, what="orphaned agents to die")
     d.start()
-    wait_until(lambda: status(sd)["nodes"], 20, what="restarted daemon to rejoin its embedded scheduler")
+    wait_until(lambda: status(sd)["nodes"], 90, what="restarted daemon to rejoin its embedded scheduler")
     jobs = {j["job_id"]: j for j in status(sd)["jobs"]}
     assert jobs[done]["state"] == "finished"
     # The job's agents went with the daemon: not the job's fault, so it restarts from its newest snapshot

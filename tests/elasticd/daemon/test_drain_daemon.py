@@ -42,7 +42,7 @@ def island(cluster, tmp_path: Path, *extra: str, fake: bool = False):
     """A standalone scheduler and nodes a and b (one device each) joined to it over CURVE TCP."""
     sched = cluster.scheduler()
     nodes = [join(cluster, sched, tmp_path, name, *extra, fake=fake) for name in ("a", "b")]
-    wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 30, what="both nodes to join")
+    wait_until(lambda: len(status(sched.state_dir)["nodes"]) == 2, 90, what="both nodes to join")
     return sched, nodes
 
 
@@ -167,7 +167,7 @@ def test_a_job_wholly_on_the_drained_node_grows_onto_the_other_then_leaves_it(cl
     job = submit(sd, JOB, job_env(out, steps=STEPS), "--workers", "4", "--min-devices", "2", "--max-devices", "2")
     assert wait_state(sd, job, "running", timeout=120)["nodes"] == ["a"]
     join(cluster, sched, tmp_path, "b", cpu=2)
-    wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="node b to join")
+    wait_until(lambda: len(status(sd)["nodes"]) == 2, 90, what="node b to join")
     wait_until(lambda: status(sd, job)["jobs"][0]["step"] >= 3, 60, what="training to start")
     t0 = time.monotonic()
     assert cli("drain", "a", "--deadline", "120", "--state-dir", str(sd)).code == 0

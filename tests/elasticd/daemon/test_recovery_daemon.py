@@ -116,7 +116,7 @@ def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_th
     sched = cluster.scheduler()
     nodes = [cluster.node(sched, name, fake=False) for name in ("a", "b")]
     sd = sched.state_dir
-    wait_until(lambda: len(status(sd)["nodes"]) == 2, 30, what="both nodes to join")
+    wait_until(lambda: len(status(sd)["nodes"]) == 2, 90, what="both nodes to join")
     job, out, _ = _training_with_a_snapshot(nodes[0].state_dir, sd, tmp_path, "--min-devices", "1")
     b_id = nodes[1].info()["node_id"]
     for agent in nodes[1].agents():
