@@ -29,20 +29,24 @@ pytest_plugins = ["launcher_faults"]
 @pytest.fixture(scope="session", autouse=True)
 def shared_fork_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One warm fork server per kind for this test process (agent/forkserver.py --listen): the suite's
-    `elasticd run`s (through util.cli) and DDP references take their servers from them instead of each
-    importing torch again, seconds of CPU per run. Tests that look at a run's processes opt out."""
+    `elasticd run`s (through util.cli), DDP references and the spares of daemons that run real agents
+    (cluster.Cluster.daemon) take their servers from them instead of each importing torch again, seconds of
+    CPU per run or daemon. Tests that look at a run's processes opt out."""
     if not supported():
         yield ""
         return
     where = tmp_path_factory.mktemp("forkservers")
+    daemons = where / "daemons"   # a daemon's agents start with PYTHONUNBUFFERED=1 (elasticd/daemon/processes.py)
+    daemons.mkdir()
     with open(where / "servers.log", "ab") as log:
         servers = [subprocess.Popen([*module_command("elasticd.agent.forkserver"), "--listen",
-                                     str(where / f"{kind}.sock"), kind], stdin=subprocess.DEVNULL, stdout=log,
+                                     str(place / f"{kind}.sock"), kind], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
-                   for kind, env in (("agent", dict(os.environ)), ("reference", rank_environment()))]
-    util.SHARED_FORK_SERVERS = str(where)
+                   for place, kind, env in ((where, "agent", dict(os.environ)), (where, "reference", rank_environment()),
+                                            (daemons, "agent", {**os.environ, "PYTHONUNBUFFERED": "1"}))]
+    util.SHARED_FORK_SERVERS, util.SHARED_DAEMON_FORK_SERVERS = str(where), str(daemons)
     yield str(where)
-    util.SHARED_FORK_SERVERS = ""
+    util.SHARED_FORK_SERVERS = util.SHARED_DAEMON_FORK_SERVERS = ""
     for server in servers:
         server.kill()
         server.wait()

@@ -15,7 +15,10 @@ replaces a taken spare no longer takes a core from the training for seconds, and
 server's memory until they write to it. Each is a session leader that gets SIGTERM when the server ends,
 and the server gets it when the daemon ends (the same PR_SET_PDEATHSIG prelude as agents). Until the
 server is ready no spare is started (an agent started meanwhile starts cold; the daemon offers its devices
-to the scheduler only once the server is ready, elasticd/daemon/server.py); without pidfds or with
+to the scheduler only once the server is ready, elasticd/daemon/server.py). A daemon whose environment names
+a shared fork server (ELASTICD_FORKSERVER_DIR, as `elasticd run` takes one: a test suite's many daemons)
+takes its server from there when that one runs as the daemon's user with the agents' start-up environment
+(the daemon's own, PYTHONUNBUFFERED=1 added). Without pidfds or with
 `ELASTICD_FORKSERVER=0`, or once the server has failed, spares start cold, each `python -m
 elasticd.agent.spare` importing torch itself.
 
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from elasticd.core.commands import module_command
 from elasticd.daemon.job_user import JobUser
-from elasticd.forked import ForkedProcess, ForkServer
+from elasticd.forked import ForkedProcess, ForkServer, shared_server
 from elasticd.startup_env import startup_differences
 
 log = logging.getLogger(__name__)
@@ -142,7 +145,8 @@ class SparePool:
             try:
                 with open(self.log_path, "ab") as out:
                     self._server = ForkServer(self.env, cwd=str(self.cwd), stdout=out, wrap=self._wrap, session=True,
-                                              reply_timeout_s=FORK_REPLY_TIMEOUT_S)
+                                              reply_timeout_s=FORK_REPLY_TIMEOUT_S,
+                                              shared=shared_server("agent", os.environ))
             except OSError as e:
                 log.warning("cannot start the spares' fork server (%s); spares start cold", e)
                 self._fork = False

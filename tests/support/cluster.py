@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import util
 from util import cli, cli_here, wait_until
+
+from elasticd.forked import SHARED_DIR_VAR
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_AGENT = REPO / "tests" / "jobs" / "fake_agent.py"
@@ -128,11 +131,14 @@ class Cluster:
         self.procs: list[Proc] = []
 
     def daemon(self, name: str = "node", *extra: str, cpu: int | None = 2, fake: bool = True,
-               env: dict[str, str] | None = None) -> Proc:
+               env: dict[str, str] | None = None, own_forks: bool = False) -> Proc:
         """A node daemon; one that embeds its scheduler (no `--scheduler`) is returned once its node has
-        joined that scheduler, as `elasticd status` shows it (a node says hello just after the daemon is up)."""
+        joined that scheduler, as `elasticd status` shows it (a node says hello once its spares' fork server
+        is ready). One with real agents (not `fake`) takes that server from the test process's shared ones
+        unless `own_forks` (a test that looks at the daemon's processes)."""
         sd = self.root / name
-        proc = Proc(daemon_argv(sd, *extra, cpu=cpu, fake=fake), sd, "daemon.json", env=env or {})
+        shared = {SHARED_DIR_VAR: util.SHARED_DAEMON_FORK_SERVERS} if not fake and not own_forks else {}
+        proc = Proc(daemon_argv(sd, *extra, cpu=cpu, fake=fake), sd, "daemon.json", env={**shared, **(env or {})})
         self.procs.append(proc)
         proc.start()
         if "--scheduler" not in extra:
@@ -140,7 +146,7 @@ class Cluster:
         return proc
 
     def node(self, sched: Proc, name: str, *extra: str, cpu: int = 1, fake: bool = True,
-             endpoint_key: str = "tcp") -> Proc:
+             endpoint_key: str = "tcp", own_forks: bool = False) -> Proc:
         """A node daemon `name` (its node id too) joined over CURVE TCP to the scheduler `sched` serves (a
         standalone scheduler, or a daemon's embedded one with endpoint_key="scheduler_tcp"), its key allowed
         there with the node role."""
@@ -151,7 +157,8 @@ class Cluster:
         info = sched.info()
         assert info is not None
         return self.daemon(name, "--scheduler", info[endpoint_key], "--scheduler-key",
-                           str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra, cpu=cpu, fake=fake)
+                           str(sched.state_dir / "keys" / "id.key"), "--node-id", name, *extra, cpu=cpu, fake=fake,
+                           own_forks=own_forks)
 
     def scheduler(self, name: str = "sched", *extra: str, bind: str = "tcp://127.0.0.1:0") -> Proc:
         sd = self.root / name

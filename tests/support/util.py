@@ -25,6 +25,8 @@ T = TypeVar("T")
 REFERENCE_WORKERS = 4  # N of the equivalence jobs
 # The directory of this test process's shared fork servers (tests/conftest.py), "" while there are none.
 SHARED_FORK_SERVERS = ""
+# The same for daemons' spares: an agent server started with the environment a daemon gives its agents.
+SHARED_DAEMON_FORK_SERVERS = ""
 
 
 @dataclass(slots=True)

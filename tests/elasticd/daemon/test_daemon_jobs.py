@@ -72,7 +72,7 @@ def test_stop_running_job_stops_agents_at_step_boundary_and_frees_devices(cluste
     out.mkdir()
     job = submit_fake(d.state_dir, "--workers", "2", FAKE_MODE="hang", FAKE_OUT=str(out))
     wait_state(d.state_dir, job, "running")
-    agents = wait_until(lambda: [a for a in status(d.state_dir, job)["jobs"][0]["agents"] if a["rss"] > 0], 10,
+    agents = wait_until(lambda: [a for a in status(d.state_dir, job)["jobs"][0]["agents"] if a["rss"] > 0], 30,
                         what="psutil samples of the agents")
     assert len(agents) == 2 and all(a["alive"] and a["pid"] > 0 for a in agents)
     r = cli("stop", job, "--state-dir", str(d.state_dir))

@@ -173,7 +173,7 @@ def test_spares_that_keep_dying_are_restarted_with_a_growing_delay(tmp_path, cap
 @pytest.mark.slow
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "cold"])
 def test_a_launch_runs_on_a_pre_started_spare_and_computes_what_a_cold_run_does(cluster, tmp_path, cold_run, forked):
-    d = cluster.daemon(cpu=1, fake=False, env={} if forked else {"ELASTICD_FORKSERVER": "0"})
+    d = cluster.daemon(cpu=1, fake=False, own_forks=True, env={} if forked else {"ELASTICD_FORKSERVER": "0"})
     sd = d.state_dir
     spares = wait_until(lambda: idle_spares(d, sd), 60, what="a spare agent")
     # forked from the daemon's fork server, which imported torch once; or started cold, each importing it
@@ -200,7 +200,7 @@ def test_a_launch_runs_on_a_pre_started_spare_and_computes_what_a_cold_run_does(
 
 @pytest.mark.slow
 def test_a_grow_takes_its_joiner_from_the_spares(cluster, tmp_path, cold_run):
-    d = cluster.daemon(cpu=2, fake=False)
+    d = cluster.daemon(cpu=2, fake=False, own_forks=True)
     sd = d.state_dir
     out = tmp_path / "out"
     out.mkdir()
@@ -225,7 +225,7 @@ def test_a_grow_takes_its_joiner_from_the_spares(cluster, tmp_path, cold_run):
 
 @pytest.mark.slow
 def test_the_pool_keeps_a_spare_per_idle_device_and_one_while_all_are_busy(cluster, tmp_path):
-    d = cluster.daemon(cpu=2, fake=False)
+    d = cluster.daemon(cpu=2, fake=False, own_forks=True)
     sd = d.state_dir
     first = wait_until(lambda: s if len(s := idle_spares(d, sd)) == 2 else None, 120, what="a spare per device")
     out = tmp_path / "out"
@@ -244,7 +244,7 @@ def test_the_pool_keeps_a_spare_per_idle_device_and_one_while_all_are_busy(clust
 
 @pytest.mark.slow
 def test_a_script_broken_at_import_fails_on_a_spare_as_it_does_cold(cluster, tmp_path):
-    d = cluster.daemon(cpu=1, fake=False)
+    d = cluster.daemon(cpu=1, fake=False, own_forks=True)
     sd = d.state_dir
     script = tmp_path / "broken.py"
     # An @elastic script (a torchrun-mode one would fail in its workers, not at load)
@@ -281,7 +281,7 @@ def test_no_spares_with_spares_0_or_a_fake_agent_command(cluster, tmp_path):
     job = submit(fake.state_dir, FAKE_SCRIPT, {"FAKE_MODE": "hang"}, "--workers", "1")
     wait_state(fake.state_dir, job, "running")
     assert "no spare agents: the agent command is not `python -m agent`" in fake.output()
-    real = cluster.daemon("real", "--spares", "0", cpu=1, fake=False)
+    real = cluster.daemon("real", "--spares", "0", cpu=1, fake=False, own_forks=True)
     script = tmp_path / "broken.py"
     script.write_text("raise RuntimeError('broken at import')\n")
     r = cli("submit", str(script), "--workers", "1", "--wait", "--state-dir", str(real.state_dir), timeout=180)

@@ -114,7 +114,7 @@ def test_a_lost_node_and_its_agents_the_job_goes_on_from_the_snapshot_copy_on_th
     of the snapshot were copied to node a (the buddy), so the job resumes there, on one device, at the step
     of its newest snapshot, and ends as if nothing happened."""
     sched = cluster.scheduler()
-    nodes = [cluster.node(sched, name, fake=False) for name in ("a", "b")]
+    nodes = [cluster.node(sched, name, fake=False, own_forks=True) for name in ("a", "b")]   # kills b's agents
     sd = sched.state_dir
     wait_until(lambda: len(status(sd)["nodes"]) == 2, 90, what="both nodes to join")
     job, out, _ = _training_with_a_snapshot(nodes[0].state_dir, sd, tmp_path, "--min-devices", "1")
@@ -138,7 +138,7 @@ def test_a_daemon_killed_and_restarted_resumes_its_job_from_the_snapshot_it_kept
     """The node daemon (with its embedded scheduler) is SIGKILLed: its agents stop with it (they never train
     on unsupervised). Restarted on the same state dir, the scheduler finds the job running in its table and
     no agents on the node, and restarts it from the periodic snapshot the node kept in tmpfs."""
-    d = cluster.daemon(cpu=2, fake=False)
+    d = cluster.daemon(cpu=2, fake=False, own_forks=True)   # looks at its agents
     sd = d.state_dir
     job, out, _ = _training_with_a_snapshot(sd, sd, tmp_path)
     agents = d.agents()

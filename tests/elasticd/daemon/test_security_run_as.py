@@ -4,7 +4,8 @@ neither the daemon's keys, nor `daemon.sock` (where a peer is admin), nor anothe
 files, nor another job's agent on the agent socket (each agent proves itself with its own token).
 
 The end-to-end tests need root and the unprivileged user `elasticd-job` (scripts/setup.sh creates it);
-elsewhere they are skipped with that reason. The rules below them run anywhere."""
+elsewhere they are skipped with that reason. The rules below them run anywhere. Their daemons start their
+own spares' fork servers (`own_forks`), as a production daemon does, not the test process's shared one."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_a_job_run_as_another_user_reaches_no_key_socket_log_process_or_agent_of
     list the agents' area, write into the victim's directory, signal the victim's agent, or speak for it on
     the agent socket; it can write into its own directory, runs as elasticd-job with its home, and never
     sees its agent token. The victim keeps training throughout."""
-    d = cluster.daemon("node", "--jobs-as", JOB_USER, "--spares", spares, cpu=2, fake=False)
+    d = cluster.daemon("node", "--jobs-as", JOB_USER, "--spares", spares, cpu=2, fake=False, own_forks=True)
     sd = d.state_dir
     assert f"jobs run as {JOB_USER}" in d.output()
     victim = cli("submit", str(REPO / "examples" / "train_mlp.py"), "--max-devices", "1", "--run-as", "root",
@@ -147,7 +148,7 @@ def test_a_client_keys_jobs_run_as_the_user_it_maps_to_over_tcp(cluster, shared_
     """The daemon's default is root here (`--jobs-as root`), the client key is allowed `--run-as
     elasticd-job`: its job, submitted over CURVE TCP, runs as elasticd-job; the same key naming another
     user is refused."""
-    d = cluster.daemon("node", "--jobs-as", "root", "--bind", "tcp://127.0.0.1:0", cpu=1, fake=False)
+    d = cluster.daemon("node", "--jobs-as", "root", "--bind", "tcp://127.0.0.1:0", cpu=1, fake=False, own_forks=True)
     sd, client = d.state_dir, shared_dir / "client"
     key = cli("keygen", "--state-dir", str(client)).out.strip()
     assert cli("keygen", "--state-dir", str(sd), "--allow", key, "--name", "alice", "--run-as", JOB_USER).code == 0
@@ -168,7 +169,7 @@ def test_a_client_keys_jobs_run_as_the_user_it_maps_to_over_tcp(cluster, shared_
 @needs_job_user
 def test_a_job_whose_user_cannot_read_its_script_fails_with_the_reason(cluster, tmp_path):
     """The script sits in root's 0700 tmp dir: the job run as elasticd-job fails, and says why."""
-    d = cluster.daemon("node", "--jobs-as", JOB_USER, cpu=1, fake=False)
+    d = cluster.daemon("node", "--jobs-as", JOB_USER, cpu=1, fake=False, own_forks=True)
     script = tmp_path / "job.py"
     script.write_text("print('hello')\n")
     r = cli("submit", str(script), "--workers", "1", "--state-dir", str(d.state_dir), cwd=REPO)
@@ -184,7 +185,7 @@ def test_a_job_submitted_from_a_directory_its_user_cannot_enter_fails_at_once_wi
                                                                                               tmp_path):
     """Submitted from root's 0700 tmp dir, on a spare or cold alike: the launch fails, naming the directory,
     rather than agents dying one by one and the job being recovered as if a node had failed."""
-    d = cluster.daemon("node", "--jobs-as", JOB_USER, cpu=1, fake=False)
+    d = cluster.daemon("node", "--jobs-as", JOB_USER, cpu=1, fake=False, own_forks=True)
     script = shared_dir / "job.py"
     script.write_text("print('hello')\n")
     script.chmod(0o644)
