@@ -556,7 +556,7 @@ def test_a_killed_agent_restarts_a_torchrun_job_under_the_daemon_which_counts_th
 
     script = tmp_path / "restarted.py"
     script.write_text(RESTARTED)
-    d = cluster.daemon(cpu=2, fake=False)
+    d = cluster.daemon(cpu=2, fake=False, own_forks=True)   # finds its agents by process tree
     sd = d.state_dir
     sub = cli("submit", str(script), "--workers", "2", "--min-devices", "2", "--state-dir", str(sd), str(tmp_path),
               cwd=tmp_path)
