@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from util import REPO, shared_servers
@@ -56,14 +57,43 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     assert math.isfinite(float(m.group(2))) and float(m.group(2)) > 0
 
 
-@pytest.mark.parametrize("script", ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py",
-                                    "bench_resize.py", "bench_daemon_grow.py", "bench_torchrun_mode.py",
-                                    "bench_resize_memory.py", "bench_islands.py", "bench_islands_link.py"])
-def test_help_explains(script: str) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "-h"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0
-    assert "--quick" in proc.stdout and "=X.XX" in proc.stdout
+HELPED = ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py", "bench_resize.py",
+          "bench_daemon_grow.py", "bench_torchrun_mode.py", "bench_resize_memory.py", "bench_islands.py",
+          "bench_islands_link.py"]
+# Each script's `-h` run as `python SCRIPT -h` runs it, in one interpreter for all of them: most import torch
+# before they parse their arguments, seconds each.
+HELP_DRIVER = """
+import contextlib, io, json, runpy, sys
+sys.path.insert(0, sys.argv[1])
+out = {}
+for script in sys.argv[2:]:
+    sys.argv = [script, "-h"]
+    text = io.StringIO()
+    code = "no exit"
+    with contextlib.redirect_stdout(text):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+    out[script] = [code, text.getvalue()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, list]:
+    scripts = [str(REPO / "scripts" / s) for s in HELPED]
+    proc = subprocess.run([sys.executable, "-c", HELP_DRIVER, str(REPO / "scripts"), *scripts], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {Path(k).name: v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
+@pytest.mark.parametrize("script", HELPED)
+def test_help_explains(helps: dict[str, list], script: str) -> None:
+    code, text = helps[script]
+    assert code in (0, None), (code, text)
+    assert "--quick" in text and "=X.XX" in text, text
 
 
 @pytest.mark.slow
