@@ -99,10 +99,10 @@ class SparePool:
         return [s.popen.pid for s in self.spares]
 
     def warming(self) -> bool:
-        """Whether the fork server is still importing torch (started, neither ready nor failed): an agent
-        started now would start cold and import torch beside it."""
+        """Whether the fork server is still importing torch (started, not failed, and not ready or no spare
+        forked from it yet): an agent started now would start cold and import torch beside it."""
         server = self._server
-        return server is not None and not server.broken and not server.ready()
+        return server is not None and not server.broken and (not server.ready() or not self.spares)
 
     def want(self, idle_devices: int) -> None:
         """How many devices no agent runs on: the pool follows it (at least one, at most `limit`)."""

@@ -171,6 +171,26 @@ def test_spares_that_keep_dying_are_restarted_with_a_growing_delay(tmp_path, cap
 
 
 @pytest.mark.slow
+def test_a_fresh_daemon_offers_its_devices_once_its_fork_server_is_up_so_the_first_job_forks_its_agents(
+        cluster, tmp_path):
+    """A job submitted as soon as a fresh daemon's node has joined runs every agent on a forked spare: the
+    node said hello only after its spares' fork server had imported torch and forked them (no agent started
+    cold beside that import)."""
+    d = cluster.daemon(cpu=2, fake=False, own_forks=True)
+    sd = d.state_dir
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "release").touch()
+    job = submit(sd, JOB, job_env(out, STEPS, WORKERS), "--workers", str(WORKERS))
+    info = wait_state(sd, job, ("finished", "failed"), timeout=180)
+    assert info["state"] == "finished", (info["error"], d.output()[-3000:])
+    log = d.output()
+    assert "offering its devices once the spares' fork server has imported torch" in log
+    assert "cold start" not in log, log[-3000:]
+    assert log.count(f"job {job} agent") and log.count("started on spare agent pid") == 2, log[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "cold"])
 def test_a_launch_runs_on_a_pre_started_spare_and_computes_what_a_cold_run_does(cluster, tmp_path, cold_run, forked):
     d = cluster.daemon(cpu=1, fake=False, own_forks=True, env={} if forked else {"ELASTICD_FORKSERVER": "0"})
