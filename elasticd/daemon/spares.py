@@ -15,7 +15,7 @@ replaces a taken spare no longer takes a core from the training for seconds, and
 server's memory until they write to it. Each is a session leader that gets SIGTERM when the server ends,
 and the server gets it when the daemon ends (the same PR_SET_PDEATHSIG prelude as agents). Until the
 server is ready no spare is started (an agent started meanwhile starts cold; the daemon offers its devices
-to the scheduler only once the server is ready, elasticd/daemon/server.py). A daemon whose environment names
+to the scheduler only once the server is ready and spares are forked, elasticd/daemon/server.py). A daemon whose environment names
 a shared fork server (ELASTICD_FORKSERVER_DIR, as `elasticd run` takes one: a test suite's many daemons)
 takes its server from there when that one runs as the daemon's user with the agents' start-up environment
 (the daemon's own, PYTHONUNBUFFERED=1 added). Without pidfds or with
