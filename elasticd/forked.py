@@ -124,6 +124,8 @@ class ForkServer:
         self.broken = ""   # why no more forks: the launcher starts agents cold from then on
         self._ready = False
         self._children: dict[int, ForkedProcess] = {}
+        # A child can end before `spawn` has read its pid: its exit comes in the same read as the pid reply.
+        self._early_exits: dict[int, int] = {}   # pid -> code, for children not registered yet
         self._replies: list[tuple[dict, list[int]]] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid = 0
@@ -210,7 +212,11 @@ class ForkServer:
             return None
         msg, fds = reply
         proc = ForkedProcess(self, list(argv), int(msg["pid"]), fds[0])
-        self._children[proc.pid] = proc
+        code = self._early_exits.pop(proc.pid, None)
+        if code is None:
+            self._children[proc.pid] = proc
+        else:
+            proc._ended(code)
         return proc
 
     def pump(self, timeout: float) -> None:
@@ -234,6 +240,8 @@ class ForkServer:
                 child = self._children.pop(int(msg["exit"]), None)
                 if child is not None:
                     child._ended(int(msg["code"]))
+                else:
+                    self._early_exits[int(msg["exit"])] = int(msg["code"])
             else:
                 self._replies.append((msg, fds))
 

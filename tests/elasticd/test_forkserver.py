@@ -13,9 +13,11 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import psutil
@@ -213,3 +215,43 @@ def test_a_shared_server_of_another_user_is_not_joined() -> None:
         theirs.kill()
         theirs.wait()
         shutil.rmtree(where)
+
+
+def test_a_child_that_ends_before_its_pid_is_read_is_reported_ended(tmp_path: Path) -> None:
+    """A fork that exits at once (a launcher's read of N, its teardown now milliseconds) can have its exit
+    reported in the same read as its pid: `spawn` must still return it ended, not leave `wait` waiting for
+    an exit that was read before the child was known. The peer here speaks the server's protocol
+    (agent/forkserver.py) and has sent the pid (with a real child's pidfd) and the exit before the client
+    reads its reply: the order a loaded machine produces now and then."""
+    path = str(tmp_path / "agent.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(1)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    pidfd = os.pidfd_open(child.pid)
+    child.wait()   # reaped here, as the server reaps its children; the pidfd stays valid
+    peer: list[socket.socket] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        peer.append(conn)
+        conn.send(json.dumps({"ready": os.getpid(), "env": dict(os.environ)}).encode())
+        # the request, once sent, waits unread: the answers are out already
+        socket.send_fds(conn, [json.dumps({"pid": child.pid}).encode()], [pidfd])
+        os.close(pidfd)
+        conn.send(json.dumps({"exit": child.pid, "code": 7}).encode())
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    server = ForkServer(dict(os.environ), shared=path)
+    try:
+        assert server._proc is None, "the client started a server of its own instead of joining the peer"
+        thread.join(timeout=30)
+        proc = server.spawn(["--anything"], dict(os.environ), [])
+        assert proc is not None and proc.pid == child.pid
+        assert proc.wait(timeout=10) == 7
+    finally:
+        server.close()
+        for conn in peer:
+            conn.close()
+        listener.close()
