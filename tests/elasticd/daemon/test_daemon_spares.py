@@ -69,6 +69,18 @@ def _is_spare(proc: psutil.Process) -> bool:
         return False
 
 
+def run_released(d: Proc, tmp_path: Path) -> tuple[str, dict, Path]:
+    """Submit the job released from the start (no pacing) to `d` and wait until it has finished: its id,
+    its status row and its output directory."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "release").touch()
+    job = submit(d.state_dir, JOB, job_env(out, STEPS, WORKERS), "--workers", str(WORKERS))
+    info = wait_state(d.state_dir, job, ("finished", "failed"), timeout=180)
+    assert info["state"] == "finished", (info["error"], d.output()[-3000:])
+    return job, info, out
+
+
 def assert_same_as_cold(out: Path, cold: Path) -> None:
     assert_same_run(out, cold, STEPS, ranks=WORKERS)
 
@@ -177,17 +189,11 @@ def test_a_fresh_daemon_offers_its_devices_once_its_fork_server_is_up_so_the_fir
     node said hello only after its spares' fork server had imported torch and forked them (no agent started
     cold beside that import)."""
     d = cluster.daemon(cpu=2, fake=False, own_forks=True)
-    sd = d.state_dir
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "release").touch()
-    job = submit(sd, JOB, job_env(out, STEPS, WORKERS), "--workers", str(WORKERS))
-    info = wait_state(sd, job, ("finished", "failed"), timeout=180)
-    assert info["state"] == "finished", (info["error"], d.output()[-3000:])
+    job, _, _ = run_released(d, tmp_path)
     log = d.output()
     assert "offering its devices once the spares' fork server has imported torch" in log
     assert "cold start" not in log, log[-3000:]
-    assert log.count(f"job {job} agent") and log.count("started on spare agent pid") == 2, log[-3000:]
+    assert log.count(f"job {job} agent ") == log.count("started on spare agent pid") == 2, log[-3000:]
 
 
 @pytest.mark.slow
@@ -202,12 +208,7 @@ def test_a_launch_runs_on_a_pre_started_spare_and_computes_what_a_cold_run_does(
     assert parent is not None
     assert ("elasticd.agent.forkserver" in parent.cmdline()) == forked, parent.cmdline()
     assert ("forked ready in" in (sd / "spares.log").read_text()) == forked
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "release").touch()
-    job = submit(sd, JOB, job_env(out, STEPS, WORKERS), "--workers", str(WORKERS))
-    info = wait_state(sd, job, ("finished", "failed"), timeout=180)
-    assert info["state"] == "finished", (info["error"], d.output()[-3000:])
+    job, info, out = run_released(d, tmp_path)
     (agent,) = info["agents"]
     assert agent["pid"] in spares
     assert f"job {job} agent 0: started on spare agent pid {agent['pid']}" in d.output()
