@@ -14,6 +14,7 @@ from cluster import Cluster
 from util import JOBS, REFERENCE_WORKERS, Reference, load_state
 
 from elasticd.core.commands import module_command
+from elasticd.daemon.processes import agent_env
 from elasticd.forked import SHARED_DIR_VAR, supported
 from elasticd.reference_launch import rank_environment, run_native_ddp
 
@@ -36,14 +37,14 @@ def shared_fork_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield ""
         return
     where = tmp_path_factory.mktemp("forkservers")
-    daemons = where / "daemons"   # a daemon's agents start with PYTHONUNBUFFERED=1 (elasticd/daemon/processes.py)
+    daemons = where / "daemons"   # for daemons' spares: started with the environment a daemon gives its agents
     daemons.mkdir()
     with open(where / "servers.log", "ab") as log:
         servers = [subprocess.Popen([*module_command("elasticd.agent.forkserver"), "--listen",
                                      str(place / f"{kind}.sock"), kind], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
                    for place, kind, env in ((where, "agent", dict(os.environ)), (where, "reference", rank_environment()),
-                                            (daemons, "agent", {**os.environ, "PYTHONUNBUFFERED": "1"}))]
+                                            (daemons, "agent", agent_env({})))]
     util.SHARED_FORK_SERVERS, util.SHARED_DAEMON_FORK_SERVERS = str(where), str(daemons)
     yield str(where)
     util.SHARED_FORK_SERVERS = util.SHARED_DAEMON_FORK_SERVERS = ""

@@ -73,7 +73,10 @@ def with_death_signal(command: list[str]) -> list[str]:
     return [sys.executable, "-c", _DEATH_SIGNAL_PRELUDE, str(os.getpid()), *command]
 
 
-def _agent_env(job_env: dict[str, str]) -> dict[str, str]:
+def agent_env(job_env: dict[str, str]) -> dict[str, str]:
+    """The environment an agent of this daemon starts with: the daemon's own, the job's, unbuffered output.
+    A shared fork server its spares come from must have the same interpreter-start variables
+    (elasticd/startup_env.py)."""
     return {**os.environ, **job_env, "PYTHONUNBUFFERED": "1"}
 
 
@@ -115,7 +118,7 @@ class AgentProcesses:
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
         limit = len(devices) if spares is None else spares
-        self.spares = SparePool(limit if own else 0, _agent_env({}), sd.root, sd.root / "spares.log",
+        self.spares = SparePool(limit if own else 0, agent_env({}), sd.root, sd.root / "spares.log",
                                 wrap=with_death_signal, fork=forked.supported())
         if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
@@ -312,7 +315,7 @@ class AgentProcesses:
 
     def _spawn(self, cfg: AgentConfig, msg: p.LaunchJob, log_path: Path, token: str, user: JobUser, job_dir: str
                ) -> subprocess.Popen | ForkedProcess:
-        env = _agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id, AGENT_TOKEN_VAR: token})
+        env = agent_env({**msg.env, "ELASTICD_JOB_ID": msg.job_id, AGENT_TOKEN_VAR: token})
         if user.switched:
             env.update(user.env())
         cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else job_dir
