@@ -20,6 +20,8 @@ import ctypes
 import datetime
 import logging
 import os
+import socket
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -101,6 +103,31 @@ def _peers(waits: bool = True) -> Iterator[None]:
         raise PeerLost(f"a collective of the agents' group failed: {why}") from e
 
 
+STORE_POLL_S = (0.001, 0.01)   # the first and the longest wait between two probes of rank 0's store
+
+
+def await_store(addr: str, port: int, deadline: float) -> None:
+    """Return once rank 0's rendezvous store accepts connections at addr:port (or at `deadline`: then
+    init_process_group reports what is wrong, as it would have).
+
+    Rank 0 starts the store when it enters the group, which in a resize is after its last step and its
+    snapshot, while a joiner is told at the go and arrives first. c10d's client retries a refused connect
+    with a growing back-off, and the whole group then forms up to 0.7 s after rank 0 is there (measured on
+    loopback, 4 agents, rank 0 50 ms late); a connect of our own every few milliseconds finds the store
+    within one of them. The probe's connection carries nothing and is closed at once; the store serves
+    the connections that follow."""
+    wait = STORE_POLL_S[0]
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+            return
+        except OSError:
+            if time.monotonic() + wait > deadline:
+                return
+            time.sleep(wait)
+            wait = min(wait * 1.5, STORE_POLL_S[1])
+
+
 class PhysicalGroup:
     def __init__(self, rank: int, world: int, device: torch.device, spec: GroupSpec | None = None) -> None:
         self.rank = rank
@@ -128,6 +155,8 @@ class PhysicalGroup:
             if master_addr in ("127.0.0.1", "localhost", "::1"):
                 # gloo otherwise resolves the hostname, which in containers often points nowhere useful.
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            if rank > 0:
+                await_store(master_addr, master_port, time.monotonic() + timeout_s)
             dist.init_process_group(
                 spec.backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world,
                 timeout=datetime.timedelta(seconds=timeout_s), **spec.init_kwargs(),
