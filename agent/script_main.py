@@ -169,8 +169,10 @@ class StepCounter:
         resumed = self._rt.boundary.resumed_from
         self._rt.timing.boundary(time.perf_counter())   # compute vs collective seconds, as a step boundary keeps
         beat.stepped(self.step)
-        self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed}, self._rt.timing.take())
-        if self.step in self._rt.boundary.hold_at:
+        held = self.step in self._rt.boundary.hold_at
+        self._rt.control.step(self.step, {} if resumed is None else {"resumed_from": resumed}, self._rt.timing.take(),
+                              held=held)
+        if held:
             self._hold()
 
     def _hold(self) -> None:

@@ -24,9 +24,12 @@ class ControlChannel(Protocol):
     def hello(self, info: p.AgentInfo) -> None:
         """Announce the agent: it is ready to compute."""
 
-    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None,
+             held: bool = False) -> None:
         """A physical step finished; `metrics` holds the last `ctx.log` values of the agent's lowest rank,
-        `timing` this agent's step timing since its last report (elasticd.core.timing; {} or None: none)."""
+        `timing` this agent's step timing since its last report (elasticd.core.timing; {} or None: none).
+        `held`: the agents stop after this step for a scheduled resize and wait for its command, which
+        comes once this report is read: it goes out at once, never coalesced."""
 
     def done(self, stopped: bool) -> None:
         """Every hosted worker returned normally (`stopped`: unwound by a stop at a step boundary)."""
@@ -60,7 +63,8 @@ class NullControl:
     def hello(self, info: p.AgentInfo) -> None:
         log.debug("agent up: %s", info)
 
-    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None,
+             held: bool = False) -> None:
         now = time.monotonic()
         if self._print and now - self._last >= self._every:
             self._last = now

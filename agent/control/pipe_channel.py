@@ -42,7 +42,8 @@ class PipeControl:
     def hello(self, info: p.AgentInfo) -> None:
         self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info))
 
-    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None,
+             held: bool = False) -> None:
         self._send(p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_metrics(metrics),
                                timing=dict(timing or {})))
 

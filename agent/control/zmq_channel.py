@@ -63,7 +63,8 @@ class ZmqControl:
         with self._lock:
             self._send(p.AgentHello(job_id=self.job_id, rank=self.rank, info=info, token=self._token))
 
-    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None) -> None:
+    def step(self, step: int, metrics: dict[str, p.Scalar], timing: dict[str, int | float] | None = None,
+             held: bool = False) -> None:
         msg = p.AgentStep(job_id=self.job_id, rank=self.rank, step=int(step), metrics=p.flat_metrics(metrics),
                           timing=dict(timing or {}))
         now = time.monotonic()
@@ -71,7 +72,7 @@ class ZmqControl:
             if self._pending_step is not None:
                 # A throttled report is replaced, not lost: its steps' timing goes on in this one's means.
                 msg.timing = merge_timing(self._pending_step.timing, msg.timing)
-            if now - self._last_step_sent >= self.step_every_s:
+            if held or now - self._last_step_sent >= self.step_every_s:
                 self._last_step_sent = now
                 self._pending_step = None
                 self._send(msg)

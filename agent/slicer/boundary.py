@@ -359,7 +359,7 @@ class StepBoundary:
         # The runtime's own entries first: the report keeps only the first MAX_METRICS (protocol/limits.py).
         metrics.update((k, v) for k, v in w.progress.metrics.items() if k not in metrics)
         beat.stepped(step)
-        self.rt.control.step(step, metrics, self.rt.timing.take())
+        self.rt.control.step(step, metrics, self.rt.timing.take(), held=step in self.hold_at)
 
     def snapshot(self, workers: dict[int, Worker]) -> AgentSnapshot:
         """After a preempted run: the replicated state once, and every hosted worker's own state."""

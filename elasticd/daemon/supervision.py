@@ -246,7 +246,12 @@ class Supervision:
             del agent.step_times[:-20]
             if msg.timing:
                 _timed(agent, msg.timing)
-            return None, self.resizes.stepped(job, agent)
+            actions = self.resizes.stepped(job, agent)
+            if msg.step in job.launch.hold_at and job.agents and agent is job.lead():
+                # The agents stop after this step and wait for the scheduled resize: the scheduler starts it
+                # once it hears of the step, and a heartbeat later would hold the job that much longer.
+                actions.append(Report())
+            return None, actions
         if isinstance(msg, p.AgentFailed):
             error = msg.error.as_dict(msg.job_id, msg.rank)
             if agent.pending:

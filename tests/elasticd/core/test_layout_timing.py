@@ -75,6 +75,28 @@ def test_a_throttled_step_report_keeps_its_timing_in_the_next_one(tmp_path: Path
         ctx.term()
 
 
+def test_a_held_step_is_reported_at_once_inside_the_throttle(tmp_path: Path):
+    """The agents wait after a --scale-at step until the resize comes, and it comes once the report is read."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    endpoint = f"ipc://{tmp_path}/agent.sock"
+    router.bind(endpoint)
+    control = ZmqControl(endpoint, "j1", 0, step_every_s=3600.0)
+    try:
+        one = {"hosted": 1, "compute_s": 1.0, "flush_s": 0.0, "steps": 1}
+        control.step(0, {}, one)              # sent: the first report goes at once
+        control.step(1, {}, one)              # throttled: pending
+        control.step(2, {}, one, held=True)   # sent now, step 1's timing in it
+        router.rcvtimeo = 10_000
+        got = [p.decode(router.recv_multipart()[-1]) for _ in range(2)]
+        assert [m.step for m in got] == [0, 2]
+        assert got[1].timing["steps"] == 2
+    finally:
+        control.close()
+        router.close(linger=0)
+        ctx.term()
+
+
 def _duty_cycle(proc: psutil.Process, stop_s: float, run_s: float, done: threading.Event) -> None:
     """Make `proc` run only run_s of every stop_s + run_s seconds, until it exits or `done` is set."""
     try:

@@ -126,6 +126,19 @@ def test_agent_messages_are_checked_against_the_agent_that_said_hello():
     assert node.report("j").error == failed.as_dict("j", 0)
 
 
+def test_a_held_step_of_the_lead_agent_is_reported_to_the_scheduler_at_once():
+    """The agents stop after a --scale-at step and wait; the scheduler starts the resize when it hears of the
+    step, so that report cannot wait for the next heartbeat. Other steps, and another agent's, do."""
+    node = Node()
+    node.start(node.core.launch(launch_msg("j", hold_at=[10, 20]), port=1))
+    lead, other = node.hello("j", 0), node.hello("j", 1)
+    msg = node.core.agent_message
+    assert msg(lead, p.AgentStep(job_id="j", rank=0, step=9), T0) == (None, [])
+    assert msg(other, p.AgentStep(job_id="j", rank=1, step=10), T0) == (None, [])
+    assert msg(lead, p.AgentStep(job_id="j", rank=0, step=10), T0) == (None, [Report()])
+    assert msg(lead, p.AgentStep(job_id="j", rank=0, step=11), T0) == (None, [])
+
+
 def test_usage_is_kept_for_the_jobs_own_agents():
     node = Node()
     running(node)
