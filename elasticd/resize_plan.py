@@ -22,6 +22,9 @@ the new group's rank 0, whose node picks the rendezvous port, is then old rank `
 ``prepare``  the joiners start as warm standbys and the new group's rendezvous port is chosen, while the
              job keeps training at M. `Go` once the port is known and every joiner is ready; a joiner
              that dies, or a deadline passed, gives `Abort`: nothing was touched, the job goes on at M.
+             A scheduled grow may be prepared ahead of its step (`after_step`): its joiners warm up while
+             the job trains towards the step, and the go waits until the job is reported there (`reached`),
+             where its agents hold; the request counts from then, as for a resize asked for at that step.
 ``go``       every agent was told; it is `Done` when rank 0 completed a step at the new size with every
              rank of the new layout having reported its part. An agent dying, or the deadline passing,
              gives `RollBack`: the shell stops every agent, whatever it is doing.
@@ -126,6 +129,7 @@ class ResizePlan:
     blocks: list[int] = field(default_factory=list)      # the new layout's block sizes (empty: uniform)
     src_blocks: list[int] = field(default_factory=list)  # the old layout's, to fall back to (empty: uniform)
     release: bool = False          # to the layout the job has: lets agents held at a step go on (no state moves)
+    after_step: int = -1           # prepared ahead: the go waits for the job at this step (-1: none, or there)
 
     def __post_init__(self) -> None:
         self.phase = ResizePhase(self.phase)   # a plan read back from the job table holds its phase as text
@@ -133,10 +137,11 @@ class ResizePlan:
     @classmethod
     def begin(cls, *, epoch: int, src: int, dst: int, why: str, now: float, placement: list[list[str]],
               step: int, timeout_s: float, keep: list[int] | None = None, blocks: list[int] | None = None,
-              src_blocks: list[int] | None = None, release: bool = False) -> ResizePlan:
+              src_blocks: list[int] | None = None, release: bool = False, after_step: int = -1) -> ResizePlan:
         """A resize from `src` to `dst` agents whose new layout is `placement` (ranks 0..src-1 as before,
         or for a shrink, the old ranks `keep` as new ranks 0..dst-1), with block sizes `blocks` (from
         `src_blocks`; both in wire form, empty = uniform). `dst == src` is a re-layout: the sizes must differ.
+        `after_step` >= 0: a scheduled resize prepared ahead of that step (module docstring).
 
         Raises:
             ValueError: sizes, blocks or `keep` that describe no resize.
@@ -155,7 +160,7 @@ class ResizePlan:
         return cls(epoch=epoch, src=src, dst=dst, why=why, requested_at=now, placement=placement,
                    deadline=now + timeout_s, step=step, timeout_s=timeout_s,
                    keep=list(keep) if keep is not None and list(keep) != list(range(dst)) else [], release=release,
-                   blocks=blocks, src_blocks=src_blocks)
+                   blocks=blocks, src_blocks=src_blocks, after_step=after_step)
 
     # --- who moves ------------------------------------------------------------------------------------
 
@@ -198,8 +203,25 @@ class ResizePlan:
         self.ready.append(rank)
         return self._maybe_go(now)
 
+    def reached(self, step: int, now: float) -> list[Action]:
+        """The job was reported at `step`: a plan prepared ahead goes once it is at its `after_step`."""
+        if self.phase != ResizePhase.PREPARE or self.after_step < 0 or step < self.after_step:
+            return []
+        self.step, self.after_step = self.after_step, -1
+        self.requested_at = now
+        self.deadline = now + self.timeout_s
+        return self._maybe_go(now)
+
+    @property
+    def ahead(self) -> bool:
+        """Prepared ahead of its step, which the job has not reached yet."""
+        return self.after_step >= 0
+
     def _maybe_go(self, now: float) -> list[Action]:
         if not self.port or len(self.ready) != len(self.joiners):
+            return []
+        if self.ahead:
+            self.deadline = NO_DEADLINE   # warm and waiting for the step: nothing is late until it comes
             return []
         self.phase = ResizePhase.GO
         self.commanded_at = now

@@ -57,9 +57,11 @@ class Resizes:
 
     # --- starting ------------------------------------------------------------------------------------
 
-    def begin(self, job: Job, dst: int, why: str, now: float, blocks: list[int] | None = None) -> list[SendToNode]:
+    def begin(self, job: Job, dst: int, why: str, now: float, blocks: list[int] | None = None,
+              after_step: int = -1) -> list[SendToNode]:
         """Start moving a running job to `dst` devices (phase 1); `blocks`: the new layout's block sizes, the
-        user's (the job is then left alone by the speed-aware re-layout), else the cost model's.
+        user's (the job is then left alone by the speed-aware re-layout), else the cost model's;
+        `after_step` >= 0: a scheduled grow prepared ahead, whose go waits for the job at that step.
 
         Raises:
             ValueError: a grow needs more devices than are free (callers check `SchedulerState.free_count`).
@@ -74,7 +76,15 @@ class Resizes:
         job.layout_pinned = blocks is not None
         if blocks is None:
             blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, placement)
-        return self._begin(job, placement, None, why, now, blocks)
+        return self._begin(job, placement, None, why, now, blocks, after_step=after_step)
+
+    def reached(self, job: Job, now: float) -> list[SendToNode]:
+        """The job is at the step its resize was prepared ahead of: go once the joiners are warm."""
+        plan = job.resize
+        assert plan is not None
+        job.held = plan.after_step   # its agents hold there: released if the resize does not happen now
+        self.host.changed(job)
+        return self._act(job, now, plan.reached(job.step, now))
 
     def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[SendToNode]:
         """Shrink a running job onto the devices of its old ranks `keep`, which become ranks 0..len-1 in
@@ -116,13 +126,13 @@ class Resizes:
                            list(job.blocks), release=True)
 
     def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
-               now: float, blocks: list[int], release: bool = False) -> list[SendToNode]:
+               now: float, blocks: list[int], release: bool = False, after_step: int = -1) -> list[SendToNode]:
         if job.spec.torchrun:   # no step boundary to hand over at: restart it there (elasticd.scheduler.recovery)
             return self.restarts.begin_restart(job, placement, blocks, why, now)
         src, dst = len(job.placement), len(placement)
         plan = ResizePlan.begin(epoch=job.epoch + 1, src=src, dst=dst, why=why, now=now, placement=placement,
                                 step=job.step, timeout_s=self.host.cfg.resize_timeout_s, keep=keep,
-                                blocks=blocks, src_blocks=job.blocks, release=release)
+                                blocks=blocks, src_blocks=job.blocks, release=release, after_step=after_step)
         job.epoch += 1
         job.resize = plan
         change = ("the agents held there go on" if release else
@@ -130,8 +140,9 @@ class Resizes:
                   f"{speeds.sizes(plan.blocks, job.spec.workers, dst)}" if src == dst else f"{src} -> {dst} devices")
         job.transition(JobState.RESIZING, now, f"{why}: {change}")
         self.host.changed(job, resched=True)
-        log.info("job %s resize %d: %d -> %d devices (%s) at step %d%s", job.job_id, plan.epoch, src, dst, why,
-                 job.step, "; joiners on " + " ".join(f"{n}/{d}" for n, d in placement[src:]) if dst > src else "")
+        log.info("job %s resize %d: %d -> %d devices (%s) at step %d%s%s", job.job_id, plan.epoch, src, dst, why,
+                 job.step, "; joiners on " + " ".join(f"{n}/{d}" for n, d in placement[src:]) if dst > src else "",
+                 f"; prepared ahead, going after step {after_step}" if after_step >= 0 else "")
         lead = plan.placement[0][0]   # the new rank 0's node picks the rendezvous port
         out: list[SendToNode] = []
         for node in dict.fromkeys([lead, *plan.nodes()]):
@@ -289,6 +300,10 @@ class Resizes:
             job.record_resize(plan, outcome, note=reason)
         elif outcome is ResizeOutcome.ABORTED:
             job.held = plan.step   # the command never reached the held agents: release them again
+        if plan.ahead:
+            # Called off before the job reached its step: the entry is handled there after all (its agents
+            # still hold after it), as if it had not been prepared ahead.
+            job.scheduled -= 1
         job.resize = None
         if outcome is ResizeOutcome.REFUSED:
             job.drop_schedule(reason, now)   # the agents dropped the steps they were to hold after

@@ -10,6 +10,11 @@ they have (nothing moves: the agents' `_relayout` keeps every worker where it is
 recorded in the job's resize history. A scheduled resize called off before its go (a joiner died) is
 followed by a release too, since the agents were held for it.
 
+A grow is prepared ahead: once the job's reported rate puts its step within PREPARE_AHEAD_S and the devices
+are free, the resize begins with its go deferred to the step (`ResizePlan.after_step`), so the joiners
+start and warm up while the job trains, and the agents held after the step hand over at once. Called off
+before the step, the entry is handled at the step as if it had not been prepared.
+
 A torchrun-mode job counts its optimizer steps (agent/script_main.py) and its agents stop for good at a
 held step: each resize there is a restart at the new size (elasticd.scheduler.recovery), and so is its
 release, at the size it has, since a stopped script cannot go on in place.
@@ -33,6 +38,11 @@ from elasticd.scheduler.resizing import Resizes
 
 log = logging.getLogger(__name__)
 
+# How far ahead of its step, at the job's reported rate, a scheduled grow starts its joiners: a joiner's
+# warm-up (the script imported, CUDA initialised) takes well under this on a spare, and the devices are
+# held for the job no longer than that before the step.
+PREPARE_AHEAD_S = 10.0
+
 
 class ScheduledScales:
     def __init__(self, host: ResizeHost, resizes: Resizes, free_count: Callable[[], int]) -> None:
@@ -41,8 +51,12 @@ class ScheduledScales:
         self.free_count = free_count   # devices free for a grow now
 
     def due(self, job: Job, now: float) -> list[SendToNode]:
-        """Start the job's next scheduled resize if its step has come, or release agents held for one that
-        did not happen. Only between resizes and recoveries: a resize in flight goes first."""
+        """Start the job's next scheduled resize if its step has come (a grow: prepare it once the step is
+        near), or release agents held for one that did not happen. Only between resizes and recoveries: a
+        resize in flight goes first, unless it is the grow prepared ahead of the step the job is at now."""
+        plan = job.resize
+        if plan is not None and plan.ahead and job.state is JobState.RESIZING and job.step >= plan.after_step:
+            return self.resizes.reached(job, now)
         if job.state is not JobState.RUNNING or job.resize is not None or job.recovery is not None:
             return []
         schedule = job.spec.scale_at
@@ -72,4 +86,26 @@ class ScheduledScales:
             held, job.held = job.held, None
             self.host.changed(job)
             return self.resizes.begin_release(job, held, now)
-        return []
+        return self._ahead(job, now)
+
+    def _ahead(self, job: Job, now: float) -> list[SendToNode]:
+        """Prepare the next scheduled entry now if it is a grow the job is expected to reach within
+        PREPARE_AHEAD_S at its reported rate, and the devices are free: its joiners start and warm up (script
+        loaded, CUDA up) while the job trains on, and the hand-over begins as soon as the agents hold after
+        the step, as under `elasticd run`, whose standby agents are started with the job. The devices are
+        the job's from now on; a grow the free devices cannot take is left to its step (refused there)."""
+        schedule = job.spec.scale_at
+        if job.spec.torchrun or job.scheduled >= len(schedule):
+            return []
+        e = schedule[job.scheduled]
+        current = len(job.placement)
+        if e.devices <= current or job.step >= e.step or job.steps_per_s <= 0:
+            return []
+        if (e.step - job.step) / job.steps_per_s > PREPARE_AHEAD_S or e.devices - current > self.free_count():
+            return []
+        job.scheduled += 1
+        why = scale_at_why(e)
+        job.requested_devices = e.devices
+        log.info("job %s: %s: preparing the grow %d -> %d devices ahead (at step %d)", job.job_id, why, current,
+                 e.devices, job.step)
+        return self.resizes.begin(job, e.devices, why, now, blocks=list(e.blocks) or None, after_step=e.step)

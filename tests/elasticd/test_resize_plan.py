@@ -48,6 +48,32 @@ def test_a_grow_goes_once_the_port_is_known_and_every_joiner_is_ready_in_any_ord
     assert pl.ready == [2, 1] and pl.commanded_at == 100.4
 
 
+def test_a_grow_prepared_ahead_goes_once_the_job_is_at_its_step_and_counts_from_there():
+    pl = ResizePlan.begin(epoch=3, src=1, dst=2, why="test", now=100.0, placement=[["a", "d0"], ["a", "d1"]],
+                          step=7, timeout_s=10.0, after_step=20)
+    assert pl.ahead
+    assert pl.port_known(5000, 100.1) == [] and pl.joiner_ready(1, 100.2) == []   # warm, the job not there
+    assert pl.tick(500.0, ["a"]) == []             # waiting for the step is not being late
+    assert pl.reached(19, 501.0) == [] and pl.phase == "prepare"
+    assert pl.reached(20, 502.0) == [Go()]
+    assert (pl.step, pl.requested_at, pl.commanded_at, pl.ahead) == (20, 502.0, 502.0, False)
+    assert pl.reached(21, 503.0) == []             # once
+
+
+def test_a_grow_prepared_ahead_whose_step_comes_first_goes_when_its_joiners_are_ready_or_aborts_in_time():
+    def ahead() -> ResizePlan:
+        return ResizePlan.begin(epoch=3, src=1, dst=2, why="test", now=100.0, placement=[["a", "d0"], ["a", "d1"]],
+                                step=7, timeout_s=10.0, after_step=20)
+    pl = ahead()
+    assert pl.port_known(5000, 100.1) == [] and pl.reached(20, 101.0) == []
+    assert pl.joiner_ready(1, 101.5) == [Go()]
+    late = ahead()
+    late.reached(20, 101.0)
+    assert late.tick(111.5, ["a"]) == [Abort("joining ranks [1] not ready within 10s")]
+    dying = ahead()
+    assert dying.agent_failed(100.5, {"message": "boom"}, joiner=True) == [Abort("boom")]
+
+
 def test_done_when_rank_0_steps_after_every_new_rank_re_formed():
     pl = plan(1, 2)
     pl.port_known(5000, 100.0)

@@ -148,3 +148,52 @@ def test_a_schedule_that_cannot_be_kept_is_refused_at_submit(schedule, torchrun,
         isl.s.submit(p.Submit(script="/s.py", workers=4, torchrun=torchrun,
                               scale_at=[entry(*e) for e in schedule]), isl.now)
     assert e.value.code == p.BAD_REQUEST and words in e.value.message
+
+
+def running_on_2(isl: Island, schedule: list[tuple]) -> str:
+    isl.hello("a", 4)
+    job, launch = submit(isl, 4, 2, schedule)
+    assert launch.hold_at == [e[0] for e in schedule]
+    return job
+
+
+def at(isl: Island, job: str, n: int, rate: float, agents: list[p.AgentReport] | None = None, **kw) -> list:
+    return isl.report("a", report(job, agents or [agent(0, 0), agent(1, 1)], step=n, steps_per_s=rate, **kw))
+
+
+def test_a_grow_near_its_step_starts_its_joiners_ahead_and_goes_once_the_agents_hold_there():
+    isl = Island()
+    job = running_on_2(isl, [(20, 4)])
+    assert of(at(isl, job, 5, 1.0), p.PrepareResize) == []      # 15 s away at 1 step/s: too early
+    ((_, prep),) = of(at(isl, job, 12, 1.0), p.PrepareResize)   # 8 s away: the joiners start now
+    assert (prep.devices_from, prep.devices, [pl.rank for pl in prep.joiners]) == (2, 4, [2, 3])
+    assert prep.hold_at == []   # the joiners join after step 20: nothing for them to hold for
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RESIZING and j.resize.ahead and j.hold_at == []
+    assert isl.s.status(job, isl.now).jobs[0].scale_at == []   # in flight, no longer to come
+    warm = [agent(0, 0), agent(1, 1), agent(2, 2, standby=True), agent(3, 3, standby=True)]
+    assert of(at(isl, job, 14, 1.0, warm, resize_epoch=1, resize_port=9), p.ResizeJob) == []   # ready, not there
+    isl.now += 6
+    ((_, go),) = of(at(isl, job, 20, 1.0, warm, resize_epoch=1, resize_port=9), p.ResizeJob)
+    assert (go.devices_from, go.devices, go.master_port) == (2, 4, 9)
+    requested = isl.now
+    isl.now += 0.5
+    isl.report("a", report(job, [agent(r, r, epoch=1, stepped=1) for r in range(4)], step=21, resize_epoch=1))
+    assert j.state is JobState.RUNNING and j.resize is None and len(j.placement) == 4
+    (done,) = j.resizes
+    assert (done.outcome, done.why, done.step, done.at) == ("done", "--scale-at 20:4", 20, round(requested, 3))
+    assert done.seconds == 0.5 and done.prepare_s == 0.0   # counted from the step, the joiners warm by then
+
+
+def test_a_grow_prepared_ahead_and_called_off_is_tried_again_at_its_step():
+    isl = Island()
+    job = running_on_2(isl, [(20, 4)])
+    ((_, prep),) = of(at(isl, job, 15, 1.0), p.PrepareResize)
+    out = at(isl, job, 16, 1.0, resize_epoch=1, resize_error={"message": "joiner 2 died"})
+    assert [m.epoch for _, m in of(out, p.AbortResize)] == [1]
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and j.resize is None and j.hold_at == [20]
+    assert [(r.outcome, r.why) for r in j.resizes] == [("aborted", "--scale-at 20:4")]
+    assert of(at(isl, job, 18, 0.0), p.PrepareResize) == []   # no rate reported: nothing ahead
+    ((_, again),) = of(at(isl, job, 20, 0.0), p.PrepareResize)   # the agents hold there: the grow, as asked
+    assert (again.epoch, again.devices) == (2, 4) and not j.resize.ahead
