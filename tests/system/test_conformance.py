@@ -18,6 +18,7 @@ job (a TransformerEncoder LM with AdamW, LambdaLR and ctx.clip_grad_norm_) is re
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -31,12 +32,13 @@ RUNS = {"one": ("--devices", "1"), "two": ("--devices", "2"), "resized": ("--dev
 GLOBAL_TOLERANCE = 1e-6     # measured: at most 5e-7 (a bidirectional GRU under centered RMSprop), most ~1e-8
 ELEMENT_TOLERANCE = 5e-5    # of the model's largest value; measured at most 9e-6
 MOVED = 1e-4                # every model moves at least this far from its start (global relative)
-# Cases whose fp32 result depends on the order four ranks' gradients are summed in, beyond GLOBAL_TOLERANCE,
-# on some CPUs: RMSprop divides by running gradient magnitudes, and ReLU6/Hardswish/Hardsigmoid gate on
-# thresholds, so a last-bit difference in a near-zero gradient grows (on one machine kind: 1.4e-5 global,
-# 8e-5 in one element, after 8 steps). Each is compared within 2x of what the order alone moves it on
-# this machine (`roundoff_tolerance`), which must be nothing in fp64: round-off, not a difference of
-# semantics. (case -> its family)
+# Cases whose fp32 result depends on the order four ranks' gradients are summed in, or on the number of
+# threads a CPU kernel splits its reduction over, beyond GLOBAL_TOLERANCE, on some CPUs: RMSprop divides by
+# running gradient magnitudes, and ReLU6/Hardswish/Hardsigmoid gate on thresholds, so a last-bit difference
+# in a near-zero gradient grows (on one machine kind: 1.4e-5 global, 8e-5 in one element, after 8 steps; on
+# another, a 1-device agent's 2 threads against the DDP ranks' 1: 8.6e-6 global). Each is compared within
+# 2x of what the order and the thread count alone move it on this machine (`roundoff_tolerance`), which
+# must be nothing in fp64: round-off, not a difference of semantics. (case -> its family)
 ROUNDOFF_CASES = {"mobilenet_inverted_residual": "conv"}
 
 
@@ -146,9 +148,20 @@ def test_a_transformer_encoder_lm_resized_through_the_daemon_matches_ddp(cluster
     assert global_diff(want, got, keys) <= GLOBAL_TOLERANCE and element_diff(want, got, keys) <= ELEMENT_TOLERANCE
 
 
-def _train_summing_in_order(case_name: str, family: str, pairwise: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """matrix_job.py's training of one case in one process: the four ranks' gradients computed apart and
-    averaged, summed one after another or pairwise, then clipped and stepped, as DDP and elasticd do."""
+def _train_summing_in_order(case_name: str, family: str, pairwise: bool, dtype: torch.dtype,
+                            threads: int = 1) -> dict[str, torch.Tensor]:
+    """matrix_job.py's training of one case in one process, its kernels on `threads` threads: the four
+    ranks' gradients computed apart and averaged, summed one after another or pairwise, then clipped and
+    stepped, as DDP and elasticd do."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(case_name, family, pairwise, dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(case_name: str, family: str, pairwise: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     import _matrix_models as mm
 
     cases = mm.FAMILIES[family]
@@ -175,24 +188,31 @@ def _train_summing_in_order(case_name: str, family: str, pairwise: bool, dtype: 
 
 @functools.cache
 def _order_sensitivity(case_name: str) -> tuple[float, float]:
-    """How far summing the same gradients in another order moves the case: (fp32, fp64), global relative."""
+    """How far summing the same gradients in another order, or computing them on as many threads as an agent
+    of a 1-device run uses, moves the case: (fp32, fp64), global relative, the larger of the two."""
     if str(JOBS) not in sys.path:
         sys.path.insert(0, str(JOBS))
     family = ROUNDOFF_CASES[case_name]
-    f32 = [_train_summing_in_order(case_name, family, pairwise, torch.float32) for pairwise in (False, True)]
-    f64 = [_train_summing_in_order(case_name, family, pairwise, torch.float64) for pairwise in (False, True)]
-    return global_diff(*f32, list(f32[0])), global_diff(*f64, list(f64[0]))
+    many = os.cpu_count() or 1   # agent/process.py `_set_threads`: the node's cores over the agents
+
+    def moved(dtype: torch.dtype) -> float:
+        base = _train_summing_in_order(case_name, family, False, dtype)
+        others = [_train_summing_in_order(case_name, family, True, dtype),
+                  _train_summing_in_order(case_name, family, False, dtype, threads=many)]
+        return max(global_diff(base, other, list(base)) for other in others)
+
+    return moved(torch.float32), moved(torch.float64)
 
 
 def roundoff_tolerance(case_name: str) -> float:
     fp32, fp64 = _order_sensitivity(case_name)
-    assert fp64 < 1e-12, f"{case_name} depends on the summation order even in fp64 ({fp64:.1e}): not round-off"
+    assert fp64 < 1e-12, f"{case_name} depends on the summation order or threads even in fp64 ({fp64:.1e}): not round-off"
     return max(GLOBAL_TOLERANCE, 2 * fp32)
 
 
 @pytest.mark.parametrize("case_name", sorted(ROUNDOFF_CASES))
-def test_a_roundoff_tolerance_is_the_case_s_own_sensitivity_to_summation_order(case_name: str) -> None:
+def test_a_roundoff_tolerance_is_the_case_s_own_sensitivity_to_summation_order_and_threads(case_name: str) -> None:
     fp32, fp64 = _order_sensitivity(case_name)
-    print(f"{case_name}: summation order moves it {fp32:.1e} in fp32, {fp64:.1e} in fp64")
-    assert fp64 < 1e-12, "not round-off: the case depends on the order even in fp64"
+    print(f"{case_name}: summation order and thread count move it {fp32:.1e} in fp32, {fp64:.1e} in fp64")
+    assert fp64 < 1e-12, "not round-off: the case depends on the order or the threads even in fp64"
     assert roundoff_tolerance(case_name) <= max(GLOBAL_TOLERANCE, 1e-4)
