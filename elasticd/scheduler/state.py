@@ -586,6 +586,7 @@ class SchedulerState:
                     forget.append(job.job_id)
                 continue
             out += self.resizes.report(job, node, r, now)
+            self._release(job, node, r)   # a resize this report completed: its leavers may be gone already
             if not (job.state.active and node in job.launched):   # the report ended the job, or the node's part
                 continue
             if r.state == "ended":

@@ -197,3 +197,19 @@ def test_a_grow_prepared_ahead_and_called_off_is_tried_again_at_its_step():
     assert of(at(isl, job, 18, 0.0), p.PrepareResize) == []   # no rate reported: nothing ahead
     ((_, again),) = of(at(isl, job, 20, 0.0), p.PrepareResize)   # the agents hold there: the grow, as asked
     assert (again.epoch, again.devices) == (2, 4) and not j.resize.ahead
+
+
+def test_devices_a_shrink_freed_are_free_in_the_report_that_completes_it_so_a_grow_is_prepared_there():
+    isl = Island()
+    isl.hello("a", 4)
+    job, _ = submit(isl, 4, 4, [(5, 2), (30, 4)])
+    ((_, prep),) = of(step(isl, job, 5, 4), p.PrepareResize)
+    assert prep.devices == 2
+    isl.report("a", report(job, [agent(r, r) for r in range(4)], step=5, resize_epoch=1, resize_port=9))
+    # The leavers exited before rank 0's first step at 2 devices was reported: not in the report that ends it.
+    out = isl.report("a", report(job, [agent(r, r, epoch=1, stepped=1) for r in range(2)], step=6,
+                                 steps_per_s=10.0, resize_epoch=1))
+    j = isl.s.jobs[job]
+    assert [r.outcome for r in j.resizes] == ["done"] and j.zombies == {}
+    ((_, ahead),) = of(out, p.PrepareResize)   # step 30 is 2.4 s away: the grow starts its joiners now
+    assert (ahead.devices_from, ahead.devices) == (2, 4) and j.resize.ahead
