@@ -23,11 +23,12 @@ import pytest
 from util import REPO, shared_servers
 
 LAST_LINE = re.compile(r"^([a-z_]+)=(-?[0-9]+(?:\.[0-9]+)?)$")
-# Runs only through `elasticd run`, timed by the job's own step stamps. Not bench_determinism.py and the others
+# Runs timed by the job's own step stamps, through `elasticd run` (and a daemon, which takes the shared server
+# where its agents' start-up environment matches). Not bench_determinism.py and the others
 # that interleave their runs (scripts/_interleave.py freezes each run's process tree: agents forked from a
 # shared server are outside it) or pin them to cores (inherited from the launcher, not by a shared server's
 # children).
-ON_SHARED_SERVERS = {"bench_torchrun_mode.py"}
+ON_SHARED_SERVERS = {"bench_torchrun_mode.py", "bench_scheduled_resize.py"}
 
 
 @pytest.mark.slow
@@ -38,6 +39,7 @@ ON_SHARED_SERVERS = {"bench_torchrun_mode.py"}
     ("bench_determinism.py", "deterministic_cost"),
     ("bench_resize.py", "resize_seconds"),
     ("bench_daemon_grow.py", "daemon_grow_ratio"),
+    ("bench_scheduled_resize.py", "daemon_vs_run_pause"),
     ("bench_recovery.py", "recovery_seconds"),
     ("bench_torchrun_mode.py", "torchrun_mode_vs_torchrun"),
     ("bench_resize_memory.py", "rss_last_vs_first_resize"),
@@ -58,8 +60,8 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
 
 
 HELPED = ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py", "bench_resize.py",
-          "bench_daemon_grow.py", "bench_torchrun_mode.py", "bench_resize_memory.py", "bench_islands.py",
-          "bench_islands_link.py"]
+          "bench_daemon_grow.py", "bench_scheduled_resize.py", "bench_torchrun_mode.py", "bench_resize_memory.py",
+          "bench_islands.py", "bench_islands_link.py"]
 # Each script's `-h` run as `python SCRIPT -h` runs it, in one interpreter for all of them: most import torch
 # before they parse their arguments, seconds each.
 HELP_DRIVER = """
