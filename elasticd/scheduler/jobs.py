@@ -174,6 +174,7 @@ class Job:
     layout_pinned: bool = False             # its blocks are the user's (--layout, --scale-at): no re-layout
     scheduled: int = 0                      # entries of spec.scale_at handled (started, refused or dropped)
     held: int | None = None                 # the step its agents may be held after, waiting for a command
+    prepared: int = -1                      # the step of the scheduled grow last prepared ahead (once per entry)
     restore_latest: bool = False
     snapshot: dict[str, Any] = field(default_factory=dict)   # newest complete periodic snapshot: step, bytes
     # Speed-aware placement (elasticd.placement.speeds): logical workers per agent in rank order (empty: the

@@ -99,11 +99,12 @@ class ScheduledScales:
             return []
         e = schedule[job.scheduled]
         current = len(job.placement)
-        if e.devices <= current or job.step >= e.step or job.steps_per_s <= 0:
-            return []
+        if e.devices <= current or job.step >= e.step or job.steps_per_s <= 0 or job.prepared == e.step:
+            return []   # a grow prepared ahead and called off is not tried ahead again: its step handles it
         if (e.step - job.step) / job.steps_per_s > PREPARE_AHEAD_S or e.devices - current > self.free_count():
             return []
         job.scheduled += 1
+        job.prepared = e.step
         why = scale_at_why(e)
         job.requested_devices = e.devices
         log.info("job %s: %s: preparing the grow %d -> %d devices ahead (at step %d)", job.job_id, why, current,

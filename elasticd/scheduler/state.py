@@ -175,8 +175,10 @@ class SchedulerState:
             return f"job {job_id} will start on {devices} devices", self._schedule(now)
         if job.state is JobState.RESIZING and job.resize is not None:
             plan = job.resize
-            raise SchedulerError(p.INVALID_STATE, f"job {job_id} is resizing {plan.src} -> {plan.dst} devices "
-                                 "(one resize at a time); scale it again once it is running")
+            what = (f"preparing its scheduled grow {plan.src} -> {plan.dst} devices ({plan.why}, after step "
+                    f"{plan.after_step})" if plan.ahead else f"resizing {plan.src} -> {plan.dst} devices")
+            raise SchedulerError(p.INVALID_STATE, f"job {job_id} is {what} (one resize at a time); scale it again "
+                                 "once it is running")
         if job.state is not JobState.RUNNING:
             raise SchedulerError(p.INVALID_STATE, f"job {job_id} is {job.state.value}; scale it once it is running")
         current = len(job.placement)

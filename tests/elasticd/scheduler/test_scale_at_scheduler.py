@@ -171,6 +171,8 @@ def test_a_grow_near_its_step_starts_its_joiners_ahead_and_goes_once_the_agents_
     j = isl.s.jobs[job]
     assert j.state is JobState.RESIZING and j.resize.ahead and j.hold_at == []
     assert isl.s.status(job, isl.now).jobs[0].scale_at == []   # in flight, no longer to come
+    with pytest.raises(SchedulerError, match=r"preparing its scheduled grow 2 -> 4 devices \(--scale-at 20:4, after step 20\)"):
+        isl.s.scale(job, 3, isl.now)
     warm = [agent(0, 0), agent(1, 1), agent(2, 2, standby=True), agent(3, 3, standby=True)]
     assert of(at(isl, job, 14, 1.0, warm, resize_epoch=1, resize_port=9), p.ResizeJob) == []   # ready, not there
     isl.now += 6
@@ -194,8 +196,8 @@ def test_a_grow_prepared_ahead_and_called_off_is_tried_again_at_its_step():
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and j.resize is None and j.hold_at == [20]
     assert [(r.outcome, r.why) for r in j.resizes] == [("aborted", "--scale-at 20:4")]
-    assert of(at(isl, job, 18, 0.0), p.PrepareResize) == []   # no rate reported: nothing ahead
-    ((_, again),) = of(at(isl, job, 20, 0.0), p.PrepareResize)   # the agents hold there: the grow, as asked
+    assert of(at(isl, job, 18, 1.0), p.PrepareResize) == []   # called off once: not prepared ahead again
+    ((_, again),) = of(at(isl, job, 20, 1.0), p.PrepareResize)   # the agents hold there: the grow, as asked
     assert (again.epoch, again.devices) == (2, 4) and not j.resize.ahead
 
 
