@@ -358,6 +358,8 @@ class Resizes:
                 if plan.placement[r][1] not in devs:
                     devs.append(plan.placement[r][1])
         job.record_resize(plan, outcome, note=note)
+        if plan.ahead:
+            job.scheduled -= 1   # its step not reached: a job restarted from a snapshot still resizes there
         job.resize = None
         self.host.changed(job)
         return out

@@ -215,3 +215,17 @@ def test_devices_a_shrink_freed_are_free_in_the_report_that_completes_it_so_a_gr
     assert [r.outcome for r in j.resizes] == ["done"] and j.zombies == {}
     ((_, ahead),) = of(out, p.PrepareResize)   # step 30 is 2.4 s away: the grow starts its joiners now
     assert (ahead.devices_from, ahead.devices) == (2, 4) and j.resize.ahead
+
+
+def test_a_job_restarted_while_a_grow_is_prepared_ahead_still_resizes_at_its_step():
+    isl = Island()
+    job = running_on_2(isl, [(20, 4)])
+    of(at(isl, job, 15, 1.0), p.PrepareResize)
+    j = isl.s.jobs[job]
+    assert j.resize.ahead
+    died = {"message": "agent 1 was killed by SIGKILL", "cause": "died", "exitcode": -9}
+    out = isl.report("a", report(job, [agent(0, 0), agent(1, 1, alive=False, exitcode=-9)], state="ended", ok=False,
+                                 error=died, step=15))
+    assert j.resize is None and [(r.why, r.outcome) for r in j.resizes] == [("--scale-at 20:4", "not applied")]
+    launched = launches(out) or launches(isl.tick(1.0))
+    assert launched and all(launch.hold_at == [20] for _, launch in launched)   # the restart holds there again
