@@ -86,6 +86,12 @@ class Resizes:
         self.host.changed(job)
         return self._act(job, now, plan.reached(job.step, now))
 
+    def call_off_ahead(self, job: Job, now: float, reason: str) -> list[SendToNode]:
+        """Call off a grow prepared ahead whose step the job has not reached (a drain must move the job now):
+        its joiners go, and the entry is handled at its step."""
+        assert job.resize is not None and job.resize.ahead, job.job_id
+        return self._call_off(job, now, reason, ResizeOutcome.ABORTED)
+
     def begin_keeping(self, job: Job, keep: list[int], why: str, now: float) -> list[SendToNode]:
         """Shrink a running job onto the devices of its old ranks `keep`, which become ranks 0..len-1 in
         that order (a drain moving the job off a node, whichever ranks the node hosts).

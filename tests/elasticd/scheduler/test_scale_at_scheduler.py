@@ -229,3 +229,17 @@ def test_a_job_restarted_while_a_grow_is_prepared_ahead_still_resizes_at_its_ste
     assert j.resize is None and [(r.why, r.outcome) for r in j.resizes] == [("--scale-at 20:4", "not applied")]
     launched = launches(out) or launches(isl.tick(1.0))
     assert launched and all(launch.hold_at == [20] for _, launch in launched)   # the restart holds there again
+
+
+def test_a_drain_calls_off_a_grow_prepared_ahead_and_moves_the_job_at_once():
+    isl = Island()
+    isl.hello("b", 2)
+    job = running_on_2(isl, [(20, 4)])   # on node a; its grow's joiners go to free devices on a or b
+    of(at(isl, job, 15, 1.0), p.PrepareResize)
+    j = isl.s.jobs[job]
+    assert j.resize.ahead
+    _, out = isl.s.drain("a", 60.0, isl.now)
+    out = isl._take(out) + isl.tick(0.1)
+    assert {m.epoch for _, m in of(out, p.AbortResize)} == {1}   # to each node its joiners were on
+    assert [(r.why, r.outcome) for r in j.resizes] == [("--scale-at 20:4", "aborted")] and j.hold_at == [20]
+    assert j.resize is not None and j.resize.why.startswith("drain of node a") and not j.resize.ahead
