@@ -4,6 +4,7 @@ compute per hosted worker while the fast agent's collective time absorbs the wai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -51,50 +53,46 @@ def test_reports_merge_step_weighted_and_bad_ones_are_refused():
             clean_timing(bad)
 
 
-def test_a_throttled_step_report_keeps_its_timing_in_the_next_one(tmp_path: Path):
+@contextlib.contextmanager
+def throttled_channel(tmp_path: Path) -> Iterator[tuple[ZmqControl, Callable[[int], list[p.Message]]]]:
+    """An agent's control channel that reports a step at most once an hour, and a reader of what reached
+    the daemon's end."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     endpoint = f"ipc://{tmp_path}/agent.sock"
     router.bind(endpoint)
+    router.rcvtimeo = 10_000
     control = ZmqControl(endpoint, "j1", 0, step_every_s=3600.0)
     try:
+        yield control, lambda n: [p.decode(router.recv_multipart()[-1]) for _ in range(n)]
+    finally:
+        control.close()
+        router.close(linger=0)
+        ctx.term()
+
+
+def test_a_throttled_step_report_keeps_its_timing_in_the_next_one(tmp_path: Path):
+    with throttled_channel(tmp_path) as (control, received):
         one = {"hosted": 2, "compute_s": 1.0, "flush_s": 0.0, "steps": 1}
         control.step(0, {}, one)                                     # sent: the first report goes at once
         control.step(1, {}, one)                                     # throttled: pending
         control.step(2, {}, {**one, "compute_s": 4.0, "steps": 2})   # replaces it, its timing included
         control.done(stopped=False)                                  # flushes the pending report
-        got = []
-        router.rcvtimeo = 10_000
-        while len(got) < 3:
-            got.append(p.decode(router.recv_multipart()[-1]))
+        got = received(3)
         assert [m.step for m in got[:2]] == [0, 2]
         assert got[1].timing == {"hosted": 2, "compute_s": 3.0, "flush_s": 0.0, "steps": 3}
-    finally:
-        control.close()
-        router.close(linger=0)
-        ctx.term()
 
 
 def test_a_held_step_is_reported_at_once_inside_the_throttle(tmp_path: Path):
     """The agents wait after a --scale-at step until the resize comes, and it comes once the report is read."""
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    endpoint = f"ipc://{tmp_path}/agent.sock"
-    router.bind(endpoint)
-    control = ZmqControl(endpoint, "j1", 0, step_every_s=3600.0)
-    try:
+    with throttled_channel(tmp_path) as (control, received):
         one = {"hosted": 1, "compute_s": 1.0, "flush_s": 0.0, "steps": 1}
         control.step(0, {}, one)              # sent: the first report goes at once
         control.step(1, {}, one)              # throttled: pending
         control.step(2, {}, one, held=True)   # sent now, step 1's timing in it
-        router.rcvtimeo = 10_000
-        got = [p.decode(router.recv_multipart()[-1]) for _ in range(2)]
+        got = received(2)
         assert [m.step for m in got] == [0, 2]
         assert got[1].timing["steps"] == 2
-    finally:
-        control.close()
-        router.close(linger=0)
-        ctx.term()
 
 
 def _duty_cycle(proc: psutil.Process, stop_s: float, run_s: float, done: threading.Event) -> None:
