@@ -137,3 +137,21 @@ def test_a_row_s_history_and_agents_read_back_typed_and_a_key_of_another_version
              "agents": {"a": [{"rank": 0, "pid": 11, "gpu_util": 0.5}]}}
     back = Job.from_doc(other)
     assert back.resizes == j.resizes and back.recoveries == j.recoveries and back.agents == {}
+
+
+def test_a_grow_prepared_ahead_and_waiting_for_its_step_reads_back_waiting(tmp_path):
+    """Warm and waiting for its step, it has no deadline (infinity, which the row's JSON keeps)."""
+    from elasticd.resize_plan import Go, ResizePlan
+
+    store = JobStore(tmp_path / "jobs.db")
+    s = SchedulerState([], now=0.0)
+    job, _ = s.submit(p.Submit(script="/x.py", workers=4, min_devices=1, max_devices=4), 0.0)
+    job.resize = ResizePlan.begin(epoch=1, src=1, dst=2, why="--scale-at 9:2", now=0.0,
+                                  placement=[["a", "cpu:0"], ["a", "cpu:1"]], step=3, timeout_s=60.0, after_step=9)
+    job.prepared = 9
+    assert job.resize.port_known(5, 1.0) == [] and job.resize.joiner_ready(1, 1.0) == []
+    store.save([job])
+    store.close()
+    [back] = JobStore(tmp_path / "jobs.db").load()
+    assert back.to_doc() == job.to_doc() and back.resize.ahead and back.resize.tick(1e9, ["a"]) == []
+    assert back.resize.reached(9, 5.0) == [Go()]
