@@ -144,7 +144,7 @@ class LocalRun:
         self._left: dict[int, _Agent] = {}           # its leavers, by old rank, until it is done or refused
         self._hold_at = _hold_steps(self.devices, self._pending, self.blocks)
         self._sel = selectors.DefaultSelector()
-        self._tmp = tempfile.TemporaryDirectory(prefix="elasticd-run-")
+        self._tmp = _private_dir(tempfile.gettempdir())   # the agents' error reports and beat files
         self._own_snapshots = not self.snapshot_dir
         if not self.snapshot_dir:
             self.snapshot_dir = _private_snapshot_dir()
@@ -170,7 +170,7 @@ class LocalRun:
             device_type=self.device_type, device_index=launch_device_index(rank, self.device_type), master_port=port, threads=self.threads,
             cpu_slots=0 if self.device_type == "cpu" else -1,  # every agent is on this node: one block each
             device_memory=self.device_memory, blocks=() if (standby or join_from) else tuple(self.blocks),
-            error_file=os.path.join(self._tmp.name,
+            error_file=os.path.join(self._tmp,
                                     f"agent{rank}-{self.epoch}-{len(self.spares)}-{len(self.recoveries)}.json"),
             control=f"pipe:{cmd_r},{ev_w}", join_from=join_from, standby=standby,
             snapshot_dir=self.snapshot_dir, restore_epoch=0 if (standby or join_from) else self._restore_epoch,
@@ -680,7 +680,7 @@ class LocalRun:
             self._sel.close()
             if self.forks is not None:
                 self.forks.close()
-            self._tmp.cleanup()
+            shutil.rmtree(self._tmp, ignore_errors=True)
             if self._own_snapshots:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)
             else:   # the run is over: nothing will resume from them (only what the agents wrote goes)
@@ -709,13 +709,21 @@ def _shown(blocks: list[int]) -> str:
 
 def _private_snapshot_dir() -> str:
     """A fresh directory for this run's resize snapshots, in tmpfs (host memory, not a disk) if the host has
-    one. Its name carries this process's pid, so that what a killed `elasticd run` left behind (tmpfs keeps
-    it until a reboot) is swept by the next one."""
-    root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    one (tmpfs keeps what a killed run left there until a reboot: see `_private_dir`)."""
+    return _private_dir("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+
+
+def _private_dir(root: str) -> str:
+    """A fresh directory of this run's in `root`. Its name carries this process's pid, so that what a killed
+    `elasticd run` left behind is swept by the next one: directories of this user's there whose run is gone."""
     for name in os.listdir(root):
         m = re.fullmatch(r"elasticd-run-(\d+)-\w+", name)
         path = os.path.join(root, name)
-        if m and not psutil.pid_exists(int(m.group(1))) and os.stat(path).st_uid == os.getuid():
+        try:
+            mine = os.stat(path).st_uid == os.getuid()
+        except OSError:   # swept by another run meanwhile
+            continue
+        if m and mine and not psutil.pid_exists(int(m.group(1))):
             shutil.rmtree(path, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"elasticd-run-{os.getpid()}-", dir=root)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -114,25 +115,31 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
     assert os.listdir(snaps) == [], "the snapshot stays only until a step completed after the restart"
 
 
-def test_a_run_sweeps_the_snapshot_directories_of_killed_runs_and_leaves_its_own_none(tmp_path: Path) -> None:
-    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+def test_a_run_sweeps_the_directories_of_killed_runs_and_leaves_its_own_none(tmp_path: Path) -> None:
+    """Its resize snapshots (tmpfs: kept until a reboot) and its agents' error reports and beat files."""
+    roots = {Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir()),
+             Path(tempfile.gettempdir())}
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    stale, live = root / f"elasticd-run-{gone.pid}-killed", root / f"elasticd-run-{os.getpid()}-running"
-    for d in (stale, live):
+    stale = [root / f"elasticd-run-{gone.pid}-killed" for root in roots]
+    live = [root / f"elasticd-run-{os.getpid()}-running" for root in roots]
+    for d in (*stale, *live):
         (d / "e1").mkdir(parents=True)
+
+    def ours(root: Path) -> set[str]:
+        return {p.name for p in root.glob("elasticd-run-*") if re.fullmatch(r"elasticd-run-\d+-\w+", p.name)}
     try:
-        before = {p.name for p in root.glob("elasticd-run-*")}
+        before = {root: ours(root) for root in roots}
         run(tmp_path, "sweeps", devices=2, scale_at="3:1")
-        assert not stale.exists(), "a dead run's snapshots stay in tmpfs until a reboot unless swept"
-        assert live.exists(), "a running run's snapshots must be left alone"
+        assert not any(d.exists() for d in stale), "a dead run's directory stays until a reboot unless swept"
+        assert all(d.exists() for d in live), "a running run's directory must be left alone"
         # Other runs on this machine may have started meanwhile; a directory whose run is over is a leak.
-        left = [p.name for p in root.glob("elasticd-run-*")
-                if p.name not in before and not psutil.pid_exists(int(p.name.split("-")[2]))]
+        left = [name for root in roots for name in ours(root) - before[root]
+                if not psutil.pid_exists(int(name.split("-")[2]))]
         assert left == [], "the run left its own directory behind"
     finally:
-        shutil.rmtree(live, ignore_errors=True)
-        shutil.rmtree(stale, ignore_errors=True)
+        for d in (*stale, *live):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("bad", ["5:0", "5:9", "five:2", "5"])
