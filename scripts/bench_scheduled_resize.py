@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from collections import defaultdict
@@ -33,11 +32,15 @@ from _benchjob_common import (
     job_env,
     load_average,
     median,
+    out_file,
     read_json,
     run,
+    step_seconds,
     table,
     tempdir,
 )
+
+from elasticd.core.lifecycle import JOB_ENDED
 
 WORKERS = 4
 SIZES = (2, 4, 2, 4)   # after steps K, 2K, 3K, 4K
@@ -61,10 +64,7 @@ def pauses(stamps: list[float], at: int) -> list[float]:
     out, start = [], 0
     for k in range(1, len(SIZES) + 1):
         held = k * at
-        before = [b - a for a, b in zip(stamps[start + 1:held], stamps[start + 2:held + 1], strict=True)]
-        if not before:
-            raise BenchError(f"no steps to compare the step after {held} with (K={at} is too small)")
-        out.append(stamps[held + 1] - stamps[held] - statistics.median(before))
+        out.append(stamps[held + 1] - stamps[held] - step_seconds(stamps[start:held + 1], warmup=1))
         start = held + 1
     return out
 
@@ -74,7 +74,7 @@ def schedule(at: int) -> str:
 
 
 def launcher(a: argparse.Namespace, tmp: str, out: str) -> tuple[list[float], list[float]]:
-    summary = os.path.join(tmp, "summary.json")
+    summary = out_file(tmp, "summary")
     run(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", "4", "--scale-at",
                      schedule(a.at), "--summary", summary),
         job_env(workers=WORKERS, steps=(len(SIZES) + 1) * a.at + 3, width=a.width, out=out), timeout=900)
@@ -88,7 +88,7 @@ def daemon(a: argparse.Namespace, tmp: str, out: str) -> tuple[list[float], list
     try:
         job = d.cli("submit", f"{JOB}:train", "--workers", str(WORKERS), "--min-devices", "4", "--max-devices", "4",
                     "--scale-at", schedule(a.at)).strip()
-        info = wait_for(lambda: (j := d.job(job))["state"] in ("finished", "failed", "stopped") and j, 600,
+        info = wait_for(lambda: (j := d.job(job))["state"] in JOB_ENDED and j, 600,
                         "the job to end")
     finally:
         d.close()
