@@ -28,8 +28,9 @@ def submit(isl: Island, workers: int, hi: int, schedule: list[tuple], blocks: li
     return job.job_id, launch
 
 
-def step(isl: Island, job: str, n: int, devices: int) -> list:
-    return isl.report("a", report(job, [agent(r, r) for r in range(devices)], step=n))
+def step(isl: Island, job: str, n: int, devices: int, agents: list[p.AgentReport] | None = None, **kw) -> list:
+    """Node a's report of the job at step `n` (its agents: `devices` running ones unless given)."""
+    return isl.report("a", report(job, agents or [agent(r, r) for r in range(devices)], step=n, **kw))
 
 
 def test_the_agents_hold_each_scheduled_step_and_the_resize_starts_when_rank_0_reports_it():
@@ -157,15 +158,11 @@ def running_on_2(isl: Island, schedule: list[tuple]) -> str:
     return job
 
 
-def at(isl: Island, job: str, n: int, rate: float, agents: list[p.AgentReport] | None = None, **kw) -> list:
-    return isl.report("a", report(job, agents or [agent(0, 0), agent(1, 1)], step=n, steps_per_s=rate, **kw))
-
-
 def test_a_grow_near_its_step_starts_its_joiners_ahead_and_goes_once_the_agents_hold_there():
     isl = Island()
     job = running_on_2(isl, [(20, 4)])
-    assert of(at(isl, job, 5, 1.0), p.PrepareResize) == []      # 15 s away at 1 step/s: too early
-    ((_, prep),) = of(at(isl, job, 12, 1.0), p.PrepareResize)   # 8 s away: the joiners start now
+    assert of(step(isl, job, 5, 2, steps_per_s=1.0), p.PrepareResize) == []      # 15 s away at 1 step/s: too early
+    ((_, prep),) = of(step(isl, job, 12, 2, steps_per_s=1.0), p.PrepareResize)   # 8 s away: the joiners start now
     assert (prep.devices_from, prep.devices, [pl.rank for pl in prep.joiners]) == (2, 4, [2, 3])
     assert prep.hold_at == []   # the joiners join after step 20: nothing for them to hold for
     j = isl.s.jobs[job]
@@ -174,9 +171,9 @@ def test_a_grow_near_its_step_starts_its_joiners_ahead_and_goes_once_the_agents_
     with pytest.raises(SchedulerError, match=r"preparing its scheduled grow 2 -> 4 devices \(--scale-at 20:4, after step 20\)"):
         isl.s.scale(job, 3, isl.now)
     warm = [agent(0, 0), agent(1, 1), agent(2, 2, standby=True), agent(3, 3, standby=True)]
-    assert of(at(isl, job, 14, 1.0, warm, resize_epoch=1, resize_port=9), p.ResizeJob) == []   # ready, not there
+    assert of(step(isl, job, 14, 2, warm, steps_per_s=1.0, resize_epoch=1, resize_port=9), p.ResizeJob) == []   # ready, not there
     isl.now += 6
-    ((_, go),) = of(at(isl, job, 20, 1.0, warm, resize_epoch=1, resize_port=9), p.ResizeJob)
+    ((_, go),) = of(step(isl, job, 20, 2, warm, steps_per_s=1.0, resize_epoch=1, resize_port=9), p.ResizeJob)
     assert (go.devices_from, go.devices, go.master_port) == (2, 4, 9)
     requested = isl.now
     isl.now += 0.5
@@ -190,14 +187,14 @@ def test_a_grow_near_its_step_starts_its_joiners_ahead_and_goes_once_the_agents_
 def test_a_grow_prepared_ahead_and_called_off_is_tried_again_at_its_step():
     isl = Island()
     job = running_on_2(isl, [(20, 4)])
-    ((_, prep),) = of(at(isl, job, 15, 1.0), p.PrepareResize)
-    out = at(isl, job, 16, 1.0, resize_epoch=1, resize_error={"message": "joiner 2 died"})
+    ((_, prep),) = of(step(isl, job, 15, 2, steps_per_s=1.0), p.PrepareResize)
+    out = step(isl, job, 16, 2, steps_per_s=1.0, resize_epoch=1, resize_error={"message": "joiner 2 died"})
     assert [m.epoch for _, m in of(out, p.AbortResize)] == [1]
     j = isl.s.jobs[job]
     assert j.state is JobState.RUNNING and j.resize is None and j.hold_at == [20]
     assert [(r.outcome, r.why) for r in j.resizes] == [("aborted", "--scale-at 20:4")]
-    assert of(at(isl, job, 18, 1.0), p.PrepareResize) == []   # called off once: not prepared ahead again
-    ((_, again),) = of(at(isl, job, 20, 1.0), p.PrepareResize)   # the agents hold there: the grow, as asked
+    assert of(step(isl, job, 18, 2, steps_per_s=1.0), p.PrepareResize) == []   # called off once: not prepared ahead again
+    ((_, again),) = of(step(isl, job, 20, 2, steps_per_s=1.0), p.PrepareResize)   # the agents hold there: the grow, as asked
     assert (again.epoch, again.devices) == (2, 4) and not j.resize.ahead
 
 
@@ -220,7 +217,7 @@ def test_devices_a_shrink_freed_are_free_in_the_report_that_completes_it_so_a_gr
 def test_a_job_restarted_while_a_grow_is_prepared_ahead_still_resizes_at_its_step():
     isl = Island()
     job = running_on_2(isl, [(20, 4)])
-    of(at(isl, job, 15, 1.0), p.PrepareResize)
+    of(step(isl, job, 15, 2, steps_per_s=1.0), p.PrepareResize)
     j = isl.s.jobs[job]
     assert j.resize.ahead
     died = {"message": "agent 1 was killed by SIGKILL", "cause": "died", "exitcode": -9}
@@ -235,7 +232,7 @@ def test_a_drain_calls_off_a_grow_prepared_ahead_and_moves_the_job_at_once():
     isl = Island()
     isl.hello("b", 2)
     job = running_on_2(isl, [(20, 4)])   # on node a; its grow's joiners go to free devices on a or b
-    of(at(isl, job, 15, 1.0), p.PrepareResize)
+    of(step(isl, job, 15, 2, steps_per_s=1.0), p.PrepareResize)
     j = isl.s.jobs[job]
     assert j.resize.ahead
     _, out = isl.s.drain("a", 60.0, isl.now)
