@@ -5,7 +5,9 @@ module and runs torch's static destructors: 0.5-1.2 s of CPU per agent, paid at 
 every agent a shrink retires and of every spare, while the launcher or daemon waits for the exit code.
 `finish` keeps what a job can observe of a normal exit, in the interpreter's order, then leaves at once:
 
-1. threads the script started and did not mark daemon are joined (as `threading._shutdown`); elasticd's
+1. the hooks registered through `threading._register_atexit` run, then threads the script started and did
+   not mark daemon are joined (as `threading._shutdown`): the hooks are what tell a `ThreadPoolExecutor`'s
+   idle workers (torch's compiler keeps one) to leave, so joining first would wait forever; elasticd's
    worker threads, which say they are not daemon so that the threads a worker starts are not daemon by
    inheritance (agent/runtime.py), are never waited for (one may be stuck in a collective of a failed run);
 2. atexit handlers run: logging's flush, multiprocessing's reaping of daemonic children (DataLoader
@@ -85,6 +87,11 @@ def finish(code: int | None) -> NoReturn:
 
 
 def _join_threads() -> None:
+    # threading's own shutdown order: set the flag that refuses new thread-atexit hooks and new executor
+    # work, run the hooks newest first, then join.
+    threading._SHUTTING_DOWN = True   # type: ignore[attr-defined]
+    for call in reversed(list(getattr(threading, "_threading_atexits", ()))):
+        call()
     main = threading.main_thread()
     for t in threading.enumerate():
         if t is not main and not t.daemon and t is not threading.current_thread() and t not in _not_joined:
