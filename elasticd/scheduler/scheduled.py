@@ -11,9 +11,10 @@ recorded in the job's resize history. A scheduled resize called off before its g
 followed by a release too, since the agents were held for it.
 
 A grow is prepared ahead: once the job's reported rate puts its step within PREPARE_AHEAD_S and the devices
-are free, the resize begins with its go deferred to the step (`ResizePlan.after_step`), so the joiners
-start and warm up while the job trains, and the agents held after the step hand over at once. Called off
-before the step, the entry is handled at the step as if it had not been prepared.
+are free and no job waits for devices, the resize begins with its go deferred to the step
+(`ResizePlan.after_step`), so the joiners start and warm up while the job trains, and the agents held after
+the step hand over at once. Called off before the step (a joiner failed, a drain moves the job, a job
+submitted meanwhile waits for devices), the entry is handled at the step as if it had not been prepared.
 
 A torchrun-mode job counts its optimizer steps (agent/script_main.py) and its agents stop for good at a
 held step: each resize there is a restart at the new size (elasticd.scheduler.recovery), and so is its
@@ -45,10 +46,12 @@ PREPARE_AHEAD_S = 10.0
 
 
 class ScheduledScales:
-    def __init__(self, host: ResizeHost, resizes: Resizes, free_count: Callable[[], int]) -> None:
+    def __init__(self, host: ResizeHost, resizes: Resizes, free_count: Callable[[], int],
+                 queued: Callable[[], list[Job]]) -> None:
         self.host = host
         self.resizes = resizes
         self.free_count = free_count   # devices free for a grow now
+        self.queued = queued           # jobs waiting to start: free devices are theirs before a grow's ahead of time
 
     def due(self, job: Job, now: float) -> list[SendToNode]:
         """Start the job's next scheduled resize if its step has come (a grow: prepare it once the step is
@@ -103,6 +106,8 @@ class ScheduledScales:
             return []   # a grow prepared ahead and called off is not tried ahead again: its step handles it
         if (e.step - job.step) / job.steps_per_s > PREPARE_AHEAD_S or e.devices - current > self.free_count():
             return []
+        if self.queued():
+            return []   # their placement goes first; the grow is handled at its step
         job.scheduled += 1
         job.prepared = e.step
         why = scale_at_why(e)

@@ -90,7 +90,7 @@ class SchedulerState:
         self.resizes = Resizes(self)
         self.recoveries = Recoveries(self)
         self.drains = Drains(self)   # nodes being emptied before they go (elasticd.scheduler.draining)
-        self.scheduled = ScheduledScales(self, self.resizes, self.free_count)   # --scale-at
+        self.scheduled = ScheduledScales(self, self.resizes, self.free_count, self.queued)   # --scale-at
         self.node_events = NodeEvents()   # joins, losses, drains: `elasticd events` (jobs keep their own)
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
@@ -434,14 +434,24 @@ class SchedulerState:
                 for nd in sorted(self.nodes.values(), key=lambda x: x.node_id)
                 if nd.alive and nd.known and not self.drains.holds(nd.node_id)]
 
+    def queued(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state is JobState.QUEUED]
+
     def _schedule(self, now: float) -> list[SendToNode]:
         if not self._resched:
             return []
         self._resched = False
-        queued = [j for j in self.jobs.values() if j.state is JobState.QUEUED]
+        queued = self.queued()
         reqs = [policy.JobRequest(j.job_id, j.spec.workers, j.spec.min_devices, j.spec.max_devices,
                                   j.spec.priority, j.seq, j.requested_devices) for j in queued]
         out: list[SendToNode] = []
+        if queued:
+            # A grow prepared ahead of its step holds its devices only because nothing else wanted them: a
+            # waiting job is placed (and the policy preempts for it) as if the grow had not been prepared,
+            # which then happens at its step if the devices are free there.
+            for j in self.jobs.values():
+                if j.resize is not None and j.resize.ahead and j.state is JobState.RESIZING:
+                    out += self.resizes.call_off_ahead(j, now, f"job {queued[0].job_id} is waiting for devices")
         started = policy.place(reqs, self.free_views(), self.speeds.costs) if queued else {}
         for job_id, chosen in started.items():
             out += self._start(self.jobs[job_id], chosen, now)

@@ -240,3 +240,33 @@ def test_a_drain_calls_off_a_grow_prepared_ahead_and_moves_the_job_at_once():
     assert {m.epoch for _, m in of(out, p.AbortResize)} == {1}   # to each node its joiners were on
     assert [(r.why, r.outcome) for r in j.resizes] == [("--scale-at 20:4", "aborted")] and j.hold_at == [20]
     assert j.resize is not None and j.resize.why.startswith("drain of node a") and not j.resize.ahead
+
+
+def test_a_job_submitted_while_a_grow_is_prepared_ahead_takes_the_devices_and_the_grow_waits_for_its_step():
+    isl = Island()
+    job = running_on_2(isl, [(20, 4)])   # node a's 4 devices: 2 running, 2 for the grow's joiners
+    of(step(isl, job, 15, 2, steps_per_s=1.0), p.PrepareResize)
+    j = isl.s.jobs[job]
+    assert j.resize.ahead and isl.s.free_count() == 0
+    other, out = isl.s.submit(p.Submit(script="/t.py", workers=2, min_devices=2, max_devices=2), isl.now)
+    assert {m.epoch for _, m in of(isl._take(out), p.AbortResize)} == {1}
+    assert [(r.why, r.outcome) for r in j.resizes] == [("--scale-at 20:4", "aborted")]
+    assert j.state is JobState.RUNNING and j.resize is None and j.hold_at == [20]
+    assert other.state is JobState.QUEUED   # the joiners still hold the devices until they are gone
+    out = step(isl, job, 16, 2, steps_per_s=1.0)   # the report without them
+    assert [launch.job_id for _, launch in launches(out)] == [other.job_id]
+    # Not prepared ahead again, and at its step the grow finds no free device: refused there, as without it.
+    assert of(step(isl, job, 18, 2, steps_per_s=1.0), p.PrepareResize) == []
+    step(isl, job, 20, 2, steps_per_s=1.0)
+    assert [(r.why, r.outcome) for r in j.resizes] == [("--scale-at 20:4", "aborted"), ("--scale-at 20:4", "refused")]
+
+
+def test_no_grow_is_prepared_ahead_while_a_job_waits_for_devices():
+    isl = Island()
+    job = running_on_2(isl, [(20, 4)])
+    waiting, _ = isl.s.submit(p.Submit(script="/t.py", workers=4, min_devices=4, max_devices=4), isl.now)
+    assert waiting.state is JobState.QUEUED   # 2 free, 4 needed
+    assert of(step(isl, job, 15, 2, steps_per_s=1.0), p.PrepareResize) == []
+    assert isl.s.jobs[job].resize is None
+    ((_, at_step),) = of(step(isl, job, 20, 2, steps_per_s=1.0), p.PrepareResize)   # at its step, as asked
+    assert at_step.devices == 4 and not isl.s.jobs[job].resize.ahead
