@@ -246,7 +246,7 @@ class ResizePlan:
 
     def refused(self, reason: str) -> list[Action]:
         """The agents refused the resize at a step boundary (each says so; the first report counts). Before
-        the go only `elasticd run`'s agents can, stopped at a held step while the joiners warm up."""
+        the go they can only at a scheduled step (`--scale-at`), stopped there while the joiners warm up."""
         if self.phase not in (ResizePhase.PREPARE, ResizePhase.GO):
             return []
         self.phase = ResizePhase.REFUSED

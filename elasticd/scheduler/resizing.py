@@ -178,12 +178,14 @@ class Resizes:
         preparing = plan.phase == ResizePhase.PREPARE
         actions: list[Action] = []
         if r.resize_epoch == plan.epoch:
+            if r.resize_error and r.resize_error.get("refused"):
+                # At the step boundary the agents could not capture a state and train on: after the go, or
+                # before it at a scheduled step, where they stopped while the joiners warmed up.
+                return self._act(job, now, plan.refused(str(r.resize_error.get("message", "refused by its agents"))))
             if r.resize_error and preparing:
                 why = str(r.resize_error.get("message", "a joining agent failed"))
                 return self._act(job, now, plan.agent_failed(
                     now, {"message": f"a joining agent on {node} failed before the hand-over: {why}"}, joiner=True))
-            if r.resize_error and r.resize_error.get("refused") and plan.phase == ResizePhase.GO:
-                return self._act(job, now, plan.refused(str(r.resize_error.get("message", "refused by its agents"))))
             if node == lead and r.resize_port and not plan.port:
                 actions += plan.port_known(r.resize_port, now)
                 self.host.changed(job)
@@ -312,6 +314,7 @@ class Resizes:
             job.scheduled -= 1
         job.resize = None
         if outcome is ResizeOutcome.REFUSED:
+            job.held = None   # they refused at the held step and train on: nothing to release
             job.drop_schedule(reason, now)   # the agents dropped the steps they were to hold after
         if plan.dst != plan.src:
             # Pinned at the size it has, so the policy does not retry the same resize in a loop (a

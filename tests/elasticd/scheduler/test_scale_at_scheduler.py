@@ -270,3 +270,21 @@ def test_no_grow_is_prepared_ahead_while_a_job_waits_for_devices():
     assert isl.s.jobs[job].resize is None
     ((_, at_step),) = of(step(isl, job, 20, 2, steps_per_s=1.0), p.PrepareResize)   # at its step, as asked
     assert at_step.devices == 4 and not isl.s.jobs[job].resize.ahead
+
+
+def test_a_grow_the_agents_refuse_before_the_go_is_refused_drops_the_schedule_and_holds_nothing():
+    """The agents stop at the scheduled step while the joiners warm up, and refuse there (a state no snapshot can
+    hold): a refusal, not a joiner's failure, and no release is sent to agents that hold no more."""
+    isl = Island()
+    isl.hello("a", 2)
+    job, _ = submit(isl, 4, 1, [(5, 2), (10, 1)])
+    ((_, prep),) = of(step(isl, job, 5, 1), p.PrepareResize)
+    out = isl.report("a", report(job, [agent(0, 0)], step=5, resize_epoch=1,
+                                 resize_error={"message": "cannot carry `warmup`", "refused": True, "step": 5}))
+    assert {m.epoch for _, m in of(out, p.AbortResize)} == {1}   # the joiner goes
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and j.resize is None and j.held is None and j.hold_at == []
+    assert [(e.why, e.outcome) for e in j.resizes] == [("--scale-at 5:2", "refused"), ("--scale-at 10:1", "refused")]
+    assert "cannot carry `warmup`" in j.resizes[0].note and "dropped" in j.resizes[1].note
+    out = step(isl, job, 6, 1)
+    assert of(out, p.PrepareResize) == [] and of(out, p.ResizeJob) == [] and j.resize is None
