@@ -189,7 +189,7 @@ class Drains:
 
     def _move(self, job: Job, d: NodeDrain, now: float, out: list[SendToNode]) -> str:
         """Start moving `job` off the node if it can move now; the reason it waits otherwise ("" if moving)."""
-        if job.resize is not None and job.resize.ahead and job.state is JobState.RESIZING:
+        if job.grow_ahead:
             # A scheduled grow waiting for its step would hold the move for up to PREPARE_AHEAD_S: it is
             # called off, and happens at its step wherever the job is then.
             out += self.state.resizes.call_off_ahead(job, now, f"drain of node {d.node_id}")

@@ -236,6 +236,12 @@ class Job:
         self.scheduled = len(self.spec.scale_at)
 
     @property
+    def grow_ahead(self) -> bool:
+        """A scheduled grow prepared ahead of its step is in flight (elasticd.scheduler.scheduled): its devices
+        are held for a step the job may not have reached yet."""
+        return self.resize is not None and self.resize.ahead and self.state is JobState.RESIZING
+
+    @property
     def entered_steps(self) -> bool:
         """Rank 0 reported a `ctx.steps` step boundary (only those reports carry `total_steps`): the only
         place the job can be resized. A job that never does cannot honour a scale."""

@@ -58,7 +58,7 @@ class ScheduledScales:
         near), or release agents held for one that did not happen. Only between resizes and recoveries: a
         resize in flight goes first, unless it is the grow prepared ahead of the step the job is at now."""
         plan = job.resize
-        if plan is not None and plan.ahead and job.state is JobState.RESIZING and job.step >= plan.after_step:
+        if job.grow_ahead and plan is not None and job.step >= plan.after_step:
             return self.resizes.reached(job, now)
         if job.state is not JobState.RUNNING or job.resize is not None or job.recovery is not None:
             return []

@@ -450,7 +450,7 @@ class SchedulerState:
             # waiting job is placed (and the policy preempts for it) as if the grow had not been prepared,
             # which then happens at its step if the devices are free there.
             for j in self.jobs.values():
-                if j.resize is not None and j.resize.ahead and j.state is JobState.RESIZING:
+                if j.grow_ahead:
                     out += self.resizes.call_off_ahead(j, now, f"job {queued[0].job_id} is waiting for devices")
         started = policy.place(reqs, self.free_views(), self.speeds.costs) if queued else {}
         for job_id, chosen in started.items():
