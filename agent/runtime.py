@@ -10,6 +10,7 @@ are `elasticd.agent.slicer.baton.Baton`'s; this module only executes them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -53,7 +54,7 @@ from elasticd.agent.worker import Worker, current_worker, register_runtime, set_
 from elasticd.core.errors import ElasticdInterrupt, JobError
 from elasticd.core.layout import Layout, blocks_problem
 from elasticd.core.timing import StepTiming
-from elasticd.protocol.agents import AgentResize, AgentStop
+from elasticd.protocol.agents import AgentResize, AgentStop, RefusedInfo
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,9 @@ class Runtime:
                 w.progress.start_step = w.progress.restore.step
         self.outcome = RunOutcome.RUNNING
         self.command: AgentResize | None = None  # the resize command this agent received, if any
-        self.stale_resizes = 0   # resize commands still to come for resizes refused already (boundary.agree)
+        # Resizes refused already whose command is still to come (boundary.agree): the refusal is said again
+        # under the command's epoch, for a daemon that made its plan after the agents refused at a held step.
+        self.stale_resizes: list[RefusedInfo] = []
         self._done = threading.Event()
         self._failure: WorkerFailed | None = None
         self._aborted = False
@@ -422,8 +425,9 @@ class Runtime:
                     log.error("refusing resize %s to %d agents: %s", cmd.epoch, cmd.world, problem)
                     continue
                 if self.stale_resizes:
-                    self.stale_resizes -= 1
+                    refusal = dataclasses.replace(self.stale_resizes.pop(0), epoch=cmd.epoch)
                     log.info("dropping the command of resize %s, refused already", cmd.epoch)
+                    self.control.refused(refusal)
                     continue
                 self.command = cmd
                 vote = max(vote, VOTE_RESIZE)

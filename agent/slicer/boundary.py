@@ -296,11 +296,12 @@ class StepBoundary:
         phys.broadcast_(text, by)
         message = bytes(text.tolist()).rstrip(b"\0").decode(errors="replace")
         epoch = self.rt.command.epoch if self.rt.command is not None else None
+        refusal = p.RefusedInfo(epoch=epoch, step=step - 1, message=message, by=by)
         if epoch is None:
-            # Another agent's command (or a step `elasticd run` held for its --scale-at) made the vote before
-            # this agent's own copy of the command came: the copy still on its way is this resize's, and must
-            # not start it again at the next boundary.
-            self.rt.stale_resizes += 1
+            # Another agent's command (or a step held for a --scale-at entry) made the vote before this agent's
+            # own copy of the command came: the copy still on its way is this resize's, and must not start it
+            # again at the next boundary.
+            self.rt.stale_resizes.append(refusal)
         # Training goes on as if nobody had asked: no stop, no held step, no command waiting to be voted.
         self._stop_at = None
         self.rt.outcome = RunOutcome.RUNNING
@@ -308,7 +309,7 @@ class StepBoundary:
         self._polled = VOTE_NONE
         self.hold_at = frozenset()   # `elasticd run` drops the rest of its --scale-at schedule too
         log.info("resize refused after step %d: %s", step - 1, message)
-        self.rt.control.refused(p.RefusedInfo(epoch=epoch, step=step - 1, message=message, by=by))
+        self.rt.control.refused(refusal)
 
     def _capture_periodic(self, w: Worker, step: int) -> None:
         periodic = self.periodic

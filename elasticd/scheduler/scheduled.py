@@ -32,6 +32,7 @@ from collections.abc import Callable
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import ResizeEntry
 from elasticd.placement.speeds import sizes
+from elasticd.protocol import ScaleAt
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.host import ResizeHost
 from elasticd.scheduler.jobs import Job, JobState, scale_at_why
@@ -53,10 +54,14 @@ class ScheduledScales:
         self.free_count = free_count   # devices free for a grow now
         self.queued = queued           # jobs waiting to start: free devices are theirs before a grow's ahead of time
 
-    def due(self, job: Job, now: float) -> list[SendToNode]:
+    def due(self, job: Job, now: float, refused: tuple[int, str] | None = None) -> list[SendToNode]:
         """Start the job's next scheduled resize if its step has come (a grow: prepare it once the step is
         near), or release agents held for one that did not happen. Only between resizes and recoveries: a
-        resize in flight goes first, unless it is the grow prepared ahead of the step the job is at now."""
+        resize in flight goes first, unless it is the grow prepared ahead of the step the job is at now.
+
+        `refused`: (step, why) where rank 0's node reports that the agents refused at a held step with no
+        resize begun yet (they stop after it and try to capture before the scheduler hears of the step):
+        the entry of that step is refused, and the schedule dropped, without a resize."""
         plan = job.resize
         if job.grow_ahead and plan is not None and job.step >= plan.after_step:
             return self.resizes.reached(job, now)
@@ -65,6 +70,8 @@ class ScheduledScales:
         schedule = job.spec.scale_at
         if job.scheduled < len(schedule) and job.step >= schedule[job.scheduled].step:
             e = schedule[job.scheduled]
+            if refused is not None and refused[0] == e.step:
+                return self._refused_at_hold(job, e, refused[1], now)
             job.scheduled += 1
             if job.step == e.step:
                 job.held = e.step   # every agent voted to stop after it: they wait for a command
@@ -90,6 +97,16 @@ class ScheduledScales:
             self.host.changed(job)
             return self.resizes.begin_release(job, held, now)
         return self._ahead(job, now)
+
+    def _refused_at_hold(self, job: Job, e: ScaleAt, why: str, now: float) -> list[SendToNode]:
+        job.add_resize(ResizeEntry(src=len(job.placement), dst=e.devices, outcome=ResizeOutcome.REFUSED.value,
+                                   at=round(now, 3), why=scale_at_why(e), step=e.step, blocks=list(e.blocks),
+                                   note=why))
+        job.scheduled += 1
+        job.drop_schedule(why, now)   # the agents dropped the steps they were to hold after, and train on
+        self.host.changed(job)
+        log.warning("job %s: %s refused by its agents at the held step: %s", job.job_id, scale_at_why(e), why)
+        return []
 
     def _ahead(self, job: Job, now: float) -> list[SendToNode]:
         """Prepare the next scheduled entry now if it is a grow the job is expected to reach within

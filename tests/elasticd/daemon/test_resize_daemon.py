@@ -200,6 +200,26 @@ def test_resizes_the_agents_refuse_keep_the_job_on_its_devices_and_lose_nothing(
     assert_exactly_the_unscaled_run(out, unscaled)
 
 
+@pytest.mark.slow
+def test_a_scheduled_grow_refused_at_its_held_step_before_any_plan_is_recorded_refused(cluster, tmp_path):
+    """At full speed the job reaches the held step before the scheduler knows its rate or makes a plan: the
+    agents refuse there (a state no snapshot can carry) before the resize exists. The refusal is said again
+    under the command's epoch when the command comes, so the grow is recorded refused, not lost."""
+    d = cluster.daemon(cpu=2, fake=False)
+    sd = d.state_dir
+    out = tmp_path / "refused"
+    out.mkdir()
+    (out / "release").touch()
+    job = submit(sd, JOB, {**job_env(out, steps=12), "ELASTICD_TEST_UNSAVABLE": "1"}, "--workers", "4",
+                 "--max-devices", "1", "--scale-at", "2:2,6:1")
+    info = wait_state(sd, job, "finished", timeout=180)
+    assert [(x["step"], x["from"], x["to"], x["outcome"]) for x in info["resizes"]] == [
+        (2, 1, 2, "refused"), (6, 1, 1, "refused")], info["resizes"]
+    assert "cannot carry `warmup`" in info["resizes"][0]["note"] and "dropped" in info["resizes"][1]["note"]
+    assert info["devices"] == 1 and info["error"] is None
+    wait_until(lambda: status(sd)["nodes"][0]["free"] == ["cpu:0", "cpu:1"], 30, what="the devices back")
+
+
 # --- failure paths, with fake agents (same resize protocol, no torch) ---------------------------------
 
 def fake_job(sd: Path, *args: str, **env: str) -> str:

@@ -288,3 +288,21 @@ def test_a_grow_the_agents_refuse_before_the_go_is_refused_drops_the_schedule_an
     assert "cannot carry `warmup`" in j.resizes[0].note and "dropped" in j.resizes[1].note
     out = step(isl, job, 6, 1)
     assert of(out, p.PrepareResize) == [] and of(out, p.ResizeJob) == [] and j.resize is None
+
+
+def test_a_refusal_at_a_held_step_reported_before_any_resize_began_refuses_that_entry_without_a_resize():
+    """The agents stop after the scheduled step and find a state they cannot carry before the scheduler hears
+    of the step: the report that brings the step brings the refusal, and no resize begins for a job whose
+    agents train on and hold no more."""
+    isl = Island()
+    isl.hello("a", 2)
+    job, _ = submit(isl, 4, 1, [(5, 2), (10, 1)])
+    out = step(isl, job, 5, 1, resize_error={"message": "cannot carry `warmup`", "refused": True, "step": 5})
+    assert of(out, p.PrepareResize) == [] and of(out, p.ResizeJob) == []
+    j = isl.s.jobs[job]
+    assert j.state is JobState.RUNNING and j.resize is None and j.held is None and j.hold_at == []
+    assert [(e.why, e.step, e.outcome) for e in j.resizes] == [("--scale-at 5:2", 5, "refused"),
+                                                               ("--scale-at 10:1", 10, "refused")]
+    assert "cannot carry `warmup`" in j.resizes[0].note and "dropped" in j.resizes[1].note
+    out = step(isl, job, 11, 1, resize_error={"message": "cannot carry `warmup`", "refused": True, "step": 5})
+    assert of(out, p.PrepareResize) == [] and len(j.resizes) == 2
