@@ -36,7 +36,7 @@ from elasticd.core.commands import module_command
 from elasticd.core.env_names import AGENT_TOKEN_VAR
 from elasticd.core.failures import Cause, how_it_ended
 from elasticd.core.files import read_regular
-from elasticd.core.watchdog import Beat, beat_path, is_stopped, read_beat
+from elasticd.core.watchdog import WATCH_EVERY_S, Beat, beat_path, is_stopped, read_beat
 from elasticd.daemon import job_user
 from elasticd.daemon.actions import Action, DropSnapshots, Report, SendToAgent, Signal, Spawn
 from elasticd.daemon.job_user import JobUser
@@ -112,6 +112,7 @@ class AgentProcesses:
         self.agent_command = agent_command or default_agent_command()
         self._procs: dict[int, _Process] = {}   # by pid, until reaped
         self._next_sample = 0.0
+        self._next_watch = 0.0
         self._log_keep_s = log_keep_s
         self._next_log_sweep = 0.0
         self.changed = False   # something the scheduler should hear about now (not at the next heartbeat)
@@ -171,6 +172,9 @@ class AgentProcesses:
         sample = now >= self._next_sample
         if sample:
             self._next_sample = now + SAMPLE_EVERY_S
+        watch = now >= self._next_watch   # the watchdog reads as often as `elasticd run`'s, usage less often
+        if watch:
+            self._next_watch = now + WATCH_EVERY_S
         for agent in self.core.live():
             proc = self._procs.get(agent.pid)
             if proc is None:
@@ -180,10 +184,11 @@ class AgentProcesses:
                 self.core.watched(agent.pid, now, False, _beat(proc, now))   # its last word on the steps it completed
                 del self._procs[agent.pid]
                 self._execute_here(self.core.exited(agent.pid, code, _error_of(proc, agent.rank, code), now), now)
-            elif sample and proc.ps is not None:
+            elif (sample or watch) and proc.ps is not None:
                 try:
                     with proc.ps.oneshot():
-                        self.core.sampled(agent.pid, proc.ps.memory_info().rss, proc.ps.cpu_percent(None))
+                        if sample:
+                            self.core.sampled(agent.pid, proc.ps.memory_info().rss, proc.ps.cpu_percent(None))
                         stopped = is_stopped(proc.ps.status())
                     self.core.watched(agent.pid, now, stopped, _beat(proc, now))
                 except psutil.Error:
@@ -424,7 +429,9 @@ def _error_of(proc: _Process, rank: int, code: int) -> dict[str, Any]:
         pass
     # No report: the agent did not get to say why (a signal, the OOM killer, a crash in native code). Not
     # the user's error as far as anyone can tell, so the scheduler recovers the job.
-    return {"message": f"agent {rank} {how_it_ended(code)} and left no error report (killed? out of memory?)",
+    # A signal names itself (SIGKILL: the OOM killer, or someone); an exit code with no report needs the hint.
+    said = f"agent {rank} {how_it_ended(code)}" + ("" if code < 0 else " and left no error report (killed? out of memory?)")
+    return {"message": said,
             "cause": Cause.DIED.value, "exitcode": code, "log_tail": _tail(proc.log_path)}
 
 

@@ -195,7 +195,8 @@ class Recoveries:
         job.launched, job.ready, job.ended, job.agents = [], [], [], {}
         job.master_port = 0
         rec.record.devices = len(keep)
-        if len(keep) < max(1, job.spec.min_devices):
+        # A restart at the size a resize asked for is placed there (a --scale-at may go below --min-devices).
+        if (not resize or rec.fell_back) and len(keep) < max(1, job.spec.min_devices):
             job.placement, job.blocks = [], []
             job.transition(JobState.QUEUED, now, f"{rec.cause}; {len(keep)} of its devices left, "
                                                  f"--min-devices {job.spec.min_devices}: queued to restart from its "
@@ -206,10 +207,13 @@ class Recoveries:
             job.blocks = self.host.speeds.blocks_for(job.job_id, job.spec.workers, keep)
         job.placement = keep
         job.master_addr = nodes[keep[0][0]].host
-        if resize:
-            job.transition(JobState.STARTING, now, f"{rec.cause}; restarting on {len(keep)} devices")
+        if job.spec.torchrun:
+            job.transition(JobState.STARTING, now, f"{rec.cause}: restarting the torchrun-mode job on {len(keep)} "
+                                                   f"device(s) after optimizer step {job.step}; the script starts "
+                                                   f"again from its beginning (it continues where it was only if it "
+                                                   f"loads its own checkpoint)")
         else:
-            job.transition(JobState.STARTING, now, f"{rec.cause}; restarting on {len(keep)} devices from its "
+            job.transition(JobState.STARTING, now, f"{rec.cause}; restarting on {len(keep)} device(s) from the "
                                                    f"newest complete snapshot (restart {job.restarts} of at most "
                                                    f"{job.spec.max_restarts})")
         self.host.changed(job, resched=True)

@@ -306,3 +306,24 @@ def test_a_refusal_at_a_held_step_reported_before_any_resize_began_refuses_that_
     assert "cannot carry `warmup`" in j.resizes[0].note and "dropped" in j.resizes[1].note
     out = step(isl, job, 11, 1, resize_error={"message": "cannot carry `warmup`", "refused": True, "step": 5})
     assert of(out, p.PrepareResize) == [] and len(j.resizes) == 2
+
+
+def test_a_torchrun_mode_restart_below_min_devices_the_schedule_asked_for_is_placed_at_once_and_says_so():
+    """A --scale-at entry may take a job below --min-devices (elasticd run submits min = max = its --devices):
+    the restart at the new size is placed there at once, not queued for devices it does not want, and its
+    history says what a torchrun-mode restart does (the script starts again; no snapshot of ours)."""
+    isl = Island()
+    isl.hello("a", 2)
+    j, out = isl.s.submit(p.Submit(script="/t.py", workers=4, min_devices=2, max_devices=2, torchrun=True,
+                                   scale_at=[entry(3, 1)]), isl.now)
+    job = j.job_id
+    isl._take(out)
+    isl.report("a", rep(job, "running", (0, 1), port=1, step=3))
+    assert isl.state(job) is JobState.RECOVERING and kills(isl.sent) == [("a", job)]
+    killed = {"message": "agent 0 was killed by SIGKILL", "cause": "died"}
+    [(_, launch)] = launches(isl.report("a", rep(job, "ended", (0, 1), ok=False, error=killed)))
+    assert launch.devices == 1 and isl.state(job) is JobState.STARTING
+    assert [state for _, state, _ in j.history].count("queued") == 1   # the submission's only
+    assert j.history[-1][2] == ("--scale-at 3:1: 2 -> 1 devices: restarting the torchrun-mode job on 1 device(s) "
+                                "after optimizer step 3; the script starts again from its beginning (it continues "
+                                "where it was only if it loads its own checkpoint)")
