@@ -193,7 +193,7 @@ class AgentProcesses:
                     self.core.watched(agent.pid, now, stopped, _beat(proc, now))
                 except psutil.Error:
                     pass
-        self._execute_here(self.core.tick(now), now)
+        self._execute_here(self.core.tick(now, watch), now)
         changed, self.changed = self.changed, False
         return changed
 

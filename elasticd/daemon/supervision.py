@@ -200,14 +200,17 @@ class Supervision:
         if job.agents.get(where[1].rank) is where[1]:
             job.watchdog.observe(pid, now, stopped, beat)
 
-    def tick(self, now: float) -> list[Action]:
-        """Timers: escalate stops, SIGKILL joiners that would not go, follow up on exits, fence stuck agents."""
+    def tick(self, now: float, watched: bool = True) -> list[Action]:
+        """Timers: escalate stops, SIGKILL joiners that would not go, follow up on exits, fence stuck agents
+        (`watched`: the agents were read for the watchdog just now; its verdict follows each reading, as
+        `elasticd run`'s does, so a stopped agent is judged by what was read of it, not between readings)."""
         out: list[Action] = []
         for job in list(self.jobs.values()):
             out += self.resizes.expire(job, now)
             out += self.resizes.after_exits(job, now)
             out += self._escalate(job, now)
-            out += self._fence(job, now)
+            if watched:
+                out += self._fence(job, now)
         return out
 
     # --- messages from agents --------------------------------------------------------------------
