@@ -153,6 +153,9 @@ class AgentProcesses:
 
     # --- messages from agents --------------------------------------------------------------------
 
+    def unreadable(self, identity: bytes, why: str, now: float) -> None:
+        self._execute_here(self.core.unreadable(identity, why), now)
+
     def agent_message(self, identity: bytes, msg: p.Message, now: float) -> str | None:
         """Apply an agent's message; returns an error text for the agent if it is not acceptable."""
         err, actions = self.core.agent_message(identity, msg, now)

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,11 +287,15 @@ class NodeDaemon:
                 if sock is not self.link and len(frames) >= 1:
                     transport.send(sock, p.Error(code=p.INTERNAL, message="internal error"), frames[0])
 
-    def _decode(self, sock: zmq.Socket, frames: list[bytes]) -> p.Message | None:
-        """Decode a ROUTER frame pair, answering the sender with a typed error when it is bad."""
+    def _decode(self, sock: zmq.Socket, frames: list[bytes],
+                on_bad: Callable[[str], None] | None = None) -> p.Message | None:
+        """Decode a ROUTER frame pair, answering the sender with a typed error when it is bad (and telling
+        `on_bad` why)."""
         if len(frames) != 2:
             transport.send(sock, p.Error(code=p.BAD_FRAME, message=f"expected 1 frame, got {len(frames) - 1}"),
                            frames[0])
+            if on_bad is not None:
+                on_bad(f"expected 1 frame, got {len(frames) - 1}")
             return None
         try:
             return p.decode(frames[1])
@@ -298,6 +303,8 @@ class NodeDaemon:
             if e.code == p.VERSION_MISMATCH:
                 log.warning("refused a peer: %s", e.message)
             transport.send(sock, p.error_from(e, p.peek_rid(frames[1])), frames[0])
+            if on_bad is not None:
+                on_bad(e.message)
             return None
 
     def _from_cli(self, frames: list[bytes]) -> None:
@@ -346,7 +353,7 @@ class NodeDaemon:
                                                f"{self.cfg.request_timeout_s:.0f}s"), cli_rid)
 
     def _from_agent(self, frames: list[bytes]) -> None:
-        msg = self._decode(self.agents, frames)
+        msg = self._decode(self.agents, frames, on_bad=lambda why: self.sup.unreadable(frames[0], why, time.time()))
         if msg is None:
             return
         err = self.sup.agent_message(frames[0], msg, time.time())

@@ -215,6 +215,21 @@ class Supervision:
 
     # --- messages from agents --------------------------------------------------------------------
 
+    def unreadable(self, identity: bytes, why: str) -> list[Action]:
+        """A connection that said hello as an agent sent what is no agent message: the job's own code (a job
+        is untrusted) or a bug, and guessing what it meant could resize or stop the wrong way. Its job fails
+        with the reason, as a user's error (no restart), and the agent is killed so that the job ends."""
+        where = self._by_identity.get(identity)
+        job = self.jobs.get(where[0]) if where else None
+        if where is None or job is None:
+            return []
+        agent = where[1]
+        if job.error is None or job.error.get("cause") == Cause.PEER_LOST:
+            job.error = {"message": f"stopping the job: unreadable message from agent {agent.rank}: {why}",
+                         "cause": Cause.USER.value, "rank": agent.rank}
+        log.warning("job %s: unreadable message from agent %d: %s", job.job_id, agent.rank, why)
+        return [Signal(agent.pid, "KILL")]
+
     def agent_message(self, identity: bytes, msg: p.Message, now: float) -> tuple[str | None, list[Action]]:
         """Apply an agent's message: an error text for the agent if it is not acceptable, and actions."""
         if isinstance(msg, p.AgentHello):

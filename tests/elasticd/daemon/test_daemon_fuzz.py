@@ -193,3 +193,48 @@ def test_ipc_sockets_and_secrets_are_owner_only(node):
         assert (stat.S_IMODE(sock.stat().st_mode), stat.S_IMODE(area.st_mode)) == (0o666, 0o711)
     else:
         assert (stat.S_IMODE(sock.stat().st_mode), stat.S_IMODE(area.st_mode)) == (0o600, 0o700)
+
+
+ROGUE_AGENT_JOB = '''
+import time
+
+import msgpack
+
+import elasticd
+
+
+@elasticd.elastic(workers=1)
+def train(ctx):
+    # A job reaching for its agent's own connection to the daemon (it said hello already) and sending a
+    # well-formed frame whose op no daemon knows.
+    control = ctx._rt.control
+    with control._lock:
+        control._sock.send(msgpack.packb({"v": VERSION, "op": "launch_missiles"}))
+    for _ in ctx.steps(6000):
+        time.sleep(0.01)   # a minute: only the daemon ends it
+'''
+
+
+def test_an_agents_unreadable_message_fails_its_job_by_name_and_the_daemon_serves_on(tmp_path):
+    """What a job sends on its agent's connection is untrusted: a frame that is no agent message is not
+    guessed at. The job fails naming it (a user's error: no restart) and the daemon keeps serving."""
+    c = Cluster(tmp_path / "c")
+    try:
+        d = c.daemon(cpu=1, fake=False)
+        script = tmp_path / "rogue.py"
+        script.write_text(ROGUE_AGENT_JOB.replace("VERSION", str(p.PROTOCOL_VERSION)))
+        r = cli("submit", str(script), "--state-dir", str(d.state_dir))
+        assert r.code == 0, r.output
+        job = r.out.strip()
+
+        def ended():
+            info = status(d.state_dir, job)["jobs"][0]
+            return info if info["state"] in ("failed", "finished", "stopped") else None
+        info = wait_until(ended, 120, what="the rogue job to end")
+        assert info["state"] == "failed", info
+        assert info["error"]["message"] == ("stopping the job: unreadable message from agent 0: unknown op "
+                                            "'launch_missiles'"), info["error"]
+        assert info["recoveries"] == [], info   # the job's doing: not restarted
+        assert status(d.state_dir)["nodes"][0]["alive"]
+    finally:
+        c.cleanup()
