@@ -151,6 +151,7 @@ class AgentProcess:
         self._stopped_at: int | None = None  # the step boundary of the latest resize
         self.periodic: PeriodicSnapshots | None = None
         self._resumed: int | None = None     # the periodic snapshot's step this agent restored
+        self._stall_from: float | None = None   # its last step before the resize it is re-forming for
 
     def main(self) -> int:
         try:
@@ -298,6 +299,7 @@ class AgentProcess:
         runtime.boundary.hold_at = frozenset(cfg.hold_at)
         runtime.boundary.periodic = self._periodic()
         runtime.boundary.resumed_from = self._resumed
+        runtime.boundary.stall_from, self._stall_from = self._stall_from, None
         attach_private(runtime, cfg.device_memory or None)  # the --device-memory budget for ctx.private
         try:
             runtime.run()
@@ -315,6 +317,7 @@ class AgentProcess:
             return 0, None
         snap = runtime.snapshot()
         self._stopped_at = runtime.boundary.stopped_at
+        self._stall_from = runtime.boundary.last_step_at
         if self.periodic is not None:
             self.periodic.close()   # its copies to other nodes use the group that is about to re-form
         del runtime  # the old workers' objects: their state now lives in `snap`, in host memory

@@ -40,7 +40,7 @@ from elasticd.core.failures import Cause, how_it_ended, is_infrastructure, no_re
 from elasticd.core.layout import Layout
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
 from elasticd.core.records import Recovery, ResizeEntry
-from elasticd.core.timing import clean_timing, merge_timing
+from elasticd.core.timing import STALL_METRIC, clean_timing, merge_timing
 from elasticd.core.watchdog import (
     WATCH_EVERY_S,
     Fence,
@@ -283,7 +283,7 @@ class LocalRun:
         if now - self._last_print >= 2.0:
             self._last_print = now
             shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
-                             if not k.startswith("snapshot_") and k != "resumed_from")
+                             if not k.startswith("snapshot_") and k not in ("resumed_from", STALL_METRIC))
             counted = "optimizer step" if self.torchrun else "step"   # torchrun mode: script_main.StepCounter
             self._say(f"{counted} {step} on {self.world} device(s) {shown}".rstrip())
 

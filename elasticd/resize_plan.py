@@ -121,6 +121,7 @@ class ResizePlan:
     acked: list[int] = field(default_factory=list)   # new-layout ranks that finished the re-formation
     commanded_at: float | None = None
     handover_s: float | None = None                 # rank 0's own time from its vote to the new group
+    stall_s: float | None = None                    # rank 0's own time from its last old step to its first new one
     failure: dict[str, Any] | None = None          # rollback: what went wrong
     gone: list[str] = field(default_factory=list)   # rollback: places whose agents of the job all exited
     saved: dict[str, list[int]] = field(default_factory=dict)   # place -> snapshot parts it holds (-1: replicated)
@@ -237,11 +238,12 @@ class ResizePlan:
         self.acked.append(rank)
         return True
 
-    def stepped(self, now: float, handover_s: float | None = None) -> list[Action]:
-        """Rank 0 completed a step at the new size (`handover_s`: its own time from vote to new group)."""
+    def stepped(self, now: float, handover_s: float | None = None, stall_s: float | None = None) -> list[Action]:
+        """Rank 0 completed a step at the new size (`handover_s`: its own time from vote to new group;
+        `stall_s`: from its last step at the old size to this one)."""
         if self.phase != ResizePhase.GO:
             return []
-        self.handover_s = handover_s
+        self.handover_s, self.stall_s = handover_s, stall_s
         return [Done(now - self.requested_at)] if len(self.acked) == self.dst else []
 
     def refused(self, reason: str) -> list[Action]:

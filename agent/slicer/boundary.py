@@ -36,6 +36,7 @@ from elasticd.agent.resize.snapshot import AgentSnapshot, WorkerSnapshot
 from elasticd.agent.slicer import rng
 from elasticd.agent.worker import Worker
 from elasticd.core.errors import ElasticdInterrupt, JobError
+from elasticd.core.timing import STALL_METRIC
 
 if TYPE_CHECKING:
     from elasticd.agent.runtime import Runtime
@@ -123,6 +124,11 @@ class StepBoundary:
         self._snap_at: int | None = None
         self.resumed_from: int | None = None   # restarted after a failure: the step it resumed at (reported)
         self._resumed_at: float | None = None   # when its first step after that completed (wall clock)
+        # Re-formed by a resize: when this agent completed its last step before it (monotonic), and once
+        # a step completed after it, the pause between the two (reported with every step from then on: a
+        # throttled report may be merged into the next, and the supervisor takes it once).
+        self.stall_from: float | None = None
+        self._stall_s: float | None = None
         self._step_times: list[float] = []
         carried.install()
         loader_tracking.install()
@@ -335,6 +341,11 @@ class StepBoundary:
         periodic.submit(step, {"groups": groups})
 
     @property
+    def last_step_at(self) -> float | None:
+        """When this agent last completed a step (monotonic), None before its first."""
+        return self._step_times[-1] if self._step_times else None
+
+    @property
     def stopped_at(self) -> int | None:
         """The step after which the agents stopped (resize or stop), None while running."""
         return self._stop_at
@@ -348,6 +359,10 @@ class StepBoundary:
         metrics: dict[str, Any] = {}
         if self.periodic is not None:
             metrics.update(self.periodic.info())
+        if self.stall_from is not None:
+            self._stall_s, self.stall_from = round(now - self.stall_from, 3), None
+        if self._stall_s is not None:
+            metrics[STALL_METRIC] = self._stall_s
         if self.resumed_from is not None:
             metrics["resumed_from"] = self.resumed_from
             # By this agent's clock: the supervisor hears of it up to a throttled report and a heartbeat later.

@@ -43,7 +43,8 @@ def _fmt_resizes(resizes: list[ResizeEntry]) -> str:
 
 def _fmt_resize(r: ResizeEntry) -> str:
     took = f" in {r.seconds:.2f}s" if r.seconds is not None else ""
-    pause = f" (hand-over {r.handover_s:.2f}s)" if r.handover_s is not None else ""
+    pause = (f" (hand-over {r.handover_s:.2f}s" + (f", training paused {r.stall:.2f}s" if r.stall is not None else "")
+             + ")") if r.handover_s is not None else ""
     when = time.strftime("%H:%M:%S", time.localtime(r.at))
     note = f": {safe(r.note)}" if r.note else ""
     if r.blocks_to is not None:   # a re-layout: same devices, other blocks

@@ -15,6 +15,9 @@ import math
 from typing import Any
 
 KEYS = ("hosted", "compute_s", "flush_s", "steps")
+# The step metric in which rank 0 reports, by its own clock, how long training paused for the resize it
+# came out of: from its last step before it to its first step after (a supervisor's, not the user's).
+STALL_METRIC = "resize_stall_s"
 
 
 class StepTiming:

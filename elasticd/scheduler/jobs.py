@@ -211,6 +211,7 @@ class Job:
             epoch=plan.epoch, step=plan.step, blocks=list(plan.blocks), note=note,
             seconds=round(seconds, 3) if seconds is not None else None,
             handover_s=round(plan.handover_s, 3) if plan.handover_s is not None else None,
+            stall=round(plan.stall_s, 3) if plan.stall_s is not None else None,
             prepare_s=round(plan.commanded_at - plan.requested_at, 3) if plan.commanded_at is not None else None,
             done_step=self.step if outcome is ResizeOutcome.DONE else None,
             **(self.relayout or {}))   # a re-layout's reason, predicted_gain, blocks_from, blocks_to

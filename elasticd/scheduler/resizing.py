@@ -35,6 +35,7 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
+from elasticd.core.timing import STALL_METRIC
 from elasticd.placement import policy, speeds
 from elasticd.placement.speeds import Relayout
 from elasticd.resize_plan import Abort, Action, Done, Fail, Go, Refuse, ResizePlan, RollBack
@@ -209,7 +210,9 @@ class Resizes:
                 mine = [x for x in r.resizes if x.epoch == plan.epoch]
                 plan.step = next((x.step for x in mine if x.step is not None), plan.step)
                 handover = next((x.seconds for x in mine), None)
-                return self._act(job, now, plan.stepped(now, handover))
+                stall = p.flat_metrics(r.metrics).get(STALL_METRIC)
+                stall = float(stall) if isinstance(stall, int | float) and not isinstance(stall, bool) else None
+                return self._act(job, now, plan.stepped(now, handover, stall))
         return []
 
     def _act(self, job: Job, now: float, actions: list[Action], gone: str | None = None) -> list[SendToNode]:

@@ -22,6 +22,7 @@ from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import ControlPlaneError
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
+from elasticd.core.timing import STALL_METRIC
 from elasticd.core.watchdog import StuckAfter
 from elasticd.placement import policy
 from elasticd.placement.speeds import Speeds
@@ -630,6 +631,7 @@ class SchedulerState:
         metrics = p.flat_metrics(r.metrics)
         snapshot = {k.removeprefix("snapshot_"): metrics.pop(k) for k in list(metrics) if k.startswith("snapshot_")}
         metrics.pop("resumed_from", None)
+        metrics.pop(STALL_METRIC, None)
         job.step, job.steps_per_s, job.metrics = r.step, r.steps_per_s, metrics
         if snapshot and snapshot != job.snapshot:
             job.snapshot = snapshot

@@ -57,6 +57,7 @@ def test_scale_4_2_1_4_while_training_is_bitwise_the_unscaled_run(cluster, tmp_p
         assert r.code == 0 and f"-> {target} devices" in r.out, r
         info = wait_resized(sd, job, n)
         assert info["resizes"][-1]["outcome"] == "done", info["resizes"]
+        assert info["resizes"][-1]["stall"] > 0, info["resizes"]   # rank 0's pause, by its own clock
         assert info["devices"] == target and info["state"] == "running"
         # ranks that left exit and give their devices back
         wait_until(lambda t=target: len(status(sd)["nodes"][0]["free"]) == 4 - t, 30, what="devices to be freed")

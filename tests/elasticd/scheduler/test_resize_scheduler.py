@@ -7,6 +7,7 @@ import pytest
 from island_core import Island, agent, complete, kills, launches, of, report, resized, running_job
 
 from elasticd import protocol as p
+from elasticd.cli.status import render_job
 from elasticd.core.records import ResizeEntry
 from elasticd.scheduler.jobs import Job, JobState
 from elasticd.scheduler.state import SchedulerError
@@ -410,3 +411,23 @@ def test_the_resize_history_records_the_step_the_agents_stopped_after():
                            resizes=[resized(epoch=1, seconds=0.2, step=8)]))
     (entry,) = isl.s.jobs[job].resizes
     assert entry.outcome == "done" and entry.step == 8 and entry.done_step == 9, entry
+
+
+def test_the_pause_rank_0_measured_is_the_resizes_stall_and_not_a_metric_of_the_job():
+    """Rank 0 reports, by its own clock, the pause from its last step before the resize to its first after it
+    (agent/slicer/boundary.py); the history keeps it as the resize's `stall`, as `elasticd run`'s does, and
+    the job's metrics (the user's) do not show it."""
+    isl = Island()
+    isl.hello("a", 4)
+    job = running_job(isl)
+    isl.s.scale(job, 2, isl.now)
+    isl.report("a", report(job, [agent(r, r) for r in range(4)], resize_epoch=1, resize_port=777))
+    acked = [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1), agent(2, 2, epoch=1, left=True),
+             agent(3, 3, epoch=1, left=True)]
+    isl.report("a", report(job, acked, resize_epoch=1, step=9, metrics={"resize_stall_s": 0.31, "loss": 1.5},
+                           resizes=[resized(epoch=1, seconds=0.2)]))
+    j = isl.s.jobs[job]
+    (entry,) = j.resizes
+    assert entry.outcome == "done" and entry.stall == 0.31 and entry.handover_s == 0.2
+    assert j.metrics == {"loss": 1.5}
+    assert "training paused 0.31s" in render_job(isl.s.status(job, isl.now).jobs[0])
