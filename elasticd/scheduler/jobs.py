@@ -227,13 +227,17 @@ class Job:
         """The steps its agents stop after, waiting for a scheduled resize: those not handled yet."""
         return [e.step for e in self.spec.scale_at[self.scheduled:]]
 
+    def refuse_scheduled(self, e: ScaleAt, note: str, now: float) -> None:
+        """Record the --scale-at entry `e` as refused, from the size the job has."""
+        self.add_resize(ResizeEntry(src=len(self.placement), dst=e.devices, outcome=ResizeOutcome.REFUSED.value,
+                                    at=round(now, 3), why=scale_at_why(e), step=e.step, blocks=list(e.blocks),
+                                    note=note))
+
     def drop_schedule(self, reason: str, now: float) -> None:
         """The agents refused a resize and dropped their held steps (agent/slicer/boundary.py): so does
         the schedule, each entry recorded as refused."""
         for e in self.spec.scale_at[self.scheduled:]:
-            self.add_resize(ResizeEntry(src=len(self.placement), dst=e.devices, outcome=ResizeOutcome.REFUSED.value,
-                                        at=round(now, 3), why=scale_at_why(e), step=e.step, blocks=list(e.blocks),
-                                        note=f"dropped: an earlier resize was refused ({reason})"))
+            self.refuse_scheduled(e, f"dropped: an earlier resize was refused ({reason})", now)
         self.scheduled = len(self.spec.scale_at)
 
     @property

@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from elasticd.core.lifecycle import ResizeOutcome
-from elasticd.core.records import ResizeEntry
 from elasticd.placement.speeds import sizes
 from elasticd.protocol import ScaleAt
 from elasticd.scheduler.actions import SendToNode
@@ -89,8 +87,7 @@ class ScheduledScales:
                     log.info("job %s: %s: resizing %d -> %d devices", job.job_id, why, current, target)
                     return self.resizes.begin(job, target, why, now, blocks=list(e.blocks) or None)
                 note = f"{free} device(s) free after step {e.step}, {target - current} more needed"
-                job.add_resize(ResizeEntry(src=current, dst=target, outcome=ResizeOutcome.REFUSED.value,
-                                           at=round(now, 3), why=why, step=e.step, blocks=list(e.blocks), note=note))
+                job.refuse_scheduled(e, note, now)
                 log.warning("job %s: %s refused: %s", job.job_id, why, note)
         if job.held is not None:
             held, job.held = job.held, None
@@ -99,9 +96,7 @@ class ScheduledScales:
         return self._ahead(job, now)
 
     def _refused_at_hold(self, job: Job, e: ScaleAt, why: str, now: float) -> list[SendToNode]:
-        job.add_resize(ResizeEntry(src=len(job.placement), dst=e.devices, outcome=ResizeOutcome.REFUSED.value,
-                                   at=round(now, 3), why=scale_at_why(e), step=e.step, blocks=list(e.blocks),
-                                   note=why))
+        job.refuse_scheduled(e, why, now)
         job.scheduled += 1
         job.drop_schedule(why, now)   # the agents dropped the steps they were to hold after, and train on
         self.host.changed(job)
