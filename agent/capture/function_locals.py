@@ -390,8 +390,13 @@ _MAX_TENSOR_BYTES = 64 * 2**20   # a dataset held in a local is not copied into 
 
 
 def _tensors(named: list[tuple[str, Any]]) -> dict[str, Any]:
-    """The arrays (tensors and numpy arrays, see local_arrays.is_array) the function's locals hold."""
-    return {key: value for key, value in named if is_array(value)}
+    """The arrays (tensors and numpy arrays, see local_arrays.is_array) the function's locals hold, less the
+    worker's `ctx.private` state and views of it: the private store carries that and swaps it under a device
+    budget, so the variable must stay the registered tensor (a copy given back at re-entry would double the
+    state on the device and leave the store swapping a tensor the function no longer uses)."""
+    private = tensor_containers.private_storages()
+    return {key: value for key, value in named
+            if is_array(value) and not (isinstance(value, torch.Tensor) and tensor_containers.storage(value) in private)}
 
 
 def _big(a: Any) -> bool:

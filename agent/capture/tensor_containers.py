@@ -18,8 +18,9 @@ variables and attributes:
   device, never written into (one may be a view of a dataset).
 
 Not a container holding a tensor of a model or optimizer the function's variables hold (`[p.data for p in
-model.parameters()]`, `{n: p.grad ...}`): it is a view of state carried its own way, which the re-entered
-function takes again, and a copy in its place would no longer follow the model.
+model.parameters()]`, `{n: p.grad ...}`) or of the worker's `ctx.private` state: it is a view of state
+carried its own way, which the re-entered function takes again, and a copy in its place would no longer
+follow the model (or be what the private store swaps).
 
 A changed container holding more than 1 GiB of arrays is not copied: the snapshot fails naming it, which
 refuses a resize (agent/slicer/boundary.py) instead of resuming without it.
@@ -37,6 +38,8 @@ import torch
 
 from elasticd.agent.capture.carried import NotCarried
 from elasticd.agent.capture.local_arrays import from_snapshot, is_array, nbytes, to_snapshot, writes
+from elasticd.agent.private.swap import tensors_of
+from elasticd.agent.worker import current_worker
 
 _MAX_ITEMS = 100_000      # as function_locals: a bigger container is not looked into
 _MAX_BYTES = 1 << 30      # the arrays of one container a snapshot copies
@@ -142,8 +145,20 @@ def _models_tensors(named: list[tuple[str, Any]]) -> Iterator[torch.Tensor]:
 
 
 def models_storages(named: list[tuple[str, Any]]) -> set[int]:
-    """Where the tensors of the models and optimizers the function's variables hold live."""
-    found = {storage(t) for t in _models_tensors(named)}
+    """Where the tensors of the models and optimizers the function's variables hold live, and the worker's
+    private state (`private_storages`)."""
+    found = {storage(t) for t in _models_tensors(named)} | private_storages()
+    found.discard(0)
+    return found
+
+
+def private_storages() -> set[int]:
+    """Where the running worker's `ctx.private` state lives. The private store carries it and swaps it under
+    a device budget, so a variable or container holding it must keep the registered tensors: a copy given
+    back at re-entry would hold the state twice on the device, beside tensors the store swaps that the
+    function no longer uses."""
+    w = current_worker()
+    found = {storage(t) for obj in w.progress.private for t in tensors_of(obj)} if w is not None else set()
     found.discard(0)
     return found
 
@@ -158,6 +173,7 @@ class ModelState:
         for t in _models_tensors(named):
             self.storages.add(storage(t))
             self._by_kind[(tuple(t.shape), t.dtype, t.device)].append(t)
+        self.storages |= private_storages()   # carried by the private store, as the models are by theirs
         self.storages.discard(0)
 
     def taken_from(self, arrays: list[Any]) -> bool:

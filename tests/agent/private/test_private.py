@@ -237,15 +237,24 @@ def train(ctx):
     else:
         model, opt = ctx.replicate(model, torch.optim.SGD(model.parameters(), lr=0.1))
     mine = ctx.private(torch.zeros(16384))
+    bag = ctx.private({"sum": torch.zeros(4)})
+    registered = (id(mine), id(bag["sum"]))
     gc.collect()
     alive = sum(isinstance(o, Runtime) for o in gc.get_objects())
     with open(os.path.join(os.environ["JOB_OUT"], f"alive-{os.getpid()}-{ctx.rank}"), "a") as f:
         f.write(f"{alive}\\n")
     for step in ctx.steps(9):
+        # The private store carries `mine` (and would swap it under a budget): after a resize the variable
+        # must still be the registered tensor, with the values of this step, not a copy given back beside it.
+        if (id(mine), id(bag["sum"])) != registered or float(mine[0]) != step or float(bag["sum"][0]) != step:
+            raise AssertionError(f"rank {ctx.rank}, step {step}: `mine` and `bag` hold {float(mine[0])}, "
+                                 f"{float(bag['sum'][0])}; the registered tensors: "
+                                 f"{(id(mine), id(bag['sum'])) == registered}")
         opt.zero_grad()
         model(torch.ones(2, 8) + mine[:8]).sum().backward()
         opt.step()
         mine.add_(1)
+        bag["sum"].add_(1)
 """
 
 
@@ -253,7 +262,9 @@ def train(ctx):
                          ids=["default", "deterministic", "ddp-inside"])
 def test_each_resize_frees_the_segment_before_it(tmp_path: Path, deterministic: bool, ddp: bool) -> None:
     """2 -> 1 -> 2 agents: every registration of private state, in every segment on every agent, finds
-    exactly one runtime alive in its process: the old segments' models and private tensors were freed.
+    exactly one runtime alive in its process: the old segments' models and private tensors were freed; and
+    the variable (and the dict) holding private tensors hold the registered ones after each resize (a copy
+    given back as a function local held the state twice on the GPU).
     Deterministic mode hooks every parameter's autograd node, whose hooks live in C++ (found on a GPU:
     each resize kept the finished segment's device state); so does a DDP model's post-accumulate-grad hook
     (agent/replicated/weak_hooks.py)."""
