@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from elasticd.agent.comm import host_values
+
 # Element dtypes whose sums of 0/1 over up to 2**24 agents are exact integers.
 CARRIERS = (torch.float32, torch.float64)
 
@@ -71,13 +73,13 @@ class CarriedVote:
         if got is None:
             return None
         self._open = got
-        return torch.tensor(encode(got[1], self.levels), dtype=dtype, device=device)
+        return host_values.to_device(encode(got[1], self.levels), dtype, device)
 
-    def summed(self, sums: torch.Tensor) -> None:
-        """The ballot's elements after the sum over agents."""
+    def summed(self, sums: list[float]) -> None:
+        """The ballot's elements after the sum over agents (read back with the flush's other values)."""
         assert self._open is not None
         step, _ = self._open
-        self._decided = _Decided(step, -1, decode(sums.tolist(), self.levels))
+        self._decided = _Decided(step, -1, decode(sums, self.levels))
 
     def end_flush(self, collectives: int) -> None:
         """The flush is over; `collectives`: the agent's count of whole-group collectives so far."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from elasticd.agent.comm import host_values
 from elasticd.agent.comm.carried_vote import CARRIERS, CarriedVote
 from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.replicated.ledger import ReplicatedStateError
@@ -235,8 +236,9 @@ class BucketedFlush:
                     if dsts:
                         torch._foreach_copy_(dsts, srcs)
                     if b.flags is not None:
-                        b.flags.copy_(torch.tensor([g.params[i].grad is not None for i in b.dtype_params],
-                                                   dtype=b.flat.dtype))
+                        used = [g.params[i].grad is not None for i in b.dtype_params]
+                        b.flags.fill_(1) if all(used) else b.flags.copy_(host_values.to_device(
+                            used, b.flat.dtype, b.flat.device))
                     if b.ballot is not None:
                         votes = self.vote.ballot(b.flat.dtype, b.flat.device) if self.vote is not None else None
                         b.cast = votes is not None
@@ -249,14 +251,19 @@ class BucketedFlush:
                     self.phys.finish(b.work)
                     b.work = None
                     b.flat[:b.data].div_(self.workers)
+            # Every tail bucket's summed used-flags and ballot (they end its buffer), in one read.
+            tails = [b for g in groups for b in self._layouts[g.index].buckets if b.flags is not None]
+            read = dict(zip(map(id, tails), host_values.read([b.flat[b.data:] for b in tails]), strict=True))
+            for g in groups:
+                for b in self._layouts[g.index].buckets:
                     if b.cast:
                         assert self.vote is not None and b.ballot is not None
-                        self.vote.summed(b.ballot)
+                        self.vote.summed(read[id(b)][len(b.dtype_params):])
                 dsts, srcs = [], []   # copied back in one call, not one per parameter
                 for b in self._layouts[g.index].buckets:
                     if b.flags is None:
                         continue
-                    used = b.flags.tolist()
+                    used = read[id(b)][:len(b.dtype_params)]
                     for u, i in zip(used, b.dtype_params, strict=True):
                         p = g.params[i]
                         if u <= 0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from elasticd.agent.comm import host_values
+
 
 def by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[torch.Tensor]]:
     out: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -23,22 +25,23 @@ def scatter_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 def flatten_grads(params: list[torch.Tensor], room: int = 0) -> torch.Tensor:
     """Gradients as one flat fp32-or-native buffer, zeros for missing grads, then one used-flag per param,
     then `room` zeros (where a flush may carry the step-boundary vote)."""
-    dtype = params[0].dtype
     parts = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
-    parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
+    parts.append(host_values.flags([p.grad is not None for p in params], params[0]))
     if room:
         parts.append(params[0].new_zeros(room))
     return torch.cat(parts)
 
 
-def unflatten_grads(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
+def unflatten_grads(flat: torch.Tensor, params: list[torch.Tensor], used: list[float] | None = None) -> None:
     """Assign averaged gradients; a parameter no rank produced a gradient for keeps `grad=None`, as in DDP.
 
     Written into the existing `.grad` tensors (a fresh one only where there was none), never left as views
     of `flat`: views share one version counter, and the ledger (replicated/ledger.py) tells a worker's
-    in-place change of a gradient from the runtime's by each gradient's own counter.
+    in-place change of a gradient from the runtime's by each gradient's own counter. `used`: the summed
+    flags (the tail of `flat`) where the caller read them already, with other values of the same flush.
     """
-    used = flat[-len(params):].tolist()
+    if used is None:
+        used = flat[-len(params):].tolist()
     offset = 0
     for i, p in enumerate(params):
         n = p.numel()

@@ -79,11 +79,13 @@ class GradSync(Collective):
                 if ballot is not None:
                     own[0][-room:].copy_(ballot)
                 flat = env.sum_over_ranks(own)
-                if ballot is not None:
-                    vote.summed(flat[-room:])  # type: ignore[union-attr]
                 grads = flat[: flat.numel() - room]
                 grads[: -len(params)].div_(env.workers)
-                unflatten_grads(grads, params)
+                # The used-flags and the ballot sit together at the end of the buffer: one read for both.
+                tail = flat[flat.numel() - room - len(params):].tolist()
+                if ballot is not None:
+                    vote.summed(tail[len(params):])  # type: ignore[union-attr]
+                unflatten_grads(grads, params, tail[:len(params)])
             g.sync_buffers()
             g.ledger.after_flush()
         if vote is not None:

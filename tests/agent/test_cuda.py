@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,27 @@ def test_sync_batch_norm_fails_loudly_instead_of_reducing_over_the_agents(tmp_pa
     run = cli(*argv, env={"ELASTICD_TEST_WORKERS": str(WORKERS), **SHARED_GPU}, timeout=RUN_TIMEOUT)
     assert run.code == 1, run.output[-5000:]
     assert "was called from a thread of its own during logical rank" in run.output, run.output[-5000:]
+
+
+def test_a_flushs_small_values_reach_the_gpu_without_a_wait_and_come_back_in_one() -> None:
+    """The used-flags and the ballot go to the device from pinned memory (a copy from pageable memory makes
+    the host wait for the whole queued backward); what a flush reads back is one device-to-host copy."""
+    from elasticd.agent.comm import host_values
+
+    like = torch.zeros(8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            flags = host_values.flags([True, False, True], like)
+            ones = host_values.flags([True, True], like)
+            ballot = host_values.to_device([1, 0, 1, 1], torch.float32, like.device)
+            sent = len(seen)
+            got = host_values.read([flags, ones, ballot])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    waits = [str(w.message) for w in seen if "synchroniz" in str(w.message)]
+    assert sent == 0, f"sending made the host wait: {waits}"
+    assert len(waits) == 1, waits
+    assert got == [[1.0, 0.0, 1.0], [1.0, 1.0], [1.0, 0.0, 1.0, 1.0]]

@@ -39,7 +39,7 @@ def test_a_carried_vote_decides_only_the_boundary_right_after_its_flush() -> Non
     def flush(collectives_after: int) -> None:
         ballot = vote.ballot(torch.float32, torch.device("cpu"))
         assert vote.ballot(torch.float32, torch.device("cpu")) is None, "one ballot per flush"
-        vote.summed(ballot * 2)   # two agents voting alike
+        vote.summed((ballot * 2).tolist())   # two agents voting alike
         vote.end_flush(collectives_after)
 
     flush(10)
