@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import elasticd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchmodels  # noqa: E402  (beside this file, also when it runs as an agent's job module)
 
 WORKERS = int(os.environ.get("ELASTICD_BENCH_WORKERS", "8"))
 STEPS = int(os.environ.get("ELASTICD_BENCH_STEPS", "40"))
@@ -63,16 +67,19 @@ def make_model() -> nn.Module:
 
     MODEL "mlp": 4 wide layers (0.66M parameters at width 512), a step dominated by compute. "many": DEPTH
     narrow layers of width 32 (about 100 parameter tensors, 55K parameters), a step dominated by what
-    is paid per parameter tensor and per collective: hooks, copies, the flush.
+    is paid per parameter tensor and per collective: hooks, copies, the flush. "lm" and "cnn": the GPU
+    benchmarks' realistic models (scripts/_benchmodels.py), a 110M-parameter transformer LM and a ResNet-50.
     """
     torch.manual_seed(0)
+    if MODEL in ("lm", "cnn"):
+        return _benchmodels.build(MODEL)
     if MODEL == "many":
         layers: list[nn.Module] = [nn.Linear(IN_DIM, 32)]
         for _ in range(DEPTH):
             layers += [nn.ReLU(), nn.Linear(32, 32)]
         return nn.Sequential(*layers, nn.ReLU(), nn.Linear(32, CLASSES))
     if MODEL != "mlp":
-        raise ValueError(f"ELASTICD_BENCH_MODEL={MODEL!r}: expected mlp or many")
+        raise ValueError(f"ELASTICD_BENCH_MODEL={MODEL!r}: expected mlp, many, lm or cnn")
     return nn.Sequential(nn.Linear(IN_DIM, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
                          nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, CLASSES))
 
@@ -100,6 +107,8 @@ def batch(rank: int, step: int, workers: int) -> tuple[torch.Tensor, torch.Tenso
     Slicing rather than a DataLoader keeps the benchmark about the runtime: a DataLoader's per-batch
     Python cost would be paid equally by every variant and only dilute the ratios.
     """
+    if MODEL in ("lm", "cnn"):
+        return _benchmodels.batch(MODEL, rank, step, workers, BATCH)
     x, y = _data()
     start = ((step * workers + rank) * BATCH) % (SAMPLES - BATCH)
     return x[start:start + BATCH], y[start:start + BATCH]

@@ -123,8 +123,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--skip", default="", help="comma-separated variants to leave out: m2, ddp, acc2, acc1")
     ap.add_argument("--sweep", default="",
                     help="comma-separated further N for (c) vs (e), e.g. 8,32,64 (each must be even)")
-    ap.add_argument("--model", choices=["mlp", "many"], default="mlp",
-                    help="the job's model (scripts/_benchjob.py make_model): mlp (default) or many small layers")
+    ap.add_argument("--model", choices=["mlp", "many", "lm", "cnn"], default="mlp",
+                    help="the job's model (scripts/_benchjob.py make_model): mlp (default), many small layers, or "
+                         "for a GPU a 110M-parameter transformer LM (lm) or a ResNet-50 (cnn), scripts/_benchmodels.py")
     ap.add_argument("--model-2", default="",
                     help="a second model (mlp or many) for which (c) vs (e) is also paired at --workers, e.g. many")
     ap.add_argument("--bucket-kb", default="",
@@ -323,7 +324,7 @@ def main() -> None:
             for v in ("ideal", "m1")]
     interleaved = [[LABELS[v], str(bench.threads[v]), str(len(times[v])), f"{median(times[v]) * 1e3:.2f}",
                     f"{drift[v]:.1e}"] for v in variants if v in drift and v not in ("ideal", "m1")]
-    print(f"N={a.workers} logical workers, per-rank batch {a.batch}, model {a.model} (width {a.width}) "
+    print(f"N={a.workers} logical workers, per-rank batch {a.batch}, model {a.model}{f' (width {a.width})' if a.model == 'mlp' else ''} "
           f"({sum(p.numel() for p in bench.job.make_model().parameters()) / 1e6:.2f}M params), "
           f"{a.steps - a.warmup - 1} timed steps per run; (a), (b) pinned to "
           f"{'core ' + str(a.cpu) if a.cpu is not None and a.cpu >= 0 else 'no core'}; {load_average()}")
