@@ -275,6 +275,7 @@ class AgentProcess:
         self.cfg = joined(self.cfg, join.rank, join.world, join.join_from, join.master_addr, join.master_port,
                           join.device_index)
         self.device = _device(self.cfg)
+        self.control.renumber(join.rank)   # its messages speak as the rank it joins as
         proc_name.set_name(join.rank, False)
         _set_threads(self.cfg, self.device, self.ef.deterministic)
         return True

@@ -2,9 +2,10 @@
 
 An `Agent` is known by its pid (unique while the daemon holds its unreaped process). A job's agents
 are indexed by physical rank; `NodeJob.retired` keeps, until they are gone, agents that left in a
-shrink (they exit 0 on their own, then their device is free) and joiners that were sent away. Live
-resize (elasticd.daemon.resizing) adds joiners: started warm before a grow and counted in only once
-they re-formed with the others.
+shrink (they exit 0 on their own, then their device is free) and joiners that were sent away;
+`NodeJob.warm`, agents that left in a shrink of a job whose schedule grows again, kept as warm processes
+for that grow (their devices free meanwhile). Live resize (elasticd.daemon.resizing) adds joiners:
+started warm before a grow, or taken from `warm`, and counted in only once they re-formed with the others.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Agent:
     epoch: int = 0             # last resize epoch this agent finished
     stepped: int = 0           # last resize epoch after which it completed a step at the new size
     left: bool = False         # left the job in a shrink: exits 0, then its device is free
+    warm: bool = False         # leaving (or left) in a shrink, kept for the job's coming grow (NodeJob.warm)
     dropped: bool = False      # a joiner sent away (resize called off, job ended first): exit code is no verdict
     kill_at: float | None = None   # SIGKILL deadline of a dropped joiner
     done: bool = False         # said agent_done: its workers returned and it is on its way out
@@ -59,6 +61,7 @@ class NodeJob:
     master_port: int
     agents: dict[int, Agent] = field(default_factory=dict)   # by physical rank: the job's agents and joiners
     retired: list[Agent] = field(default_factory=list)      # left in a shrink or dropped joiners, until gone
+    warm: list[Agent] = field(default_factory=list)         # left in a shrink, kept for a coming grow
     error: dict[str, Any] | None = None
     resizes: list[p.ResizedInfo] = field(default_factory=list)   # the lead agent's, newest last
     killing: str | None = None          # reason, once a stop/kill started
@@ -77,7 +80,7 @@ class NodeJob:
         self.watchdog = Watchdog(StuckAfter.parse(self.launch.stuck_after))
 
     def everyone(self) -> list[Agent]:
-        return [*self.agents.values(), *self.retired]
+        return [*self.agents.values(), *self.retired, *self.warm]
 
     @property
     def state(self) -> str:
@@ -110,6 +113,17 @@ class NodeJob:
         self.agents = stay
 
     def retire(self, agent: Agent) -> None:
-        if self.agents.get(agent.rank) is agent:
+        if agent in self.warm:
+            self.warm.remove(agent)
+            agent.warm = False
+            self.retired.append(agent)
+        elif self.agents.get(agent.rank) is agent:
             del self.agents[agent.rank]
             self.retired.append(agent)
+
+    def keep_warm(self, agent: Agent) -> None:
+        """A leaver of a shrink stays for the job's coming grow instead of exiting."""
+        if self.agents.get(agent.rank) is agent:
+            del self.agents[agent.rank]
+            agent.warm = True
+            self.warm.append(agent)

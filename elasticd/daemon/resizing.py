@@ -3,12 +3,15 @@
 The scheduler drives (elasticd.scheduler.resizing); a node only executes and reports, in its
 heartbeats, what the scheduler needs to take the next step:
 - `PrepareResize`: start this node's joining ranks as warm standby agents (`--standby`: the script is
-  loaded and torch warmed up, then they wait), and on the node hosting rank 0 pick the rendezvous
-  port of the new group. The job's running agents are not touched.
+  loaded and torch warmed up, then they wait), or take them from the job's agents kept warm since a
+  shrink (below); and on the node hosting rank 0 pick the rendezvous port of the new group. The job's
+  running agents are not touched.
 - `ResizeJob` (go): tell the running agents `resize` (they vote at the next step boundary, all stop at
   the same step and hand their state over) and the joiners `join`. Agents whose rank is beyond the
   new size leave: they move to `NodeJob.retired`, exit 0 after the hand-over, and their device is
-  free once they are gone.
+  free once they are gone. When the job's --scale-at schedule grows again later (`ResizeJob.standby`),
+  they move to `NodeJob.warm` instead and stay, their devices free: a process that has run the job's
+  steps joins that grow sooner than one started for it, as under `elasticd run`.
 - `AbortResize`: the resize is called off before the go (the joiners are sent away), or after it because
   the agents refused it: they found a state they cannot carry at the step boundary and train on at the
   old size (agent/slicer/boundary.py). Then the go's changes here are undone too: the leavers and the
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any
 
 from elasticd import protocol as p
@@ -44,7 +47,7 @@ DROP_GRACE_S = 3.0   # SIGTERM -> SIGKILL for a joiner sent away
 class NodeResizes:
     """The node's resize steps over the jobs the supervision core hands it."""
 
-    def __init__(self, devices: Collection[str]) -> None:
+    def __init__(self, devices: Mapping[str, p.DeviceInfo]) -> None:
         self.devices = devices
 
     def prepare(self, job: NodeJob, msg: p.PrepareResize, port: int) -> list[Action]:
@@ -57,6 +60,8 @@ class NodeResizes:
             job.resize_port = port
         out: list[Action] = []
         taken = {rank for rank, a in job.agents.items() if a.exitcode is None}
+        warm = [a for a in job.warm if a.exitcode is None and a.identity is not None and a.left]
+        reused = []
         for pl in msg.joiners:
             if pl.device_id not in self.devices or pl.rank in taken:
                 why = "no such device" if pl.device_id not in self.devices else "rank still taken"
@@ -64,12 +69,28 @@ class NodeResizes:
                 log.error("job %s resize %d: %s", msg.job_id, msg.epoch, job.resize_error["message"])
                 break
             taken.add(pl.rank)
+            if warm:
+                reused.append(self._rejoin(job, warm.pop(0), pl))
+                continue
             out.append(Spawn(job.launch, pl.rank, msg.devices, pl.device_id, f"rank{pl.rank}-e{msg.epoch}.json",
                              standby=True, blocks=list(msg.blocks), hold_at=list(msg.hold_at)))
-        log.info("job %s resize %d (%d -> %d): joiners %s starting%s", msg.job_id, msg.epoch, msg.devices_from,
+        log.info("job %s resize %d (%d -> %d): joiners %s starting%s%s", msg.job_id, msg.epoch, msg.devices_from,
                  msg.devices, [pl.rank for pl in msg.joiners],
+                 f" ({len(reused)} from agents kept warm: {reused})" if reused else "",
                  f"; rendezvous port {job.resize_port}" if job.resize_port else "")
-        return out
+        return out + ([Report()] if reused else [])   # ready already: the scheduler may go at once
+
+    def _rejoin(self, job: NodeJob, agent: Agent, pl: p.RankPlacement) -> int:
+        """An agent kept warm since a shrink becomes the joiner of rank `pl.rank` on `pl.device_id`; it
+        takes its new rank and device with the join command (`go`). Returns its pid."""
+        job.warm.remove(agent)
+        agent.former_rank, agent.rank = agent.rank, pl.rank   # its messages carry the old rank until it joins
+        agent.device = self.devices[pl.device_id]
+        agent.warm = agent.left = agent.done = False
+        agent.standby = True
+        agent.metrics, agent.step_times, agent.timing, agent.timing_acc = {}, [], {}, {}
+        job.agents[pl.rank] = agent
+        return agent.pid
 
     def joiner_not_started(self, job: NodeJob, spawn: Spawn, reason: str) -> list[Action]:
         """A joiner's process could not be started: the resize cannot happen, the job goes on."""
@@ -82,7 +103,8 @@ class NodeResizes:
         job.resize_epoch, job.resize_error = msg.epoch, None   # an older resize's refusal is not this one's
         job.before_go = dict(job.agents)
         resize = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr,
-                               master_port=msg.master_port, keep=list(msg.keep), blocks=list(msg.blocks))
+                               master_port=msg.master_port, keep=list(msg.keep), blocks=list(msg.blocks),
+                               standby=msg.standby and not msg.keep)
         out: list[Action] = []
         if msg.keep:   # a drain's shrink: every agent here hears it, then the stayers take their new ranks
             out = [SendToAgent(a.identity, resize) for a in job.agents.values()
@@ -104,8 +126,8 @@ class NodeResizes:
                                                         device_index=a.device.index)))
             else:
                 out.append(SendToAgent(a.identity, resize))
-                if rank >= msg.devices:
-                    job.retire(a)   # leaves after handing its workers over
+                if rank >= msg.devices:   # leaves after handing its workers over
+                    job.keep_warm(a) if resize.standby else job.retire(a)
         log.info("job %s resize %d: %d agents here told to re-form as %d at %s:%d", msg.job_id, msg.epoch, len(out),
                  msg.devices, msg.master_addr, msg.master_port)
         return out
@@ -127,6 +149,9 @@ class NodeResizes:
         for rank, a in before.items():
             if a in job.retired and not a.dropped:
                 job.retired.remove(a)
+            if a in job.warm:
+                job.warm.remove(a)
+                a.warm = False
             a.rank, a.former_rank = rank, None
         job.agents = {rank: a for rank, a in before.items() if not a.dropped}
 
@@ -190,20 +215,22 @@ class NodeResizes:
         """Send joiners away once the job's own agents here have all ended; forget retired agents that are
         gone (the scheduler frees a device as soon as no live agent is reported on it)."""
         out: list[Action] = []
-        members = [a for a in job.everyone() if not a.pending and not a.dropped]
-        pending = [a for a in job.agents.values() if a.pending and a.exitcode is None]
+        members = [a for a in job.everyone() if not a.pending and not a.dropped and not a.warm]
+        pending = [a for a in [*job.agents.values(), *job.warm] if (a.pending or a.warm) and a.exitcode is None]
         if pending and members and all(a.exitcode is not None for a in members):
             log.info("job %s: its agents here ended before resize %d; joiners %s sent away", job.job_id,
                      job.resize_epoch, [a.rank for a in pending])
             for a in pending:
                 out += self._send_away(job, a, now)
-        gone = [a for a in job.retired if a.exitcode is not None]
+        gone = [a for a in [*job.retired, *job.warm] if a.exitcode is not None]
         if gone:
             job.retired = [a for a in job.retired if a.exitcode is None]
+            job.warm = [a for a in job.warm if a.exitcode is None]
             out.append(Report())
         return out
 
     def _send_away(self, job: NodeJob, agent: Agent, now: float) -> list[Action]:
+        """A joiner of a resize called off, or an agent kept warm for a grow that will not come."""
         agent.dropped = True
         agent.standby = agent.joining = False
         job.retire(agent)

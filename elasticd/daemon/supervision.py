@@ -49,7 +49,7 @@ class Supervision:
     def __init__(self, devices: list[p.DeviceInfo]) -> None:
         self.devices = {d.device_id: d for d in devices}
         self.jobs: dict[str, NodeJob] = {}
-        self.resizes = NodeResizes(self.devices.keys())
+        self.resizes = NodeResizes(self.devices)
         self._by_identity: dict[bytes, tuple[str, Agent]] = {}
         self._by_pid: dict[int, tuple[str, Agent]] = {}   # agents whose exit was not reported yet
         self._cut_warned: set[str] = set()   # jobs whose reports were cut to fit a heartbeat (warned once)
@@ -318,7 +318,7 @@ class Supervision:
                 incarnation=job.launch.incarnation,
                 agents=[p.AgentReport(rank=a.rank, device_id=a.device.device_id, pid=a.pid,
                                       alive=a.exitcode is None, connected=a.identity is not None,
-                                      exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby,
+                                      exitcode=a.exitcode, rss=a.rss, cpu=round(a.cpu, 1), standby=a.standby, warm=a.warm,
                                       epoch=a.epoch, stepped=a.stepped, left=a.left, completed=a.completed,
                                       timing=dict(a.timing))
                         for a in job.everyone()]))

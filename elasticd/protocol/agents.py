@@ -122,7 +122,7 @@ class AgentResize(Message):
     world: int
     master_addr: str
     master_port: int
-    standby: bool = False         # an agent that leaves stays warm for a later grow (`elasticd run` only)
+    standby: bool = False         # an agent that leaves stays warm for a grow still to come (--scale-at)
     # A shrink that keeps these old physical ranks, in their new rank order (a drain: the agents off the
     # node going away); empty: the first `world` ones, as an ordinary shrink.
     keep: list[int] = field(default_factory=list)

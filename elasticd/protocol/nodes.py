@@ -69,6 +69,7 @@ class AgentReport:
     epoch: int = 0                # last resize epoch this agent finished (0: none)
     stepped: int = 0              # last resize epoch after which it completed a step at the new size
     left: bool = False            # left the job in a shrink (exits 0; its device frees when it is gone)
+    warm: bool = False            # left, and kept warm for the job's coming grow: its device is free already
     completed: int = -1           # the last step it completed, by its beat file (-1: none), read at its exit too
     # The agent's latest step timing (AgentStep.timing): hosted, compute_s, flush_s, steps. Empty: none yet.
     timing: dict[str, int | float] = field(default_factory=dict)
@@ -255,6 +256,9 @@ class ResizeJob(Message):
     # The new layout's logical workers per agent (empty: uniform). Same `devices` as now with other
     # blocks is a live re-layout: workers move between the agents, none starts or leaves.
     blocks: list[int] = field(default_factory=list)
+    # The agents that leave stay warm (the job's --scale-at grows again later): the node keeps them, their
+    # devices free, and starts the coming grow's joiners on this node from them instead of from spares.
+    standby: bool = False
 
     def check(self) -> str | None:
         return bad_blocks(self.blocks, self.devices)

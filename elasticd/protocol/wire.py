@@ -26,7 +26,7 @@ from elasticd.core.errors import ControlPlaneError
 from elasticd.core.records import wire_name
 from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
-PROTOCOL_VERSION = 7   # 7: resizes at exact steps (scale_at, hold_at), layouts and agent options on Submit, islands
+PROTOCOL_VERSION = 8   # 8: agents leaving in a shrink kept warm for a scheduled grow (ResizeJob.standby, AgentReport.warm)
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
 # Error codes (the ``code`` of an `Error` reply).

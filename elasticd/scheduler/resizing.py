@@ -249,9 +249,12 @@ class Resizes:
         addr = self.host.nodes[lead].host if lead in self.host.nodes and self.host.nodes[lead].host else job.master_addr
         log.info("job %s resize %d: joiners ready after %.2fs; agents told to re-form at %s:%d", job.job_id,
                  plan.epoch, now - plan.requested_at, addr, plan.port)
+        # Leavers stay warm where the schedule grows past the new size again: they join that grow sooner
+        # than processes started for it (elasticd run keeps its leavers so too).
+        grows = any(e.devices > plan.dst for e in job.spec.scale_at[job.scheduled:])
         msg = p.ResizeJob(job_id=job.job_id, devices=plan.dst, epoch=plan.epoch, master_addr=addr,
                           master_port=plan.port, devices_from=plan.src, keep=list(plan.keep),
-                          blocks=list(plan.blocks))
+                          blocks=list(plan.blocks), standby=bool(plan.leavers) and not plan.keep and grows)
         return [SendToNode(node, msg) for node in dict.fromkeys([*job.nodes, *plan.nodes()])]
 
     def _complete_resize(self, job: Job, now: float, seconds: float) -> list[SendToNode]:

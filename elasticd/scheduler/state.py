@@ -679,7 +679,7 @@ class SchedulerState:
         devs = job.zombies.get(node)
         if not devs:
             return
-        alive = {a.device_id for a in r.agents if a.alive}
+        alive = {a.device_id for a in r.agents if a.alive and not a.warm}   # a warm leaver holds no device
         keep = [d for d in devs if d in alive]
         if len(keep) == len(devs):
             return

@@ -218,6 +218,45 @@ def test_a_shrink_retires_the_leaving_agents_until_they_are_gone():
     assert node.core.busy_devices() == {"cpu:0", "cpu:1", "cpu:3"}
 
 
+def test_a_shrink_before_a_scheduled_grow_keeps_its_leavers_warm_and_the_grow_takes_them():
+    """ResizeJob.standby (the job's --scale-at grows again later): the agents that leave stay, reported warm
+    so that the scheduler frees their devices at once; the grow's joiners on this node are taken from them,
+    ready at once, under their new ranks and devices; one no grow took is sent away when the job's own
+    agents end, and its exit is no failure."""
+    node = Node()
+    idents = running(node, ranks=4)
+    go = node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, devices_from=4,
+                                  standby=True))
+    leave = p.AgentResize(epoch=1, world=2, master_addr="h", master_port=1, standby=True)
+    assert [(a.identity, a.msg) for a in go] == [(i, leave) for i in idents]
+    for rank in (2, 3):
+        node.core.agent_message(idents[rank], p.AgentResized(job_id="j", rank=rank, info=resized(1, rank, left=True)),
+                                T0)
+    r = node.report("j")
+    assert r.ranks == [0, 1] and r.state == "running"
+    assert [(a.rank, a.left, a.warm, a.alive) for a in r.agents] == [
+        (0, False, False, True), (1, False, False, True), (2, True, True, True), (3, True, True, True)]
+    # The grow places one joiner here, rank 2 on cpu:3: the first agent kept warm takes it, no process starts.
+    assert node.core.prepare(prepare_msg(epoch=2, joiners=((2, "cpu:3"),)), port=0) == [Report()]
+    r = node.report("j")
+    assert [(a.rank, a.pid, a.device_id, a.standby, a.warm, a.left, a.connected) for a in r.agents] == [
+        (0, 100, "cpu:0", False, False, False, True), (1, 101, "cpu:1", False, False, False, True),
+        (2, 102, "cpu:3", True, False, False, True), (3, 103, "cpu:3", False, True, True, True)]
+    go = node.core.go(p.ResizeJob(job_id="j", devices=3, epoch=2, master_addr="h", master_port=2, devices_from=2,
+                                  standby=False))
+    assert [(a.identity, a.msg) for a in go][-1] == (idents[2], p.AgentJoin(
+        rank=2, world=3, join_from=2, master_addr="h", master_port=2, device_index=3))
+    joined = p.AgentResized(job_id="j", rank=2, info=resized(None, 2))
+    assert node.core.agent_message(idents[2], joined, T0) == (None, [Report()])
+    assert node.report("j").ranks == [0, 1, 2]
+    for rank in (0, 1, 2):
+        node.exit("j", rank, 0)
+    assert signals(node.core.tick(T0)) == [(103, "TERM")]   # the one no grow took
+    node.exit("j", 3, -15)
+    r = node.report("j")
+    assert r.state == "ended" and r.ok and r.error is None
+
+
 def test_a_joiner_dying_before_the_go_fails_the_resize_not_the_job():
     node = Node()
     running(node)
@@ -279,16 +318,18 @@ def test_a_grow_its_agents_refuse_sends_the_joiners_away_and_leaves_the_job_as_i
     assert node.core.agent_message(joiners[0], p.AgentStep(job_id="j", rank=2, step=7), T0)[0] is not None
 
 
-@pytest.mark.parametrize("keep", [[], [1, 3]], ids=["shrink", "drain"])
-def test_a_shrink_its_agents_refuse_keeps_every_agent_under_its_old_rank(keep):
+@pytest.mark.parametrize(("keep", "standby"), [([], False), ([], True), ([1, 3], False)],
+                         ids=["shrink", "shrink-keeping-leavers-warm", "drain"])
+def test_a_shrink_its_agents_refuse_keeps_every_agent_under_its_old_rank(keep, standby):
     node = Node()
     idents = running(node, ranks=4)
     node.core.go(p.ResizeJob(job_id="j", devices=2, epoch=1, master_addr="h", master_port=1, devices_from=4,
-                             keep=keep))
+                             keep=keep, standby=standby))
     refuse(node, idents[0], 0)
     assert signals(node.core.abort(p.AbortResize(job_id="j", epoch=1, reason="refused"), T0)) == []
     r = node.report("j")
     assert r.ranks == [0, 1, 2, 3] and [a.rank for a in r.agents] == [0, 1, 2, 3]
+    assert not any(a.warm for a in r.agents)
     assert [a.pid for a in r.agents] == [100, 101, 102, 103]
     for rank, ident in enumerate(idents):   # each speaks as its old rank, as before the go
         assert node.core.agent_message(ident, p.AgentStep(job_id="j", rank=rank, step=7), T0)[0] is None

@@ -96,6 +96,8 @@ def test_scale_at_resizes_after_exactly_the_steps_asked_refuses_a_grow_it_cannot
     assert info["devices"] == 2 and info["blocks"] == [3, 1]
     assert d.log is not None and f"job {job} starting: 4 workers on 2 devices" in d.log.read_text()
     assert "blocks [1, 3]" in next(x for x in d.log.read_text().splitlines() if f"job {job} starting" in x)
+    # The agent that left after step 40 stayed warm for the grow after step 120, which took it.
+    assert "joiners [1] starting (1 from agents kept warm" in d.log.read_text()
     assert_exactly_the_unscaled_run(out, unscaled)
 
 

@@ -214,6 +214,31 @@ def test_devices_a_shrink_freed_are_free_in_the_report_that_completes_it_so_a_gr
     assert (ahead.devices_from, ahead.devices) == (2, 4) and j.resize.ahead
 
 
+@pytest.mark.parametrize(("schedule", "warm"), [([(5, 2), (30, 4)], True), ([(5, 2), (30, 1)], False)],
+                         ids=["grows-again", "shrinks-on"])
+def test_a_shrink_keeps_its_leavers_warm_only_for_a_grow_still_to_come_and_frees_their_devices(schedule, warm):
+    """The leavers of a shrink stay as warm processes where the schedule grows again (as elasticd run keeps
+    them): the go says so, and the node's report of them, warm, holds no device, so the grow ahead is
+    prepared on the devices they left."""
+    isl = Island()
+    isl.hello("a", 4)
+    job, _ = submit(isl, 4, 4, schedule)
+    of(step(isl, job, 5, 4), p.PrepareResize)
+    go = of(isl.report("a", report(job, [agent(r, r) for r in range(4)], step=5, resize_epoch=1, resize_port=9)),
+            p.ResizeJob)
+    assert [m.standby for _, m in go] == [warm]
+    stayers = [agent(r, r, epoch=1, stepped=1) for r in range(2)]
+    leavers = [agent(r, r, epoch=1, left=True, warm=warm) for r in (2, 3)]
+    out = isl.report("a", report(job, stayers + leavers, step=6, steps_per_s=10.0, resize_epoch=1))
+    j = isl.s.jobs[job]
+    assert [r.outcome for r in j.resizes] == ["done"]
+    assert j.zombies == ({} if warm else {"a": ["cpu:2", "cpu:3"]})   # a leaver not kept holds its device until gone
+    if warm:
+        ((_, ahead),) = of(out, p.PrepareResize)
+        assert (ahead.devices_from, ahead.devices) == (2, 4) and [pl.device_id for pl in ahead.joiners] == [
+            "cpu:2", "cpu:3"]
+
+
 def test_a_job_restarted_while_a_grow_is_prepared_ahead_still_resizes_at_its_step():
     isl = Island()
     job = running_on_2(isl, [(20, 4)])
