@@ -270,6 +270,19 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
             from elasticd.reference_launch import run_native_ddp
 
             sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
+        if os.environ.get("ELASTICD_RUN_ON_NODE") == "1":
+            from elasticd.local_node import run_on_node
+            from elasticd.protocol import ScaleAt, Submit
+
+            for server in servers:
+                server.close()
+            top = max([devices, *(m for _, m, _ in schedule)])
+            msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=devices,
+                         max_devices=devices, cwd=os.getcwd(), env=env or {}, snapshot_every=snapshot_every,
+                         max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
+                         scale_at=[ScaleAt(step=s, devices=m, blocks=b) for s, m, b in schedule], threads=threads,
+                         device_memory=device_memory or 0, blocks=blocks)
+            sys.exit(run_on_node(msg, top, device_type, summary))
         from elasticd.launcher import run_local
 
         if snapshot_dir:
