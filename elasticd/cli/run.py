@@ -271,7 +271,7 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
 
             sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
         if os.environ.get("ELASTICD_RUN_ON_NODE") == "1":
-            from elasticd.local_node import run_on_node
+            from elasticd.cli.run_node import run_on_node
             from elasticd.protocol import ScaleAt, Submit
 
             for server in servers:

@@ -96,6 +96,7 @@ class AgentProcesses:
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
                  agent_command: list[str] | None = None, spares: int | None = 0, pin_cpus: bool = False,
+                 inherit_output: bool = False, pin_by_rank: bool = False,
                  log_keep_s: float | None = None, jobs_as: JobUser | None = None) -> None:
         """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap.
         `pin_cpus`: each CPU device's agent is bound to its own block of the machine's cores. `log_keep_s`:
@@ -108,7 +109,9 @@ class AgentProcesses:
         self.control_endpoint = control_endpoint
         self.host = host
         cpus = sum(d.type == "cpu" for d in devices)
-        self._cpu_slots = cpus if pin_cpus and cpus else -1
+        # By rank (0): the one node of an `elasticd run`, whose job has every device, re-cut at each resize.
+        self._cpu_slots = 0 if pin_by_rank else cpus if pin_cpus and cpus else -1
+        self._inherit_output = inherit_output   # agents write to this process's stdout and stderr, not logs
         self.agent_command = agent_command or default_agent_command()
         self._procs: dict[int, _Process] = {}   # by pid, until reaped
         self._next_sample = 0.0
@@ -119,7 +122,8 @@ class AgentProcesses:
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
         limit = len(devices) if spares is None else spares
-        self.spares = SparePool(limit if own else 0, agent_env({}), sd.root, sd.root / "spares.log",
+        self.spares = SparePool(limit if own else 0, agent_env({}), sd.root,
+                                None if inherit_output else sd.root / "spares.log",
                                 wrap=with_death_signal, fork=forked.supported())
         if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
@@ -327,15 +331,19 @@ class AgentProcesses:
         if user.switched:
             env.update(user.env())
         cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else job_dir
+        who = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user.switched else {}
+        what = f"job {msg.job_id} agent {cfg.rank}"
+        if self._inherit_output:
+            spare = self.spares.take(cfg.to_argv(), env, cwd, None, what, user if user.switched else None)
+            return spare or subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
+                                             stdin=subprocess.DEVNULL, cwd=cwd, env=env, start_new_session=True, **who)
         with open(log_path, "ab") as out:
             out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"
                       f"{cfg.device_index} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
             out.flush()
-            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, f"job {msg.job_id} agent {cfg.rank}",
-                                     user if user.switched else None)
+            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, what, user if user.switched else None)
             if spare is not None:
                 return spare
-            who = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user.switched else {}
             return subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True, **who)

@@ -1,7 +1,8 @@
 """`elasticd run` on the daemon's node and scheduler cores (prototype on this branch).
 
 One process: a NodeDaemon with its embedded scheduler on a private state dir, serving this run's devices
-only, and a client that submits the job, relays the agents' output and says what the job does.
+only, and a client that submits the job and says what it does; the agents write to this process's stdout
+and stderr.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pathlib import Path
 from elasticd import protocol as p
 from elasticd import transport
 from elasticd.cli.client import Client, Target
-from elasticd.core.lifecycle import JOB_ENDED
+from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome, ResizePhase
 from elasticd.daemon import job_user
 from elasticd.daemon.server import DaemonConfig, NodeDaemon
+from elasticd.scheduler.jobs import JobState
 from elasticd.statedir import StateDir
 
 POLL_S = 0.05
@@ -31,37 +33,18 @@ class LocalNode:
         self.root = Path(tempfile.mkdtemp(prefix=f"elasticd-node-{os.getpid()}-"))
         self.sd = StateDir(self.root)
         cfg = DaemonConfig(state_dir=self.sd, cpu_devices=devices if device_type == "cpu" else None,
-                           heartbeat_s=0.1, relayout=False, jobs_as=job_user.own().name)
+                           heartbeat_s=0.1, relayout=False, jobs_as=job_user.own().name, inherit_output=True,
+                           pin_by_rank=device_type == "cpu")
         self.daemon = NodeDaemon(cfg)
         self.thread = threading.Thread(target=self.daemon.run, name="elasticd-node", daemon=True)
         self.thread.start()
         self.client = Client(Target(transport.ipc_endpoint(self.sd.daemon_sock)), timeout_s=30.0)
-        self._offsets: dict[Path, int] = {}
 
     def close(self) -> None:
         self.client.close()
         self.daemon.stop()
         self.thread.join(30)
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def relay(self, job_id: str) -> None:
-        """The agents' new output, to this process's stdout (header lines of the daemon's logs left out)."""
-        folder = self.sd.log_dir(job_id)
-        if not folder.is_dir():
-            return
-        for path in sorted(folder.glob("rank*.log")):
-            start = self._offsets.get(path, 0)
-            with open(path, "rb") as f:
-                f.seek(start)
-                chunk = f.read()
-            end = chunk.rfind(b"\n") + 1
-            if end <= 0:
-                continue
-            self._offsets[path] = start + end
-            for line in chunk[:end].splitlines(keepends=True):
-                if not line.startswith(b"=== elasticd: job "):
-                    sys.stdout.buffer.write(line)
-            sys.stdout.flush()
 
 
 def _say(text: str) -> None:
@@ -78,19 +61,22 @@ def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str |
         last_print = 0.0
         while True:
             info = node.client.request(p.Status(job_id=job_id)).jobs[0]   # type: ignore[attr-defined]
-            node.relay(job_id)
             rs = info.resizing
-            if rs is not None and rs.phase == "go" and rs.epoch != told:
+            if rs is not None and rs.phase == ResizePhase.GO.value and rs.epoch != told:
                 told = rs.epoch
-                _say(f"resize {rs.src} -> {rs.dst} devices: agents told to hand over at their next step boundary")
+                if rs.src == rs.dst and rs.why.startswith("--scale-at") and rs.why.count(":") == 1:
+                    _say(f"scale to {rs.dst} devices: already there, nothing to do")
+                else:
+                    _say(f"resize {rs.src} -> {rs.dst} devices: agents told to hand over at their next step "
+                         "boundary")
             for r in info.resizes[said_resizes:]:
-                if r.outcome == "pending":
+                if r.outcome == ResizeOutcome.PENDING.value:
                     break
                 said_resizes += 1
-                if r.outcome == "done":
+                if r.outcome == ResizeOutcome.DONE.value:
                     _say(f"resized {r.src} -> {r.dst} devices after step {r.step} in {r.seconds or 0:.2f}s "
                          f"(training paused {r.stall or 0:.2f}s)")
-                elif r.outcome == "refused":
+                elif r.outcome == ResizeOutcome.REFUSED.value:
                     _say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused, the job goes on on "
                          f"{r.src} device(s): {r.note}")
                 else:
@@ -99,7 +85,7 @@ def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str |
                 said_recoveries += 1
                 _say(f"recovered: {rec.to_dict()}")
             now = time.monotonic()
-            if info.state == "running" and now - last_print >= 2.0:
+            if info.state == JobState.RUNNING.value and now - last_print >= 2.0:
                 last_print = now
                 shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                  for k, v in info.metrics.items())
@@ -107,13 +93,12 @@ def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str |
             if info.state in JOB_ENDED:
                 break
             time.sleep(POLL_S)
-        node.relay(job_id)
         for a in sorted(info.agents, key=lambda a: a.rank):
             t = a.timing
             if t.get("hosted"):
                 _say(f"agent {a.rank}: {t['hosted']} worker(s), compute {t['compute_s']:.4f}s/step, "
                      f"collectives {t['flush_s']:.4f}s/step, over {t['steps']} step(s)")
-        code = 0 if info.state == "finished" else 1
+        code = _verdict(info) if info.state == JobState.FINISHED.value else 1
         if info.error:
             _say(f"job {info.state}: {info.error.get('message', '')}")
             if info.error.get("traceback"):
@@ -126,3 +111,27 @@ def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str |
         return code
     finally:
         node.close()
+
+
+def _verdict(info: p.JobInfo) -> int:
+    """The exit code of a job that finished: 1 if its agents refused a --scale-at resize, or if it never
+    reached a step boundary while --scale-at asked for resizes (they could not happen), else 0."""
+    refused = "; ".join(f"{r.step}:{r.dst}: {r.note}" for r in info.resizes if r.outcome == ResizeOutcome.REFUSED.value)
+    if refused:
+        print(f"[elasticd] error: --scale-at refused ({refused}). The job trained on at its size from there; its "
+              "result is what its N workers compute, but the resizes asked for did not happen",
+              file=sys.stderr, flush=True)
+        return 1
+    left = [f"{e.step}:{e.devices}" for e in info.scale_at] + [
+        f"{r.step}:{r.dst}" for r in info.resizes if r.outcome == ResizeOutcome.NOT_APPLIED.value]
+    if not left:
+        return 0
+    if "total_steps" not in info.metrics:
+        print(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
+              f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
+              f"on {info.devices} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`",
+              file=sys.stderr, flush=True)
+        return 1
+    _say(f"--scale-at {','.join(left)} not applied: the job ended after step {info.step}, "
+         f"before reaching {'them' if len(left) > 1 else 'it'}")
+    return 0
