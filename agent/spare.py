@@ -156,9 +156,11 @@ def serve(ready: str) -> int:
     """Wait for one assignment, then be that agent (a cold spare after `_preload`; a daemon's fork server's
     child, agent/forkserver.py, right after the fork)."""
     from elasticd.agent import proc_name
+    from elasticd.core.env_names import QUIET_SPARE_VAR
 
     proc_name.set_name(0, standby=True)
-    print(f"elasticd spare pid {os.getpid()} {ready}", file=sys.stderr, flush=True)
+    if os.environ.get(QUIET_SPARE_VAR) != "1":
+        print(f"elasticd spare pid {os.getpid()} {ready}", file=sys.stderr, flush=True)
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0   # the daemon closed the pipe: no job for this spare

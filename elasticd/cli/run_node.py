@@ -8,6 +8,7 @@ and stderr.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -28,8 +29,14 @@ from elasticd.statedir import StateDir
 POLL_S = 0.05
 
 
+# The node's and scheduler's own log lines are a daemon operator's; a run says what happens in its own words.
+QUIET_LOGGERS = ("elasticd.daemon", "elasticd.scheduler", "elasticd.forked", "elasticd.resize_plan")
+
+
 class LocalNode:
     def __init__(self, devices: int, device_type: str) -> None:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
         self.root = Path(tempfile.mkdtemp(prefix=f"elasticd-node-{os.getpid()}-"))
         self.sd = StateDir(self.root)
         cfg = DaemonConfig(state_dir=self.sd, cpu_devices=devices if device_type == "cpu" else None,

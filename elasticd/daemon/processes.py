@@ -33,7 +33,7 @@ from elasticd import protocol as p
 from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
-from elasticd.core.env_names import AGENT_TOKEN_VAR
+from elasticd.core.env_names import AGENT_TOKEN_VAR, QUIET_SPARE_VAR
 from elasticd.core.failures import Cause, how_it_ended
 from elasticd.core.files import read_regular
 from elasticd.core.watchdog import WATCH_EVERY_S, Beat, beat_path, is_stopped, read_beat
@@ -122,7 +122,8 @@ class AgentProcesses:
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
         limit = len(devices) if spares is None else spares
-        self.spares = SparePool(limit if own else 0, agent_env({}), sd.root,
+        quiet = {QUIET_SPARE_VAR: "1"} if inherit_output else {}
+        self.spares = SparePool(limit if own else 0, agent_env(quiet), sd.root,
                                 None if inherit_output else sd.root / "spares.log",
                                 wrap=with_death_signal, fork=forked.supported())
         if limit and not own:
