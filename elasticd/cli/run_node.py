@@ -16,11 +16,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from elasticd import protocol as p
 from elasticd import transport
 from elasticd.cli.client import Client, Target
+from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome, ResizePhase
+from elasticd.core.timing import clean_timing, merge_timing
+from elasticd.core.watchdog import fence_said
 from elasticd.daemon import job_user
 from elasticd.daemon.server import DaemonConfig, NodeDaemon
 from elasticd.scheduler.jobs import JobState
@@ -62,68 +66,123 @@ def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str |
     node = LocalNode(devices, device_type)
     try:
         job_id = node.client.request(submit).job_id   # type: ignore[attr-defined]
-        said_resizes = 0
-        said_recoveries = 0
-        told = -1
-        last_print = 0.0
+        shell = _Shell(torchrun=submit.torchrun)
         while True:
             info = node.client.request(p.Status(job_id=job_id)).jobs[0]   # type: ignore[attr-defined]
-            rs = info.resizing
-            if rs is not None and rs.phase == ResizePhase.GO.value and rs.epoch != told:
-                told = rs.epoch
-                if rs.src == rs.dst and rs.why.startswith("--scale-at") and rs.why.count(":") == 1:
-                    _say(f"scale to {rs.dst} devices: already there, nothing to do")
-                else:
-                    _say(f"resize {rs.src} -> {rs.dst} devices: agents told to hand over at their next step "
-                         "boundary")
-            for r in info.resizes[said_resizes:]:
-                if r.outcome == ResizeOutcome.PENDING.value:
-                    break
-                said_resizes += 1
-                if r.outcome == ResizeOutcome.DONE.value:
-                    _say(f"resized {r.src} -> {r.dst} devices after step {r.step} in {r.seconds or 0:.2f}s "
-                         f"(training paused {r.stall or 0:.2f}s)")
-                elif r.outcome == ResizeOutcome.REFUSED.value:
-                    _say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused, the job goes on on "
-                         f"{r.src} device(s): {r.note}")
-                else:
-                    _say(f"resize {r.src} -> {r.dst} devices after step {r.step} {r.outcome}: {r.note}")
-            for rec in info.recoveries[said_recoveries:]:
-                said_recoveries += 1
-                _say(f"recovered: {rec.to_dict()}")
-            now = time.monotonic()
-            if info.state == JobState.RUNNING.value and now - last_print >= 2.0:
-                last_print = now
-                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in info.metrics.items())
-                _say(f"step {info.step} on {info.devices} device(s) {shown}".rstrip())
+            shell.follow(info)
             if info.state in JOB_ENDED:
                 break
             time.sleep(POLL_S)
-        for a in sorted(info.agents, key=lambda a: a.rank):
-            t = a.timing
+        for rank, t in sorted(shell.timing.items()):
             if t.get("hosted"):
-                _say(f"agent {a.rank}: {t['hosted']} worker(s), compute {t['compute_s']:.4f}s/step, "
-                     f"collectives {t['flush_s']:.4f}s/step, over {t['steps']} step(s)")
+                _say(f"agent {rank}: {t['hosted']} worker(s), compute {t['compute_s']:.4f}s/step "
+                     f"({t['compute_s'] / t['hosted']:.4f}s per worker), collectives {t['flush_s']:.4f}s/step, "
+                     f"over {t['steps']} step(s)")
         code = _verdict(info) if info.state == JobState.FINISHED.value else 1
-        if info.error:
-            _say(f"job {info.state}: {info.error.get('message', '')}")
-            if info.error.get("traceback"):
-                print(info.error["traceback"], file=sys.stderr, flush=True)
+        if info.error and info.error.get("cause") != Cause.USER.value:
+            _say(str(info.error.get("message", "")))   # a worker's own error its agent printed already
         if summary:
+            refused = [r for r in info.resizes if not r.note.startswith(DROPPED)]
             with open(summary, "w") as f:
                 json.dump({"exit": code, "last_step": info.step, "devices": info.devices, "blocks": info.blocks,
-                           "resizes": [r.to_dict() for r in info.resizes],
-                           "recoveries": [r.to_dict() for r in info.recoveries], "agents": {}}, f, indent=1)
+                           "resizes": [r.to_dict() for r in refused],
+                           "recoveries": [r.to_dict() for r in info.recoveries],
+                           "agents": {str(rank): t for rank, t in sorted(shell.timing.items())}},
+                          f, indent=1)
         return code
     finally:
         node.close()
 
 
+DROPPED = "dropped: "   # the note of a --scale-at entry dropped with a refusal (Job.drop_schedule)
+
+
+class _Shell:
+    """Says what happens to the run as `elasticd run` words it, from the job's record as the node's
+    scheduler keeps it (resizes, recoveries, lifecycle history)."""
+
+    def __init__(self, torchrun: bool) -> None:
+        self.torchrun = torchrun
+        self.resizes = 0        # entries said
+        self.restarting = -1    # a torchrun-mode restart said, by its entry's index
+        self.recoveries = 0
+        self.history = 0
+        self.told = -1          # the epoch of the last go said
+        self.last_print = 0.0
+        self.timing: dict[int, dict[str, Any]] = {}   # rank -> its agent's step timing over the run
+        self._seq: dict[int, int] = {}                 # rank -> the last published timing merged
+
+    def follow(self, info: p.JobInfo) -> None:
+        for a in info.agents:
+            seq = a.timing.get("seq")
+            if not a.timing.get("hosted") or not isinstance(seq, int) or self._seq.get(a.rank) == seq:
+                continue
+            self._seq[a.rank] = seq
+            report = clean_timing(a.timing)
+            seen = self.timing.get(a.rank)   # a resize that renumbers agents starts a rank's record over
+            self.timing[a.rank] = merge_timing(seen if seen and seen["hosted"] == report["hosted"] else None, report)
+        for _at, state, reason in info.history[self.history:]:
+            self.history += 1
+            self._lifecycle(state, reason)
+        rs = info.resizing
+        if rs is not None and rs.phase == ResizePhase.GO.value and rs.epoch != self.told:
+            self.told = rs.epoch
+            if rs.why.startswith("release after step"):
+                _say(f"scale to {rs.dst} devices: already there, nothing to do")
+            else:
+                _say(f"resize {rs.src} -> {rs.dst} devices: agents told to hand over at their next step boundary")
+        self._resizes(info)
+        for rec in info.recoveries[self.recoveries:]:
+            self.recoveries += 1
+            if not self.torchrun:
+                held = (f"; the stuck agent had held the job {rec.detected_after:.1f}s before it was fenced"
+                        if rec.detected_after else "")
+                _say(f"recovered: resumed at step {rec.resumed_from} ({rec.steps_redone} step(s) redone), first "
+                     f"step {rec.seconds or 0:.2f}s after the failure was detected{held}")
+            else:
+                _say(f"restarted on {rec.devices} device(s): first step {rec.seconds or 0:.2f}s after the request")
+        now = time.monotonic()
+        if info.state == JobState.RUNNING.value and now - self.last_print >= 2.0:
+            self.last_print = now
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.metrics.items())
+            counted = "optimizer step" if self.torchrun else "step"
+            _say(f"{counted} {info.step} on {info.devices} device(s) {shown}".rstrip())
+
+    def _lifecycle(self, state: str, reason: str) -> None:
+        if state == JobState.RECOVERING.value:
+            fenced = fence_said(reason)
+            if fenced:
+                _say(fenced)
+        elif state == JobState.STARTING.value and "restarting" in reason:
+            _say(reason)
+
+    def _resizes(self, info: p.JobInfo) -> None:
+        for i, r in enumerate(info.resizes[self.resizes:], start=self.resizes):
+            if r.outcome in (ResizeOutcome.PENDING.value, ResizeOutcome.RESTARTING.value):
+                break
+            self.resizes += 1
+            if r.outcome == ResizeOutcome.DONE.value:
+                _say(f"resized {r.src} -> {r.dst} devices after step {r.step} in {r.seconds or 0:.2f}s "
+                     f"(training paused {r.stall or 0:.2f}s)")
+            elif r.outcome == ResizeOutcome.RESTARTED.value:
+                _say(f"restarted on {r.dst} device(s): first step {r.seconds or 0:.2f}s after the request")
+            elif r.outcome == ResizeOutcome.REFUSED.value and r.note.startswith(DROPPED):
+                continue   # said with the refusal that dropped it
+            elif r.outcome == ResizeOutcome.REFUSED.value:
+                dropped = [x.why.removeprefix("--scale-at ") for x in info.resizes[i + 1:]
+                           if x.note.startswith(DROPPED)]
+                _say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused, the job goes on on "
+                     f"{r.src} device(s)" + (f"; --scale-at {','.join(dropped)} dropped" if dropped else "")
+                     + f": {r.note}")
+            else:
+                _say(f"resize {r.src} -> {r.dst} devices after step {r.step} {r.outcome}: {r.note}")
+
+
 def _verdict(info: p.JobInfo) -> int:
     """The exit code of a job that finished: 1 if its agents refused a --scale-at resize, or if it never
     reached a step boundary while --scale-at asked for resizes (they could not happen), else 0."""
-    refused = "; ".join(f"{r.step}:{r.dst}: {r.note}" for r in info.resizes if r.outcome == ResizeOutcome.REFUSED.value)
+    refused = "; ".join(f"{r.step}:{r.dst}: {r.note}" for r in info.resizes
+                        if r.outcome == ResizeOutcome.REFUSED.value and not r.note.startswith(DROPPED))
     if refused:
         print(f"[elasticd] error: --scale-at refused ({refused}). The job trained on at its size from there; its "
               "result is what its N workers compute, but the resizes asked for did not happen",
