@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -54,6 +53,7 @@ from elasticd.forked import ForkedProcess, ForkServer, shared_server, supported
 from elasticd.ports import free_port
 from elasticd.protocol.lines import LineReader, encode_line
 from elasticd.resize_plan import NO_DEADLINE, Action, Done, Fail, FallBack, Go, Refuse, ResizePlan, RollBack
+from elasticd.run_dirs import private_dir, tmpfs_root
 from elasticd.torchrun_restart import recoverable, relaunch
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,10 @@ class LocalRun:
         self._left: dict[int, _Agent] = {}           # its leavers, by old rank, until it is done or refused
         self._hold_at = _hold_steps(self.devices, self._pending, self.blocks)
         self._sel = selectors.DefaultSelector()
-        self._tmp = _private_dir(tempfile.gettempdir())   # the agents' error reports and beat files
+        self._tmp = private_dir(tempfile.gettempdir())   # the agents' error reports and beat files
         self._own_snapshots = not self.snapshot_dir
         if not self.snapshot_dir:
-            self.snapshot_dir = _private_snapshot_dir()
+            self.snapshot_dir = private_dir(tmpfs_root())
         self._restore_epoch = 0   # > 0 while the agents restarted from that resize's snapshot have not stepped
         self.recoveries: list[Recovery] = []   # one per restart after an agent died
         self._recovering: Recovery | None = None   # the recovery whose first step has not come yet
@@ -705,27 +705,6 @@ def _hold_steps(devices: int, schedule: list[tuple[int, int, list[int]]], blocks
 
 def _shown(blocks: list[int]) -> str:
     return f" (blocks {'/'.join(map(str, blocks))})" if blocks else ""
-
-
-def _private_snapshot_dir() -> str:
-    """A fresh directory for this run's resize snapshots, in tmpfs (host memory, not a disk) if the host has
-    one (tmpfs keeps what a killed run left there until a reboot: see `_private_dir`)."""
-    return _private_dir("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
-
-
-def _private_dir(root: str) -> str:
-    """A fresh directory of this run's in `root`. Its name carries this process's pid, so that what a killed
-    `elasticd run` left behind is swept by the next one: directories of this user's there whose run is gone."""
-    for name in os.listdir(root):
-        m = re.fullmatch(r"elasticd-run-(\d+)-\w+", name)
-        path = os.path.join(root, name)
-        try:
-            mine = os.stat(path).st_uid == os.getuid()
-        except OSError:   # swept by another run meanwhile
-            continue
-        if m and mine and not psutil.pid_exists(int(m.group(1))):
-            shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"elasticd-run-{os.getpid()}-", dir=root)
 
 
 def run_local(script: str, func: str | None, workers: int, devices: int, device_type: str = "cpu",

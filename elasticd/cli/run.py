@@ -282,7 +282,9 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
                          max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
                          scale_at=[ScaleAt(step=s, devices=m, blocks=b) for s, m, b in schedule], threads=threads,
                          device_memory=device_memory or 0, blocks=blocks)
-            sys.exit(run_on_node(msg, top, device_type, summary))
+            if snapshot_dir:
+                os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
+            sys.exit(run_on_node(msg, top, device_type, summary, os.path.abspath(snapshot_dir) if snapshot_dir else ""))
         from elasticd.launcher import run_local
 
         if snapshot_dir:

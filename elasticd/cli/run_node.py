@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from elasticd import protocol as p
 from elasticd import transport
 from elasticd.cli.client import Client, Target
+from elasticd.core import parts
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome, ResizePhase
 from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.core.watchdog import fence_said
 from elasticd.daemon import job_user
 from elasticd.daemon.server import DaemonConfig, NodeDaemon
+from elasticd.run_dirs import private_dir, tmpfs_root
 from elasticd.scheduler.jobs import JobState
 from elasticd.statedir import StateDir
 
@@ -37,12 +39,28 @@ POLL_S = 0.05
 QUIET_LOGGERS = ("elasticd.daemon", "elasticd.scheduler", "elasticd.forked", "elasticd.resize_plan")
 
 
+@dataclass(frozen=True)
+class RunStateDir(StateDir):
+    """A run's node keeps its state and its agents' area in directories of this run's (swept once the run is
+    gone, `elasticd.run_dirs`), and the snapshots where --snapshot-dir says, if it says."""
+
+    agents: Path = Path()
+    snapshots: Path | None = None
+
+    @property
+    def agent_root(self) -> Path:
+        return self.agents
+
+    def snapshot_dir(self, job_id: str) -> Path:
+        return self.snapshots or self.job_dir(job_id)
+
+
 class LocalNode:
-    def __init__(self, devices: int, device_type: str) -> None:
+    def __init__(self, devices: int, device_type: str, snapshot_dir: str = "") -> None:
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
-        self.root = Path(tempfile.mkdtemp(prefix=f"elasticd-node-{os.getpid()}-"))
-        self.sd = StateDir(self.root)
+        self.sd = RunStateDir(Path(private_dir(tempfile.gettempdir())), agents=Path(private_dir(tmpfs_root())),
+                              snapshots=Path(snapshot_dir) if snapshot_dir else None)
         cfg = DaemonConfig(state_dir=self.sd, cpu_devices=devices if device_type == "cpu" else None,
                            heartbeat_s=0.1, relayout=False, jobs_as=job_user.own().name, inherit_output=True,
                            pin_by_rank=device_type == "cpu")
@@ -55,15 +73,21 @@ class LocalNode:
         self.client.close()
         self.daemon.stop()
         self.thread.join(30)
-        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.sd.root, ignore_errors=True)
+        shutil.rmtree(self.sd.agents, ignore_errors=True)
+        if self.sd.snapshots is not None:   # the user's: only what the agents wrote goes
+            for step in parts.periodic_steps(self.sd.snapshots):
+                shutil.rmtree(parts.periodic_dir(self.sd.snapshots, step), ignore_errors=True)
+            for epoch in parts.epochs(self.sd.snapshots):
+                shutil.rmtree(parts.epoch_dir(self.sd.snapshots, epoch), ignore_errors=True)
 
 
 def _say(text: str) -> None:
     print(f"[elasticd] {text}", file=sys.stderr, flush=True)
 
 
-def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str | None) -> int:
-    node = LocalNode(devices, device_type)
+def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str | None, snapshot_dir: str = "") -> int:
+    node = LocalNode(devices, device_type, snapshot_dir)
     try:
         job_id = node.client.request(submit).job_id   # type: ignore[attr-defined]
         shell = _Shell(torchrun=submit.torchrun)
@@ -144,7 +168,8 @@ class _Shell:
         now = time.monotonic()
         if info.state == JobState.RUNNING.value and now - self.last_print >= 2.0:
             self.last_print = now
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.metrics.items())
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.metrics.items()
+                             if k != "resumed_at")
             counted = "optimizer step" if self.torchrun else "step"
             _say(f"{counted} {info.step} on {info.devices} device(s) {shown}".rstrip())
 
@@ -153,7 +178,7 @@ class _Shell:
             fenced = fence_said(reason)
             if fenced:
                 _say(fenced)
-        elif state == JobState.STARTING.value and "restarting" in reason:
+        elif state == JobState.STARTING.value and "restarting" in reason and "failed half-way" not in reason:
             _say(reason)
 
     def _resizes(self, info: p.JobInfo) -> None:
@@ -174,6 +199,11 @@ class _Shell:
                 _say(f"resize {r.src} -> {r.dst} devices after step {r.step} refused, the job goes on on "
                      f"{r.src} device(s)" + (f"; --scale-at {','.join(dropped)} dropped" if dropped else "")
                      + f": {r.note}")
+            elif r.outcome == ResizeOutcome.ROLLED_BACK.value:
+                # The note: "resize E (A -> B devices, WHY) failed: CAUSE; restarted on its A devices from ..."
+                cause = r.note.split("; restarted on its ")[0].split(") failed: ", 1)[-1]
+                _say(f"{cause} during the resize {r.src} -> {r.dst}; restarting on {r.src} devices from the "
+                     f"snapshot saved at its step boundary")
             else:
                 _say(f"resize {r.src} -> {r.dst} devices after step {r.step} {r.outcome}: {r.note}")
 

@@ -239,19 +239,22 @@ class AgentProcesses:
 
     def snapshot_parts(self, job_id: str) -> tuple[int, list[int]]:
         """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
-        root = self.sd.job_dir(job_id)
+        root = self.sd.snapshot_dir(job_id)
         epochs = saved_parts.epochs(root)
         if not epochs:
             return 0, []
         return epochs[-1], saved_parts.parts(root, epochs[-1])
 
     def _drop_snapshots(self, job_id: str, upto: int | None) -> None:
-        root = self.sd.job_dir(job_id)
-        if upto is None:
+        root = self.sd.snapshot_dir(job_id)
+        if upto is None and root == self.sd.job_dir(job_id):
             shutil.rmtree(root, ignore_errors=True)
             return
+        if upto is None:   # a directory of the user's (`elasticd run --snapshot-dir`): only what the agents wrote
+            for step in saved_parts.periodic_steps(root):
+                shutil.rmtree(saved_parts.periodic_dir(root, step), ignore_errors=True)
         for epoch in saved_parts.epochs(root):
-            if epoch <= upto:
+            if upto is None or epoch <= upto:
                 shutil.rmtree(saved_parts.epoch_dir(root, epoch), ignore_errors=True)
                 log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job_id, epoch)
 
@@ -310,7 +313,7 @@ class AgentProcesses:
                           cpu_slots=self._cpu_slots if dev.type == "cpu" else -1,
                           master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
-                          standby=spawn.standby, snapshot_dir=str(job_dir),
+                          standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
                           snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks), hold_at=tuple(spawn.hold_at),
                           threads=msg.threads, device_memory=msg.device_memory)
