@@ -103,8 +103,8 @@ def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str |
                      f"({t['compute_s'] / t['hosted']:.4f}s per worker), collectives {t['flush_s']:.4f}s/step, "
                      f"over {t['steps']} step(s)")
         code = _verdict(info) if info.state == JobState.FINISHED.value else 1
-        if info.error and info.error.get("cause") != Cause.USER.value:
-            _say(str(info.error.get("message", "")))   # a worker's own error its agent printed already
+        if info.error and (info.error.get("cause") != Cause.USER.value or "traceback" not in info.error):
+            _say(str(info.error.get("message", "")))   # not a worker's own error, which its agent printed already
         if summary:
             refused = [r for r in info.resizes if not r.note.startswith(DROPPED)]
             with open(summary, "w") as f:
