@@ -1,8 +1,9 @@
-"""`elasticd run` on the daemon's node and scheduler cores (prototype on this branch).
+"""`elasticd run` on the daemon's node and scheduler cores: one lifecycle for a run and a cluster.
 
-One process: a NodeDaemon with its embedded scheduler on a private state dir, serving this run's devices
-only, and a client that submits the job and says what it does; the agents write to this process's stdout
-and stderr.
+One process: a NodeDaemon with its embedded scheduler on a private state dir (elasticd.run_dirs), serving
+this run's devices only, and a client that submits the job and follows it, saying what happens in the
+run's own words; the agents write to this process's stdout and stderr. Resizes, recoveries, the watchdog
+and torchrun-mode restarts are the node's and the scheduler's, as for `elasticd submit`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd import transport
-from elasticd.cli.client import Client, Target
+from elasticd.control_client import Client, Target
 from elasticd.core import parts
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome, ResizePhase
