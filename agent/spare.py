@@ -118,12 +118,14 @@ def _become(job: dict) -> None:
     """Take on the process state a cold `python -m agent` of this job would have started with."""
     sys.stdout.flush()
     sys.stderr.flush()
-    out = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     null = os.open(os.devnull, os.O_RDONLY)
-    for src, dst in ((out, 1), (out, 2), (null, 0)):
-        os.dup2(src, dst)
-    os.close(out)
+    os.dup2(null, 0)
     os.close(null)
+    if job["log"]:   # "": the output it has, which is the launcher's (an `elasticd run` node)
+        out = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
     if job.get("user") is not None:
         _drop_to(job["user"])
     take_on(job)
@@ -154,9 +156,11 @@ def serve(ready: str) -> int:
     """Wait for one assignment, then be that agent (a cold spare after `_preload`; a daemon's fork server's
     child, agent/forkserver.py, right after the fork)."""
     from elasticd.agent import proc_name
+    from elasticd.core.env_names import QUIET_SPARE_VAR
 
     proc_name.set_name(0, standby=True)
-    print(f"elasticd spare pid {os.getpid()} {ready}", file=sys.stderr, flush=True)
+    if os.environ.get(QUIET_SPARE_VAR) != "1":
+        print(f"elasticd spare pid {os.getpid()} {ready}", file=sys.stderr, flush=True)
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0   # the daemon closed the pipe: no job for this spare

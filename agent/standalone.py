@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ def run_standalone(ef: ElasticFunction) -> Any:
 
     One device (a CPU, or a single GPU) runs in this very process, which has torch as it was again when
     this returns (elasticd.agent.patches). Several GPUs get one agent process each, through the same
-    launcher as `elasticd run`.
+    node as `elasticd run`.
 
     Raises:
         WorkerFailed: a logical worker raised (its rank and traceback are printed to stderr first).
@@ -30,11 +31,14 @@ def run_standalone(ef: ElasticFunction) -> Any:
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus > 1:
-        from elasticd.launcher import run_local
+        from elasticd.local_node import run_on_node
+        from elasticd.protocol import Submit
 
         if ef.script_path is None:
             raise RuntimeError("cannot spread an elastic function defined outside a script over several GPUs")
-        code = run_local(ef.script_path, ef.fn.__name__, ef.workers, min(gpus, ef.workers), "cuda")
+        devices = min(gpus, ef.workers)
+        code = run_on_node(Submit(script=ef.script_path, func=ef.fn.__name__, workers=ef.workers,
+                                  min_devices=devices, max_devices=devices, cwd=os.getcwd()), devices, "cuda", None)
         if code != 0:
             raise SystemExit(code)
         return None

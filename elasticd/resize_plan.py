@@ -1,11 +1,9 @@
 """One live resize, decided in one place: who moves, when to go, when it is done, when to roll back, and
 whether the snapshot to fall back to is whole.
 
-The island scheduler (`elasticd.scheduler.resizing`, across nodes) and `elasticd run`
-(`elasticd.launcher`, one machine) both resize a running job from M to M2 agents (layout epoch E) the
-same way; they differ only in how they reach agents (node messages vs pipes) and where they learn what
-happened (node heartbeats vs agent events). So the decisions live here, in `ResizePlan`: a synchronous
-state machine with no sockets, threads, processes or clock (`now` is passed in). The shells feed it
+The island scheduler (`elasticd.scheduler.resizing`) resizes a running job from M to M2 agents (layout
+epoch E) across its nodes, `elasticd run`'s too (its node runs in the run's process, elasticd.local_node).
+The decisions live here, in `ResizePlan`: a synchronous state machine with no sockets, threads, processes or clock (`now` is passed in). The shells feed it
 events and execute the actions it returns (`Go`, `Done`, `Abort`, `Refuse`, `RollBack`, `FallBack`,
 `Fail`).
 

@@ -152,6 +152,10 @@ class StateDir:
         """A job's directory in the agents' area: its snapshots, error reports and beat files."""
         return self.agent_root / safe_name(job_id)
 
+    def snapshot_dir(self, job_id: str) -> Path:
+        """Where a job's agents save their resize and periodic snapshots: its job directory."""
+        return self.job_dir(job_id)
+
 
 def default_node_id(sd: StateDir) -> str:
     """Stable across restarts of the same state dir, distinct for two daemons on one host (what a node

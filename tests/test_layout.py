@@ -186,7 +186,7 @@ def test_every_package_is_installed():
 
 def test_torch_free_parts_stay_torch_free():
     # The daemon and the scheduler read these; importing torch there costs seconds and memory per node.
-    code = ("import sys, elasticd.daemon.server, elasticd.scheduler.server, elasticd.launcher, elasticd.cli;"
+    code = ("import sys, elasticd.daemon.server, elasticd.scheduler.server, elasticd.local_node, elasticd.cli;"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"

@@ -243,7 +243,7 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
         from elasticd.core.env_names import ARGS_VAR
 
         env = {ARGS_VAR: json.dumps(list(script_args))}
-    servers: list[ForkServer] = []   # the run's agent fork server, once started (LocalRun takes it over)
+    servers: list[ForkServer] = []   # the fork server that read N, once started
     try:
         script, func, workers = resolve_target(target, workers, script_args,
                                                None if ddp else lambda: _agent_server(servers, env))
@@ -270,17 +270,22 @@ def run(target: str, script_args: tuple[str, ...], workers: int | None, devices:
             from elasticd.reference_launch import run_native_ddp
 
             sys.exit(run_native_ddp(script, func, workers, env=env))   # each rank's sys.argv: [SCRIPT, *ARGS]
-        from elasticd.launcher import run_local
+        from elasticd.local_node import run_on_node
+        from elasticd.protocol import ScaleAt, Submit
 
+        for server in servers:   # the node forks its agents from a server of its own
+            server.close()
+        top = max([devices, *(m for _, m, _ in schedule)])
+        msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=devices,
+                     max_devices=devices, cwd=os.getcwd(), env=env or {}, snapshot_every=snapshot_every,
+                     max_restarts=max_restarts, torchrun=torchrun, stuck_after=stuck_after,
+                     scale_at=[ScaleAt(step=s, devices=m, blocks=b) for s, m, b in schedule], threads=threads,
+                     device_memory=device_memory or 0, blocks=blocks)
         if snapshot_dir:
             os.makedirs(snapshot_dir, mode=0o700, exist_ok=True)
-        sys.exit(run_local(script, func, workers, devices, device_type, threads, env=env,
-                           device_memory=device_memory or 0, scale_at=schedule, summary=summary,
-                           snapshot_dir=os.path.abspath(snapshot_dir) if snapshot_dir else "", torchrun=torchrun,
-                           snapshot_every=snapshot_every, max_restarts=max_restarts, blocks=blocks,
-                           stuck_after=stuck_after, forks=servers[0] if servers else None))
+        sys.exit(run_on_node(msg, top, device_type, summary, os.path.abspath(snapshot_dir) if snapshot_dir else ""))
     finally:
-        for server in servers:   # closed already where the run got as far as LocalRun; closing is idempotent
+        for server in servers:   # closed already where the run got as far as its node; closing is idempotent
             server.close()
 
 

@@ -28,6 +28,9 @@ DEVICE_BACKEND_ENV = "ELASTICD_DEVICE_BACKEND"
 # start, so the job's own children do not inherit it.
 AGENT_TOKEN_VAR = "ELASTICD_AGENT_TOKEN"
 
+# A spare that writes to a terminal or a run's own output (no log of its own) does not say it is ready.
+QUIET_SPARE_VAR = "ELASTICD_QUIET_SPARE"
+
 
 def torchrun_variables(rank: int, world: int, master_addr: str, master_port: int, restarts: int = 0,
                        run_id: str = "elasticd") -> dict[str, str]:

@@ -3,8 +3,8 @@ it end (the node daemon, `elasticd run`) and the scheduler that decides what fol
 
 Only the user's own error is final: retrying a script that raised would fail the same way. Every other
 cause is the infrastructure's doing, and the job restarts from its newest complete snapshot instead
-(within --max-restarts): elasticd/scheduler/recovery.py on a cluster, elasticd/launcher.py under
-`elasticd run`.
+(within --max-restarts): elasticd/scheduler/recovery.py, on a cluster and under `elasticd run`, whose node
+and scheduler run in its own process (elasticd/local_node.py).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 import threading
 import time
@@ -163,6 +164,15 @@ class Fence:
         """The failure's cause in words, as `elasticd run` and the daemon both record it (the job's error,
         its recovery, `events`); `bound`: the watchdog's `describe()` when it fenced."""
         return f"agent {rank} was stuck ({self.reason}, --stuck-after {bound}) and was fenced"
+
+
+_FENCED = re.compile(r"agent (\d+) was stuck \((.*), --stuck-after ([^)]*)\) and was fenced")
+
+
+def fence_said(text: str) -> str | None:
+    """What `elasticd run` says as it fences, read off a failure's cause (`Fence.cause`) in `text`."""
+    m = _FENCED.search(text)
+    return f"agent {m[1]} is stuck ({m[2]}, --stuck-after {m[3]}); fencing it (SIGKILL)" if m else None
 
 
 @dataclass

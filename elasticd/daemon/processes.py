@@ -33,7 +33,7 @@ from elasticd import protocol as p
 from elasticd.core import parts as saved_parts
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
-from elasticd.core.env_names import AGENT_TOKEN_VAR
+from elasticd.core.env_names import AGENT_TOKEN_VAR, QUIET_SPARE_VAR
 from elasticd.core.failures import Cause, how_it_ended
 from elasticd.core.files import read_regular
 from elasticd.core.watchdog import WATCH_EVERY_S, Beat, beat_path, is_stopped, read_beat
@@ -96,6 +96,7 @@ class AgentProcesses:
 
     def __init__(self, sd: StateDir, devices: list[p.DeviceInfo], control_endpoint: str, host: str,
                  agent_command: list[str] | None = None, spares: int | None = 0, pin_cpus: bool = False,
+                 inherit_output: bool = False, pin_by_rank: bool = False,
                  log_keep_s: float | None = None, jobs_as: JobUser | None = None) -> None:
         """`spares`: at most this many warm spare agents (one per idle device and at least one); None: no cap.
         `pin_cpus`: each CPU device's agent is bound to its own block of the machine's cores. `log_keep_s`:
@@ -108,7 +109,9 @@ class AgentProcesses:
         self.control_endpoint = control_endpoint
         self.host = host
         cpus = sum(d.type == "cpu" for d in devices)
-        self._cpu_slots = cpus if pin_cpus and cpus else -1
+        # By rank (0): the one node of an `elasticd run`, whose job has every device, re-cut at each resize.
+        self._cpu_slots = 0 if pin_by_rank else cpus if pin_cpus and cpus else -1
+        self._inherit_output = inherit_output   # agents write to this process's stdout and stderr, not logs
         self.agent_command = agent_command or default_agent_command()
         self._procs: dict[int, _Process] = {}   # by pid, until reaped
         self._next_sample = 0.0
@@ -119,7 +122,9 @@ class AgentProcesses:
         # A spare runs `python -m agent`'s code in-process: another agent command (a test's fake) cannot use one.
         own = self.agent_command == default_agent_command()
         limit = len(devices) if spares is None else spares
-        self.spares = SparePool(limit if own else 0, agent_env({}), sd.root, sd.root / "spares.log",
+        quiet = {QUIET_SPARE_VAR: "1"} if inherit_output else {}
+        self.spares = SparePool(limit if own else 0, agent_env(quiet), sd.root,
+                                None if inherit_output else sd.root / "spares.log",
                                 wrap=with_death_signal, fork=forked.supported())
         if limit and not own:
             log.info("no spare agents: the agent command is not `python -m agent`")
@@ -234,19 +239,22 @@ class AgentProcesses:
 
     def snapshot_parts(self, job_id: str) -> tuple[int, list[int]]:
         """The newest resize snapshot the job's agents saved here, and its parts (for the scheduler)."""
-        root = self.sd.job_dir(job_id)
+        root = self.sd.snapshot_dir(job_id)
         epochs = saved_parts.epochs(root)
         if not epochs:
             return 0, []
         return epochs[-1], saved_parts.parts(root, epochs[-1])
 
     def _drop_snapshots(self, job_id: str, upto: int | None) -> None:
-        root = self.sd.job_dir(job_id)
-        if upto is None:
+        root = self.sd.snapshot_dir(job_id)
+        if upto is None and root == self.sd.job_dir(job_id):
             shutil.rmtree(root, ignore_errors=True)
             return
+        if upto is None:   # a directory of the user's (`elasticd run --snapshot-dir`): only what the agents wrote
+            for step in saved_parts.periodic_steps(root):
+                shutil.rmtree(saved_parts.periodic_dir(root, step), ignore_errors=True)
         for epoch in saved_parts.epochs(root):
-            if epoch <= upto:
+            if upto is None or epoch <= upto:
                 shutil.rmtree(saved_parts.epoch_dir(root, epoch), ignore_errors=True)
                 log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job_id, epoch)
 
@@ -305,7 +313,7 @@ class AgentProcesses:
                           cpu_slots=self._cpu_slots if dev.type == "cpu" else -1,
                           master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
-                          standby=spawn.standby, snapshot_dir=str(job_dir),
+                          standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
                           snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks), hold_at=tuple(spawn.hold_at),
                           threads=msg.threads, device_memory=msg.device_memory)
@@ -327,15 +335,19 @@ class AgentProcesses:
         if user.switched:
             env.update(user.env())
         cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else job_dir
+        who = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user.switched else {}
+        what = f"job {msg.job_id} agent {cfg.rank}"
+        if self._inherit_output:
+            spare = self.spares.take(cfg.to_argv(), env, cwd, None, what, user if user.switched else None)
+            return spare or subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
+                                             stdin=subprocess.DEVNULL, cwd=cwd, env=env, start_new_session=True, **who)
         with open(log_path, "ab") as out:
             out.write(f"=== elasticd: job {msg.job_id} agent {cfg.rank}/{cfg.world} on {cfg.device_type}:"
                       f"{cfg.device_index} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
             out.flush()
-            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, f"job {msg.job_id} agent {cfg.rank}",
-                                     user if user.switched else None)
+            spare = self.spares.take(cfg.to_argv(), env, cwd, log_path, what, user if user.switched else None)
             if spare is not None:
                 return spare
-            who = {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user.switched else {}
             return subprocess.Popen(with_death_signal([*self.agent_command, *cfg.to_argv()]),
                                     stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=cwd, env=env, start_new_session=True, **who)

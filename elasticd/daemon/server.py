@@ -79,6 +79,8 @@ class DaemonConfig:
     relayout: bool = True                  # the embedded scheduler's live re-layouts
     pin_cpus: bool = False                 # CPU agents bound to a block of cores each (agent/cpu_pin.py)
     jobs_as: str | None = None             # the user jobs run as unless their key names one (elasticd/daemon/job_user.py)
+    inherit_output: bool = False           # agents write to this process's stdout/stderr (`elasticd run`), not to logs
+    pin_by_rank: bool = False              # CPU agents pinned to blocks re-cut by rank at each resize (`elasticd run`)
 
 
 
@@ -174,7 +176,8 @@ class NodeDaemon:
             raise
         keep = (cfg.limits or Limits()).job_retention_s   # a job's logs go when the scheduler purges the job
         self.sup = AgentProcesses(self.sd, self.devices, self.agents_endpoint, cfg.host, cfg.agent_command,
-                                  spares=cfg.spares, pin_cpus=cfg.pin_cpus, log_keep_s=keep, jobs_as=self.jobs_as)
+                                  spares=cfg.spares, pin_cpus=cfg.pin_cpus, log_keep_s=keep, jobs_as=self.jobs_as,
+                                  inherit_output=cfg.inherit_output, pin_by_rank=cfg.pin_by_rank)
 
     # --- lifecycle -------------------------------------------------------------------------------
 

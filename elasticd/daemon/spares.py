@@ -35,15 +35,17 @@ SIGTERM and their jobs recover as from any agent's death.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from elasticd.core.commands import module_command
 from elasticd.daemon.job_user import JobUser
@@ -74,10 +76,11 @@ class SparePool:
     """Up to `size` spares (`want`: one per idle device and at least one, at most `limit`); not
     thread-safe: the daemon's loop owns it (see the module docstring)."""
 
-    def __init__(self, limit: int, env: dict[str, str], cwd: Path, log_path: Path,
+    def __init__(self, limit: int, env: dict[str, str], cwd: Path, log_path: Path | None,
                  wrap: Callable[[list[str]], list[str]] = list, fork: bool = False) -> None:
         """`env`: what a spare starts with (an agent's env without the job's); `wrap(command)` adds the
-        death-signal prelude agents are started with; `log_path` takes spares' output until assigned;
+        death-signal prelude agents are started with; `log_path` takes spares' output until assigned (None:
+        this process's stdout and stderr, kept by the agents they become);
         `fork`: fork spares from one fork server instead of starting each cold (module docstring)."""
         self.limit = limit
         self.size = limit
@@ -126,15 +129,24 @@ class SparePool:
             popen = self._forked(server) if server is not None else None
             if popen is None:
                 try:
-                    with open(self.log_path, "ab") as out:
+                    with self._output() as (out, err):
                         popen = subprocess.Popen(self._wrap(spare_command()), stdin=subprocess.PIPE, stdout=out,
-                                                 stderr=subprocess.STDOUT, cwd=self.cwd, env=self.env,
+                                                 stderr=err, cwd=self.cwd, env=self.env,
                                                  start_new_session=True)   # its own group, as an agent's
                 except OSError as e:
                     self._failed(f"cannot start a spare agent: {e}")
                     return
             self.spares.append(Spare(popen, now))
             log.debug("spare agent pid %d %s", popen.pid, "forked" if isinstance(popen, ForkedProcess) else "starting")
+
+    @contextlib.contextmanager
+    def _output(self) -> Iterator[tuple[IO[bytes] | None, int | IO[bytes] | None]]:
+        """A spare's stdout and stderr, as Popen takes them: the spares' log, or (None) this process's."""
+        if self.log_path is None:
+            yield None, None
+            return
+        with open(self.log_path, "ab") as out:
+            yield out, subprocess.STDOUT
 
     def _fork_server(self) -> ForkServer | None:
         """The fork server (started at the first call, from the loop's thread as spares are); None when
@@ -143,7 +155,7 @@ class SparePool:
             return None
         if self._server is None:
             try:
-                with open(self.log_path, "ab") as out:
+                with self._output() as (out, _):
                     self._server = ForkServer(self.env, cwd=str(self.cwd), stdout=out, wrap=self._wrap, session=True,
                                               reply_timeout_s=FORK_REPLY_TIMEOUT_S,
                                               shared=shared_server("agent", os.environ))
@@ -159,8 +171,9 @@ class SparePool:
         server failed (it logged why), start one cold."""
         read, write = os.pipe()
         try:
-            with open(self.log_path, "ab") as out:
-                proc = server.spawn([], self.env, [], stdio=[read, out.fileno(), out.fileno()], cwd=str(self.cwd),
+            with self._output() as (out, _):
+                stdio = [read, out.fileno(), out.fileno()] if out is not None else [read, 1, 2]
+                proc = server.spawn([], self.env, [], stdio=stdio, cwd=str(self.cwd),
                                     options={"spare": True, "session": True, "death_signal": int(signal.SIGTERM)})
         finally:
             os.close(read)
@@ -170,7 +183,7 @@ class SparePool:
         proc.stdin = os.fdopen(write, "wb")
         return proc
 
-    def take(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path, who: str,
+    def take(self, argv: list[str], env: dict[str, str], cwd: str, log_path: Path | None, who: str,
              user: JobUser | None = None) -> subprocess.Popen | None:
         """Hand an agent start to a spare: its Popen, now that agent; None means start it cold. `user`: the
         spare becomes that user once it has opened its log (agent/spare.py), before any of the job's code."""
@@ -182,7 +195,7 @@ class SparePool:
             log.info("%s: cold start, not a spare: the job sets %s, read only when an interpreter starts",
                      who, ", ".join(differ))
             return None
-        job = {"argv": argv, "env": env, "cwd": cwd, "log": str(log_path)}
+        job = {"argv": argv, "env": env, "cwd": cwd, "log": str(log_path) if log_path is not None else ""}
         if user is not None:
             job["user"] = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups)}
         line = json.dumps(job).encode() + b"\n"
@@ -278,3 +291,4 @@ def signal_pid_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+

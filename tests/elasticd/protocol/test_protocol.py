@@ -256,34 +256,33 @@ def test_pipe_control_refuses_what_is_no_command(line, code):
 
 
 ROGUE_JOB = '''
-import fcntl
-import os
+import time
 
+import msgpack
 import torch
 
 import elasticd
 
-# A buggy agent: one well-formed line whose op no launcher knows, on the event pipe `elasticd run` gave it:
-# the one write end of a pipe it holds besides stdout and stderr.
-for name in os.listdir("/proc/self/fd"):
-    fd = int(name)
-    try:
-        pipe = fd > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
-        if pipe and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
-            os.write(fd, b'{"v": VERSION, "op": "launch_missiles"}\\n')
-    except OSError:
-        pass   # the listing's own descriptor
-
 
 @elasticd.elastic(workers=1)
 def train(ctx):
+    # A buggy agent: one well-formed frame whose op no supervisor knows, on its own connection to it.
+    control = ctx._rt.control
+    if hasattr(control, "_sock"):
+        with control._lock:
+            control._sock.send(msgpack.packb({"v": VERSION, "op": "launch_missiles"}))
+    else:
+        import os
+
+        os.write(control._w, b'{"v": VERSION, "op": "launch_missiles"}\\n')
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = ctx.replicate(model, opt)
-    for _ in ctx.steps(3):
+    for _ in ctx.steps(6000):   # a minute: only its supervisor ends it
         opt.zero_grad()
         model(torch.ones(1, 2)).sum().backward()
         opt.step()
+        time.sleep(0.01)
 '''.replace("VERSION", str(p.PROTOCOL_VERSION))
 
 
