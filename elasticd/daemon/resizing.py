@@ -126,8 +126,10 @@ class NodeResizes:
                                                         device_index=a.device.index)))
             else:
                 out.append(SendToAgent(a.identity, resize))
-                if rank >= msg.devices:   # leaves after handing its workers over
-                    job.keep_warm(a) if resize.standby else job.retire(a)
+                if rank >= msg.devices and resize.standby:   # leaves, and stays for the coming grow
+                    job.keep_warm(a)
+                elif rank >= msg.devices:   # leaves after handing its workers over
+                    job.retire(a)
         log.info("job %s resize %d: %d agents here told to re-form as %d at %s:%d", msg.job_id, msg.epoch, len(out),
                  msg.devices, msg.master_addr, msg.master_port)
         return out
