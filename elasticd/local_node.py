@@ -62,7 +62,10 @@ class LocalNode:
             logging.getLogger(name).setLevel(logging.ERROR)
         self.sd = RunStateDir(Path(private_dir(tempfile.gettempdir())), agents=Path(private_dir(tmpfs_root())),
                               snapshots=Path(snapshot_dir) if snapshot_dir else None)
+        # The run's own devices: on CUDA the ones it checked (`elasticd run` refuses more agents than GPUs,
+        # but for the gloo test switch that lets several share one), not a probe of the machine's.
         cfg = DaemonConfig(state_dir=self.sd, cpu_devices=devices if device_type == "cpu" else None,
+                           cuda_devices=devices if device_type == "cuda" else None,
                            heartbeat_s=0.1, relayout=False, jobs_as=job_user.own().name, inherit_output=True,
                            pin_by_rank=device_type == "cpu")
         self.daemon = NodeDaemon(cfg)

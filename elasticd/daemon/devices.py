@@ -23,6 +23,12 @@ def cpu_devices(count: int) -> list[p.DeviceInfo]:
     return [p.DeviceInfo(device_id=f"cpu:{i}", type="cpu", index=i, name="cpu") for i in range(count)]
 
 
+def cuda_devices(count: int) -> list[p.DeviceInfo]:
+    """`count` CUDA devices by index, unprobed: `elasticd run`'s node serves the GPUs the run checked itself,
+    and under the gloo test switch several of its agents share one (agent_config.cuda_ordinal)."""
+    return [p.DeviceInfo(device_id=f"cuda:{i}", type="cuda", index=i, name="") for i in range(count)]
+
+
 def discover(cpu: int | None = None, timeout_s: float = 120.0) -> list[p.DeviceInfo]:
     """`cpu` CPU devices if given; else every CUDA device torch sees; else one CPU device.
 

@@ -61,6 +61,7 @@ class DaemonError(ControlPlaneError, RuntimeError):
 class DaemonConfig:
     state_dir: StateDir
     cpu_devices: int | None = None
+    cuda_devices: int | None = None        # serve cuda:0..N-1 without probing (elasticd run's node)
     scheduler: str | None = None           # tcp:// endpoint of a standalone scheduler; None = embedded
     scheduler_key: bytes | None = None     # its public key (CURVE)
     bind: str | None = None                # the embedded scheduler's TCP endpoint; None = IPC only
@@ -138,7 +139,9 @@ class NodeDaemon:
         try:
             self.identity = keys.ensure_identity(self.sd.root)
             try:
-                self.devices = devices_mod.with_speeds(devices_mod.discover(cfg.cpu_devices), cfg.device_speed)
+                found = (devices_mod.cuda_devices(cfg.cuda_devices) if cfg.cuda_devices is not None
+                         else devices_mod.discover(cfg.cpu_devices))
+                self.devices = devices_mod.with_speeds(found, cfg.device_speed)
             except ValueError as e:
                 raise DaemonError(str(e)) from None
             self.cli = transport.router(self.ctx)
