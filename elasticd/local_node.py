@@ -80,10 +80,8 @@ class LocalNode:
         shutil.rmtree(self.sd.root, ignore_errors=True)
         shutil.rmtree(self.sd.agents, ignore_errors=True)
         if self.sd.snapshots is not None:   # the user's: only what the agents wrote goes
-            for step in parts.periodic_steps(self.sd.snapshots):
-                shutil.rmtree(parts.periodic_dir(self.sd.snapshots, step), ignore_errors=True)
-            for epoch in parts.epochs(self.sd.snapshots):
-                shutil.rmtree(parts.epoch_dir(self.sd.snapshots, epoch), ignore_errors=True)
+            for d in parts.written(self.sd.snapshots):
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _say(text: str) -> None:

@@ -66,6 +66,12 @@ def periodic_steps(root: str | os.PathLike[str]) -> list[int]:
     return sorted(int(n[1:]) for n in names if n.startswith("s") and n[1:].isdigit())
 
 
+def written(root: str | os.PathLike[str]) -> list[Path]:
+    """Every snapshot directory the agents wrote under `root`, periodic and per resize: what goes from a directory
+    of the user's (`elasticd run --snapshot-dir`) once nothing will resume from it, the rest staying."""
+    return [periodic_dir(root, s) for s in periodic_steps(root)] + [epoch_dir(root, e) for e in epochs(root)]
+
+
 def missing(workers: int, have: list[int] | set[int]) -> list[int]:
     """Parts a complete snapshot of a job with `workers` logical ranks has that `have` lacks."""
     return sorted({GROUPS, *range(workers)} - set(have))

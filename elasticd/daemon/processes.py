@@ -251,10 +251,11 @@ class AgentProcesses:
             shutil.rmtree(root, ignore_errors=True)
             return
         if upto is None:   # a directory of the user's (`elasticd run --snapshot-dir`): only what the agents wrote
-            for step in saved_parts.periodic_steps(root):
-                shutil.rmtree(saved_parts.periodic_dir(root, step), ignore_errors=True)
+            for d in saved_parts.written(root):
+                shutil.rmtree(d, ignore_errors=True)
+            return
         for epoch in saved_parts.epochs(root):
-            if upto is None or epoch <= upto:
+            if epoch <= upto:
                 shutil.rmtree(saved_parts.epoch_dir(root, epoch), ignore_errors=True)
                 log.info("job %s: snapshot of resize %d dropped (a step completed after it)", job_id, epoch)
 
