@@ -237,8 +237,10 @@ class BucketedFlush:
                         torch._foreach_copy_(dsts, srcs)
                     if b.flags is not None:
                         used = [g.params[i].grad is not None for i in b.dtype_params]
-                        b.flags.fill_(1) if all(used) else b.flags.copy_(host_values.to_device(
-                            used, b.flat.dtype, b.flat.device))
+                        if all(used):   # the usual case: no copy from the host at all
+                            b.flags.fill_(1)
+                        else:
+                            b.flags.copy_(host_values.to_device(used, b.flat.dtype, b.flat.device))
                     if b.ballot is not None:
                         votes = self.vote.ballot(b.flat.dtype, b.flat.device) if self.vote is not None else None
                         b.cast = votes is not None
