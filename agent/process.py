@@ -46,10 +46,6 @@ log = logging.getLogger(__name__)
 
 
 def _control(cfg: AgentConfig) -> ControlChannel:
-    if cfg.control and cfg.control.startswith("pipe:"):
-        from elasticd.agent.control.pipe_channel import PipeControl
-
-        return PipeControl.from_spec(cfg.control, cfg.job_id, cfg.rank)
     if cfg.control:
         from elasticd.agent.control.zmq_channel import ZmqControl
 

@@ -1,10 +1,8 @@
-"""The agent's channel to whoever launched it (the local launcher or a node daemon).
+"""The agent's channel to the node that launched it (a node daemon, or the one `elasticd run` holds in process).
 
-The runtime only sees this interface. `NullControl` serves standalone runs (progress goes to stderr);
-`elasticd run` passes `--control pipe:R,W` (`elasticd.agent.control.pipe_channel.PipeControl`); the node daemon passes
-a ZeroMQ endpoint and the agent talks through `elasticd.agent.control.zmq_channel.ZmqControl`. Every channel
-delivers commands as the typed messages of `elasticd.protocol.agents` (`AgentStop`, `AgentResize`,
-`AgentJoin`), so the agent's handling of them does not depend on who launched it.
+The runtime only sees this interface. `NullControl` serves standalone runs (progress goes to stderr); a node
+passes a ZeroMQ endpoint and the agent talks through `elasticd.agent.control.zmq_channel.ZmqControl`. Commands
+arrive as the typed messages of `elasticd.protocol.agents` (`AgentStop`, `AgentResize`, `AgentJoin`).
 """
 
 from __future__ import annotations

@@ -24,17 +24,6 @@ WORKERS_OF = "--workers-of"
 DEVICE_AT_JOIN = -1
 
 
-def launch_device_index(rank: int, device_type: str) -> int:
-    """The --device-index a local launcher gives physical rank `rank` (-1: a standby without a rank yet).
-
-    One GPU per agent, in rank order; a standby waits for its join to pick the GPU of the rank it gets
-    (`torch.device("cuda", -1)` would be invalid). Pure: the launcher does not import torch.
-    """
-    if device_type != "cuda":
-        return 0
-    return rank if rank >= 0 else DEVICE_AT_JOIN
-
-
 def joined(cfg: AgentConfig, rank: int, world: int, join_from: int, master_addr: str, master_port: int,
            device_index: int) -> AgentConfig:
     """A standby's launch record once it joins as physical rank `rank`: the device the join names, never
@@ -110,8 +99,8 @@ class AgentConfig:
     master_addr: str = _opt("127.0.0.1", "rendezvous address of the physical group")
     master_port: int = _opt(29500, "rendezvous port of the physical group")
     job_id: str = _opt("local", "job id, in logs and reports")
-    control: str | None = _opt(None, "channel to the launcher (pipe:R,W) or node daemon (ZeroMQ endpoint); "
-                                     "none: standalone")
+    control: str | None = _opt(None, "the node's ZeroMQ endpoint for this agent's reports and "
+                                     "commands; none: standalone")
     error_file: str | None = _opt(None, "where a failing agent writes its error as JSON")
     threads: int = _opt(0, "torch intra-op threads; 0 = share the machine's cores between agents")
     join_from: int = _opt(0, "join a running job that is growing from this many agents (resize)")

@@ -1,7 +1,5 @@
-"""Between an agent process and whoever launched it: its node daemon (msgpack frames over ZeroMQ,
-`elasticd.agent.control.zmq_channel`) or `elasticd run` (the same messages as JSON lines over pipes,
-`elasticd.agent.control.pipe_channel`). Both channels hand the agent the same command objects, and both
-launchers read the same event objects, so there is one vocabulary for agents however they were started.
+"""Between an agent process and the node that launched it (a node daemon, or the one `elasticd run` holds in
+process): msgpack frames over ZeroMQ, `elasticd.agent.control.zmq_channel` on the agent's side.
 """
 
 from __future__ import annotations

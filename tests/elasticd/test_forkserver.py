@@ -1,7 +1,7 @@
-"""`elasticd run`'s agents forked from one warm process (agent/forkserver.py, elasticd/forked.py).
+"""A node's agents forked from one warm process (agent/forkserver.py, elasticd/forked.py).
 
-A forked agent must be what a cold `python -m elasticd.agent` would have been: the launcher's pipes at the
-numbers its argv names, its own name, exit codes and signals as for a Popen child, and a job whose result
+A forked agent must be what a cold `python -m elasticd.agent` would have been: passed descriptors at the
+numbers its argv names (a reference rank's), its own name, exit codes and signals as for a Popen child, and a job whose result
 is bitwise the cold start's. Real processes throughout: the server imports torch, the agents run the job.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import shutil
 import signal
 import socket
@@ -23,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import zmq
 from util import JOBS, cli, wait_until
 
 from elasticd import protocol as p
@@ -30,23 +30,14 @@ from elasticd.agent.proc_name import STANDBY, agents_under
 from elasticd.core.agent_config import AgentConfig
 from elasticd.core.commands import module_command
 from elasticd.forked import ForkServer, supported
-from elasticd.protocol.lines import LineReader
 
 pytestmark = pytest.mark.skipif(not supported(), reason="needs Linux pidfds and descriptor passing")
 JOB = str(JOBS / "resize_job.py")  # BatchNorm, dropout, AdamW, StepLR, clipping, ctx.private
 
 
-def _read_event(fd: int, timeout_s: float) -> p.Message:
-    reader = LineReader(p.EVENTS)
-    got: list[p.Message] = []
-
-    def one() -> bool:
-        if select.select([fd], [], [], 0.5)[0]:
-            got.extend(reader.feed(os.read(fd, 65536)))
-        return bool(got)
-
-    wait_until(one, timeout_s, what="the forked agent's first event")
-    return got[0]
+def _read_event(router: zmq.Socket, timeout_s: float) -> p.Message:
+    assert router.poll(int(timeout_s * 1000)), "the forked agent sent nothing"
+    return p.decode(router.recv_multipart()[-1])
 
 
 @pytest.fixture
@@ -56,19 +47,18 @@ def server():
     s.close()
 
 
-def test_a_forked_standby_talks_on_its_pipes_is_named_and_dies_as_a_popen_child(server: ForkServer,
-                                                                                tmp_path: Path) -> None:
-    cmd_r, cmd_w = os.pipe()
-    ev_r, ev_w = os.pipe()
-    cfg = AgentConfig(script=JOB, workers=4, rank=0, world=1, control=f"pipe:{cmd_r},{ev_w}", standby=True,
+def test_a_forked_standby_talks_on_its_channel_is_named_and_dies_as_a_popen_child(server: ForkServer,
+                                                                                  tmp_path: Path) -> None:
+    zctx = zmq.Context()
+    router = zctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{tmp_path}/node.sock")
+    cfg = AgentConfig(script=JOB, workers=4, rank=0, world=1, control=f"ipc://{tmp_path}/node.sock", standby=True,
                       error_file=str(tmp_path / "err.json"))
     env = {**os.environ, "ELASTICD_TEST_WORKERS": "4"}
-    proc = server.spawn(cfg.to_argv(), env, (cmd_r, ev_w))
+    proc = server.spawn(cfg.to_argv(), env, ())
     assert proc is not None, server.broken
-    os.close(cmd_r)
-    os.close(ev_w)
     try:
-        hello = _read_event(ev_r, 300)
+        hello = _read_event(router, 300)
         assert isinstance(hello, p.AgentHello) and hello.info.pid == proc.pid, hello
         child = psutil.Process(proc.pid)
         assert child.ppid() == server._proc.pid   # forked by the server, not started cold
@@ -81,8 +71,8 @@ def test_a_forked_standby_talks_on_its_pipes_is_named_and_dies_as_a_popen_child(
         assert proc.wait(timeout=60) == -signal.SIGKILL
         proc.kill()   # a dead agent is not signalled again (its pid may be someone else's by now)
     finally:
-        os.close(cmd_w)
-        os.close(ev_r)
+        router.close(linger=0)
+        zctx.term()
 
 
 def test_exit_codes_come_back_and_startup_variables_start_cold(server: ForkServer) -> None:

@@ -17,7 +17,6 @@ from elasticd.core.agent_config import (
     DEVICE_AT_JOIN,
     cuda_capacity_problem,
     cuda_ordinal,
-    launch_device_index,
     shares_devices,
 )
 from elasticd.core.env_names import DEVICE_BACKEND_ENV
@@ -59,11 +58,7 @@ def test_bad_device_group_settings_are_refused() -> None:
 
 # -- which GPU an agent gets ------------------------------------------------------------------------
 
-def test_launched_agents_get_one_gpu_each_and_standbys_pick_theirs_at_join() -> None:
-    assert [launch_device_index(r, "cuda") for r in range(4)] == [0, 1, 2, 3]
-    assert launch_device_index(-1, "cuda") == DEVICE_AT_JOIN   # a standby: `cuda:-1` would be invalid
-    assert launch_device_index(-1, "cpu") == 0 and launch_device_index(3, "cpu") == 0
-    # The agent resolves it: its own index, or at join the index of the rank it joins as.
+def test_an_agent_takes_its_own_gpu_or_a_standby_the_one_of_the_rank_it_joins_as() -> None:
     assert cuda_ordinal(1, rank=0, device_count=2) == 1
     assert cuda_ordinal(DEVICE_AT_JOIN, rank=1, device_count=2) == 1
     with pytest.raises(ValueError, match="standby"):

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from elasticd.core.agent_config import AgentConfig, cuda_ordinal, joined, launch_device_index, parse_args
+from elasticd.core.agent_config import AgentConfig, cuda_ordinal, joined, parse_args
 
 
 def test_every_field_survives_the_command_line():
@@ -42,20 +42,18 @@ def test_bad_command_lines_are_refused(argv, message, capsys):
 
 
 @pytest.mark.parametrize("spares_order", ["fresh_first", "leaver_first"])
-def test_a_grow_under_elasticd_run_never_puts_two_agents_on_one_gpu(spares_order: str) -> None:
-    """`elasticd run --device-type cuda --devices 3 --scale-at 5:2,10:4` on a 4-GPU node: agent 2 leaves in the
-    shrink and waits warm with GPU 2's launch record, a fresh spare waits with none; the grow hands them
-    ranks 2 and 3 in either order. Each takes the GPU its join names (the launcher's: its rank's), never
-    the one it had, so the four agents hold four GPUs."""
+def test_a_joining_standby_takes_the_gpu_its_join_names_never_the_one_it_had(spares_order: str) -> None:
+    """A grow from 3 to 4 agents on a 4-GPU node: agent 2 left the shrink and waits warm with GPU 2's launch
+    record, a spare waits with GPU 3's; the grow hands them ranks 2 and 3 in either order, each join naming
+    its rank's GPU (the node's `AgentJoin.device_index`). The four agents hold four GPUs."""
     gpus = 4
-    survivors = {r: cuda_ordinal(launch_device_index(r, "cuda"), r, gpus) for r in (0, 1)}
-    leaver = AgentConfig(script="/s.py", workers=8, rank=2, world=3, device_type="cuda",
-                         device_index=launch_device_index(2, "cuda"), standby=True)
-    fresh = AgentConfig(script="/s.py", workers=8, rank=0, world=1, device_type="cuda",
-                        device_index=launch_device_index(-1, "cuda"), standby=True)
+    survivors = {r: cuda_ordinal(r, r, gpus) for r in (0, 1)}
+    leaver = AgentConfig(script="/s.py", workers=8, rank=2, world=3, device_type="cuda", device_index=2, standby=True)
+    fresh = AgentConfig(script="/s.py", workers=8, rank=0, world=1, device_type="cuda", device_index=3, standby=True)
     standbys = [fresh, leaver] if spares_order == "fresh_first" else [leaver, fresh]
     got = dict(survivors)
     for rank, cfg in zip((2, 3), standbys, strict=True):
-        cfg = joined(cfg, rank, 4, 2, "127.0.0.1", 29500, launch_device_index(rank, "cuda"))
+        cfg = joined(cfg, rank, 4, 2, "127.0.0.1", 29500, device_index=rank)
+        assert cfg.standby is False and cfg.world == 4 and cfg.join_from == 2
         got[rank] = cuda_ordinal(cfg.device_index, cfg.rank, gpus)
     assert got == {0: 0, 1: 1, 2: 2, 3: 3}
