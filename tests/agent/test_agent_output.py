@@ -78,7 +78,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("start", ["forked", "cold"])
+@pytest.mark.parametrize("start", ["forked", pytest.param("cold", marks=pytest.mark.slow)])
 def test_an_agents_exit_keeps_what_interpreter_shutdown_would_write(tmp_path: Path, start: str) -> None:
     """Agents skip Python's module teardown at exit (elasticd/agent/process_exit.py), not what a job can see
     of it: a never-closed file's buffer, atexit handlers, a non-daemon thread, a print without a newline;

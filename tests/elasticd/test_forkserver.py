@@ -141,6 +141,7 @@ def test_reference_ranks_are_forked_plain_ddp_processes_computing_what_cold_ones
     assert all(torch.equal(forked_model[k], cold_model[k]) for k in cold_model)
 
 
+@pytest.mark.slow
 def test_a_shared_server_gives_each_launcher_a_server_of_its_own_unless_the_environment_differs(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """`forkserver --listen`: each client gets a fork of the warm server (no second torch import), which ends

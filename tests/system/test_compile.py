@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from util import JOBS, max_rel_diff
+
+# Long end-to-end runs (torch.compile in every agent): run by CI's second pass, not the README's.
+pytestmark = pytest.mark.slow
 
 JOB = str(JOBS / "compiled.py")
 

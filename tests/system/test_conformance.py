@@ -76,7 +76,8 @@ def reference(ddp: dict, tmp: Path, family: str) -> tuple[dict[str, torch.Tensor
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("family", ["attention", "recurrent", "conv", "norms", "structure", "hf", "lm"])
+@pytest.mark.parametrize("family", ["attention", "recurrent", "conv", "norms", "structure",
+                                    pytest.param("hf", marks=pytest.mark.slow), "lm"])
 def test_every_model_of_the_family_trains_and_resizes_as_under_ddp(tmp_path: Path, ddp: dict, family: str) -> None:
     want, init = reference(ddp, tmp_path, family)
     models = by_model(want)

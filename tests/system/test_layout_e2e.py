@@ -39,6 +39,7 @@ def uniform(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "run"
 
 
+@pytest.mark.slow
 def test_a_6_2_layout_is_bitwise_the_uniform_one(uniform: Path, tmp_path: Path) -> None:
     summary = run(tmp_path, "six-two", "--devices", "2", "--layout", "6,2")
     assert summary["blocks"] == [6, 2]

@@ -12,6 +12,9 @@ import pytest
 from torchrun_compare import RUN_TIMEOUT
 from util import JOBS, cli, element_diff, global_diff, load_state, torchrun
 
+# Long end-to-end runs of a third-party trainer beside torchrun: run by CI's second pass, not the README's.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("transformers")   # a test extra (pyproject.toml): installed by scripts/setup.sh
 
 SCRIPT = JOBS / "torchrun_hf_trainer.py"

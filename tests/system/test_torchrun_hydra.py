@@ -18,6 +18,9 @@ import torch
 from torchrun_compare import MOVED, RUN_TIMEOUT, assert_ddp_close
 from util import JOBS, cli, load_state, rel_diff
 
+# Long end-to-end runs of a third-party trainer beside torchrun: run by CI's second pass, not the README's.
+pytestmark = pytest.mark.slow
+
 SCRIPT = JOBS / "torchrun_hydra.py"
 RANKS = 4
 

@@ -13,6 +13,9 @@ import pytest
 from torchrun_compare import RUN_TIMEOUT, assert_ddp_close
 from util import JOBS, cli, load_state, torchrun
 
+# Long end-to-end runs of a third-party trainer beside torchrun: run by CI's second pass, not the README's.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("lightning")   # a test extra (pyproject.toml): installed by scripts/setup.sh
 
 SCRIPT = JOBS / "torchrun_lightning.py"

@@ -30,7 +30,7 @@ def _run(out: Path, variant: str, *args: str, deterministic: bool = False) -> Cl
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("variant", ["averaged", "copy", "module", "tensors"])
+@pytest.mark.parametrize("variant", [pytest.param("averaged", marks=pytest.mark.slow), "copy", "module", "tensors"])
 def test_a_model_average_never_registered_survives_resizes_as_under_ddp(variant: str, tmp_path: Path) -> None:
     _run(tmp_path / "ddp.pt", variant, "--ddp")
     run = _run(tmp_path / "scaled.pt", variant, "--devices", "2", "--scale-at", "5:1,10:2")

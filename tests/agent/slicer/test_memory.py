@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from util import JOBS
 
 
@@ -19,6 +20,7 @@ def peak_rss(workers: int) -> int:
     return int(line.split("=")[1])
 
 
+@pytest.mark.slow
 def test_eight_hosted_workers_use_at_most_1_3x_the_memory_of_one() -> None:
     one, eight = peak_rss(1), peak_rss(8)
     state = 4 * 8.4e6 * 4  # params + grads + two AdamW moments, fp32: what duplication would multiply

@@ -33,7 +33,7 @@ def train(ctx):
 """
 
 
-@pytest.mark.parametrize("forks", ["1", "0"], ids=["forked", "cold"])
+@pytest.mark.parametrize("forks", ["1", pytest.param("0", marks=pytest.mark.slow)], ids=["forked", "cold"])
 def test_n_computed_at_import_is_read_without_importing_the_script_in_the_launcher(tmp_path: Path, forks: str
                                                                                    ) -> None:
     script = tmp_path / "computed.py"
