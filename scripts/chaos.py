@@ -45,7 +45,7 @@ from _benchjob_common import (
 
 WORKERS, DEVICES = 8, 2
 FAULTS = ["kill", "term", "stop", "double"]
-QUICK_FAULTS = ["stop", "double"]   # what the others add is covered by tests/elasticd/test_recovery_launcher.py
+QUICK_FAULTS = ["stop", "double"]   # what the others add is covered by tests/elasticd/test_run_recovery.py
 STUCK_AFTER = "2"
 
 

@@ -24,7 +24,7 @@ from elasticd.reference_launch import rank_environment, run_native_ddp
 os.environ["ELASTICD_JOBS_AS"] = pwd.getpwuid(os.geteuid()).pw_name
 
 # Fixtures shared by tests in different directories live in tests/support/ beside the helpers they use.
-pytest_plugins = ["launcher_faults"]
+pytest_plugins = ["run_faults"]
 
 
 @pytest.fixture(scope="session", autouse=True)

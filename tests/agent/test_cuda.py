@@ -194,7 +194,7 @@ def test_a_daemon_job_on_a_forked_spare_is_bitwise_the_elasticd_run_one(det_m1: 
 
 
 def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> None:
-    """tests/elasticd/test_resize_launcher.py's roll-back, on the GPU: a joiner freezes during the hand-over of a 2 -> 4 grow,
+    """tests/elasticd/test_run_resize.py's roll-back, on the GPU: a joiner freezes during the hand-over of a 2 -> 4 grow,
     every agent is stopped and the job restarts on 2 agents with --restore-epoch from the snapshot on
     tmpfs, loaded on the CPU and moved to the GPU; it ends bitwise as a run that never scaled."""
     job = JOBS / "resize_job.py"

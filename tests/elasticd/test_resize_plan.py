@@ -1,7 +1,7 @@
 """The resize decisions on their own (elasticd.resize_plan): events in with a hand-driven clock, actions out.
 
 No sockets, threads or processes: what the scheduler and `elasticd run` do with the actions is tested
-in test_resize_scheduler.py, test_resize_launcher.py and test_resize_daemon.py.
+in test_resize_scheduler.py, test_run_resize.py and test_resize_daemon.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ $ELASTICD_TEST_HOLD_AT, if set) waits at its start: a test holds the job short o
 up what happens at that boundary. With ELASTICD_TEST_UNSAVABLE=1 it holds a state no snapshot can carry
 (tests/jobs/_jobstate.py `Unsavable`), so its agents refuse every resize and train on.
 
-Faults for the watchdog (tests/elasticd/test_recovery_launcher.py): at step $ELASTICD_TEST_SLOW_AT every rank
+Faults for the watchdog (tests/elasticd/test_run_recovery.py): at step $ELASTICD_TEST_SLOW_AT every rank
 spends $ELASTICD_TEST_SLOW_S seconds before its step (an evaluation: slow, no one waits); at step
 $ELASTICD_TEST_HANG_AT rank $ELASTICD_TEST_HANG_RANK blocks for good (a deadlock in the script, a wedged
 kernel), once: the file $ELASTICD_TEST_HANG_ONCE marks that it did, so the recovered job goes on.

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from launcher_faults import STEPS as RECOVERY_STEPS
-from launcher_faults import kill_during_run
+from run_faults import STEPS as RECOVERY_STEPS
+from run_faults import kill_during_run
 from util import JOBS, REFERENCE_WORKERS, Reference, assert_same_run, load_state, rel_diffs
 
 JOB = str(JOBS / "resize_job.py")   # BatchNorm, dropout, AdamW, StepLR, clipping, ctx.private, loader order

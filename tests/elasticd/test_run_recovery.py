@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher_faults import STEPS, agent_of_rank, kill_during_run, run_command, run_env, steps_done
+from run_faults import STEPS, agent_of_rank, kill_during_run, run_command, run_env, steps_done
 from util import JOBS, assert_same_run, completed_twice, consumed, shared_servers, wait_until
 
 from elasticd.core.records import Recovery
