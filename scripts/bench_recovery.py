@@ -4,9 +4,9 @@ The job is scripts/_benchjob.py (an MLP on synthetic data, N=8 logical workers, 
 `elasticd run` on 2 CPU devices.
 
 elasticd recovery: the job runs with `--snapshot-every K` (steps) and a snapshot directory the benchmark
-watches; once the snapshot of step K is complete on disk (tmpfs), agent 1 is SIGKILLed. The launcher
+watches; once the snapshot of step K is complete on disk (tmpfs), agent 1 is SIGKILLed. The run's node
 notices, stops the other agent, starts two fresh agents that restore the snapshot and go on. The figure
-is wall time from the kill to the first step completed after it (the launcher's summary stamps it), with
+is wall time from the kill to the first step completed after it (the run's summary stamps it), with
 how many steps were redone.
 
 torchrun-style restart (as in bench_resize.py): the same job saves a checkpoint to disk after step K;

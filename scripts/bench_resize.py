@@ -3,9 +3,9 @@
 The job (scripts/_benchjob.py with N=4: an MLP on synthetic data, SGD with momentum) runs on CPU.
 
 elasticd, live: `elasticd run --devices 4 --scale-at K:2,2K:4 --summary FILE` shrinks 4 -> 2 after step K
-and grows back 2 -> 4 after step 2K. The launcher records, per resize, `seconds` (request -> first
+and grows back 2 -> 4 after step 2K. The run's summary records, per resize, `seconds` (request -> first
 completed step at the new size) and `stall` (last step at the old size -> first step at the new size).
-The agents that leave in the shrink stay warm for the grow (the launcher's standby agents).
+The agents that leave in the shrink stay warm for the grow (the node keeps them as standby agents).
 
 torchrun-style restart, emulated on the same machine: a run of the same job on the old M saves a
 checkpoint (`torch.save` of model + optimizer) after step K; once the file is on disk every process of
@@ -72,7 +72,7 @@ def _parse() -> argparse.Namespace:
 
 
 def live(a: argparse.Namespace, tmp: str) -> dict[str, dict[str, float]]:
-    """One `elasticd run` that shrinks 4 -> 2 and grows 2 -> 4; the launcher's figures per direction."""
+    """One `elasticd run` that shrinks 4 -> 2 and grows 2 -> 4; the run's figures per direction."""
     summary = out_file(tmp, "summary")
     steps = 3 * a.at + 5  # a few steps after the grow, so its first step at 4 devices surely completes
     run(elasticd_cmd("run", f"{JOB}:train", "--workers", str(WORKERS), "--devices", "4", *a.device_args,
@@ -90,7 +90,7 @@ def live(a: argparse.Namespace, tmp: str) -> dict[str, dict[str, float]]:
 
 
 def _kill_job(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the launcher and every agent (its process group), and wait until none of them runs."""
+    """Kill the run and every agent (its process group), and wait until none of them runs."""
     family = process_tree(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

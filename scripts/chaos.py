@@ -10,7 +10,7 @@ Each trial runs scripts/_benchjob.py (`train_det`, N=8 logical workers, determin
 - double: SIGKILL of one agent, then of another while the job is still recovering.
 
 A trial passes when the run exits 0 with final parameters bitwise equal to an undisturbed run's (the job's
-digest) and the launcher recorded one recovery per fault that landed (a fault that came after the last step
+digest) and the run recorded one recovery per fault that landed (a fault that came after the last step
 finds nothing to recover: counted as passed, marked "late"). Printed per trial: the faults, recovery
 seconds and steps redone. Bounded by --trials and --budget seconds. The last line is `recovered=K/N`.
 `--quick` (the test suite's) runs two short trials, a stop and a double kill, at seeded moments.
