@@ -213,8 +213,9 @@ def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> 
     with open(out / "stderr", "wb") as err:
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        wait_until(lambda: "agents told to hand over" in (out / "stderr").read_text(), 300, what="the go")
-        joiner = next(p for r, p in agents_under(proc.pid) if r is None or r >= 2)
+        # Frozen at its join command (its rank's name), before the hand-over: see test_run_resize.py's.
+        joiner = wait_until(lambda: next((p for r, p in agents_under(proc.pid) if r is not None and r >= 2), None),
+                            300, interval=0.005, what="a joiner's join command")
         joiner.suspend()
         hold.unlink()
         wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,

@@ -91,10 +91,11 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
     with open(out / "stderr", "wb") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        wait_until(lambda: "agents told to hand over" in (out / "stderr").read_text(), 300, what="the go")
-        # The warm joiners got their join command; freeze one so that the group cannot re-form.
-        # Ranks 2 and 3 are the joiners (named "elasticd spare" until their join command renamed them).
-        joiner = next(p for r, p in agents_under(proc.pid) if r is None or r >= 2)
+        # The go: a warm joiner takes its rank's name ("elasticd r2", an "elasticd spare" until then) when its
+        # join command comes. Freeze it then, before the hand-over, so that the group cannot re-form (the run's
+        # own "agents told to hand over" line comes up to a status poll later, when the group may have).
+        joiner = wait_until(lambda: next((p for r, p in agents_under(proc.pid) if r is not None and r >= 2), None),
+                            300, interval=0.005, what="a joiner's join command")
         joiner.suspend()
         hold.unlink()
         wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,
