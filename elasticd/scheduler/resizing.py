@@ -47,6 +47,9 @@ from elasticd.scheduler.rollback import Rollbacks
 
 log = logging.getLogger(__name__)
 
+# Why a release of agents held for a scheduled resize that did not happen begins: "release after step S".
+RELEASE_WHY = "release after step "
+
 
 class Resizes:
     """The scheduler's resizes in flight: one `ResizePlan` per resizing job (kept in `Job.resize`)."""
@@ -129,7 +132,7 @@ class Resizes:
         """Let the agents held after `step` for a scheduled resize that did not happen go on: a resize to
         the layout they have, so nothing moves (elasticd.scheduler.scheduled)."""
         assert job.state is JobState.RUNNING and job.resize is None, (job.job_id, job.state)
-        return self._begin(job, [list(x) for x in job.placement], None, f"release after step {step}", now,
+        return self._begin(job, [list(x) for x in job.placement], None, f"{RELEASE_WHY}{step}", now,
                            list(job.blocks), release=True)
 
     def _begin(self, job: Job, placement: list[list[str]], keep: list[int] | None, why: str,
@@ -178,11 +181,15 @@ class Resizes:
         lead = plan.placement[0][0]   # the node of the new layout's rank 0
         preparing = plan.phase == ResizePhase.PREPARE
         actions: list[Action] = []
+        refusal = r.resize_error if r.resize_error and r.resize_error.get("refused") else None
+        if refusal is not None and (r.resize_epoch == plan.epoch
+                                    or (job.held is not None and refusal.get("step") == job.held)):
+            # At the step boundary the agents could not capture a state and train on: after the go, or before
+            # it at a scheduled step, where they stopped while the joiners warmed up. At the held step they may
+            # refuse before any command reached them, and this resize began on the report of the step that
+            # came before the refusal's: the refusal is this resize's all the same (they drop its command).
+            return self._act(job, now, plan.refused(str(refusal.get("message", "refused by its agents"))))
         if r.resize_epoch == plan.epoch:
-            if r.resize_error and r.resize_error.get("refused"):
-                # At the step boundary the agents could not capture a state and train on: after the go, or
-                # before it at a scheduled step, where they stopped while the joiners warmed up.
-                return self._act(job, now, plan.refused(str(r.resize_error.get("message", "refused by its agents"))))
             if r.resize_error and preparing:
                 why = str(r.resize_error.get("message", "a joining agent failed"))
                 return self._act(job, now, plan.agent_failed(

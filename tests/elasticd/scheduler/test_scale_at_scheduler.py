@@ -333,6 +333,24 @@ def test_a_refusal_at_a_held_step_reported_before_any_resize_began_refuses_that_
     assert of(out, p.PrepareResize) == [] and len(j.resizes) == 2
 
 
+def test_a_refusal_at_the_held_step_reported_after_its_resize_began_refuses_that_resize():
+    """The report that brings the held step comes first and the scheduler begins the shrink; the agents' refusal
+    there (no resize epoch yet: no command had reached them) comes in the next report. It is this resize's
+    refusal: the agents train on and will drop its command as refused already, or end before they read it,
+    so waiting for them to act on it would record the resize as not applied when they simply refused it."""
+    isl = Island()
+    isl.hello("a", 2)
+    job, _ = submit(isl, 4, 2, [(5, 1), (10, 2)])
+    ((_, prep),) = of(step(isl, job, 5, 2), p.PrepareResize)
+    j = isl.s.jobs[job]
+    assert j.resize is not None and j.held == 5
+    out = step(isl, job, 6, 2, resize_error={"message": "a message is in flight", "refused": True, "step": 5})
+    assert {m.epoch for _, m in of(out, p.AbortResize)} == {prep.epoch}   # the node undoes what it began
+    assert j.state is JobState.RUNNING and j.resize is None and j.held is None and j.hold_at == []
+    assert [(e.why, e.outcome) for e in j.resizes] == [("--scale-at 5:1", "refused"), ("--scale-at 10:2", "refused")]
+    assert "a message is in flight" in j.resizes[0].note and "dropped" in j.resizes[1].note
+
+
 def test_a_torchrun_mode_restart_below_min_devices_the_schedule_asked_for_is_placed_at_once_and_says_so():
     """A --scale-at entry may take a job below --min-devices (elasticd run submits min = max = its --devices):
     the restart at the new size is placed there at once, not queued for devices it does not want, and its
