@@ -31,6 +31,7 @@ from elasticd.daemon import job_user
 from elasticd.daemon.server import DaemonConfig, NodeDaemon
 from elasticd.run_dirs import private_dir, tmpfs_root
 from elasticd.scheduler.jobs import JobState
+from elasticd.scheduler.resizing import RELEASE_WHY
 from elasticd.statedir import StateDir
 
 # How often the run reads its job's record (what it says and when it ends) and how often its node reports to
@@ -155,14 +156,12 @@ class _Shell:
             self.timing[a.rank] = merge_timing(seen if seen and seen["hosted"] == report["hosted"] else None, report)
         for _at, state, reason in info.history[self.history:]:
             self.history += 1
-            self._lifecycle(state, reason)
+            self._lifecycle(state, reason, info)
         rs = info.resizing
-        if rs is not None and rs.phase == ResizePhase.GO.value and rs.epoch != self.told:
+        if (rs is not None and rs.phase == ResizePhase.GO.value and rs.epoch != self.told
+                and not rs.why.startswith(RELEASE_WHY)):
             self.told = rs.epoch
-            if rs.why.startswith("release after step"):
-                _say(f"scale to {rs.dst} devices: already there, nothing to do")
-            else:
-                _say(f"resize {rs.src} -> {rs.dst} devices: agents told to hand over at their next step boundary")
+            _say(f"resize {rs.src} -> {rs.dst} devices: agents told to hand over at their next step boundary")
         self._resizes(info)
         for rec in info.recoveries[self.recoveries:]:
             self.recoveries += 1
@@ -181,8 +180,13 @@ class _Shell:
             counted = "optimizer step" if self.torchrun else "step"
             _say(f"{counted} {info.step} on {info.devices} device(s) {shown}".rstrip())
 
-    def _lifecycle(self, state: str, reason: str) -> None:
-        if state == JobState.RECOVERING.value:
+    def _lifecycle(self, state: str, reason: str, info: p.JobInfo) -> None:
+        # Said from the history, which keeps every transition, not from `resizing`, which a read may miss.
+        if state == JobState.RESIZING.value and reason.startswith(RELEASE_WHY):
+            step = reason.removeprefix(RELEASE_WHY).split(":")[0]
+            if not any(r.outcome == ResizeOutcome.REFUSED.value and str(r.step) == step for r in info.resizes):
+                _say(f"scale to {info.devices} devices: already there, nothing to do")
+        elif state == JobState.RECOVERING.value:
             fenced = fence_said(reason)
             if fenced:
                 _say(fenced)
