@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -21,9 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from run_faults import grow_with_a_joiner_killed
 from util import JOBS, assert_same_run, cli, max_rel_diff, wait_until
-
-from elasticd.agent.proc_name import agents_under
 
 pytestmark = [
     pytest.mark.cuda,
@@ -210,21 +208,7 @@ def test_a_failed_grow_rolls_back_with_restore_epoch_on_cuda(tmp_path: Path) -> 
                 "ELASTICD_TEST_HOLD_AT": "8"}
     cmd = [sys.executable, "-m", "elasticd", "run", str(job), "--devices", "2", "--device-type", "cuda",
            "--scale-at", "5:4", "--snapshot-dir", str(snaps), "--summary", str(out / "summary.json")]
-    with open(out / "stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        # Frozen at its join command (its rank's name), before the hand-over: see test_run_resize.py's.
-        joiner = wait_until(lambda: next((p for r, p in agents_under(proc.pid) if r is not None and r >= 2), None),
-                            300, interval=0.005, what="a joiner's join command")
-        joiner.suspend()
-        hold.unlink()
-        wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,
-                   what="every part of the snapshot to be saved")
-        joiner.kill()
-        assert proc.wait(timeout=600) == 0, (out / "stderr").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    grow_with_a_joiner_killed(cmd, full_env, out, hold, snaps)
     summary = json.loads((out / "summary.json").read_text())
     assert [(r["from"], r["to"], r["outcome"]) for r in summary["resizes"]] == [(2, 4, "rolled back")]
     assert_same_run(out, ref, steps, ranks=WORKERS)

@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from util import JOBS, assert_same_run, consumed, max_rel_diff, shared_servers, wait_until
+from run_faults import grow_with_a_joiner_killed
+from util import JOBS, assert_same_run, consumed, max_rel_diff, shared_servers
 
-from elasticd.agent.proc_name import agents_under
 from elasticd.core.records import ResizeEntry
 
 JOB = str(JOBS / "resize_job.py")
@@ -88,23 +88,7 @@ def test_an_agent_dying_mid_hand_over_rolls_back_and_the_run_ends_as_if_never_sc
            "ELASTICD_TEST_HOLD": str(hold), "ELASTICD_TEST_HOLD_AT": "6"}
     cmd = [sys.executable, "-m", "elasticd", "run", JOB, "--devices", "2", "--scale-at", "5:4",
            "--snapshot-dir", str(snaps), "--summary", str(out / "summary.json")]
-    with open(out / "stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        # The go: a warm joiner takes its rank's name ("elasticd r2", an "elasticd spare" until then) when its
-        # join command comes. Freeze it then, before the hand-over, so that the group cannot re-form (the run's
-        # own "agents told to hand over" line comes up to a status poll later, when the group may have).
-        joiner = wait_until(lambda: next((p for r, p in agents_under(proc.pid) if r is not None and r >= 2), None),
-                            300, interval=0.005, what="a joiner's join command")
-        joiner.suspend()
-        hold.unlink()
-        wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,
-                   what="every part of the snapshot to be saved")
-        joiner.kill()
-        assert proc.wait(timeout=600) == 0, (out / "stderr").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    grow_with_a_joiner_killed(cmd, env, out, hold, snaps)
     log = (out / "stderr").read_text()
     assert "during the resize 2 -> 4; restarting on 2 devices from the snapshot saved at its step boundary" in log, \
         log[-3000:]

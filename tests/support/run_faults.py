@@ -71,3 +71,27 @@ def kill_during_run(tmp_path: Path, rank: int, after_steps: int, sig: int, args:
         if proc.poll() is None:
             proc.kill()
     return out, json.loads((out / "summary.json").read_text()), (out / "stderr").read_text()
+
+
+def grow_with_a_joiner_killed(cmd: list[str], env: dict[str, str], out: Path, hold: Path, snaps: Path) -> None:
+    """Run `elasticd run` (`cmd`: a 2 -> 4 grow at a --scale-at step, `hold` keeping the job at a later step)
+    and kill a joiner in the hand-over; returns once the run ended 0 (its stderr in `out`).
+
+    The go: a warm joiner takes its rank's name ("elasticd r2", an "elasticd spare" until then) when its join
+    command comes. It is frozen then, before the hand-over, so that the group cannot re-form (the run's own
+    "agents told to hand over" line comes up to a status read later, when the group may have), and killed
+    once every part of the resize's snapshot is saved."""
+    with open(out / "stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        joiner = wait_until(lambda: next((p for r, p in agents_under(proc.pid) if r is not None and r >= 2), None),
+                            300, interval=0.005, what="a joiner's join command")
+        joiner.suspend()
+        hold.unlink()
+        wait_until(lambda: len(os.listdir(snaps / "e1")) == 5 if (snaps / "e1").exists() else False, 120,
+                   what="every part of the snapshot to be saved")
+        joiner.kill()
+        assert proc.wait(timeout=600) == 0, (out / "stderr").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
