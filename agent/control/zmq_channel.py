@@ -36,6 +36,7 @@ class ZmqControl:
         self.rank = physical_rank
         self.step_every_s = step_every_s
         self.dropped = 0
+        self._said: tuple[int, str] | None = None   # the refusal last told the job's log: (step, message)
         self._lock = threading.Lock()
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -102,7 +103,10 @@ class ZmqControl:
             self._last_step_sent = -math.inf   # the first report goes at once, however young the clock
 
     def refused(self, info: p.RefusedInfo) -> None:
-        if self.rank == 0:   # into the job's log, where its user looks (`elasticd logs`); `status` has it too
+        # Into the job's log, where its user looks (`elasticd logs`; `status` has it too), once: a refusal
+        # made before this agent's copy of the command came is sent again with its epoch when the copy does.
+        if self.rank == 0 and self._said != (info.step, info.message):
+            self._said = (info.step, info.message)
             print(f"[elasticd] resize after step {info.step} refused, training goes on: {info.message}",
                   file=sys.stderr, flush=True)
         with self._lock:
@@ -110,9 +114,9 @@ class ZmqControl:
             self._send(p.AgentResizeRefused(job_id=self.job_id, rank=self.rank, info=info))
 
     def poll(self) -> list[p.AgentCommand]:
-        """Commands from the daemon: `AgentStop`, `AgentResize` or `AgentJoin` (what the pipes of
-        `elasticd run` deliver too). A frame that is no command is logged and dropped: the daemon is
-        another process that may be of another build, and the agent must keep training."""
+        """Commands from the node: `AgentStop`, `AgentResize` or `AgentJoin`. A frame that is no command is
+        logged and dropped: a daemon is another process that may be of another build, and the agent must
+        keep training."""
         out: list[p.AgentCommand] = []
         with self._lock:
             if self._closed:

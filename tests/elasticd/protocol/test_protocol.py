@@ -200,6 +200,30 @@ def test_zmq_control_messages_coalescing_and_commands(tmp_path):
     ctx.term()
 
 
+def test_a_refusal_sent_again_with_its_epoch_is_told_the_job_s_log_once(tmp_path, capfd):
+    """Rank 0 says a refusal in the job's log. Refused before its copy of the command came (another agent's
+    command made the vote), it sends the same refusal again with the command's epoch once the copy comes:
+    both reach the node, the log says it once."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{tmp_path}/d.sock")
+    ctl = ZmqControl(f"ipc://{tmp_path}/d.sock", "j1", 0)
+    first = p.RefusedInfo(epoch=None, step=5, message="cannot carry `x`", by=0)
+    for info in (first, dataclasses.replace(first, epoch=3), p.RefusedInfo(epoch=4, step=9, message="cannot carry `x`",
+                                                                           by=0)):
+        ctl.refused(info)
+    got = []
+    while len(got) < 3:
+        assert router.poll(5000)
+        got.append(p.decode(router.recv_multipart()[1]))
+    assert [(m.info.epoch, m.info.step) for m in got] == [(None, 5), (3, 5), (4, 9)]
+    err = capfd.readouterr().err
+    assert err.count("resize after step 5 refused") == 1 and err.count("resize after step 9 refused") == 1, err
+    ctl.close()
+    router.close(linger=0)
+    ctx.term()
+
+
 ROGUE_JOB = '''
 import time
 
