@@ -9,8 +9,9 @@ way for both: the step the agents held after lasted this much longer than the me
 (request -> first step at the new size) are shown too.
 
 `elasticd run` holds the same node and scheduler in its own process (elasticd/local_node.py), so the two
-differ only in that process boundary, the daemon's 1 s heartbeat (the run's node beats every 0.1 s), and
-what else the daemon serves: the figure says what a standalone daemon adds to a scheduled resize. Rounds alternate which lifecycle runs first; figures are medians over rounds.
+differ only in that process boundary, the daemon's 1 s heartbeat (the run's node beats every
+`local_node.HEARTBEAT_S`, 0.25 s), and what else the daemon serves: the figure says what a standalone daemon
+adds to a scheduled resize. Rounds alternate which lifecycle runs first; figures are medians over rounds.
 The last line is `daemon_vs_run_pause=X.XX`: the daemon's median pause over `elasticd run`'s.
 """
 

@@ -181,14 +181,13 @@ class Resizes:
         lead = plan.placement[0][0]   # the node of the new layout's rank 0
         preparing = plan.phase == ResizePhase.PREPARE
         actions: list[Action] = []
-        refusal = r.resize_error if r.resize_error and r.resize_error.get("refused") else None
-        if refusal is not None and (r.resize_epoch == plan.epoch
-                                    or (job.held is not None and refusal.get("step") == job.held)):
+        refused = refused_at(r)
+        if refused is not None and (r.resize_epoch == plan.epoch or refused[0] == job.held):
             # At the step boundary the agents could not capture a state and train on: after the go, or before
             # it at a scheduled step, where they stopped while the joiners warmed up. At the held step they may
             # refuse before any command reached them, and this resize began on the report of the step that
             # came before the refusal's: the refusal is this resize's all the same (they drop its command).
-            return self._act(job, now, plan.refused(str(refusal.get("message", "refused by its agents"))))
+            return self._act(job, now, plan.refused(refused[1]))
         if r.resize_epoch == plan.epoch:
             if r.resize_error and preparing:
                 why = str(r.resize_error.get("message", "a joining agent failed"))
@@ -431,3 +430,11 @@ class Resizes:
             if plan is not None and job.state is JobState.RESIZING:
                 out += self._act(job, now, plan.tick(now, job.launched))
         return out
+
+
+def refused_at(r: p.JobReport) -> tuple[int, str] | None:
+    """(step, why) where the report says the agents refused a resize at a step boundary, else None."""
+    e = r.resize_error
+    if not e or not e.get("refused") or not isinstance(e.get("step"), int):
+        return None
+    return int(e["step"]), str(e.get("message", "refused by its agents"))

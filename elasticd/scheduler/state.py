@@ -32,7 +32,7 @@ from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
 from elasticd.scheduler.recovery import Recoveries, infrastructure
-from elasticd.scheduler.resizing import Resizes
+from elasticd.scheduler.resizing import Resizes, refused_at
 from elasticd.scheduler.scheduled import ScheduledScales
 
 log = logging.getLogger(__name__)
@@ -622,7 +622,7 @@ class SchedulerState:
                 self._progress(job, r)
                 if job.recovery is not None:
                     self.recoveries.stepped(job, r, now)
-                out += self.scheduled.due(job, now, _refused_at(r))
+                out += self.scheduled.due(job, now, refused_at(r))
         return out, forget
 
     @staticmethod
@@ -814,11 +814,3 @@ class SchedulerState:
 def _completed(r: p.JobReport) -> int:
     """The last step an agent of a node's report completed, by its beat file (-1: none)."""
     return max((a.completed for a in r.agents), default=-1)
-
-
-def _refused_at(r: p.JobReport) -> tuple[int, str] | None:
-    """(step, why) where the report says the agents refused a resize at a step boundary, else None."""
-    e = r.resize_error
-    if not e or not e.get("refused") or not isinstance(e.get("step"), int):
-        return None
-    return int(e["step"]), str(e.get("message", "refused by its agents"))
