@@ -127,6 +127,14 @@ class StateDir:
         return self.root / "scheduler.json"
 
     @property
+    def federation_sock(self) -> Path:
+        return self.root / "federation.sock"
+
+    @property
+    def federation_info(self) -> Path:
+        return self.root / "federation.json"
+
+    @property
     def db(self) -> Path:
         return self.root / "scheduler.db"
 

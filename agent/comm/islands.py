@@ -117,17 +117,26 @@ def emulated_link(environ: Mapping[str, str] = os.environ) -> Link | None:
 
 
 def emulated_islands(world: int, environ: Mapping[str, str] = os.environ) -> Islands | None:
-    """The islands ELASTICD_ISLANDS=K asks for over `world` agents; None when unset, or one island.
+    """The islands ELASTICD_ISLANDS asks for over `world` agents; None when unset, or one island. K: that many
+    islands, as even as they come (emulated); S1,S2,...: islands of those many agents in rank order (what
+    an island scheduler gives the agents of a job spanning islands).
 
     Raises:
-        ValueError: K is not a whole number >= 1.
+        ValueError: not a whole number >= 1, or sizes >= 1 that do not add up to `world`.
     """
     raw = environ.get(ISLANDS_VAR, "").strip()
     if not raw:
         return None
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-        raise ValueError(f"{ISLANDS_VAR}={raw!r}: expected a number of islands >= 1")
-    islands = Islands.even(world, int(raw))
+    parts = raw.split(",")
+    if not all(s.isascii() and s.isdigit() and int(s) >= 1 for s in parts):
+        raise ValueError(f"{ISLANDS_VAR}={raw!r}: expected a number of islands >= 1, or agents per island "
+                         "(S1,S2,..., each >= 1)")
+    if len(parts) == 1:
+        islands = Islands.even(world, int(raw))
+    else:
+        islands = Islands(tuple(int(s) for s in parts))
+        if islands.world != world:
+            raise ValueError(f"{ISLANDS_VAR}={raw!r}: islands of {islands.world} agents, but the job has {world}")
     return islands if len(islands.sizes) > 1 else None
 
 

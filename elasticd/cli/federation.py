@@ -18,17 +18,23 @@ from elasticd.cli import EXIT_DAEMON_ERROR
               help="The front's keys and allow-list [default: ~/.elasticd].")
 @click.option("--island-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds without a status after which an island is declared lost.")
+@click.option("--reserve-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds a job spanning islands waits for every island to hold its portion; then every "
+                   "portion is released and the job waits for free devices again.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def federation(bind: str, state_dir: str | None, island_timeout: float, log_level: str) -> None:
+def federation(bind: str, state_dir: str | None, island_timeout: float, reserve_timeout: float,
+               log_level: str) -> None:
     """Run a federation front: island schedulers join it (`elasticd scheduler --federation`), and it keeps
     the table of islands with what each has (live nodes, devices, free devices, jobs), shown by
-    `elasticd islands`.
+    `elasticd islands`; and it splits jobs submitted to it with `elasticd submit --islands` into one
+    portion per island, which each island's scheduler places on its own nodes.
 
     Each island scheduler presents a key allowed on this state dir with its island id (`elasticd keygen
     --allow KEY --role island --island-id ID --state-dir DIR`) and may speak for that island only;
-    client keys may read the table. The front places no work: each island's scheduler keeps its own
-    queue and nodes (docs/islands.md says what spans islands today and what does not).
+    client keys may read the table, submit jobs spanning islands and stop their own. The front places
+    nothing on a node itself: each island's scheduler keeps its own queue and nodes (docs/islands.md says
+    what spans islands today and what does not).
     """
     from elasticd.cli.start import serving_state_dir
     from elasticd.daemon.server import DaemonError, lock_state_dir
@@ -39,7 +45,7 @@ def federation(bind: str, state_dir: str | None, island_timeout: float, log_leve
     sd = serving_state_dir(state_dir, log_level, "federation.log")
     try:
         lock = lock_state_dir(sd, "federation")
-        server = FederationServer(sd, bind=bind, timeout_s=island_timeout)
+        server = FederationServer(sd, bind=bind, timeout_s=island_timeout, reserve_timeout_s=reserve_timeout)
     except (DaemonError, TransportError, BadKeyError, OSError) as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)

@@ -11,11 +11,15 @@ from elasticd.cli import client
 
 
 @click.command("islands")
+@click.option("--jobs", "jobs", is_flag=True, help="Show the jobs spanning islands instead: state, why, and "
+                                                   "each portion's island, ranks and state there.")
+@click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @client.client_options
-def islands(as_json: bool, **opts: object) -> None:
+def islands(jobs: bool, job: str | None, as_json: bool, **opts: object) -> None:
     """Show the islands a federation front knows: state (up, lost, left), live nodes, free/total devices,
-    jobs running and queued, and when each was last heard from.
+    jobs running and queued, and when each was last heard from. With --jobs [JOB]: the jobs spanning
+    islands (`elasticd submit --islands`), or one of them.
 
     Ask the front at --endpoint tcp://HOST:PORT --server-key KEY (a client key allowed on its state dir), or
     the front whose state dir is --state-dir on this machine.
@@ -31,6 +35,14 @@ def islands(as_json: bool, **opts: object) -> None:
             client.fail(client.EXIT_UNREACHABLE, f"no federation front serves {path.parent} (no {path.name}); "
                         "start one with `elasticd federation`, or pass --endpoint and --server-key", as_json)
         opts["endpoint"] = ipc_endpoint(path)
+    if job and not jobs:
+        raise click.UsageError("JOB is for --jobs: `elasticd islands --jobs JOB`")
+    if jobs:
+        from elasticd.cli import spanning
+        from elasticd.protocol import ListSpans
+
+        spanning.show(client.call(opts, ListSpans(span_id=job or ""), as_json).spans, as_json)  # type: ignore[attr-defined]
+        return
     reply = client.call(opts, ListIslands(), as_json)
     rows = reply.islands  # type: ignore[attr-defined]
     if as_json:

@@ -69,6 +69,14 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--run-as", default="", metavar="USER",
               help="Admins only: the Unix user the job's agents run as on nodes whose daemon runs as root "
                    "[default: the one your key maps to, else each node's --jobs-as user].")
+@click.option("--islands", "islands", metavar="A,B,...", default="",
+              help="A job spanning islands: submit it to a federation front (--state-dir or --endpoint of the "
+                   "front), which splits its devices over these islands (in rank order) by their free devices; "
+                   "each island's scheduler holds its portion, and the job starts when every island holds one. "
+                   "--max-devices is the total (default: N, or fewer if fewer are free). See docs/islands.md.")
+@click.option("--max-islands", type=click.IntRange(1, 64), default=None,
+              help="A job spanning islands, on at most this many islands the front picks (most free devices "
+                   "first).")
 @click.option("--wait", is_flag=True, help="Follow the job until it ends, with a progress line; exit 1 "
                                            "unless it finished.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -76,8 +84,8 @@ def _env(items: tuple[str, ...]) -> dict[str, str]:
 def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_devices: int | None,
            max_devices: int | None,
            priority: int, name: str, env_items: tuple[str, ...], snapshot_every: str, max_restarts: int,
-           stuck_after: str, device_memory: int | None, threads: int, layout: str, scale_at: str, run_as: str, wait: bool,
-           as_json: bool, **opts: object) -> None:
+           stuck_after: str, device_memory: int | None, threads: int, layout: str, scale_at: str, run_as: str,
+           islands: str, max_islands: int | None, wait: bool, as_json: bool, **opts: object) -> None:
     """Submit SCRIPT's @elastic function as a job and print its id.
 
     The scheduler starts it when at least --min-devices devices are free, on up to --max-devices
@@ -114,6 +122,17 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
     if not min_devices <= hi <= workers:
         raise click.UsageError(f"need --min-devices <= --max-devices <= --workers, got {min_devices} <= {hi} "
                                f"<= {workers}")
+    if islands or max_islands:
+        from elasticd.cli import spanning
+
+        spanning.refuse_options(**{"--min-devices": min_devices > 1 and not blocks, "--layout": layout,
+                                   "--scale-at": scale_at, "--run-as": run_as, "--device-memory": device_memory,
+                                   "torchrun mode (a script without @elastic)": torchrun})
+        spanning.submit(opts, script=os.path.abspath(script), func=func, workers=workers, devices=max_devices or 0,
+                        islands=spanning.parse_islands(islands), max_islands=max_islands or 0, priority=priority,
+                        name=name, cwd=os.getcwd(), env=env, snapshot_every=snapshot_every, threads=threads,
+                        wait=wait, as_json=as_json)
+        return
     schedule = _schedule(scale_at, workers)
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
                  max_devices=hi, priority=priority, name=name, cwd=os.getcwd(), env=env,

@@ -11,9 +11,9 @@ STEP_OFFSET_VAR = "ELASTICD_STEP_OFFSET"
 # by the scheduler after a recovery.
 RESTARTS_VAR = "ELASTICD_RESTART_COUNT"
 
-# Emulated islands (agent/comm/islands.py): "K" splits a job's agents into K islands of consecutive agents,
-# as even as they come, and deterministic sums go in two levels across them. For tests and the islands
-# benchmark, until a job's islands come from where its agents run.
+# Islands (agent/comm/islands.py): the job's sums go in two levels across them. "S1,S2,..." gives the agents
+# per island in rank order (an island scheduler sets it for a job spanning islands); "K" splits a job's
+# agents into K emulated islands of consecutive agents, as even as they come (tests, the benchmarks).
 ISLANDS_VAR = "ELASTICD_ISLANDS"
 # An emulated link between those islands, "MBPS[:MS]": what crosses between island leaders is delayed as
 # that bandwidth and one-way latency would (scripts/bench_islands_link.py).

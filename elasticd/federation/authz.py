@@ -3,7 +3,8 @@
     role     may send
     island   island_hello / island_status / island_bye for its own island id only (its key is bound to
              it: `elasticd keygen --allow KEY --role island --island-id ID` on the front's state dir)
-    client   islands (the table)
+    client   islands (the table); submit a job spanning islands, read the table of such jobs, and stop
+             those it submitted (the front checks the owner)
     admin    everything
     local    as admin (the front's own ipc socket, which only its user can open)
 
@@ -17,6 +18,7 @@ from elasticd import protocol as p
 from elasticd.scheduler.authz import Principal
 
 _ISLAND_OPS = (p.IslandHello, p.IslandStatus, p.IslandBye)
+_CLIENT_OPS = (p.SubmitSpanning, p.ListSpans, p.Stop)
 
 
 def check(who: Principal, msg: p.Message) -> str | None:
@@ -33,5 +35,7 @@ def check(who: Principal, msg: p.Message) -> str | None:
     if who.admin:
         return None
     if isinstance(msg, p.ListIslands) and who.role in (keys.CLIENT, keys.ISLAND):
+        return None
+    if isinstance(msg, _CLIENT_OPS) and who.role == keys.CLIENT:
         return None
     return f"{who.describe()} may not send {msg.op} to a federation front"

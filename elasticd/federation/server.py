@@ -18,7 +18,8 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.federation import authz
-from elasticd.federation.state import FederationError, FederationState
+from elasticd.federation.spans import Send, Spans
+from elasticd.federation.state import UP, FederationError, FederationState
 from elasticd.scheduler import admission
 from elasticd.scheduler import authz as principals
 from elasticd.statedir import StateDir, write_info
@@ -29,11 +30,11 @@ _BATCH = 256
 
 
 def sock_path(sd: StateDir) -> Path:
-    return sd.root / "federation.sock"
+    return sd.federation_sock
 
 
 def info_path(sd: StateDir) -> Path:
-    return sd.root / "federation.json"
+    return sd.federation_info
 
 
 class FederationServer:
@@ -42,10 +43,12 @@ class FederationServer:
     """
 
     def __init__(self, state_dir: StateDir, *, bind: str | None, timeout_s: float = 10.0,
-                 ctx: zmq.Context | None = None) -> None:
+                 reserve_timeout_s: float = 30.0, ctx: zmq.Context | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.state = FederationState(timeout_s=timeout_s)
+        self.spans = Spans(reserve_timeout_s=reserve_timeout_s, retry_s=min(5.0, reserve_timeout_s))
+        self._routes: dict[str, tuple[zmq.Socket, bytes]] = {}   # island id -> where its scheduler listens
         self.identity = keys.ensure_identity(self.sd.root)
         self._stop = threading.Event()
         self._auth = None
@@ -96,10 +99,36 @@ class FederationServer:
                     if sock in ready:
                         self._drain(sock)
                 if time.monotonic() >= next_tick:
-                    next_tick = time.monotonic() + min(1.0, self.state.timeout_s / 4)
-                    self.state.tick(time.time())
+                    next_tick = time.monotonic() + min(0.25, self.state.timeout_s / 4)
+                    self._tick(time.time())
         finally:
             self.close()
+
+    def _tick(self, now: float) -> None:
+        try:
+            out: list[Send] = []
+            for island in self.state.tick(now):
+                out += self.spans.island_lost(island, self.state.islands[island].reason, now)
+            self._send(out + self.spans.tick(now, self._free()))
+        except Exception:  # a bug in one tick must not take the front down
+            log.exception("federation tick failed")
+
+    def _span(self, span_id: str):
+        try:
+            return self.spans.get(span_id)
+        except KeyError as e:
+            raise FederationError(p.UNKNOWN_JOB, str(e.args[0])) from None
+
+    def _free(self) -> dict[str, int]:
+        return {i.island_id: i.capacity.free for i in self.state.islands.values() if i.state == UP}
+
+    def _send(self, out: list[Send]) -> None:
+        for island, msg in out:
+            route = self._routes.get(island)
+            if route is None:
+                log.warning("no route to island %s for %s", island, msg.op)
+                continue
+            transport.send(route[0], msg, route[1])
 
     def close(self) -> None:
         for s in self.sockets:
@@ -138,7 +167,7 @@ class FederationServer:
             reply = p.Error(code=p.FORBIDDEN, message=why)
         else:
             try:
-                reply = self._dispatch(msg)
+                reply = self._dispatch(msg, who, sock, ident)
             except FederationError as e:
                 reply = p.Error(code=e.code, message=e.message)
             except Exception as e:  # the front must outlive any one request
@@ -148,16 +177,39 @@ class FederationServer:
             reply.rid = msg.rid
             transport.send(sock, reply, ident)
 
-    def _dispatch(self, msg: p.Message) -> p.Message | None:
+    def _dispatch(self, msg: p.Message, who: principals.Principal, sock: zmq.Socket, ident: bytes
+                  ) -> p.Message | None:
         now = time.time()
+        if isinstance(msg, (p.IslandHello, p.IslandStatus)):
+            self._routes[msg.island_id] = (sock, ident)
         if isinstance(msg, p.IslandHello):
             return self.state.hello(msg, now)
         if isinstance(msg, p.IslandStatus):
-            return self.state.status(msg, now)
+            ack = self.state.status(msg, now)
+            if ack.known:
+                self._send(self.spans.rows(msg.island_id, msg.portions, now))
+            return ack
         if isinstance(msg, p.IslandBye):
             self.state.bye(msg, now)
+            self._send(self.spans.island_lost(msg.island_id, "its scheduler shut down", now))
             return None
         if isinstance(msg, p.ListIslands):
             return self.state.table()
+        if isinstance(msg, p.SubmitSpanning):
+            span, out = self.spans.submit(msg, who.owner, now, self._free())
+            self._send(out)
+            return p.SpanSubmitted(job_id=span.span_id)
+        if isinstance(msg, p.ListSpans):
+            return self.spans.table(self._span(msg.span_id).span_id) if msg.span_id else self.spans.table()
+        if isinstance(msg, p.Stop):
+            span = self._span(msg.job_id)
+            if not (who.admin or span.owner == who.owner):
+                raise FederationError(p.FORBIDDEN, f"{who.describe()} may not stop job {span.span_id}: only the key "
+                                      "that submitted it, or an admin, may")
+            text, out = self.spans.stop(span.span_id, now)
+            self._send(out)
+            return p.Ok(message=text)
+        if isinstance(msg, p.Status):
+            raise FederationError(p.UNEXPECTED, "a federation front has no island's job table: `elasticd islands "
+                                  "--jobs` shows the jobs spanning its islands; ask an island's scheduler for its own")
         raise FederationError(p.UNEXPECTED, f"a federation front does not serve {msg.op}")
-

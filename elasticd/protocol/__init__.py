@@ -2,7 +2,8 @@
 
 `wire` holds the envelope (version, request id), decoding with validation, and the error replies;
 the messages are grouped by who talks: `requests` (CLI), `status` and `events` (what the CLI reads),
-`nodes` (daemon <-> scheduler) and `agents` (agent <-> daemon). Everything is re-exported here: ``from elasticd import protocol as p``.
+`nodes` (daemon <-> scheduler), `agents` (agent <-> daemon), `federation` (island schedulers <-> a
+federation front) and `spans` (jobs spanning islands). Everything is re-exported here: ``from elasticd import protocol as p``.
 
 One name per count: the CLI, the scheduler and the daemons count a job's agents as `devices` (one agent
 per device; `devices_from` before a resize); the messages to an agent say `world`, as torch.distributed
@@ -70,6 +71,20 @@ from elasticd.protocol.requests import (  # noqa: F401
     Submit,
     Submitted,
     Undrain,
+)
+from elasticd.protocol.spans import (  # noqa: F401
+    MAX_SPAN_ISLANDS,
+    CancelPortion,
+    ListSpans,
+    PortionInfo,
+    PortionRow,
+    PortionSpec,
+    ReservePortion,
+    SpanInfo,
+    SpansReply,
+    SpanSubmitted,
+    StartPortion,
+    SubmitSpanning,
 )
 from elasticd.protocol.status import (  # noqa: F401
     AgentRow,

@@ -11,7 +11,10 @@ from dataclasses import field
 from typing import ClassVar
 
 from elasticd.protocol import limits as L
+from elasticd.protocol.spans import PortionRow
 from elasticd.protocol.wire import Message, message, record
+
+MAX_PORTION_ROWS = 4096   # portions one island reports in a status
 
 
 @record
@@ -57,8 +60,11 @@ class IslandStatus(Message):
     island_id: str
     seq: int = 0
     capacity: IslandCapacity = field(default_factory=IslandCapacity)
+    portions: list[PortionRow] = field(default_factory=list)   # its portions of jobs spanning islands
 
     def check(self) -> str | None:
+        if len(self.portions) > MAX_PORTION_ROWS:
+            return f"{len(self.portions)} portion rows, at most {MAX_PORTION_ROWS}"
         return _bad_capacity(self.island_id, self.capacity)
 
 

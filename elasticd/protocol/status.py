@@ -107,6 +107,7 @@ class JobInfo:
     layout: JobLayout | None = None
     run_as: str = ""   # the Unix user its agents run as ("": each node's --jobs-as user)
     scale_at: list[ScaleAt] = field(default_factory=list)   # the --scale-at entries still to come
+    portion_of: str = ""      # a portion of a job spanning islands: that job at its front, and which ranks
 
 
 @record

@@ -193,6 +193,9 @@ class Drains:
             # A scheduled grow waiting for its step would hold the move for up to PREPARE_AHEAD_S: it is
             # called off, and happens at its step wherever the job is then.
             out += self.state.resizes.call_off_ahead(job, now, f"drain of node {d.node_id}")
+        if job.spec.portion is not None:
+            return (f"a portion of job {job.spec.portion.span_id} spanning islands: it moves only with that whole "
+                    "job, and a job spanning islands is not resized")
         if job.state is not JobState.RUNNING or job.resize is not None:
             return ""   # starting, or a resize in flight: looked at again once it runs
         what = f"drain of node {d.node_id}"

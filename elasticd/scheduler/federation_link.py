@@ -1,4 +1,6 @@
-"""An island scheduler's link to its federation front: hello, a status every heartbeat, bye at shutdown.
+"""An island scheduler's link to its federation front: hello, a status every heartbeat, bye at shutdown;
+and the front's commands about this island's portions of jobs spanning islands, which reach the scheduler
+only this way (its own CURVE connection to the front whose key it was given).
 
 What it reports is the island's capacity as its scheduler's state shows it (live nodes, their devices,
 those free, jobs placed and queued). A front that answers `known=False` (restarted, or it declared the
@@ -18,6 +20,8 @@ from elasticd.scheduler.jobs import JobState
 from elasticd.scheduler.state import SchedulerState
 
 log = logging.getLogger(__name__)
+
+_COMMANDS = (p.ReservePortion, p.StartPortion, p.CancelPortion)
 
 
 def capacity(state: SchedulerState) -> p.IslandCapacity:
@@ -52,23 +56,28 @@ class FederationLink:
         cap = capacity(state)
         if self.welcomed:
             self.seq += 1
-            transport.send(self.sock, p.IslandStatus(island_id=self.island_id, seq=self.seq, capacity=cap))
+            transport.send(self.sock, p.IslandStatus(island_id=self.island_id, seq=self.seq, capacity=cap,
+                                                     portions=state.portions.rows()))
         else:
             transport.send(self.sock, p.IslandHello(island_id=self.island_id, capacity=cap))
 
-    def readable(self) -> None:
-        """Take the front's answers (never blocks)."""
+    def readable(self) -> list[p.Message]:
+        """Take the front's answers (never blocks); returns its commands about portions of jobs spanning
+        islands, for the scheduler (elasticd.scheduler.portions)."""
+        commands: list[p.Message] = []
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return commands
             try:
                 msg = p.decode(frames[-1])
             except p.ProtocolError as e:
                 self._error(f"unreadable answer from the front: {e.message}")
                 continue
-            if isinstance(msg, p.IslandAck):
+            if isinstance(msg, _COMMANDS):
+                commands.append(msg)
+            elif isinstance(msg, p.IslandAck):
                 if self.welcomed and not msg.known:
                     log.info("federation front %s lost island %s; saying hello again", self.endpoint, self.island_id)
                     self._next = 0.0

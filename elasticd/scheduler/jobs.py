@@ -10,6 +10,7 @@ from elasticd.core.errors import RuntimeFault
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import Recovery, ResizeEntry
 from elasticd.protocol.requests import ScaleAt
+from elasticd.protocol.spans import PortionSpec
 from elasticd.protocol.status import AgentRow
 from elasticd.resize_plan import ResizePlan
 
@@ -49,7 +50,9 @@ class RecoveryInFlight:
 class JobState(str, Enum):
     """Lifecycle of a job in the island scheduler.
 
-    ``queued`` until the policy finds devices for it; then ``starting`` while the nodes spawn its M
+    ``queued`` until the policy finds devices for it; a portion of a job spanning islands is then
+    ``reserved`` (its devices held, nothing launched) until the federation front starts it
+    (elasticd.scheduler.portions); then ``starting`` while the nodes spawn its M
     agents (gang: the job holds all M devices or none); ``running`` once every node reports its
     agents up; ``resizing`` while live resize moves it to another M, then ``running``
     again, or ``starting`` once more when the resize failed half-way and the job restarts on the
@@ -63,6 +66,7 @@ class JobState(str, Enum):
     """
 
     QUEUED = "queued"
+    RESERVED = "reserved"
     STARTING = "starting"
     RUNNING = "running"
     RESIZING = "resizing"
@@ -74,7 +78,8 @@ class JobState(str, Enum):
     @property
     def active(self) -> bool:
         """Holds devices (its agents are, or are about to be, running)."""
-        return self in (JobState.STARTING, JobState.RUNNING, JobState.RESIZING, JobState.RECOVERING)
+        return self in (JobState.RESERVED, JobState.STARTING, JobState.RUNNING, JobState.RESIZING,
+                        JobState.RECOVERING)
 
     @property
     def terminal(self) -> bool:
@@ -82,7 +87,8 @@ class JobState(str, Enum):
 
 
 _TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.QUEUED: frozenset({JobState.STARTING, JobState.STOPPED, JobState.FAILED}),
+    JobState.QUEUED: frozenset({JobState.STARTING, JobState.RESERVED, JobState.STOPPED, JobState.FAILED}),
+    JobState.RESERVED: frozenset({JobState.STARTING, JobState.QUEUED, JobState.STOPPED, JobState.FAILED}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.STOPPED,
                                   JobState.RECOVERING}),
     JobState.RUNNING: frozenset({JobState.RESIZING, JobState.FINISHED, JobState.FAILED, JobState.STOPPED,
@@ -133,6 +139,7 @@ class JobSpec:
     blocks: list[int] = field(default_factory=list)   # the starting layout asked for (`--layout`; empty: none)
     threads: int = 0          # torch threads per agent (0: the node's default)
     device_memory: int = 0    # per-device budget for replicated plus ctx.private state (0: none)
+    portion: PortionSpec | None = None   # one island's part of a job spanning islands (elasticd.scheduler.portions)
 
 
 @dataclass(slots=True)
@@ -274,6 +281,7 @@ class Job:
         d = dict(d)
         spec = dict(d["spec"])
         spec["scale_at"] = [ScaleAt(**e) for e in spec.get("scale_at", [])]
+        spec["portion"] = PortionSpec(**spec["portion"]) if spec.get("portion") else None
         d["spec"] = JobSpec(**spec)
         d["state"] = JobState(d["state"])
         if d.get("resize") is not None:

@@ -151,7 +151,7 @@ class SchedulerServer:
                     if sock in ready:
                         self._drain(sock)
                 if self.federation is not None and self.federation.sock in ready:
-                    self.federation.readable()
+                    self._from_front(self.federation.readable())
                 if time.monotonic() >= next_tick:
                     next_tick = time.monotonic() + tick_every
                     try:
@@ -246,6 +246,15 @@ class SchedulerServer:
         self._execute(actions)
         return msg.op
 
+    def _from_front(self, commands: list[p.Message]) -> None:
+        for msg in commands:
+            try:
+                actions = self.state.portions.apply(msg, time.time())
+            except Exception:  # the island must outlive any one command
+                log.exception("internal error applying %s from the federation front", msg.op)
+                continue
+            self._execute(actions)
+
     def _reply(self, sock: zmq.Socket, ident: bytes, msg: p.Message) -> None:
         if isinstance(msg, p.Error):
             self.errors += 1
@@ -316,6 +325,9 @@ class SchedulerServer:
             log.info("shutdown requested")
             self._stop.set()
             return p.Ok(message="scheduler shutting down"), []
+        if isinstance(msg, (p.ReservePortion, p.StartPortion, p.CancelPortion)):
+            return p.Error(code=p.UNEXPECTED, message=f"{msg.op} is taken only from the federation front this "
+                           "island joined, on its own connection to it"), []
         return p.Error(code=p.UNEXPECTED, message=f"the scheduler does not serve {msg.op!r}"), []
 
     def _status_page(self, after: int, now: float) -> p.StatusReply:

@@ -18,7 +18,7 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.core.cadence import Every
-from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
+from elasticd.core.env_names import ISLANDS_VAR, RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import ControlPlaneError
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
@@ -31,6 +31,7 @@ from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
+from elasticd.scheduler.portions import Portions
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes, refused_at
 from elasticd.scheduler.scheduled import ScheduledScales
@@ -93,6 +94,7 @@ class SchedulerState:
         self.drains = Drains(self)   # nodes being emptied before they go (elasticd.scheduler.draining)
         self.scheduled = ScheduledScales(self, self.resizes, self.free_count, self.queued)   # --scale-at
         self.node_events = NodeEvents()   # joins, losses, drains: `elasticd events` (jobs keep their own)
+        self.portions = Portions(self)    # portions of jobs spanning islands, from the federation front
         for job in sorted(jobs or [], key=lambda j: j.seq):
             self.jobs[job.job_id] = job
             self._next_seq = max(self._next_seq, job.seq + 1)
@@ -103,8 +105,10 @@ class SchedulerState:
 
     # --- client requests -------------------------------------------------------------------------
 
-    def submit(self, req: p.Submit, now: float, owner: str = "", run_as: str = "") -> tuple[Job, list[SendToNode]]:
-        """Queue a job; it may start right away.
+    def submit(self, req: p.Submit, now: float, owner: str = "", run_as: str = "",
+               portion: p.PortionSpec | None = None) -> tuple[Job, list[SendToNode]]:
+        """Queue a job; it may start right away (`portion`: one island's part of a job spanning islands, held
+        once placed until the front starts it: elasticd.scheduler.portions).
 
         Raises:
             SchedulerError: `bad_request` for sizes that describe no valid job.
@@ -144,7 +148,7 @@ class SchedulerState:
                        env=dict(req.env), snapshot_every=every, max_restarts=req.max_restarts,
                        owner=owner, torchrun=req.torchrun, stuck_after=stuck_after, run_as=run_as,
                        scale_at=list(req.scale_at), threads=req.threads, device_memory=req.device_memory,
-                       blocks=list(req.blocks))
+                       blocks=list(req.blocks), portion=portion)
         job = Job(job_id=f"j{seq}", seq=seq, spec=spec, submitted_at=now, state_since=now,
                   history=[[round(now, 3), JobState.QUEUED.value, "submitted"]])
         self.jobs[job.job_id] = job
@@ -163,6 +167,9 @@ class SchedulerState:
 
     def scale(self, job_id: str, devices: int, now: float) -> tuple[str, list[SendToNode]]:
         job = self._job(job_id)
+        if job.spec.portion is not None:
+            raise SchedulerError(p.INVALID_STATE, f"job {job_id} is a portion of job {job.spec.portion.span_id} "
+                                 "spanning islands: such a job runs at the size its federation front gave it")
         n = job.spec.workers
         if not 1 <= devices <= n:
             raise SchedulerError(p.BAD_REQUEST, f"job {job_id} has {n} workers: --devices must be in 1..{n}, "
@@ -355,6 +362,9 @@ class SchedulerState:
                 out += self.end_job(job, JobState.FAILED, now, "agents did not start within "
                                     f"{self.cfg.start_timeout_s:.0f}s",
                                     error={"message": f"agents did not start within {self.cfg.start_timeout_s:.0f}s"})
+            elif job.state is JobState.RESERVED and now - job.state_since > self.cfg.start_timeout_s:
+                why = f"its federation front did not start it within {self.cfg.start_timeout_s:.0f}s of its reservation"
+                out += self.end_job(job, JobState.FAILED, now, why, error={"message": why})
         if self.speeds.expire(now):
             self._resched = True
         out += self.resizes.tick(now)
@@ -521,12 +531,30 @@ class SchedulerState:
         job.master_addr, job.master_port = self.nodes[chosen[0][0]].host, 0
         job.step, job.steps_per_s, job.metrics, job.error, job.agents = 0, 0.0, {}, None, {}
         job.restore_epoch = 0
+        if job.spec.portion is not None:
+            job.transition(JobState.RESERVED, now, f"holding {len(chosen)} devices of {','.join(job.nodes)} for "
+                           f"job {job.spec.portion.span_id} until every island holds its portion")
+            self.dirty.add(job.job_id)
+            return []
         job.transition(JobState.STARTING, now, f"placed on {len(chosen)} devices of {','.join(job.nodes)}")
         self.dirty.add(job.job_id)
         log.info("job %s starting: %d workers on %d devices %s%s", job.job_id, job.spec.workers, len(chosen),
                  " ".join(f"{n}/{d}" for n, d in chosen), f" blocks {job.blocks}" if job.blocks else "")
         # Rank 0's node goes first: it picks the rendezvous port, which the other nodes need.
         return [self.launch(job, job.nodes[0])]
+
+    def start_portion(self, job: Job, master_addr: str, master_port: int, now: float) -> list[SendToNode]:
+        """The front started this reserved portion: portion 0 launches its rank 0's node first (which picks
+        the rendezvous port, as `_start` does); the others launch every node with portion 0's rendezvous."""
+        portion = job.spec.portion
+        assert portion is not None and job.state is JobState.RESERVED
+        job.transition(JobState.STARTING, now, f"started by its federation front (ranks {portion.rank_offset}-"
+                       f"{portion.rank_offset + portion.devices - 1} of {portion.world})")
+        self.dirty.add(job.job_id)
+        if portion.index == 0:
+            return [self.launch(job, job.nodes[0])]
+        job.master_addr, job.master_port = master_addr, master_port
+        return [self.launch(job, node) for node in job.nodes]
 
     def launch(self, job: Job, node: str) -> SendToNode:
         job.launched.append(node)
@@ -535,14 +563,20 @@ class SchedulerState:
         if p.bad_blocks(job.blocks, len(job.placement), job.spec.workers) is not None:
             # A restart on fewer devices (recovery, a fall-back) keeps no stale layout: placed afresh.
             job.blocks, job.layout_pinned = self.speeds.blocks_for(job.job_id, job.spec.workers, job.placement), False
+        # A portion's agents are ranks of the whole job spanning islands, in its layout and process group.
+        portion = job.spec.portion
+        offset = portion.rank_offset if portion is not None else 0
+        env = self._env(job) if portion is None else {**self._env(job), ISLANDS_VAR: ",".join(map(str, portion.islands))}
         return SendToNode(node, p.LaunchJob(
-            job_id=job.job_id, script=job.spec.script, func=job.spec.func, workers=job.spec.workers,
-            devices=len(job.placement),
-            placements=[p.RankPlacement(rank=r, device_id=d) for r, (n, d) in enumerate(job.placement)
+            job_id=job.job_id, script=job.spec.script, func=job.spec.func,
+            workers=portion.workers if portion is not None else job.spec.workers,
+            devices=portion.world if portion is not None else len(job.placement),
+            placements=[p.RankPlacement(rank=offset + r, device_id=d) for r, (n, d) in enumerate(job.placement)
                         if n == node],
-            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=self._env(job),
+            master_addr=job.master_addr, master_port=job.master_port, cwd=job.spec.cwd, env=env,
             restore_epoch=job.restore_epoch, restore_latest=job.restore_latest,
-            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation, blocks=list(job.blocks),
+            snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation,
+            blocks=list(portion.blocks if portion is not None else job.blocks),
             stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at,
             threads=job.spec.threads, device_memory=job.spec.device_memory))
 
@@ -732,7 +766,7 @@ class SchedulerState:
             return self.resizes.agent_failed(job, now, {"message": reason, "node": node}, joiner=True)
         if self.recoveries.recovering(job):
             return self.recoveries.lost(job, node, now)
-        if job.state is JobState.STARTING and not job.restore_epoch:
+        if job.state in (JobState.STARTING, JobState.RESERVED) and not job.restore_epoch:
             out = self.end_job(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out
@@ -808,9 +842,19 @@ class SchedulerState:
                     if job.state.active else None),
             agents=sorted((a for agents in job.agents.values() for a in agents), key=lambda a: a.rank),
             run_as=job.spec.run_as,
-            scale_at=list(job.spec.scale_at[job.scheduled:]))
+            scale_at=list(job.spec.scale_at[job.scheduled:]),
+            portion_of=_portion_of(job.spec.portion))
 
 
 def _completed(r: p.JobReport) -> int:
     """The last step an agent of a node's report completed, by its beat file (-1: none)."""
     return max((a.completed for a in r.agents), default=-1)
+
+
+def _portion_of(portion: p.PortionSpec | None) -> str:
+    """How `status` names the job spanning islands a portion belongs to ("" for an island's own job)."""
+    if portion is None:
+        return ""
+    last = portion.rank_offset + portion.devices - 1
+    return (f"{portion.span_id} (portion {portion.index + 1} of {len(portion.islands)}: ranks {portion.rank_offset}-"
+            f"{last} of {portion.world}, {sum(portion.own_blocks)} of its {portion.workers} workers)")

@@ -59,6 +59,13 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
               "island_status": {"island_id": "b-2", "capacity": p.IslandCapacity(devices=3, free=3, running=1,
                                                                                  device_types=["cuda"])},
               "island_bye": {"island_id": "A"},
+              "reserve_portion": {"script": "/s.py", "threads": 1, "portion": p.PortionSpec(
+                  span_id="s3", attempt=2, index=1, workers=8, world=3, rank_offset=2, blocks=[3, 3, 2],
+                  islands=[2, 1])},
+              "submit_spanning": {"script": "/s.py", "workers": 8, "devices": 4, "islands": ["A", "B"],
+                                  "max_islands": 2, "threads": 1},
+              "start_portion": {"span_id": "s3", "master_port": 4242},
+              "cancel_portion": {"span_id": "s3"},
               "islands_reply": {"islands": [p.IslandInfo(island_id="A", state="up", capacity=p.IslandCapacity(),
                                                          joined_at=1.0, last_seen=2.0)]}}
 

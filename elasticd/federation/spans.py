@@ -1,0 +1,268 @@
+"""Jobs that span islands, at the front: a pure state machine of requests, island rows and clock ticks in,
+messages for island schedulers out.
+
+    waiting    its islands cannot hold it now (one is not up, or too few devices are free); the reason says
+               which. Tried again as islands report.
+    reserving  each island was sent `ReservePortion`: its scheduler queues the portion and holds its devices
+               once placed ("reserved"). Gang: when every portion is reserved, the job starts; when one is
+               not within `reserve_timeout_s`, every portion is cancelled (no island holds devices for a job
+               that cannot start) and the job waits again, retried after `retry_s`.
+    starting   portion 0 was sent `StartPortion`; its rank 0's node picks the rendezvous port, which its
+               island reports; the other portions are then started with it. All agents form one group.
+    running    every portion's agents are up.
+    finished / failed / stopped
+               every portion finished; one failed, was stopped on its island, or its island was lost (the
+               others are stopped: without it their group cannot go on); `elasticd stop`.
+
+The front keeps no table on disk: a restarted front knows none of these jobs. Portions still running on
+their islands run to their end; a reservation it no longer knows is cancelled when its island reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from elasticd import protocol as p
+from elasticd.federation.split import split
+
+log = logging.getLogger(__name__)
+
+WAITING, RESERVING, STARTING, RUNNING = "waiting", "reserving", "starting", "running"
+FINISHED, FAILED, STOPPED = "finished", "failed", "stopped"
+ENDED = (FINISHED, FAILED, STOPPED)
+_ROW_ENDED = ("finished", "failed", "stopped")
+RESEND_S = 2.0   # a command whose effect no island row shows yet is sent again after this
+
+Send = tuple[str, p.Message]   # (island id, message for its scheduler)
+
+
+@dataclass(slots=True)
+class Part:
+    island: str
+    spec: p.PortionSpec
+    row: p.PortionRow | None = None
+    sent_at: float = 0.0
+    started: bool = False      # StartPortion sent
+
+    def state(self) -> str:
+        return self.row.state if self.row is not None else ""
+
+
+@dataclass(slots=True)
+class Span:
+    span_id: str
+    seq: int
+    req: p.SubmitSpanning
+    owner: str
+    submitted_at: float
+    state: str = WAITING
+    reason: str = "submitted"
+    attempt: int = 0
+    parts: list[Part] = field(default_factory=list)
+    history: list[tuple[float, str, str]] = field(default_factory=list)
+    deadline: float = 0.0
+    retry_at: float = 0.0
+
+    def go(self, state: str, reason: str, now: float) -> None:
+        if (state, reason) != (self.state, self.reason):
+            log.info("job %s %s: %s", self.span_id, state, reason)
+        if state != self.state:
+            self.history.append((round(now, 3), state, reason))
+            del self.history[:-100]
+        self.state, self.reason = state, reason
+
+    def info(self) -> p.SpanInfo:
+        lead = self.parts[0].row if self.parts else None
+        return p.SpanInfo(
+            span_id=self.span_id, name=self.req.name, state=self.state, reason=self.reason,
+            workers=self.req.workers, devices=sum(pt.spec.devices for pt in self.parts) or self.req.devices,
+            owner=self.owner, submitted_at=self.submitted_at, attempt=self.attempt,
+            step=lead.step if lead else 0, steps_per_s=lead.steps_per_s if lead else 0.0,
+            portions=[p.PortionInfo(island=pt.island, index=pt.spec.index, devices=pt.spec.devices,
+                                    workers=sum(pt.spec.own_blocks),
+                                    ranks=f"{pt.spec.rank_offset}-{pt.spec.rank_offset + pt.spec.devices - 1}",
+                                    job_id=pt.row.job_id if pt.row else "", state=pt.state(),
+                                    step=pt.row.step if pt.row else 0, error=pt.row.error if pt.row else "")
+                      for pt in self.parts],
+            history=list(self.history))
+
+
+class Spans:
+    def __init__(self, reserve_timeout_s: float = 30.0, retry_s: float = 5.0) -> None:
+        self.reserve_timeout_s, self.retry_s = reserve_timeout_s, retry_s
+        self.spans: dict[str, Span] = {}
+        self._seq = 0
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def submit(self, req: p.SubmitSpanning, owner: str, now: float, free: dict[str, int]) -> tuple[Span, list[Send]]:
+        self._seq += 1
+        span = Span(f"s{self._seq}", self._seq, req, owner, now, history=[(round(now, 3), WAITING, "submitted")])
+        self.spans[span.span_id] = span
+        log.info("job %s submitted: %s workers=%d islands=%s", span.span_id, req.script, req.workers,
+                 ",".join(req.islands) or f"any (at most {req.max_islands or 'all'})")
+        return span, self._try(span, now, free)
+
+    def stop(self, span_id: str, now: float) -> tuple[str, list[Send]]:
+        span = self.get(span_id)
+        if span.state in ENDED:
+            return f"job {span_id} already {span.state}", []
+        out = self._cancel(span, "stopped by user")
+        span.go(STOPPED, "stopped by user", now)
+        return f"job {span_id} stopped", out
+
+    def get(self, span_id: str) -> Span:
+        """Raises: KeyError naming the job."""
+        span = self.spans.get(span_id)
+        if span is None:
+            raise KeyError(f"no job {span_id!r} at this front")
+        return span
+
+    def table(self, span_id: str = "") -> p.SpansReply:
+        spans = [self.get(span_id)] if span_id else sorted(self.spans.values(), key=lambda s: s.seq)
+        return p.SpansReply(spans=[s.info() for s in spans])
+
+    # --- islands ---------------------------------------------------------------------------------
+
+    def rows(self, island: str, rows: list[p.PortionRow], now: float) -> list[Send]:
+        """An island's portions as its scheduler has them (every status)."""
+        out: list[Send] = []
+        touched: list[Span] = []
+        for row in rows:
+            span = self.spans.get(row.span_id)
+            part = (span.parts[row.index] if span is not None and row.attempt == span.attempt
+                    and 0 <= row.index < len(span.parts) and span.parts[row.index].island == island else None)
+            live = span is not None and span.state in (RESERVING, STARTING, RUNNING)
+            if part is None or not live:
+                # A reservation of an attempt this front released (or of a job a restarted front never
+                # knew) holds devices for nothing, and a portion of a job that ended here must stop; a
+                # running portion of a job this front never knew runs to its end.
+                if part is not None:
+                    part.row = row
+                if row.state in ("queued", "reserved") or (span is not None and row.state not in _ROW_ENDED):
+                    out.append((island, p.CancelPortion(span_id=row.span_id, attempt=row.attempt,
+                                                        reason="not a portion this front is starting")))
+                continue
+            part.row = row
+            if span not in touched:
+                touched.append(span)
+        for span in touched:
+            out += self._advance(span, now)
+        return out
+
+    def island_lost(self, island: str, why: str, now: float) -> list[Send]:
+        out: list[Send] = []
+        for span in self.spans.values():
+            if not any(pt.island == island for pt in span.parts):
+                continue
+            if span.state == FAILED and f"island {island} " not in span.reason:
+                # Its other portions often fail first (their peers' connections closed): say what caused it.
+                span.reason += f"; island {island} was lost ({why})"
+            if span.state in ENDED:
+                continue
+            if span.state == RESERVING:
+                out += self._release(span, f"island {island} lost ({why})", now)
+            else:
+                out += self._fail(span, f"island {island} lost ({why}): the job's agents there are gone", now)
+        return out
+
+    def tick(self, now: float, free: dict[str, int]) -> list[Send]:
+        out: list[Send] = []
+        for span in sorted(self.spans.values(), key=lambda s: s.seq):
+            if span.state == WAITING and now >= span.retry_at:
+                out += self._try(span, now, free)
+            elif span.state == RESERVING and now > span.deadline:
+                late = [pt.island for pt in span.parts if pt.state() != "reserved"]
+                out += self._release(span, f"island {', '.join(late)} did not grant its portion within "
+                                           f"{self.reserve_timeout_s:.0f}s; released everywhere", now)
+            elif span.state not in ENDED:
+                out += self._resend(span, now)
+        return out
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _try(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:
+        s = split(span.req, free)
+        if isinstance(s, str):
+            span.go(WAITING, s, now)
+            return []
+        span.attempt += 1
+        span.parts = [Part(isl, s.portion(span.span_id, span.attempt, k, span.req.workers), sent_at=now)
+                      for k, isl in enumerate(s.islands)]
+        span.deadline = now + self.reserve_timeout_s
+        span.go(RESERVING, "reserving " + ", ".join(f"{pt.spec.devices} on {pt.island}" for pt in span.parts), now)
+        return [(pt.island, self._reserve(span, pt)) for pt in span.parts]
+
+    def _reserve(self, span: Span, pt: Part) -> p.ReservePortion:
+        r = span.req
+        name = f"{r.name or span.span_id}/{pt.island}"[:p.MAX_TEXT_CHARS]
+        return p.ReservePortion(portion=pt.spec, script=r.script, func=r.func, name=name[:128], cwd=r.cwd,
+                                env=dict(r.env), priority=r.priority, snapshot_every=r.snapshot_every,
+                                threads=r.threads, owner=span.owner)
+
+    def _advance(self, span: Span, now: float) -> list[Send]:
+        states = [pt.state() for pt in span.parts]
+        bad = next((pt for pt in span.parts if pt.state() in ("failed", "stopped")), None)
+        if span.state == RESERVING:
+            if bad is not None:
+                return self._release(span, f"island {bad.island} {bad.state()} its portion"
+                                           + (f": {bad.row.error}" if bad.row and bad.row.error else ""), now)
+            if all(s == "reserved" for s in states):
+                lead = span.parts[0]
+                lead.started, lead.sent_at = True, now
+                span.go(STARTING, "every portion reserved; starting portion 0 on " + lead.island, now)
+                return [(lead.island, p.StartPortion(span_id=span.span_id, attempt=span.attempt))]
+            return []
+        if bad is not None:
+            return self._fail(span, f"its portion on island {bad.island} {bad.state()}"
+                                    + (f": {bad.row.error}" if bad.row and bad.row.error else ""), now)
+        out: list[Send] = []
+        lead = span.parts[0].row
+        if lead is not None and lead.master_port:
+            for pt in span.parts[1:]:
+                if not pt.started:
+                    pt.started, pt.sent_at = True, now
+                    out.append((pt.island, self._start(span, lead)))
+        if all(s == "finished" for s in states):
+            span.go(FINISHED, "every portion finished", now)
+        elif span.state == STARTING and all(s in ("running", "finished") for s in states):
+            span.go(RUNNING, "every portion's agents are up", now)
+        return out
+
+    def _start(self, span: Span, lead: p.PortionRow) -> p.StartPortion:
+        return p.StartPortion(span_id=span.span_id, attempt=span.attempt, master_addr=lead.master_addr,
+                              master_port=lead.master_port)
+
+    def _resend(self, span: Span, now: float) -> list[Send]:
+        """What an island should have got but does not show yet (a message lost with a reconnect)."""
+        out: list[Send] = []
+        lead = span.parts[0].row if span.parts else None
+        for pt in span.parts:
+            if now - pt.sent_at < RESEND_S:
+                continue
+            if span.state == RESERVING and pt.row is None:
+                pt.sent_at = now
+                out.append((pt.island, self._reserve(span, pt)))
+            elif pt.started and pt.state() == "reserved":
+                pt.sent_at = now
+                if pt.spec.index == 0:
+                    out.append((pt.island, p.StartPortion(span_id=span.span_id, attempt=span.attempt)))
+                elif lead is not None and lead.master_port:
+                    out.append((pt.island, self._start(span, lead)))
+        return out
+
+    def _cancel(self, span: Span, reason: str) -> list[Send]:
+        return [(pt.island, p.CancelPortion(span_id=span.span_id, attempt=span.attempt, reason=reason))
+                for pt in span.parts if pt.state() not in _ROW_ENDED]
+
+    def _release(self, span: Span, reason: str, now: float) -> list[Send]:
+        out = self._cancel(span, f"reservation released: {reason}")
+        span.retry_at = now + self.retry_s
+        span.go(WAITING, reason, now)
+        return out
+
+    def _fail(self, span: Span, reason: str, now: float) -> list[Send]:
+        out = self._cancel(span, f"job {span.span_id} failed: {reason}")
+        span.go(FAILED, reason, now)
+        return out

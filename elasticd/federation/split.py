@@ -1,0 +1,82 @@
+"""How a job spanning islands is cut into portions: which islands, how many devices each, which ranks.
+
+A pure function of the request and what each island last reported free. Devices go to islands in
+proportion to their free devices (largest remainders, at least one each, never more than free); the
+job's N logical workers take the uniform layout over its M agents, and each island gets the consecutive
+block of agents its share names, so portion i's ranks start where portion i-1's end. An island is a run
+of consecutive ranks, which is what the two-level sums need (agent/comm/islands.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elasticd import protocol as p
+from elasticd.core.layout import uniform_sizes
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    islands: tuple[str, ...]
+    devices: tuple[int, ...]      # agents per island, in rank order
+    blocks: tuple[int, ...]       # logical workers per agent, in rank order
+
+    @property
+    def world(self) -> int:
+        return sum(self.devices)
+
+    def portion(self, span_id: str, attempt: int, index: int, workers: int) -> p.PortionSpec:
+        return p.PortionSpec(span_id=span_id, attempt=attempt, index=index, workers=workers, world=self.world,
+                             rank_offset=sum(self.devices[:index]), blocks=list(self.blocks),
+                             islands=list(self.devices))
+
+
+def choose(req: p.SubmitSpanning, free: dict[str, int]) -> tuple[str, ...] | str:
+    """The islands the job goes to (rank order), or why it cannot go now. `free`: islands that are up,
+    with their free devices."""
+    if req.islands:
+        down = [i for i in req.islands if i not in free]
+        if down:
+            return f"island {', '.join(down)} {'is' if len(down) == 1 else 'are'} not up at the front"
+        return tuple(req.islands)
+    want = req.devices or req.workers
+    ranked = sorted((i for i in free if free[i] > 0), key=lambda i: (-free[i], i))
+    limit = req.max_islands or len(ranked)
+    chosen: list[str] = []
+    for i in ranked[:limit]:
+        chosen.append(i)
+        if sum(free[c] for c in chosen) >= want:
+            break
+    if not chosen:
+        return "no island has a free device"
+    return tuple(chosen)
+
+
+def split(req: p.SubmitSpanning, free: dict[str, int]) -> Split | str:
+    """The portions of `req` over the islands `choose` picks, or why the job must wait."""
+    islands = choose(req, free)
+    if isinstance(islands, str):
+        return islands
+    have = {i: free[i] for i in islands}
+    full = [i for i, n in have.items() if n == 0]
+    if full:
+        return f"island {', '.join(full)} has no free device"
+    total = sum(have.values())
+    m = req.devices or min(req.workers, total)
+    if m < len(islands):
+        return f"{m} devices cannot span {len(islands)} islands (one agent each at least)"
+    if total < m:
+        shown = ", ".join(f"{i} {n}" for i, n in have.items())
+        return f"{m} devices wanted, {total} free on its islands ({shown})"
+    # Proportional to free devices, largest remainders first; ties to the earlier island.
+    exact = [m * have[i] / total for i in islands]
+    sizes = [max(1, min(have[i], int(x))) for i, x in zip(islands, exact, strict=True)]
+    order = sorted(range(len(islands)), key=lambda k: (-(exact[k] - int(exact[k])), k))
+    while sum(sizes) < m:
+        k = next(k for k in order + list(range(len(islands))) if sizes[k] < have[islands[k]])
+        sizes[k] += 1
+        order = [j for j in order if j != k]
+    while sum(sizes) > m:   # the at-least-one floor took more than m asked
+        k = max(range(len(islands)), key=lambda j: (sizes[j], -j))
+        sizes[k] -= 1
+    return Split(islands=islands, devices=tuple(sizes), blocks=uniform_sizes(req.workers, m))

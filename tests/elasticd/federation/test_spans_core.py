@@ -1,0 +1,192 @@
+"""Jobs spanning islands, driven by hand with a fake clock: the front's split and its state machine
+(elasticd/federation/spans.py), and an island scheduler's side of a portion (elasticd/scheduler/portions.py),
+each fed what the other sends."""
+
+from __future__ import annotations
+
+import pytest
+from island_core import Island, agent, launches, report
+
+from elasticd import protocol as p
+from elasticd.federation import authz
+from elasticd.federation.spans import Spans
+from elasticd.federation.split import split
+from elasticd.scheduler.authz import Principal
+from elasticd.scheduler.jobs import JobState
+
+
+def req(workers: int = 8, devices: int = 0, islands: tuple[str, ...] = ("A", "B"), max_islands: int = 0
+        ) -> p.SubmitSpanning:
+    return p.SubmitSpanning(script="/s.py", workers=workers, devices=devices, islands=list(islands),
+                            max_islands=max_islands)
+
+
+# --- the split -------------------------------------------------------------------------------------
+
+def test_devices_go_in_proportion_to_free_devices_and_ranks_follow_the_islands_order():
+    s = split(req(workers=8), {"A": 2, "B": 2})
+    assert (s.islands, s.devices, s.blocks) == (("A", "B"), (2, 2), (2, 2, 2, 2))
+    s = split(req(workers=8, devices=4), {"A": 3, "B": 2, "C": 9})
+    assert (s.islands, s.devices) == (("A", "B"), (2, 2))
+    s = split(req(workers=12, devices=6, islands=("B", "A")), {"A": 4, "B": 2})
+    assert (s.islands, s.devices, s.blocks) == (("B", "A"), (2, 4), (2,) * 6)
+    spec = s.portion("s1", 1, 1, 12)
+    assert (spec.rank_offset, spec.devices, spec.own_blocks, spec.world) == (2, 4, [2, 2, 2, 2], 6)
+    assert spec.check() is None
+    # N not divisible by M: the uniform layout's blocks, cut where the islands cut the ranks
+    s = split(req(workers=7, devices=3), {"A": 1, "B": 2})
+    assert (s.devices, s.blocks) == ((1, 2), (3, 2, 2))
+
+
+def test_the_front_picks_islands_with_the_most_free_devices_up_to_max_islands():
+    s = split(req(workers=8, islands=()), {"A": 1, "B": 5, "C": 3})
+    assert (s.islands, s.devices) == (("B", "C"), (5, 3))
+    s = split(req(workers=8, islands=(), max_islands=1), {"A": 1, "B": 5, "C": 3})
+    assert (s.islands, s.devices) == (("B",), (5,))
+
+
+@pytest.mark.parametrize("free, devices, why", [
+    ({"A": 2}, 0, "island B is not up"),
+    ({"A": 2, "B": 0}, 0, "island B has no free device"),
+    ({"A": 2, "B": 1}, 4, "4 devices wanted, 3 free on its islands (A 2, B 1)"),
+])
+def test_a_split_that_cannot_be_made_now_says_why(free, devices, why):
+    assert why in split(req(workers=8, devices=devices), free)
+
+
+# --- the front and two islands, hand in hand ----------------------------------------------------------
+
+class Front:
+    """The front's spans, with two island cores: what one sends is delivered to the other."""
+
+    def __init__(self, devices: dict[str, int], reserve_timeout_s: float = 30.0) -> None:
+        self.spans = Spans(reserve_timeout_s=reserve_timeout_s, retry_s=5.0)
+        self.isl = {name: Island() for name in devices}
+        for name, isl in self.isl.items():
+            isl.hello(f"{name.lower()}1", devices[name])
+        self.now = 100.0
+        self.launched: dict[str, list[p.LaunchJob]] = {name: [] for name in devices}
+
+    def free(self) -> dict[str, int]:
+        return {name: isl.s.free_count() for name, isl in self.isl.items()}
+
+    def deliver(self, sends) -> None:
+        for island, msg in sends:
+            out = self.isl[island].s.portions.apply(msg, self.isl[island].now)
+            self.launched[island] += [m for _n, m in launches(out)]
+
+    def beat(self) -> None:
+        """Every island's status: its portion rows go to the front, and what the front answers back."""
+        for name, isl in self.isl.items():
+            self.deliver(self.spans.rows(name, isl.s.portions.rows(), self.now))
+
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        for name, isl in self.isl.items():
+            isl.now += dt
+            isl.report(f"{name.lower()}1")   # its node's heartbeat
+            isl.tick(0.0)
+        self.deliver(self.spans.tick(self.now, self.free()))
+
+    def job(self, island: str):
+        (job,) = [j for j in self.isl[island].s.jobs.values() if j.spec.portion is not None and not j.state.terminal]
+        return job
+
+
+def test_portions_are_held_until_every_island_holds_one_then_start_at_one_rendezvous_and_finish():
+    f = Front({"A": 2, "B": 2})
+    span, out = f.spans.submit(req(workers=8), "alice", f.now, f.free())
+    f.deliver(out)
+    a, b = f.job("A"), f.job("B")
+    # held, nothing launched: no agent starts before the whole job can
+    assert a.state is b.state is JobState.RESERVED and not f.launched["A"] and not f.launched["B"]
+    assert f.isl["A"].s.free_count() == 0 and span.state == "reserving"
+    f.beat()
+    assert span.state == "starting"
+    (lead,) = f.launched["A"]   # portion 0: its rank 0's node, which picks the port
+    assert (lead.workers, lead.devices, [pl.rank for pl in lead.placements], lead.blocks) == (8, 4, [0, 1], [2, 2, 2, 2])
+    assert lead.env["ELASTICD_ISLANDS"] == "2,2" and lead.master_port == 0 and not f.launched["B"]
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], master_port=4242))
+    f.beat()
+    (other,) = f.launched["B"]
+    assert [pl.rank for pl in other.placements] == [2, 3] and (other.master_addr, other.master_port) == ("a1.host", 4242)
+    assert other.devices == 4 and other.workers == 8
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0), agent(3, 1)]))
+    f.beat()
+    assert span.state == "running"
+    assert "portion 2 of 2: ranks 2-3 of 4, 4 of its 8 workers" in f.isl["B"].s.status(b.job_id, f.now).jobs[0].portion_of
+    for name, node, ranks in (("A", "a1", (0, 1)), ("B", "b1", (2, 3))):
+        job = f.job(name)
+        f.isl[name].report(node, report(job.job_id, [agent(r, i, alive=False, exitcode=0) for i, r in enumerate(ranks)],
+                                        state="ended"))
+    f.beat()
+    assert span.state == "finished" and f.spans.table().spans[0].portions[1].state == "finished"
+
+
+def test_a_portion_an_island_cannot_place_in_time_releases_every_reservation_and_the_job_waits_again():
+    f = Front({"A": 2, "B": 2}, reserve_timeout_s=10.0)
+    f.isl["B"].submit(workers=2, lo=2, hi=2)   # B's own job takes its devices after B reported them free
+    span, out = f.spans.submit(req(workers=8), "alice", f.now, {"A": 2, "B": 2})
+    f.deliver(out)
+    f.beat()
+    assert f.job("A").state is JobState.RESERVED and f.job("B").state is JobState.QUEUED
+    assert span.state == "reserving" and f.isl["A"].s.free_count() == 0
+    f.tick(11.0)
+    assert span.state == "waiting" and "island B did not grant its portion within 10s; released everywhere" in span.reason
+    assert f.isl["A"].s.free_count() == 2, "A still holds devices for a job that cannot start"
+    assert not any(j.spec.portion and not j.state.terminal for isl in f.isl.values() for j in isl.s.jobs.values())
+    f.tick(1.0)
+    assert "released everywhere" in span.reason   # not retried before retry_s
+    f.tick(5.0)
+    assert span.state == "waiting" and "island B has no free device" in span.reason   # retried: B is full
+    assert not f.launched["A"] and not f.launched["B"]
+
+
+def test_a_failed_portion_or_a_lost_island_stops_the_others_and_fails_the_job():
+    f = Front({"A": 2, "B": 2})
+    span, out = f.spans.submit(req(workers=8), "alice", f.now, f.free())
+    f.deliver(out)
+    f.beat()
+    a = f.job("A")
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], master_port=4242))
+    f.beat()
+    f.deliver(f.spans.island_lost("B", "no status for 11s", f.now))
+    assert span.state == "failed" and "island B lost (no status for 11s)" in span.reason
+    assert f.isl["A"].s.jobs[a.job_id].state is JobState.STOPPED
+    assert f.spans.stop(span.span_id, f.now)[0] == f"job {span.span_id} already failed"
+
+
+def test_an_island_that_refuses_its_portion_releases_the_others_and_a_stale_reservation_is_cancelled():
+    f = Front({"A": 2, "B": 3})
+    stale = p.PortionSpec(span_id="s9", attempt=1, index=0, workers=2, world=1, rank_offset=0, blocks=[2], islands=[1])
+    f.isl["B"].s.portions.apply(p.ReservePortion(portion=stale, script="/s.py"), f.now)
+    span, out = f.spans.submit(req(workers=8, devices=4), "alice", f.now, {"A": 2, "B": 2})
+    out[1][1].script = ""   # what B's scheduler refuses
+    f.deliver(out)
+    f.beat()
+    assert f.isl["B"].s.portions.find("s9", 1).state is JobState.STOPPED   # no job of this front's
+    assert span.state == "waiting" and "island B failed its portion: script path is empty" in span.reason
+    assert f.isl["A"].s.jobs[span.parts[0].row.job_id].state is JobState.STOPPED
+    assert f.isl["A"].s.free_count() == 2
+
+
+def test_a_portion_is_not_resized_and_only_the_front_may_command_one():
+    isl = Island()
+    isl.hello("a1", 2)
+    spec = p.PortionSpec(span_id="s1", attempt=1, index=1, workers=8, world=4, rank_offset=2, blocks=[2] * 4,
+                         islands=[2, 2])
+    isl.s.portions.apply(p.ReservePortion(portion=spec, script="/s.py"), isl.now)
+    (job,) = isl.s.jobs.values()
+    assert job.state is JobState.RESERVED and job.spec.max_restarts == 0
+    with pytest.raises(Exception, match="portion of job s1 spanning islands"):
+        isl.s.scale(job.job_id, 1, isl.now)
+    isl.now += isl.s.cfg.start_timeout_s + 1   # a front that never starts it: the island lets go
+    isl.report("a1")
+    isl.tick(0.0)
+    assert job.state is JobState.FAILED and "did not start it" in job.error["message"]
+    # what a client may send a front: its own jobs spanning islands, not an island's messages
+    client = Principal(owner="K", role="client", name="c")
+    island = Principal(owner="I", role="island", name="i", node_id="A")
+    assert authz.check(client, req()) is None and authz.check(client, p.ListSpans()) is None
+    assert authz.check(island, req()) is not None
+    assert authz.check(client, p.StartPortion(span_id="s1", attempt=1)) is not None

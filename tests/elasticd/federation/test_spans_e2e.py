@@ -1,0 +1,128 @@
+"""A job spanning two islands, end to end on loopback: a federation front, two island schedulers over CURVE
+TCP, a node daemon with two CPU devices on each, real agents. The front splits the job, each island holds
+its portion, the agents of both form one group and sum in two levels (agent/comm/islands.py)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from cluster import Cluster, status
+from daemon_jobs import JOB, job_env, submit
+from util import JOBS, assert_same_run, cli, load_state, rel_diffs, shared_servers, wait_until
+
+from elasticd.reference_launch import run_native_ddp
+
+WORKERS, STEPS = 8, 12
+TOLERANCE = 1e-5   # as tests/system/test_equivalence.py: the two-level sums reorder fp32 additions, nothing more
+
+
+@pytest.fixture
+def islands(tmp_path):
+    c = Cluster(tmp_path)
+    front = c.federation(island_timeout=2.0)
+    a, b = c.island(front, "A"), c.island(front, "B")
+    c.node(a, "a1", cpu=2, fake=False)
+    c.node(b, "b1", cpu=2, fake=False)
+    wait_until(lambda: {i: t["capacity"]["free"] for i, t in table(front).items()} == {"A": 2, "B": 2}, 60,
+               what="both islands up with their node's 2 devices free")
+    yield c, front, a, b
+    c.cleanup()
+
+
+def table(front) -> dict[str, dict]:
+    r = cli("islands", "--json", "--state-dir", str(front.state_dir))
+    assert r.code == 0, r
+    return {i["island_id"]: i for i in r.json()["islands"]}
+
+
+def spans(front, job: str = "") -> list[dict]:
+    r = cli("islands", "--jobs", *([job] if job else []), "--json", "--state-dir", str(front.state_dir))
+    assert r.code == 0, r
+    return r.json()["jobs"]
+
+
+def submit_spanning(front, script, env: dict[str, str], *args: str, timeout: float = 300.0):
+    envs = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
+    return cli("submit", str(script), "--workers", str(WORKERS), "--islands", "A,B", "--state-dir",
+               str(front.state_dir), *envs, *args, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_job_split_over_two_islands_is_bitwise_the_one_island_run(islands, tmp_path):
+    _c, front, a, b = islands
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "release").touch()
+    r = cli("run", JOB, "--workers", str(WORKERS), "--devices", "2", env=job_env(ref, STEPS, WORKERS), timeout=300)
+    assert r.code == 0, r.err[-3000:]
+    out = tmp_path / "spanning"
+    out.mkdir()
+    (out / "release").touch()
+    r = submit_spanning(front, JOB, job_env(out, STEPS, WORKERS), "--wait")
+    assert r.code == 0, (r.out, r.err[-3000:], front.output()[-3000:])
+    assert_same_run(out, ref, STEPS, ranks=WORKERS)
+    (span,) = spans(front)
+    assert span["state"] == "finished" and span["devices"] == 4
+    assert [(pt["island"], pt["ranks"], pt["workers"], pt["state"]) for pt in span["portions"]] == [
+        ("A", "0-1", 4, "finished"), ("B", "2-3", 4, "finished")]
+    for island, ranks in ((a, "ranks 0-1 of 4"), (b, "ranks 2-3 of 4")):
+        (job,) = status(island.state_dir)["jobs"]
+        assert job["state"] == "finished" and job["portion_of"].startswith(span["span_id"]) and ranks in job["portion_of"]
+    text = cli("islands", "--jobs", "--state-dir", str(front.state_dir)).out
+    assert "portion 1 on B: ranks 2-3, 4 workers" in text and "finished" in text
+
+
+@pytest.mark.slow
+def test_with_island_b_full_the_job_waits_holding_nothing_then_runs_as_ddp_does(islands, tmp_path):
+    _c, front, a, b = islands
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    local = submit(b.state_dir, JOB, job_env(busy, 300, 2), "--workers", "2", "--min-devices", "2")
+    wait_until(lambda: table(front)["B"]["capacity"]["free"] == 0, 30, what="B's own job to hold its devices")
+    out = tmp_path / "final.pt"
+    env = {"ELASTICD_TEST_WORKERS": str(WORKERS), "ELASTICD_TEST_OUT": str(out), "ELASTICD_BUCKET_KB": "1"}
+    r = submit_spanning(front, JOBS / "mlp_sgd.py", env)
+    assert r.code == 0, r
+    job = r.out.strip()
+    wait_until(lambda: "island B has no free device" in spans(front, job)[0]["reason"], 30, what="the job to wait")
+    assert spans(front, job)[0]["state"] == "waiting"
+    assert table(front)["A"]["capacity"]["free"] == 2, "A holds devices for a job that cannot start"
+    assert cli("stop", local, "--state-dir", str(b.state_dir)).code == 0
+    done = wait_until(lambda: (s := spans(front, job)[0])["state"] in ("finished", "failed", "stopped") and s, 300,
+                      what="the job to end once B frees its devices")
+    assert done["state"] == "finished", (done, front.output()[-3000:])
+    ref = tmp_path / "ddp"
+    ref.mkdir()
+    code = run_native_ddp(str(JOBS / "mlp_sgd.py"), None, WORKERS, timeout=300,
+                          env={**shared_servers(), "ELASTICD_TEST_WORKERS": str(WORKERS),
+                               "ELASTICD_TEST_OUT": str(ref / "final.pt")})
+    assert code == 0
+    diffs = rel_diffs(load_state(ref / "final.pt"), load_state(out))
+    assert max(diffs.values()) <= TOLERANCE, diffs
+    assert [h[1] for h in done["history"]] == ["waiting", "reserving", "starting", "running", "finished"]
+
+
+@pytest.mark.slow
+def test_losing_an_island_mid_run_fails_the_job_and_stops_its_portion_on_the_other(islands, tmp_path):
+    c, front, a, b = islands
+    out = tmp_path / "paced"
+    out.mkdir()
+    r = submit_spanning(front, JOB, job_env(out, 300, WORKERS))   # paced: still training when B goes
+    assert r.code == 0, r
+    job = r.out.strip()
+    wait_until(lambda: spans(front, job)[0]["step"] >= 2, 120, what="the job to train across both islands")
+    b.kill(signal.SIGKILL)
+    for proc in c.procs:
+        if proc.state_dir.name == "b1":
+            proc.kill(signal.SIGKILL)   # the island's node and its agents go with it
+            for agent in proc.agents():
+                agent.kill()
+    # Its portion on A may fail first (its agents' peers on B are gone): the front says both.
+    done = wait_until(lambda: (s := spans(front, job)[0])["state"] == "failed" and "island B" in s["reason"] and s,
+                      60, what="the job to fail, naming the island lost")
+    assert "island B lost" in done["reason"] or "island B was lost" in done["reason"], done
+    portion = wait_until(lambda: (j := status(a.state_dir)["jobs"][0])["state"] in ("stopped", "failed") and j, 60,
+                         what="A's portion to stop")
+    assert portion["portion_of"].startswith(job + " (portion 1 of 2")
+    wait_until(lambda: len(status(a.state_dir)["nodes"][0]["free"]) == 2, 60, what="A's devices to be free again")
