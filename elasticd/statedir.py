@@ -164,6 +164,11 @@ class StateDir:
         """Where a job's agents save their resize and periodic snapshots: its job directory."""
         return self.job_dir(job_id)
 
+    def span_snapshot_dir(self, key: str) -> Path:
+        """Where the agents of a portion of a job spanning islands save its periodic snapshots: under the
+        job's key, the same for each of its attempts, so a restart finds what an earlier one saved."""
+        return self.agent_root / f"span-{safe_name(key)}"
+
 
 def default_node_id(sd: StateDir) -> str:
     """Stable across restarts of the same state dir, distinct for two daemons on one host (what a node

@@ -14,7 +14,8 @@ snapshot (or from the beginning).
 
 Where the job spans nodes, each agent also copies the parts it wrote to one agent of the next node (its
 buddy), over a process group of the writer's own (`PhysicalGroup.side`), so that losing any one node leaves
-a complete snapshot on the others.
+a complete snapshot on the others. Where the job spans islands, the buddy is the next node on another
+island, so that losing a whole island does too.
 
 After a failure the restarted agents pick the newest step whose parts exist on some node of the new
 group (`latest_complete`) and restore it through the resize fall-back path (agent/resize/fallback.py).
@@ -153,7 +154,8 @@ class PeriodicSnapshots:
         if len(firsts) < 2:
             return
         first_agent = {t: tags.index(t) for t in firsts}
-        buddy = [first_agent[firsts[(firsts.index(t) + 1) % len(firsts)]] for t in tags]
+        buddy = [first_agent[buddy_node(firsts, firsts.index(t), [self._island(phys, first_agent[f]) for f in firsts])]
+                 for t in tags]
         d = periodic_dir(self.root, step)
         me = phys.rank
         # One global order (by sender): the smallest pending transfer has both its agents waiting on it.
@@ -168,6 +170,10 @@ class PeriodicSnapshots:
                 for _ in range(count):
                     part = int.from_bytes(phys.recv_bytes(src, side=True), "little", signed=True)
                     write_bytes(d, part, phys.recv_bytes(src, side=True))
+
+    @staticmethod
+    def _island(phys: PhysicalGroup, agent: int) -> int:
+        return phys.islands.islands.of(agent) if phys.islands is not None else 0
 
     def _drop_others(self, step: int) -> None:
         # Every agent is idle here (the vote said so), so all but the complete snapshot is superseded. (What a
@@ -228,3 +234,14 @@ def latest_complete(phys: PhysicalGroup, root: str | os.PathLike[str], workers: 
         if s != chosen:
             shutil.rmtree(periodic_dir(root, s), ignore_errors=True)
     return chosen, skipped
+
+
+def buddy_node(nodes: list[int], mine: int, islands: list[int]) -> int:
+    """The node (`nodes[k]`) that keeps a copy of node `mine`'s parts: the next one in order on another island
+    (`islands[k]`: each node's island), or the next one when every node is on one island."""
+    n = len(nodes)
+    for step in range(1, n):
+        k = (mine + step) % n
+        if islands[k] != islands[mine]:
+            return nodes[k]
+    return nodes[(mine + 1) % n]

@@ -37,12 +37,12 @@ def refuse_options(**given: object) -> None:
 
 def submit(opts: dict, *, script: str, func: str | None, workers: int, devices: int, islands: list[str],
            max_islands: int, priority: int, name: str, cwd: str, env: dict[str, str], snapshot_every: str,
-           threads: int, wait: bool, as_json: bool) -> None:
+           threads: int, max_restarts: int, wait: bool, as_json: bool) -> None:
     from elasticd.protocol import SubmitSpanning
 
     msg = SubmitSpanning(script=script, func=func, workers=workers, devices=devices, islands=islands,
                          max_islands=max_islands, priority=priority, name=name, cwd=cwd, env=env,
-                         snapshot_every=snapshot_every, threads=threads)
+                         snapshot_every=snapshot_every, threads=threads, max_restarts=max_restarts)
     job_id = client.call(opts, msg, as_json).job_id  # type: ignore[attr-defined]
     if not wait:
         click.echo(json.dumps({"job_id": job_id}) if as_json else job_id)

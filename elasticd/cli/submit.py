@@ -131,7 +131,7 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
         spanning.submit(opts, script=os.path.abspath(script), func=func, workers=workers, devices=max_devices or 0,
                         islands=spanning.parse_islands(islands), max_islands=max_islands or 0, priority=priority,
                         name=name, cwd=os.getcwd(), env=env, snapshot_every=snapshot_every, threads=threads,
-                        wait=wait, as_json=as_json)
+                        max_restarts=max_restarts, wait=wait, as_json=as_json)
         return
     schedule = _schedule(scale_at, workers)
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,

@@ -66,6 +66,7 @@ class DropSnapshots:
 
     job_id: str
     upto: int | None
+    span_key: str = ""   # also the periodic snapshots under this key (a portion of a job spanning islands that finished)
 
 
 Action = Spawn | Signal | SendToAgent | Report | DropSnapshots

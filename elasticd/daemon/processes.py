@@ -171,10 +171,13 @@ class AgentProcesses:
 
     def poll(self, now: float) -> bool:
         """Reap exited agents, escalate stops, sample usage, drop old logs. True when a job's state changed."""
-        if self._log_keep_s is not None and now >= self._next_log_sweep:
+        if now >= self._next_log_sweep:
             self._next_log_sweep = now + LOG_SWEEP_EVERY_S
             live = {job_id for job_id, job in self.core.jobs.items() if job.state != "ended"}
-            sweep_logs(self.sd, now, self._log_keep_s, live)
+            if self._log_keep_s is not None:
+                sweep_logs(self.sd, now, self._log_keep_s, live)
+            sweep_span_snapshots(self.sd, now, {self.sd.span_snapshot_dir(job.launch.snapshot_key).name
+                                                for job in self.core.jobs.values() if job.launch.snapshot_key})
         self.spares.want(len(self.core.devices) - len(self.core.busy_devices()))
         self.spares.replenish()
         sample = now >= self._next_sample
@@ -284,6 +287,8 @@ class AgentProcesses:
                 self.changed = True
             elif isinstance(a, DropSnapshots):
                 self._drop_snapshots(a.job_id, a.upto)
+                if a.span_key:
+                    shutil.rmtree(self.sd.span_snapshot_dir(a.span_key), ignore_errors=True)
         return sends
 
     def _execute_here(self, actions: list[Action], now: float) -> None:
@@ -306,6 +311,9 @@ class AgentProcesses:
         log_dir, job_dir = self.sd.log_dir(msg.job_id), self.sd.job_dir(msg.job_id)
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         job_user.own_dir(job_dir, user)
+        snapshots = self.sd.span_snapshot_dir(msg.snapshot_key) if msg.snapshot_key else self.sd.snapshot_dir(msg.job_id)
+        if msg.snapshot_key:
+            job_user.own_dir(snapshots, user)
         err_path = job_dir / spawn.error_name
         err_path.unlink(missing_ok=True)
         Path(beat_path(str(err_path))).unlink(missing_ok=True)   # an earlier agent's of this rank: not this one's beat
@@ -314,7 +322,7 @@ class AgentProcesses:
                           cpu_slots=self._cpu_slots if dev.type == "cpu" else -1,
                           master_addr=spawn.master_addr or "127.0.0.1", master_port=spawn.master_port,
                           job_id=msg.job_id, control=self.control_endpoint, error_file=str(err_path),
-                          standby=spawn.standby, snapshot_dir=str(self.sd.snapshot_dir(msg.job_id)),
+                          standby=spawn.standby, snapshot_dir=str(snapshots),
                           restore_epoch=spawn.restore_epoch, restore_latest=spawn.restore_latest,
                           snapshot_every=msg.snapshot_every, blocks=list(spawn.blocks), hold_at=tuple(spawn.hold_at),
                           threads=msg.threads, device_memory=msg.device_memory)
@@ -360,7 +368,34 @@ SNAPSHOT_KEEP_S = 24 * 3600
 
 
 LOG_SWEEP_EVERY_S = 3600.0
+# The periodic snapshots a portion of a job spanning islands left when it ended unfinished: a restart of the
+# job comes within seconds of the failure, so an hour unused means none will.
+SPAN_SNAPSHOT_KEEP_S = 3600.0
 MAX_ERROR_REPORT = 1 << 20   # bytes of an agent's error report read (a traceback of a deep recursion fits)
+
+
+def sweep_span_snapshots(sd: StateDir, now: float, live: set[str], keep_s: float = SPAN_SNAPSHOT_KEEP_S) -> list[str]:
+    """Delete the snapshot folders of portions of jobs spanning islands that no job here uses and that
+    nothing has written to for `keep_s`. Returns their names."""
+    gone = []
+    try:
+        folders = [f for f in sd.agent_root.iterdir() if f.name.startswith("span-")]
+    except OSError:
+        return gone
+    for folder in folders:
+        if folder.name in live or folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            newest = max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.rglob("*"))])
+        except OSError:
+            continue
+        if now - newest > keep_s:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder.name)
+    if gone:
+        log.info("dropped the snapshots of %d job(s) spanning islands, unused for %.0f s: %s", len(gone), keep_s,
+                 ", ".join(gone[:10]))
+    return gone
 
 
 def sweep_logs(sd: StateDir, now: float, keep_s: float, live: set[str]) -> list[str]:

@@ -104,8 +104,10 @@ class Supervision:
             job = self.jobs.get(job_id)
             if job is not None and job.state == "ended":
                 self._drop(job)
-                # Over for the scheduler: no relaunch will restore from what its agents saved here.
-                out.append(DropSnapshots(job_id, None))
+                # Over for the scheduler: no relaunch will restore from what its agents saved here. A portion of
+                # a job spanning islands that did not finish keeps its periodic snapshots for the job's restart.
+                finished = job.error is None and job.killing is None
+                out.append(DropSnapshots(job_id, None, job.launch.snapshot_key if finished else ""))
         return out
 
     def prepare(self, msg: p.PrepareResize, port: int) -> list[Action]:

@@ -10,9 +10,15 @@ messages for island schedulers out.
     starting   portion 0 was sent `StartPortion`; its rank 0's node picks the rendezvous port, which its
                island reports; the other portions are then started with it. All agents form one group.
     running    every portion's agents are up.
+    recovering a portion failed for the infrastructure's reasons (an agent died, its peers lost their group,
+               a node or a whole island was lost): the other portions are stopped and, once each has ended
+               or its island is gone, the job is split again over its islands that are up and starts from
+               its newest complete periodic snapshot (portions with `restore`). Every agent copies its
+               snapshot parts to a node of another island (agent/resize/periodic.py), so losing one island
+               loses no part. At most `max_restarts` times; a failure of the script itself is never retried.
     finished / failed / stopped
-               every portion finished; one failed, was stopped on its island, or its island was lost (the
-               others are stopped: without it their group cannot go on); `elasticd stop`.
+               every portion finished; one failed and no restart is left (or the script raised), or it was
+               stopped on its island; `elasticd stop`.
 
 The front keeps no table on disk: a restarted front knows none of these jobs. Portions still running on
 their islands run to their end; a reservation it no longer knows is cancelled when its island reports it.
@@ -21,14 +27,16 @@ their islands run to their end; a reservation it no longer knows is cancelled wh
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass, field
 
 from elasticd import protocol as p
+from elasticd.core.failures import is_infrastructure
 from elasticd.federation.split import split
 
 log = logging.getLogger(__name__)
 
-WAITING, RESERVING, STARTING, RUNNING = "waiting", "reserving", "starting", "running"
+WAITING, RESERVING, STARTING, RUNNING, RECOVERING = "waiting", "reserving", "starting", "running", "recovering"
 FINISHED, FAILED, STOPPED = "finished", "failed", "stopped"
 ENDED = (FINISHED, FAILED, STOPPED)
 _ROW_ENDED = ("finished", "failed", "stopped")
@@ -63,11 +71,15 @@ class Span:
     history: list[tuple[float, str, str]] = field(default_factory=list)
     deadline: float = 0.0
     retry_at: float = 0.0
+    key: str = field(default_factory=lambda: secrets.token_hex(8))   # its snapshots' name on every node
+    restarts: int = 0
+    restore: bool = False      # it ran: every later attempt starts from its newest complete snapshot
 
-    def go(self, state: str, reason: str, now: float) -> None:
+    def go(self, state: str, reason: str, now: float, note: bool = False) -> None:
+        """`note`: keep this reason in the history though the state stays."""
         if (state, reason) != (self.state, self.reason):
             log.info("job %s %s: %s", self.span_id, state, reason)
-        if state != self.state:
+        if state != self.state or note:
             self.history.append((round(now, 3), state, reason))
             del self.history[:-100]
         self.state, self.reason = state, reason
@@ -77,7 +89,7 @@ class Span:
         return p.SpanInfo(
             span_id=self.span_id, name=self.req.name, state=self.state, reason=self.reason,
             workers=self.req.workers, devices=sum(pt.spec.devices for pt in self.parts) or self.req.devices,
-            owner=self.owner, submitted_at=self.submitted_at, attempt=self.attempt,
+            owner=self.owner, submitted_at=self.submitted_at, attempt=self.attempt, restarts=self.restarts,
             step=lead.step if lead else 0, steps_per_s=lead.steps_per_s if lead else 0.0,
             portions=[p.PortionInfo(island=pt.island, index=pt.spec.index, devices=pt.spec.devices,
                                     workers=sum(pt.spec.own_blocks),
@@ -163,8 +175,10 @@ class Spans:
                 continue
             if span.state == RESERVING:
                 out += self._release(span, f"island {island} lost ({why})", now)
-            else:
-                out += self._fail(span, f"island {island} lost ({why}): the job's agents there are gone", now)
+            elif span.state in (STARTING, RUNNING):
+                out += self._recover(span, f"island {island} lost ({why})", now)
+            elif span.state == RECOVERING:   # what its portions' failures came from, seen after them
+                span.go(RECOVERING, f"island {island} lost ({why}); {span.reason}", now, note=True)
         return out
 
     def tick(self, now: float, free: dict[str, int]) -> list[Send]:
@@ -172,6 +186,8 @@ class Spans:
         for span in sorted(self.spans.values(), key=lambda s: s.seq):
             if span.state == WAITING and now >= span.retry_at:
                 out += self._try(span, now, free)
+            elif span.state == RECOVERING:
+                out += self._restart(span, now, free)
             elif span.state == RESERVING and now > span.deadline:
                 late = [pt.island for pt in span.parts if pt.state() != "reserved"]
                 out += self._release(span, f"island {', '.join(late)} did not grant its portion within "
@@ -183,13 +199,18 @@ class Spans:
     # --- internals -------------------------------------------------------------------------------
 
     def _try(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:
-        s = split(span.req, free)
+        s = split(span.req, free, partial=span.restore)
         if isinstance(s, str):
-            span.go(WAITING, s, now)
+            if span.state == RECOVERING:   # tried again at every tick: the islands' reports bring free devices
+                span.go(RECOVERING, f"restarting once devices are free: {s}", now)
+            else:
+                span.go(WAITING, s, now)
             return []
         span.attempt += 1
         span.parts = [Part(isl, s.portion(span.span_id, span.attempt, k, span.req.workers), sent_at=now)
                       for k, isl in enumerate(s.islands)]
+        for pt in span.parts:
+            pt.spec.key, pt.spec.restore = span.key, span.restore
         span.deadline = now + self.reserve_timeout_s
         span.go(RESERVING, "reserving " + ", ".join(f"{pt.spec.devices} on {pt.island}" for pt in span.parts), now)
         return [(pt.island, self._reserve(span, pt)) for pt in span.parts]
@@ -215,8 +236,11 @@ class Spans:
                 return [(lead.island, p.StartPortion(span_id=span.span_id, attempt=span.attempt))]
             return []
         if bad is not None:
-            return self._fail(span, f"its portion on island {bad.island} {bad.state()}"
-                                    + (f": {bad.row.error}" if bad.row and bad.row.error else ""), now)
+            why = f"its portion on island {bad.island} {bad.state()}" + (f": {bad.row.error}" if bad.row and bad.row.error
+                                                                         else "")
+            if bad.row is not None and is_infrastructure(bad.row.cause):
+                return self._recover(span, why, now)
+            return self._fail(span, why, now)
         out: list[Send] = []
         lead = span.parts[0].row
         if lead is not None and lead.master_port:
@@ -261,6 +285,24 @@ class Spans:
         span.retry_at = now + self.retry_s
         span.go(WAITING, reason, now)
         return out
+
+    def _recover(self, span: Span, reason: str, now: float) -> list[Send]:
+        """An infrastructure failure: stop what is left, then `_restart` (or fail: no restart left)."""
+        if span.restarts >= span.req.max_restarts:
+            return self._fail(span, f"{reason}; not restarting: {span.restarts} restart(s) of --max-restarts "
+                                    f"{span.req.max_restarts} used", now)
+        out = self._cancel(span, f"job {span.span_id} restarting: {reason}")
+        span.restarts += 1
+        span.restore = True
+        span.go(RECOVERING, f"{reason}; restarting from its newest complete snapshot (restart {span.restarts} of "
+                            f"{span.req.max_restarts})", now)
+        return out
+
+    def _restart(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:
+        """Once no portion of the failed attempt runs (each ended, or its island is gone), split it again."""
+        if any(pt.state() not in _ROW_ENDED and pt.island in free for pt in span.parts):
+            return []   # a cancel goes again with each island row that still shows its portion (`rows`)
+        return self._try(span, now, free)
 
     def _fail(self, span: Span, reason: str, now: float) -> list[Send]:
         out = self._cancel(span, f"job {span.span_id} failed: {reason}")

@@ -31,11 +31,13 @@ class Split:
                              islands=list(self.devices))
 
 
-def choose(req: p.SubmitSpanning, free: dict[str, int]) -> tuple[str, ...] | str:
+def choose(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False) -> tuple[str, ...] | str:
     """The islands the job goes to (rank order), or why it cannot go now. `free`: islands that are up,
-    with their free devices."""
+    with their free devices; `partial`: a restart, on those of its islands that are up."""
     if req.islands:
         down = [i for i in req.islands if i not in free]
+        if partial and len(down) < len(req.islands):
+            return tuple(i for i in req.islands if i in free)
         if down:
             return f"island {', '.join(down)} {'is' if len(down) == 1 else 'are'} not up at the front"
         return tuple(req.islands)
@@ -52,9 +54,9 @@ def choose(req: p.SubmitSpanning, free: dict[str, int]) -> tuple[str, ...] | str
     return tuple(chosen)
 
 
-def split(req: p.SubmitSpanning, free: dict[str, int]) -> Split | str:
+def split(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False) -> Split | str:
     """The portions of `req` over the islands `choose` picks, or why the job must wait."""
-    islands = choose(req, free)
+    islands = choose(req, free, partial)
     if isinstance(islands, str):
         return islands
     have = {i: free[i] for i in islands}

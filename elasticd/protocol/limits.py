@@ -41,6 +41,14 @@ def bad_island_id(value: str) -> str | None:
     return None
 
 
+def bad_snapshot_key(value: str) -> str | None:
+    """Why `value` is no snapshot key (None: it is one); a key names a directory on every node: 0-64 lowercase
+    hex digits."""
+    if len(value) > 64 or any(c not in "0123456789abcdef" for c in value):
+        return f"snapshot key {value[:80]!r}: at most 64 lowercase hex digits"
+    return None
+
+
 def bad_user_name(value: str) -> str | None:
     """Why `value` is no Unix user name a job may run as (None: it is): POSIX's portable set, 1-32
     characters, not starting with '-'."""

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from elasticd.core.watchdog import StuckAfter
 from elasticd.protocol.agents import ResizedInfo
-from elasticd.protocol.limits import MAX_SCALE_AT, bad_agent_options, bad_user_name
+from elasticd.protocol.limits import MAX_SCALE_AT, bad_agent_options, bad_snapshot_key, bad_user_name
 from elasticd.protocol.wire import Message, Scalar, message, record
 
 
@@ -188,9 +188,13 @@ class LaunchJob(Message):
     hold_at: list[int] = field(default_factory=list)   # steps its agents stop after for a scheduled resize
     threads: int = 0              # torch threads per agent (0: the node's cores split between its agents)
     device_memory: int = 0        # bytes per device for replicated plus ctx.private state (0: no budget)
+    # A portion of a job spanning islands: its periodic snapshots live under this key, kept for the job's
+    # next attempt when this one ends unfinished (elasticd.scheduler.portions).
+    snapshot_key: str = ""
 
     def check(self) -> str | None:
         return (bad_blocks(self.blocks, self.devices, self.workers) or bad_stuck_after(self.stuck_after)
+                or bad_snapshot_key(self.snapshot_key)
                 or bad_run_as(self.run_as) or bad_hold_at(self.hold_at)
                 or bad_agent_options(self.threads, self.device_memory))
 

@@ -36,6 +36,8 @@ class PortionSpec:
     rank_offset: int          # the rank of this portion's first agent
     blocks: list[int]         # the whole job's layout: logical workers per agent, in rank order
     islands: list[int]        # agents per island, in rank order (the two-level sums' islands)
+    key: str = ""             # names the job's periodic snapshots on every node, the same on every attempt
+    restore: bool = False     # start from the newest complete periodic snapshot its nodes hold (a restart)
 
     @property
     def devices(self) -> int:
@@ -54,7 +56,7 @@ class PortionSpec:
             return f"portion {self.index} at rank {self.rank_offset} is not one of islands {self.islands}"
         if not 0 <= self.attempt <= L.MAX_ISLAND_COUNT:
             return f"attempt {self.attempt} out of range"
-        return None
+        return L.bad_snapshot_key(self.key)
 
 
 @message
@@ -72,10 +74,13 @@ class SubmitSpanning(Message):
     name: str = ""
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    snapshot_every: str = "0"
+    snapshot_every: str = "30s"   # periodic snapshots, kept on another island too: what a restart resumes from
     threads: int = 0
+    max_restarts: int = 3         # restarts of the whole job after infrastructure failures (an island lost)
 
     def check(self) -> str | None:
+        if not 0 <= self.max_restarts <= 10_000:
+            return f"max_restarts must be in 0..10000, got {self.max_restarts}"
         if not 1 <= self.workers <= L.MAX_WORKERS or not 0 <= self.devices <= self.workers:
             return f"need 1 <= workers <= {L.MAX_WORKERS} and 0 <= devices <= workers, got {self.workers}, {self.devices}"
         if len(self.islands) > MAX_SPAN_ISLANDS or not 0 <= self.max_islands <= MAX_SPAN_ISLANDS:
@@ -158,6 +163,8 @@ class PortionRow:
     master_addr: str = ""     # portion 0, once its rank 0's node picked the port
     master_port: int = 0
     error: str = ""
+    cause: str = ""           # its failure's cause (elasticd/core/failures.py): the front restarts the job
+                              # after the infrastructure's, never after the script's
 
 
 @message
@@ -185,7 +192,7 @@ class PortionInfo:
 class SpanInfo:
     span_id: str
     name: str
-    state: str                # waiting, reserving, starting, running, finished, failed, stopped
+    state: str                # waiting, reserving, starting, running, recovering, finished, failed, stopped
     reason: str               # why it is in that state (what it waits for, what failed)
     workers: int
     devices: int
@@ -194,6 +201,7 @@ class SpanInfo:
     attempt: int
     step: int = 0
     steps_per_s: float = 0.0
+    restarts: int = 0
     portions: list[PortionInfo] = field(default_factory=list)
     history: list[tuple[float, str, str]] = field(default_factory=list)
 

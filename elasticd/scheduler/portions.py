@@ -107,4 +107,5 @@ def _row(job: Job) -> p.PortionRow:
     return p.PortionRow(span_id=spec.span_id, attempt=spec.attempt, index=spec.index, job_id=job.job_id,
                         state=job.state.value, step=job.step, steps_per_s=job.steps_per_s,
                         master_addr=job.master_addr if lead else "", master_port=job.master_port if lead else 0,
-                        error=str((job.error or {}).get("message", ""))[:p.MAX_TEXT_CHARS])
+                        error=str((job.error or {}).get("message", ""))[:p.MAX_TEXT_CHARS],
+                        cause=str((job.error or {}).get("cause", ""))[:32])

@@ -132,6 +132,9 @@ class Recoveries:
 
     @staticmethod
     def restart_refusal(job: Job, err: dict[str, Any]) -> str:
+        if job.spec.portion is not None:   # its island alone cannot restart a group that spans islands
+            return (f"{err.get('message') or err.get('cause')}; a portion of a job spanning islands is restarted "
+                    f"with the whole job, by its federation front (job {job.spec.portion.span_id})")
         return no_restart(str(err.get("message") or err.get("cause")), job.restarts, job.spec.max_restarts)
 
     def report(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:

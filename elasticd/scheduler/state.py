@@ -549,7 +549,9 @@ class SchedulerState:
         portion = job.spec.portion
         assert portion is not None and job.state is JobState.RESERVED
         job.transition(JobState.STARTING, now, f"started by its federation front (ranks {portion.rank_offset}-"
-                       f"{portion.rank_offset + portion.devices - 1} of {portion.world})")
+                       f"{portion.rank_offset + portion.devices - 1} of {portion.world})"
+                       + (", from the job's newest complete snapshot" if portion.restore else ""))
+        job.restore_latest = portion.restore
         self.dirty.add(job.job_id)
         if portion.index == 0:
             return [self.launch(job, job.nodes[0])]
@@ -566,7 +568,9 @@ class SchedulerState:
         # A portion's agents are ranks of the whole job spanning islands, in its layout and process group.
         portion = job.spec.portion
         offset = portion.rank_offset if portion is not None else 0
-        env = self._env(job) if portion is None else {**self._env(job), ISLANDS_VAR: ",".join(map(str, portion.islands))}
+        env = self._env(job)
+        if portion is not None and len(portion.islands) > 1:
+            env = {**env, ISLANDS_VAR: ",".join(map(str, portion.islands))}
         return SendToNode(node, p.LaunchJob(
             job_id=job.job_id, script=job.spec.script, func=job.spec.func,
             workers=portion.workers if portion is not None else job.spec.workers,
@@ -578,7 +582,8 @@ class SchedulerState:
             snapshot_every=job.spec.snapshot_every, incarnation=job.incarnation,
             blocks=list(portion.blocks if portion is not None else job.blocks),
             stuck_after=job.spec.stuck_after, run_as=job.spec.run_as, hold_at=job.hold_at,
-            threads=job.spec.threads, device_memory=job.spec.device_memory))
+            threads=job.spec.threads, device_memory=job.spec.device_memory,
+            snapshot_key=portion.key if portion is not None else ""))
 
     @staticmethod
     def _env(job: Job) -> dict[str, str]:

@@ -142,17 +142,52 @@ def test_a_portion_an_island_cannot_place_in_time_releases_every_reservation_and
     assert not f.launched["A"] and not f.launched["B"]
 
 
-def test_a_failed_portion_or_a_lost_island_stops_the_others_and_fails_the_job():
-    f = Front({"A": 2, "B": 2})
-    span, out = f.spans.submit(req(workers=8), "alice", f.now, f.free())
+def started(f: Front, req_: p.SubmitSpanning):
+    span, out = f.spans.submit(req_, "alice", f.now, f.free())
     f.deliver(out)
     f.beat()
     a = f.job("A")
     f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], master_port=4242))
     f.beat()
+    return span, a
+
+
+def test_a_lost_island_restarts_the_job_on_the_islands_left_from_its_snapshot_under_the_same_key():
+    f = Front({"A": 2, "B": 2})
+    span, a = started(f, req(workers=8))
+    key = span.parts[0].spec.key
     f.deliver(f.spans.island_lost("B", "no status for 11s", f.now))
-    assert span.state == "failed" and "island B lost (no status for 11s)" in span.reason
-    assert f.isl["A"].s.jobs[a.job_id].state is JobState.STOPPED
+    assert span.state == "recovering" and "island B lost (no status for 11s); restarting" in span.reason
+    assert a.state is JobState.STOPPED
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended"))
+    del f.isl["B"]   # gone: it reports nothing any more
+    f.deliver(f.spans.tick(f.now + 0.1, {"A": 2}))
+    assert span.state == "recovering", "restarted before its island said its portion there had stopped"
+    f.beat()
+    f.deliver(f.spans.tick(f.now + 0.2, {"A": 2}))
+    a2 = f.job("A")
+    assert a2.job_id != a.job_id and a2.state is JobState.RESERVED
+    assert (a2.spec.portion.world, a2.spec.portion.blocks, a2.spec.portion.key, a2.spec.portion.restore) == (
+        2, [4, 4], key, True)
+    f.beat()
+    (launch,) = f.launched["A"][-1:]
+    assert launch.restore_latest and launch.snapshot_key == key and launch.workers == 8 and launch.devices == 2
+    assert "ELASTICD_ISLANDS" not in launch.env   # one island: one level of sums
+    assert span.state == "starting" and span.restarts == 1 and span.attempt == 2
+
+
+def test_the_script_s_own_failure_fails_the_job_and_so_does_one_past_max_restarts():
+    f = Front({"A": 2, "B": 2})
+    span, a = started(f, req(workers=8))
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, alive=False, exitcode=1), agent(1, 1)], state="ended",
+                                   ok=False, error={"message": "ValueError: boom", "cause": "user"}))
+    f.beat()
+    assert span.state == "failed" and "its portion on island A failed: ValueError: boom" in span.reason
+    assert [j.state for j in f.isl["B"].s.jobs.values()] == [JobState.STOPPED]
+    f = Front({"A": 2, "B": 2})
+    span, a = started(f, req(workers=8).__class__(script="/s.py", workers=8, islands=["A", "B"], max_restarts=0))
+    f.deliver(f.spans.island_lost("B", "no status for 11s", f.now))
+    assert span.state == "failed" and "not restarting: 0 restart(s) of --max-restarts 0 used" in span.reason
     assert f.spans.stop(span.span_id, f.now)[0] == f"job {span.span_id} already failed"
 
 

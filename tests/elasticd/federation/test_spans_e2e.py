@@ -9,7 +9,16 @@ import signal
 import pytest
 from cluster import Cluster, status
 from daemon_jobs import JOB, job_env, submit
-from util import JOBS, assert_same_run, cli, load_state, rel_diffs, shared_servers, wait_until
+from util import (
+    JOBS,
+    assert_same_run,
+    cli,
+    completed_twice,
+    load_state,
+    rel_diffs,
+    shared_servers,
+    wait_until,
+)
 
 from elasticd.reference_launch import run_native_ddp
 
@@ -104,25 +113,46 @@ def test_with_island_b_full_the_job_waits_holding_nothing_then_runs_as_ddp_does(
 
 
 @pytest.mark.slow
-def test_losing_an_island_mid_run_fails_the_job_and_stops_its_portion_on_the_other(islands, tmp_path):
-    c, front, a, b = islands
-    out = tmp_path / "paced"
-    out.mkdir()
-    r = submit_spanning(front, JOB, job_env(out, 300, WORKERS))   # paced: still training when B goes
-    assert r.code == 0, r
-    job = r.out.strip()
-    wait_until(lambda: spans(front, job)[0]["step"] >= 2, 120, what="the job to train across both islands")
-    b.kill(signal.SIGKILL)
-    for proc in c.procs:
-        if proc.state_dir.name == "b1":
-            proc.kill(signal.SIGKILL)   # the island's node and its agents go with it
-            for agent in proc.agents():
-                agent.kill()
-    # Its portion on A may fail first (its agents' peers on B are gone): the front says both.
-    done = wait_until(lambda: (s := spans(front, job)[0])["state"] == "failed" and "island B" in s["reason"] and s,
-                      60, what="the job to fail, naming the island lost")
-    assert "island B lost" in done["reason"] or "island B was lost" in done["reason"], done
-    portion = wait_until(lambda: (j := status(a.state_dir)["jobs"][0])["state"] in ("stopped", "failed") and j, 60,
-                         what="A's portion to stop")
-    assert portion["portion_of"].startswith(job + " (portion 1 of 2")
-    wait_until(lambda: len(status(a.state_dir)["nodes"][0]["free"]) == 2, 60, what="A's devices to be free again")
+def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapshot_bitwise(tmp_path):
+    """Island B (its scheduler, its node, its agents) is killed mid-run: the job restarts on A alone from its
+    newest periodic snapshot, whose parts of B's workers A holds as copies, and ends bitwise as if nothing
+    had happened, every step taken once per logical rank as far as the run kept."""
+    c = Cluster(tmp_path)
+    try:
+        front = c.federation(island_timeout=2.0)
+        a, b = c.island(front, "A"), c.island(front, "B")
+        c.node(a, "a1", cpu=2, fake=False)
+        node_b = c.node(b, "b1", cpu=2, fake=False, own_forks=True)   # its agents are its own children
+        wait_until(lambda: {i: t["capacity"]["free"] for i, t in table(front).items()} == {"A": 2, "B": 2}, 60,
+                   what="both islands up")
+        steps = 80
+        ref = tmp_path / "ref"
+        ref.mkdir()
+        (ref / "release").touch()
+        r = cli("run", JOB, "--workers", str(WORKERS), "--devices", "2", env=job_env(ref, steps, WORKERS), timeout=300)
+        assert r.code == 0, r.err[-3000:]
+        out = tmp_path / "out"
+        out.mkdir()
+        r = submit_spanning(front, JOB, job_env(out, steps, WORKERS), "--snapshot-every", "3")
+        assert r.code == 0, r
+        job = r.out.strip()
+        wait_until(lambda: (status(a.state_dir)["jobs"][0].get("snapshot") or {}).get("step", 0) >= 6, 120,
+                   what="a periodic snapshot or two, taken across both islands")
+        agents = node_b.agents()
+        b.kill(signal.SIGKILL)
+        node_b.kill(signal.SIGKILL)
+        for agent in agents:
+            agent.kill()
+        back = wait_until(lambda: (s := spans(front, job)[0])["state"] == "running" and s["restarts"] == 1 and s, 120,
+                          what="the job to run again, on A alone")
+        assert [(pt["island"], pt["ranks"], pt["workers"]) for pt in back["portions"]] == [("A", "0-1", 8)]
+        assert any("island B" in h[2] for h in back["history"]), back["history"]
+        (out / "release").touch()
+        done = wait_until(lambda: (s := spans(front, job)[0])["state"] in ("finished", "failed") and s, 180,
+                          what="the job to end")
+        assert done["state"] == "finished", done
+        assert_same_run(out, ref, steps, ranks=WORKERS, recovered=True)
+        redone = completed_twice(out)
+        assert 0 not in redone, f"restarted from the beginning, not from a snapshot: redid {redone}"
+    finally:
+        c.cleanup()

@@ -51,7 +51,7 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
               "scale_job": {"devices": 2},
               # a layout's blocks must describe `devices` agents hosting `workers` (protocol.nodes.bad_blocks)
               "launch_job": {"workers": 8, "devices": 2, "blocks": [6, 2], "stuck_after": "90s", "hold_at": [4, 9],
-                             "threads": 3, "device_memory": 5},
+                             "threads": 3, "device_memory": 5, "snapshot_key": "0af3"},
               "prepare_resize": {"workers": 8, "devices": 2, "blocks": [5, 3], "stuck_after": "off", "hold_at": [9],
                                  "threads": 0, "device_memory": 7},
               "resize_job": {"devices": 2, "blocks": [7, 1]},
@@ -61,9 +61,9 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
               "island_bye": {"island_id": "A"},
               "reserve_portion": {"script": "/s.py", "threads": 1, "portion": p.PortionSpec(
                   span_id="s3", attempt=2, index=1, workers=8, world=3, rank_offset=2, blocks=[3, 3, 2],
-                  islands=[2, 1])},
+                  islands=[2, 1], key="9c0e", restore=True)},
               "submit_spanning": {"script": "/s.py", "workers": 8, "devices": 4, "islands": ["A", "B"],
-                                  "max_islands": 2, "threads": 1},
+                                  "max_islands": 2, "threads": 1, "max_restarts": 2},
               "start_portion": {"span_id": "s3", "master_port": 4242},
               "cancel_portion": {"span_id": "s3"},
               "islands_reply": {"islands": [p.IslandInfo(island_id="A", state="up", capacity=p.IslandCapacity(),
