@@ -74,6 +74,7 @@ class Span:
     key: str = field(default_factory=lambda: secrets.token_hex(8))   # its snapshots' name on every node
     restarts: int = 0
     restore: bool = False      # it ran: every later attempt starts from its newest complete snapshot
+    planned: tuple[str, ...] = ()   # the islands of its first start: one it left is offered its portion back
 
     def go(self, state: str, reason: str, now: float, note: bool = False) -> None:
         """`note`: keep this reason in the history though the state stays."""
@@ -188,6 +189,8 @@ class Spans:
                 out += self._try(span, now, free)
             elif span.state == RECOVERING:
                 out += self._restart(span, now, free)
+            elif span.state == RUNNING and (back := self._back(span, free)):
+                out += self._regrow(span, back, now)
             elif span.state == RESERVING and now > span.deadline:
                 late = [pt.island for pt in span.parts if pt.state() != "reserved"]
                 out += self._release(span, f"island {', '.join(late)} did not grant its portion within "
@@ -230,6 +233,7 @@ class Spans:
                 return self._release(span, f"island {bad.island} {bad.state()} its portion"
                                            + (f": {bad.row.error}" if bad.row and bad.row.error else ""), now)
             if all(s == "reserved" for s in states):
+                span.planned = span.planned or tuple(pt.island for pt in span.parts)
                 lead = span.parts[0]
                 lead.started, lead.sent_at = True, now
                 span.go(STARTING, "every portion reserved; starting portion 0 on " + lead.island, now)
@@ -296,6 +300,20 @@ class Spans:
         span.restore = True
         span.go(RECOVERING, f"{reason}; restarting from its newest complete snapshot (restart {span.restarts} of "
                             f"{span.req.max_restarts})", now)
+        return out
+
+    def _back(self, span: Span, free: dict[str, int]) -> list[str]:
+        """Islands of its first start that it runs without (it lost them) and that are up with free devices."""
+        have = {pt.island for pt in span.parts}
+        return [i for i in span.planned if i not in have and free.get(i, 0) > 0]
+
+    def _regrow(self, span: Span, back: list[str], now: float) -> list[Send]:
+        """An island it lost is back: the job stops and starts again across it too, from its newest complete
+        snapshot (its portions cannot grow across islands live). Not a failure: no restart is counted."""
+        out = self._cancel(span, f"job {span.span_id} restarting onto island {', '.join(back)}, back")
+        span.restore = True
+        span.go(RECOVERING, f"island {', '.join(back)} is back; restarting across it from the newest complete "
+                            "snapshot", now)
         return out
 
     def _restart(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:

@@ -174,6 +174,23 @@ def test_a_lost_island_restarts_the_job_on_the_islands_left_from_its_snapshot_un
     assert launch.restore_latest and launch.snapshot_key == key and launch.workers == 8 and launch.devices == 2
     assert "ELASTICD_ISLANDS" not in launch.env   # one island: one level of sums
     assert span.state == "starting" and span.restarts == 1 and span.attempt == 2
+    f.isl["A"].report("a1", report(a2.job_id, [agent(0, 0), agent(1, 1)], master_port=4243))
+    f.beat()
+    assert span.state == "running"
+    f.deliver(f.spans.tick(f.now + 0.3, {"A": 0}))
+    assert span.state == "running"   # B is not back
+    # B is back with its devices: the job stops and starts again across both, from its newest snapshot
+    f.isl["B"] = Island()
+    f.isl["B"].hello("b1", 2)
+    f.launched["B"] = []
+    f.deliver(f.spans.tick(f.now + 0.4, {"A": 0, "B": 2}))
+    assert span.state == "recovering" and "island B is back" in span.reason and span.restarts == 1
+    assert a2.state is JobState.STOPPED
+    f.isl["A"].report("a1", report(a2.job_id, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended"))
+    f.beat()
+    f.deliver(f.spans.tick(f.now + 0.5, f.free()))
+    assert [pt.island for pt in span.parts] == ["A", "B"] and span.attempt == 3
+    assert f.job("B").spec.portion.restore and f.job("B").spec.portion.key == key
 
 
 def test_the_script_s_own_failure_fails_the_job_and_so_does_one_past_max_restarts():

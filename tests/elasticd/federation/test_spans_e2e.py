@@ -113,10 +113,11 @@ def test_with_island_b_full_the_job_waits_holding_nothing_then_runs_as_ddp_does(
 
 
 @pytest.mark.slow
-def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapshot_bitwise(tmp_path):
+def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapshot_and_back_across_both(tmp_path):
     """Island B (its scheduler, its node, its agents) is killed mid-run: the job restarts on A alone from its
-    newest periodic snapshot, whose parts of B's workers A holds as copies, and ends bitwise as if nothing
-    had happened, every step taken once per logical rank as far as the run kept."""
+    newest periodic snapshot, whose parts of B's workers A holds as copies. B comes back: the job restarts
+    across both again. It ends bitwise as if nothing had happened, every step taken once per logical rank
+    as far as the run kept."""
     c = Cluster(tmp_path)
     try:
         front = c.federation(island_timeout=2.0)
@@ -125,7 +126,7 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         node_b = c.node(b, "b1", cpu=2, fake=False, own_forks=True)   # its agents are its own children
         wait_until(lambda: {i: t["capacity"]["free"] for i, t in table(front).items()} == {"A": 2, "B": 2}, 60,
                    what="both islands up")
-        steps = 80
+        steps = 150
         ref = tmp_path / "ref"
         ref.mkdir()
         (ref / "release").touch()
@@ -147,6 +148,13 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
                           what="the job to run again, on A alone")
         assert [(pt["island"], pt["ranks"], pt["workers"]) for pt in back["portions"]] == [("A", "0-1", 8)]
         assert any("island B" in h[2] for h in back["history"]), back["history"]
+        b.argv[b.argv.index("--bind") + 1] = b.info()["tcp"]   # where its node looks for it
+        b.start()
+        node_b.start()
+        again = wait_until(lambda: (s := spans(front, job)[0])["state"] == "running" and len(s["portions"]) == 2
+                           and s, 120, what="the job to run across A and B again")
+        assert [(pt["island"], pt["ranks"]) for pt in again["portions"]] == [("A", "0-1"), ("B", "2-3")]
+        assert again["restarts"] == 1 and any("island B is back" in h[2] for h in again["history"]), again
         (out / "release").touch()
         done = wait_until(lambda: (s := spans(front, job)[0])["state"] in ("finished", "failed") and s, 180,
                           what="the job to end")
