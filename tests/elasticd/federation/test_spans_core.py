@@ -242,3 +242,17 @@ def test_a_portion_is_not_resized_and_only_the_front_may_command_one():
     assert authz.check(client, req()) is None and authz.check(client, p.ListSpans()) is None
     assert authz.check(island, req()) is not None
     assert authz.check(client, p.StartPortion(span_id="s1", attempt=1)) is not None
+
+
+def test_a_drain_does_not_move_a_portion_and_at_its_deadline_the_front_restarts_the_job():
+    f = Front({"A": 2, "B": 2})
+    span, a = started(f, req(workers=8))
+    isl = f.isl["A"]
+    isl.s.drain("a1", 5.0, isl.now)
+    f.tick(1.0)
+    assert "moves only with that whole job" in isl.s.drains.info("a1", isl.now).waiting
+    assert a.state is JobState.RUNNING and not [m for m in isl.sent if isinstance(m.msg, p.PrepareResize)]
+    f.tick(5.0)   # the deadline: the portion fails (drained), which the front restarts the job after
+    assert a.state is JobState.FAILED and a.error["cause"] == "drained"
+    f.beat()
+    assert span.state == "recovering" and "drained" in span.reason

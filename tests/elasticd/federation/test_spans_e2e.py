@@ -20,6 +20,8 @@ from util import (
     wait_until,
 )
 
+from elasticd import protocol as p
+from elasticd.control_client import Client, ErrorReply, Target
 from elasticd.reference_launch import run_native_ddp
 
 WORKERS, STEPS = 8, 12
@@ -162,5 +164,46 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         assert_same_run(out, ref, steps, ranks=WORKERS, recovered=True)
         redone = completed_twice(out)
         assert 0 not in redone, f"restarted from the beginning, not from a snapshot: redid {redone}"
+    finally:
+        c.cleanup()
+
+
+def test_only_the_key_that_submitted_a_job_stops_it_and_only_the_front_commands_a_portion(tmp_path):
+    """No agents: a front and island A with no node (the job waits). Client keys of the front submit and
+    stop their own jobs only; an island key submits nothing; the island's scheduler takes a portion's
+    commands from nobody but its front."""
+    c = Cluster(tmp_path)
+    try:
+        front = c.federation()
+        a = c.island(front, "A")
+        wait_until(lambda: "A" in table(front), 30, what="island A up")
+        remote = ["--endpoint", front.info()["tcp"], "--server-key", front.info()["public_key"]]
+        pubs = {}
+        for name in ("alice", "bob"):
+            pubs[name] = cli("keygen", "--state-dir", str(tmp_path / name)).out.strip()
+            assert cli("keygen", "--state-dir", str(front.state_dir), "--allow", pubs[name], "--role", "client").code == 0
+        r = cli("submit", str(JOB), "--workers", "4", "--islands", "A", "--state-dir", str(tmp_path / "alice"), *remote)
+        assert r.code == 0, r
+        job = r.out.strip()
+        wait_until(lambda: "island A has no free device" in spans(front, job)[0]["reason"], 30, what="the job to wait")
+        assert spans(front, job)[0]["owner"] == pubs["alice"]
+        r = cli("stop", job, "--state-dir", str(tmp_path / "bob"), *remote)
+        assert r.code == 1 and "may not stop job" in r.err, r
+        r = cli("submit", str(JOB), "--workers", "4", "--islands", "A", "--state-dir", str(a.state_dir), *remote)
+        assert r.code == 1 and "may not send submit_spanning" in r.err, r   # A's own key, an island's
+        r = cli("stop", "s404", "--state-dir", str(front.state_dir))
+        assert r.code == 1 and "no job 's404' at this front" in r.err, r
+        assert cli("stop", job, "--state-dir", str(tmp_path / "alice"), *remote).code == 0
+        assert spans(front, job)[0]["state"] == "stopped"
+        bad = cli("submit", str(JOB), "--workers", "4", "--islands", "A", "--layout", "2,2",
+                  "--state-dir", str(front.state_dir))
+        assert bad.code == 2 and "--layout: not for a job spanning islands" in bad.err, bad
+        spec = p.PortionSpec(span_id="s1", attempt=1, index=0, workers=4, world=1, rank_offset=0, blocks=[4],
+                             islands=[1])
+        with Client(Target(f"ipc://{a.state_dir / 'scheduler.sock'}")) as cl:
+            for msg in (p.ReservePortion(portion=spec, script=str(JOB)), p.StartPortion(span_id="s1", attempt=1)):
+                with pytest.raises(ErrorReply, match="taken only from the federation front"):
+                    cl.request(msg)
+        assert status(a.state_dir)["jobs"] == []
     finally:
         c.cleanup()
