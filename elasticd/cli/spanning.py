@@ -56,17 +56,21 @@ def submit(opts: dict, *, script: str, func: str | None, workers: int, devices: 
 def _follow(opts: dict, job_id: str, as_json: bool) -> int:
     from elasticd.protocol import ListSpans, plain
 
+    tty = sys.stderr.isatty()
     last = ""
     with client.session(opts, as_json) as c:
         while True:
             span = c.request(ListSpans(span_id=job_id)).spans[0]  # type: ignore[attr-defined]
-            line = f"{span.span_id} {span.state:<9} step {span.step}  {span.reason}"
+            # On a terminal one line, its step moving; in a log, a line per state or reason only.
+            line = f"{span.span_id} {span.state:<10} " + (f"step {span.step}  " if tty else "") + span.reason
             if not as_json and line != last:
-                click.echo(line, err=True)
+                click.echo(("\r\033[K" if tty else "") + line, err=True, nl=not tty)
                 last = line
             if span.state in ENDED:
                 break
             time.sleep(0.25)  # polling interval of a human-facing progress display
+    if not as_json and tty:
+        click.echo("", err=True)
     if as_json:
         click.echo(json.dumps(plain(span)))
     return EXIT_OK if span.state == "finished" else EXIT_DAEMON_ERROR
@@ -82,10 +86,10 @@ def show(spans: list, as_json: bool) -> None:
     if not spans:
         click.echo("no job spans these islands")
         return
-    click.echo(f"{'JOB':<8} {'STATE':<9} {'WORKERS':>7} {'DEVICES':>7} {'STEP':>6}  ISLANDS")
+    click.echo(f"{'JOB':<8} {'STATE':<10} {'WORKERS':>7} {'DEVICES':>7} {'STEP':>6}  ISLANDS")
     for s in spans:
         where = " ".join(f"{pt.island}:{pt.devices}" for pt in s.portions) or "-"
-        click.echo(f"{s.span_id:<8} {s.state:<9} {s.workers:>7} {s.devices:>7} {s.step:>6}  {where}")
+        click.echo(f"{s.span_id:<8} {s.state:<10} {s.workers:>7} {s.devices:>7} {s.step:>6}  {where}")
         click.echo(f"  {printable(s.reason)}")
         for pt in s.portions:
             err = f"  {printable(pt.error)}" if pt.error else ""

@@ -298,6 +298,7 @@ class Spans:
         out = self._cancel(span, f"job {span.span_id} restarting: {reason}")
         span.restarts += 1
         span.restore = True
+        span.deadline = now + self.reserve_timeout_s
         span.go(RECOVERING, f"{reason}; restarting from its newest complete snapshot (restart {span.restarts} of "
                             f"{span.req.max_restarts})", now)
         return out
@@ -312,13 +313,15 @@ class Spans:
         snapshot (its portions cannot grow across islands live). Not a failure: no restart is counted."""
         out = self._cancel(span, f"job {span.span_id} restarting onto island {', '.join(back)}, back")
         span.restore = True
+        span.deadline = now + self.reserve_timeout_s
         span.go(RECOVERING, f"island {', '.join(back)} is back; restarting across it from the newest complete "
                             "snapshot", now)
         return out
 
     def _restart(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:
-        """Once no portion of the failed attempt runs (each ended, or its island is gone), split it again."""
-        if any(pt.state() not in _ROW_ENDED and pt.island in free for pt in span.parts):
+        """Once no portion of the failed attempt runs (each ended, or its island is gone), split it again; or
+        after `reserve_timeout_s` in any case (an island that forgot its portion never reports it ended)."""
+        if now <= span.deadline and any(pt.state() not in _ROW_ENDED and pt.island in free for pt in span.parts):
             return []   # a cancel goes again with each island row that still shows its portion (`rows`)
         return self._try(span, now, free)
 

@@ -256,3 +256,18 @@ def test_a_drain_does_not_move_a_portion_and_at_its_deadline_the_front_restarts_
     assert a.state is JobState.FAILED and a.error["cause"] == "drained"
     f.beat()
     assert span.state == "recovering" and "drained" in span.reason
+
+
+def test_a_restart_waits_for_the_portions_to_end_but_not_past_the_reservation_timeout():
+    f = Front({"A": 2, "B": 2}, reserve_timeout_s=10.0)
+    span, a = started(f, req(workers=8))
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, alive=False), agent(1, 1)], state="ended", ok=False,
+                                   error={"message": "PeerLost: another agent's connection closed", "cause": "peer_lost"}))
+    f.beat()
+    assert span.state == "recovering" and "PeerLost" in span.reason
+    stale = p.PortionRow(span_id=span.span_id, attempt=span.attempt, index=1, job_id="j1", state="running")
+    f.spans.rows("B", [stale], f.now)   # B's scheduler lost track of its portion: it shows it running for good
+    f.deliver(f.spans.tick(f.now + 5.0, {"A": 2, "B": 2}))
+    assert span.state == "recovering"
+    f.deliver(f.spans.tick(f.now + 11.0, {"A": 2, "B": 2}))
+    assert span.state == "reserving" and span.attempt == 2
