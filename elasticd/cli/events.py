@@ -21,7 +21,7 @@ FOLLOW_POLL_S = 0.5   # how often -f asks; events are derived from the job table
 
 def render(e: Event) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at)) + f".{int(e.at * 1000) % 1000:03d}"
-    subject = f"job {e.job}" if e.job else f"node {e.node}"
+    subject = f"job {e.job}" if e.job else f"island {e.island}" if e.island else f"node {e.node}"
     return f"{when}  {safe(subject):<14} {safe(e.event):<16} {safe(e.detail)}"
 
 
@@ -49,6 +49,9 @@ def events(job_id: str | None, follow: bool, as_json: bool, since: float | None,
 
     Job events come from the job table (they survive a scheduler restart); node events from a log of the
     newest 1000 the scheduler keeps in memory. A client key sees its own jobs' events and the nodes'.
+    Asked of a federation front (its --state-dir, or --endpoint): the jobs spanning islands (submitted,
+    waiting, reserving, starting, running, recovering, finished, failed, stopped) and the islands
+    (island_joined, island_lost, island_back, island_left).
     Each JSON object has `at` (Unix time), `event`, `job` or `node`, `detail`, and where they apply
     `from`, `to`, `step`, `seconds` (resizes), `seconds`, `steps_redone`, `detected_after` (recoveries).
     """

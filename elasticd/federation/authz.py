@@ -4,7 +4,7 @@
     island   island_hello / island_status / island_bye for its own island id only (its key is bound to
              it: `elasticd keygen --allow KEY --role island --island-id ID` on the front's state dir)
     client   islands (the table); submit a job spanning islands, read the table of such jobs, and stop
-             those it submitted (the front checks the owner)
+             those it submitted and read their events (the front checks the owner)
     admin    everything
     local    as admin (the front's own ipc socket, which only its user can open)
 
@@ -18,7 +18,7 @@ from elasticd import protocol as p
 from elasticd.scheduler.authz import Principal
 
 _ISLAND_OPS = (p.IslandHello, p.IslandStatus, p.IslandBye)
-_CLIENT_OPS = (p.SubmitSpanning, p.ListSpans, p.Stop)
+_CLIENT_OPS = (p.SubmitSpanning, p.ListSpans, p.Stop, p.Events)
 
 
 def check(who: Principal, msg: p.Message) -> str | None:

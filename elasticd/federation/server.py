@@ -17,7 +17,7 @@ import zmq
 
 from elasticd import keys, transport
 from elasticd import protocol as p
-from elasticd.federation import authz
+from elasticd.federation import authz, events
 from elasticd.federation.spans import Send, Spans
 from elasticd.federation.state import UP, FederationError, FederationState
 from elasticd.scheduler import admission
@@ -209,6 +209,15 @@ class FederationServer:
             text, out = self.spans.stop(span.span_id, now)
             self._send(out)
             return p.Ok(message=text)
+        if isinstance(msg, p.Events):
+            if msg.job_id is not None:
+                span = self._span(msg.job_id)
+                mine = [span] if who.admin or span.owner == who.owner else []
+                evs, more = events.select([(s.span_id, s.history) for s in mine], None, msg.after)
+            else:
+                mine = [s for s in self.spans.spans.values() if who.admin or s.owner == who.owner]
+                evs, more = events.select([(s.span_id, s.history) for s in mine], self.state.events, msg.after)
+            return p.EventsReply(events=evs, more=more)
         if isinstance(msg, p.Status):
             raise FederationError(p.UNEXPECTED, "a federation front has no island's job table: `elasticd islands "
                                   "--jobs` shows the jobs spanning its islands; ask an island's scheduler for its own")

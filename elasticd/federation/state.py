@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from elasticd import protocol as p
 from elasticd.core.errors import ControlPlaneError
+from elasticd.federation.events import IslandEvents
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class FederationError(ControlPlaneError):
 class FederationState:
     timeout_s: float = 10.0
     islands: dict[str, Island] = field(default_factory=dict)
+    events: IslandEvents = field(default_factory=IslandEvents)
 
     def hello(self, msg: p.IslandHello, now: float) -> p.IslandAck:
         isl = self.islands.get(msg.island_id)
@@ -55,10 +57,12 @@ class FederationState:
                 raise FederationError(p.QUOTA, f"the front knows {MAX_ISLANDS} islands already")
             self.islands[msg.island_id] = Island(msg.island_id, msg.capacity, now, now)
             log.info("island %s joined: %s", msg.island_id, _shown(msg.capacity))
+            self.events.add(now, "island_joined", msg.island_id, _shown(msg.capacity))
         else:
             if isl.state != UP:
                 log.info("island %s is back (was %s: %s): %s", msg.island_id, isl.state, isl.reason,
                          _shown(msg.capacity))
+                self.events.add(now, "island_back", msg.island_id, f"was {isl.state}: {isl.reason}")
             isl.capacity, isl.joined_at, isl.last_seen, isl.state, isl.reason, isl.seq = (
                 msg.capacity, now, now, UP, "", 0)
         return p.IslandAck(seq=0, known=True)
@@ -75,6 +79,7 @@ class FederationState:
         if isl is not None and isl.state == UP:
             isl.state, isl.reason, isl.last_seen = LEFT, "its scheduler shut down", now
             log.info("island %s left", msg.island_id)
+            self.events.add(now, "island_left", msg.island_id, isl.reason)
 
     def tick(self, now: float) -> list[str]:
         """Islands silent past the timeout become lost; returns their ids."""
@@ -83,6 +88,7 @@ class FederationState:
             if isl.state == UP and now - isl.last_seen > self.timeout_s:
                 isl.state, isl.reason = LOST, f"no status for {now - isl.last_seen:.0f}s"
                 log.warning("island %s lost: %s", isl.island_id, isl.reason)
+                self.events.add(now, "island_lost", isl.island_id, isl.reason)
                 lost.append(isl.island_id)
         return lost
 

@@ -37,6 +37,7 @@ class Event:
     detail: str                   # one line for people
     job: str | None = None
     node: str | None = None
+    island: str | None = None     # at a federation front: an island joined, lost, back or left
     src: int | None = field(default=None, metadata=WIRE_FROM)   # a resize: devices before
     dst: int | None = field(default=None, metadata=WIRE_TO)     # and asked for
     step: int | None = None       # a resize: the last step before it

@@ -97,6 +97,11 @@ def select(jobs: list[Job], nodes: NodeEvents | None, after: float = 0.0,
     evs = [e for job in jobs for e in job_events(job) if e.at > after]
     if nodes is not None:
         evs += nodes.since(after)
+    return page(evs, limit)
+
+
+def page(evs: list[Event], limit: int = MAX_EVENTS_PER_REPLY) -> tuple[list[Event], bool]:
+    """`evs` oldest first, at most `limit` (ending between two different times), and whether more were left out."""
     evs.sort(key=lambda e: e.at)
     if len(evs) <= limit:
         return evs, False

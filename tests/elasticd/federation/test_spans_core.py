@@ -271,3 +271,22 @@ def test_a_restart_waits_for_the_portions_to_end_but_not_past_the_reservation_ti
     assert span.state == "recovering"
     f.deliver(f.spans.tick(f.now + 11.0, {"A": 2, "B": 2}))
     assert span.state == "reserving" and span.attempt == 2
+
+
+def test_the_front_s_events_tell_each_job_s_states_and_each_island_s_comings_and_goings():
+    from elasticd.federation import events
+    from elasticd.federation.state import FederationState
+
+    fed = FederationState(timeout_s=5.0)
+    fed.hello(p.IslandHello(island_id="A", capacity=p.IslandCapacity(devices=2, free=2)), 90.0)
+    fed.tick(96.0)
+    fed.hello(p.IslandHello(island_id="A", capacity=p.IslandCapacity(devices=2, free=2)), 97.0)
+    f = Front({"A": 2, "B": 2})
+    span, _a = started(f, req(workers=8))
+    evs, more = events.select([(span.span_id, span.history)], fed.events)
+    assert not more
+    assert [(e.event, e.job or e.island) for e in evs] == [
+        ("island_joined", "A"), ("island_lost", "A"), ("island_back", "A"),
+        ("submitted", "s1"), ("reserving", "s1"), ("starting", "s1")]
+    assert [e.event for e in events.select([(span.span_id, span.history)], fed.events, after=96.5)[0]] == [
+        "island_back", "submitted", "reserving", "starting"]

@@ -4,6 +4,7 @@ its portion, the agents of both form one group and sum in two levels (agent/comm
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -195,6 +196,12 @@ def test_only_the_key_that_submitted_a_job_stops_it_and_only_the_front_commands_
         assert r.code == 1 and "no job 's404' at this front" in r.err, r
         assert cli("stop", job, "--state-dir", str(tmp_path / "alice"), *remote).code == 0
         assert spans(front, job)[0]["state"] == "stopped"
+        seen = cli("events", "--json", "--state-dir", str(tmp_path / "alice"), *remote)
+        assert seen.code == 0, seen
+        evs = [json.loads(line) for line in seen.out.splitlines()]
+        assert [e["event"] for e in evs if e.get("job") == job] == ["submitted", "stopped"]
+        assert {"event": "island_joined", "island": "A"}.items() <= next(e for e in evs if "island" in e).items()
+        assert cli("events", job, "--state-dir", str(tmp_path / "bob"), *remote).out == ""   # not bob's
         bad = cli("submit", str(JOB), "--workers", "4", "--islands", "A", "--layout", "2,2",
                   "--state-dir", str(front.state_dir))
         assert bad.code == 2 and "--layout: not for a job spanning islands" in bad.err, bad
