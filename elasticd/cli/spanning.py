@@ -37,23 +37,19 @@ def refuse_options(**given: object) -> None:
 
 def submit(opts: dict, *, script: str, func: str | None, workers: int, devices: int, islands: list[str],
            max_islands: int, priority: int, name: str, cwd: str, env: dict[str, str], snapshot_every: str,
-           threads: int, max_restarts: int, wait: bool, as_json: bool) -> None:
+           threads: int, max_restarts: int, as_json: bool) -> str:
+    """Submit it to the front; returns its id there."""
     from elasticd.protocol import SubmitSpanning
 
     msg = SubmitSpanning(script=script, func=func, workers=workers, devices=devices, islands=islands,
                          max_islands=max_islands, priority=priority, name=name, cwd=cwd, env=env,
                          snapshot_every=snapshot_every, threads=threads, max_restarts=max_restarts)
-    job_id = client.call(opts, msg, as_json).job_id  # type: ignore[attr-defined]
-    if not wait:
-        click.echo(json.dumps({"job_id": job_id}) if as_json else job_id)
-        return
-    if not as_json:
-        click.echo(job_id)
-    sys.exit(_follow(opts, job_id, as_json))
+    return client.call(opts, msg, as_json).job_id  # type: ignore[attr-defined]
 
 
 @client.guarded()
-def _follow(opts: dict, job_id: str, as_json: bool) -> int:
+def follow(opts: dict, job_id: str, as_json: bool) -> int:
+    """`submit --wait` of a job spanning islands: its state until it ends; the exit code."""
     from elasticd.protocol import ListSpans, plain
 
     tty = sys.stderr.isatty()

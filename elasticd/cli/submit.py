@@ -128,10 +128,12 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
         spanning.refuse_options(**{"--min-devices": min_devices > 1 and not blocks, "--layout": layout,
                                    "--scale-at": scale_at, "--run-as": run_as, "--device-memory": device_memory,
                                    "torchrun mode (a script without @elastic)": torchrun})
-        spanning.submit(opts, script=os.path.abspath(script), func=func, workers=workers, devices=max_devices or 0,
-                        islands=spanning.parse_islands(islands), max_islands=max_islands or 0, priority=priority,
-                        name=name, cwd=os.getcwd(), env=env, snapshot_every=snapshot_every, threads=threads,
-                        max_restarts=max_restarts, wait=wait, as_json=as_json)
+        job_id = spanning.submit(opts, script=os.path.abspath(script), func=func, workers=workers,
+                                 devices=max_devices or 0, islands=spanning.parse_islands(islands),
+                                 max_islands=max_islands or 0, priority=priority, name=name, cwd=os.getcwd(), env=env,
+                                 snapshot_every=snapshot_every, threads=threads, max_restarts=max_restarts,
+                                 as_json=as_json)
+        _done(opts, job_id, wait, as_json, spanning.follow)
         return
     schedule = _schedule(scale_at, workers)
     msg = Submit(script=os.path.abspath(script), func=func, workers=workers, min_devices=min_devices,
@@ -140,13 +142,17 @@ def submit(target: str, script_args: tuple[str, ...], workers: int | None, min_d
                  run_as=run_as, scale_at=[ScaleAt(step=step, devices=m, blocks=b) for step, m, b in schedule], threads=threads,
                  device_memory=device_memory or 0, blocks=blocks)
     reply = client.call(opts, msg, as_json)
-    job_id = reply.job_id  # type: ignore[attr-defined]
+    _done(opts, reply.job_id, wait, as_json, _follow)  # type: ignore[attr-defined]
+
+
+def _done(opts: dict, job_id: str, wait: bool, as_json: bool, follow) -> None:
+    """Print the new job's id, or follow it until it ends (`--wait`) and exit as it did."""
     if not wait:
         click.echo(json.dumps({"job_id": job_id}) if as_json else job_id)
         return
     if not as_json:
         click.echo(job_id)
-    sys.exit(_follow(opts, job_id, as_json))
+    sys.exit(follow(opts, job_id, as_json))
 
 
 def _schedule(text: str, workers: int) -> list[tuple[int, int, list[int]]]:

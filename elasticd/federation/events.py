@@ -4,26 +4,17 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from elasticd.protocol.events import Event
-from elasticd.scheduler.events import MAX_NODE_EVENTS, page
+from elasticd.scheduler.events import EventLog, page
 
 ISLAND_EVENTS = ("island_joined", "island_lost", "island_back", "island_left")
 
 
-class IslandEvents:
+class IslandEvents(EventLog):
     """The newest island events (islands have no table row a restarted front would keep)."""
 
-    def __init__(self, limit: int = MAX_NODE_EVENTS) -> None:
-        self._log: deque[Event] = deque(maxlen=limit)
-
-    def add(self, now: float, event: str, island: str, detail: str = "") -> None:
-        assert event in ISLAND_EVENTS, event
-        self._log.append(Event(at=round(now, 3), event=event, island=island, detail=detail))
-
-    def since(self, after: float) -> list[Event]:
-        return [e for e in self._log if e.at > after]
+    def __init__(self) -> None:
+        super().__init__(ISLAND_EVENTS, "island")
 
 
 def span_events(span_id: str, history: list[tuple[float, str, str]]) -> list[Event]:

@@ -72,18 +72,27 @@ def job_events(job: Job) -> list[Event]:
     return out
 
 
-class NodeEvents:
-    """The newest `MAX_NODE_EVENTS` node events (nodes have no persisted row to derive them from)."""
+class EventLog:
+    """The newest `limit` events of things with no persisted row to derive them from, each named in the
+    event's field `subject` ("node", "island")."""
 
-    def __init__(self, limit: int = MAX_NODE_EVENTS) -> None:
+    def __init__(self, names: tuple[str, ...], subject: str, limit: int = MAX_NODE_EVENTS) -> None:
+        self.names, self.subject = names, subject
         self._log: deque[Event] = deque(maxlen=limit)
 
-    def add(self, now: float, event: str, node_id: str, detail: str = "") -> None:
-        assert event in NODE_EVENTS, event
-        self._log.append(Event(at=round(now, 3), event=event, node=node_id, detail=detail))
+    def add(self, now: float, event: str, who: str, detail: str = "") -> None:
+        assert event in self.names, event
+        self._log.append(Event(at=round(now, 3), event=event, detail=detail, **{self.subject: who}))
 
     def since(self, after: float) -> list[Event]:
         return [e for e in self._log if e.at > after]
+
+
+class NodeEvents(EventLog):
+    """The newest `MAX_NODE_EVENTS` node events."""
+
+    def __init__(self, limit: int = MAX_NODE_EVENTS) -> None:
+        super().__init__(NODE_EVENTS, "node", limit)
 
 
 def select(jobs: list[Job], nodes: NodeEvents | None, after: float = 0.0,

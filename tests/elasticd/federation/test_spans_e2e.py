@@ -54,6 +54,16 @@ def spans(front, job: str = "") -> list[dict]:
     return r.json()["jobs"]
 
 
+def one_island_run(tmp_path, steps: int):
+    """The job on one island's worth of devices (`elasticd run`, 2 devices), unpaced: the reference."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "release").touch()
+    r = cli("run", JOB, "--workers", str(WORKERS), "--devices", "2", env=job_env(ref, steps, WORKERS), timeout=300)
+    assert r.code == 0, r.err[-3000:]
+    return ref
+
+
 def submit_spanning(front, script, env: dict[str, str], *args: str, timeout: float = 300.0):
     envs = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
     return cli("submit", str(script), "--workers", str(WORKERS), "--islands", "A,B", "--state-dir",
@@ -63,11 +73,7 @@ def submit_spanning(front, script, env: dict[str, str], *args: str, timeout: flo
 @pytest.mark.slow
 def test_a_job_split_over_two_islands_is_bitwise_the_one_island_run(islands, tmp_path):
     _c, front, a, b = islands
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    (ref / "release").touch()
-    r = cli("run", JOB, "--workers", str(WORKERS), "--devices", "2", env=job_env(ref, STEPS, WORKERS), timeout=300)
-    assert r.code == 0, r.err[-3000:]
+    ref = one_island_run(tmp_path, STEPS)
     out = tmp_path / "spanning"
     out.mkdir()
     (out / "release").touch()
@@ -130,11 +136,7 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         wait_until(lambda: {i: t["capacity"]["free"] for i, t in table(front).items()} == {"A": 2, "B": 2}, 60,
                    what="both islands up")
         steps = 150
-        ref = tmp_path / "ref"
-        ref.mkdir()
-        (ref / "release").touch()
-        r = cli("run", JOB, "--workers", str(WORKERS), "--devices", "2", env=job_env(ref, steps, WORKERS), timeout=300)
-        assert r.code == 0, r.err[-3000:]
+        ref = one_island_run(tmp_path, steps)
         out = tmp_path / "out"
         out.mkdir()
         r = submit_spanning(front, JOB, job_env(out, steps, WORKERS), "--snapshot-every", "3")
