@@ -18,7 +18,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.federation import authz, events
-from elasticd.federation.spans import Send, Spans
+from elasticd.federation.spans import MAX_ACTIVE_PER_OWNER, Send, Spans
 from elasticd.federation.state import UP, FederationError, FederationState
 from elasticd.scheduler import admission
 from elasticd.scheduler import authz as principals
@@ -196,6 +196,9 @@ class FederationServer:
         if isinstance(msg, p.ListIslands):
             return self.state.table()
         if isinstance(msg, p.SubmitSpanning):
+            if not who.admin and self.spans.active(who.owner) >= MAX_ACTIVE_PER_OWNER:
+                raise FederationError(p.QUOTA, f"{who.describe()} has {MAX_ACTIVE_PER_OWNER} jobs not ended at this "
+                                      "front, the most one key may; stop one or wait for one to end")
             span, out = self.spans.submit(msg, who.owner, now, self._free())
             self._send(out)
             return p.SpanSubmitted(job_id=span.span_id)

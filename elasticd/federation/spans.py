@@ -41,6 +41,8 @@ FINISHED, FAILED, STOPPED = "finished", "failed", "stopped"
 ENDED = (FINISHED, FAILED, STOPPED)
 _ROW_ENDED = ("finished", "failed", "stopped")
 RESEND_S = 2.0   # a command whose effect no island row shows yet is sent again after this
+KEEP_ENDED = 1000     # ended jobs the front keeps to show (the oldest go first)
+MAX_ACTIVE_PER_OWNER = 64   # jobs of one key not ended yet: each holds or asks for devices on every island
 
 Send = tuple[str, p.Message]   # (island id, message for its scheduler)
 
@@ -117,6 +119,9 @@ class Spans:
                  ",".join(req.islands) or f"any (at most {req.max_islands or 'all'})")
         return span, self._try(span, now, free)
 
+    def active(self, owner: str) -> int:
+        return sum(s.owner == owner and s.state not in ENDED for s in self.spans.values())
+
     def stop(self, span_id: str, now: float) -> tuple[str, list[Send]]:
         span = self.get(span_id)
         if span.state in ENDED:
@@ -183,6 +188,9 @@ class Spans:
         return out
 
     def tick(self, now: float, free: dict[str, int]) -> list[Send]:
+        ended = [s for s in sorted(self.spans.values(), key=lambda s: s.seq) if s.state in ENDED]
+        for s in ended[:max(0, len(ended) - KEEP_ENDED)]:
+            del self.spans[s.span_id]
         out: list[Send] = []
         for span in sorted(self.spans.values(), key=lambda s: s.seq):
             if span.state == WAITING and now >= span.retry_at:

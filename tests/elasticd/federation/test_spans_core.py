@@ -290,3 +290,18 @@ def test_the_front_s_events_tell_each_job_s_states_and_each_island_s_comings_and
         ("submitted", "s1"), ("reserving", "s1"), ("starting", "s1")]
     assert [e.event for e in events.select([(span.span_id, span.history)], fed.events, after=96.5)[0]] == [
         "island_back", "submitted", "reserving", "starting"]
+
+
+def test_the_front_keeps_a_bounded_table_and_counts_each_key_s_jobs(monkeypatch):
+    from elasticd.federation import spans as spans_mod
+
+    monkeypatch.setattr(spans_mod, "KEEP_ENDED", 2)
+    s = Spans()
+    for _ in range(4):
+        span, _out = s.submit(req(), "alice", 1.0, {})
+        assert span.state == "waiting" and "island A, B are not up" in span.reason
+    assert s.active("alice") == 4 and s.active("bob") == 0
+    for span_id in ("s1", "s2", "s3"):
+        s.stop(span_id, 2.0)
+    s.tick(3.0, {})
+    assert sorted(s.spans) == ["s2", "s3", "s4"] and s.active("alice") == 1
