@@ -121,6 +121,12 @@ def test_emulated_islands_come_from_the_environment_and_a_bad_count_is_refused()
             emulated_islands(4, {"ELASTICD_ISLANDS": bad})
     with pytest.raises(ValueError, match="at least one agent each"):
         Islands((2, 0))
+    # agents per island, as an island scheduler gives a job spanning islands
+    assert emulated_islands(5, {"ELASTICD_ISLANDS": "3,2"}) == Islands((3, 2))
+    with pytest.raises(ValueError, match="islands of 4 agents, but the job has 3"):
+        emulated_islands(3, {"ELASTICD_ISLANDS": "2,2"})
+    with pytest.raises(ValueError, match="expected a number of islands >= 1, or agents per island"):
+        emulated_islands(3, {"ELASTICD_ISLANDS": "2,0"})
     # The emulated link between them: bandwidth and one-way latency, what a message and a ring take.
     link = emulated_link({"ELASTICD_ISLAND_LINK": "800:2"})
     assert link == Link(800.0, 0.002) and emulated_link({}) is None
