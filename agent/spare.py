@@ -160,7 +160,9 @@ def serve(ready: str) -> int:
 
     proc_name.set_name(0, standby=True)
     if os.environ.get(QUIET_SPARE_VAR) != "1":
-        print(f"elasticd spare pid {os.getpid()} {ready}", file=sys.stderr, flush=True)
+        from elasticd.core.text import say
+
+        say(f"elasticd spare pid {os.getpid()} {ready}")
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0   # the daemon closed the pipe: no job for this spare

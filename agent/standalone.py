@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,6 +12,7 @@ from elasticd.agent.comm.physical import PhysicalGroup
 from elasticd.agent.runtime import Runtime, WorkerFailed
 from elasticd.agent.slicer.device import set_deterministic
 from elasticd.core.layout import hosted_ranks
+from elasticd.core.text import say
 
 if TYPE_CHECKING:
     from elasticd.agent.decorator import ElasticFunction
@@ -51,7 +51,7 @@ def run_standalone(ef: ElasticFunction) -> Any:
     except WorkerFailed as f:
         # The exception raised here carries the runtime's stack; the worker's own traceback, the one the
         # user needs (as `elasticd run` prints it), is text on it: print it before it propagates.
-        print(f"[elasticd] logical rank {f.rank} failed: {f.message}\n{f.traceback}", file=sys.stderr, flush=True)
+        say(f"[elasticd] logical rank {f.rank} failed: {f.message}\n{f.traceback}")
         raise
     finally:
         patches.remove_all()  # the rest of the script sees torch as it was (agent processes keep them: they exit)

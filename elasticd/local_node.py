@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -25,6 +24,7 @@ from elasticd.control_client import Client, Target
 from elasticd.core import parts
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import JOB_ENDED, ResizeOutcome, ResizePhase
+from elasticd.core.text import say
 from elasticd.core.timing import clean_timing, merge_timing
 from elasticd.core.watchdog import fence_said
 from elasticd.daemon import job_user
@@ -92,7 +92,7 @@ class LocalNode:
 
 
 def _say(text: str) -> None:
-    print(f"[elasticd] {text}", file=sys.stderr, flush=True)
+    say(f"[elasticd] {text}")
 
 
 def run_on_node(submit: p.Submit, devices: int, device_type: str, summary: str | None, snapshot_dir: str = "") -> int:
@@ -226,19 +226,17 @@ def _verdict(info: p.JobInfo) -> int:
     refused = "; ".join(f"{r.step}:{r.dst}: {r.note}" for r in info.resizes
                         if r.outcome == ResizeOutcome.REFUSED.value and not r.note.startswith(DROPPED))
     if refused:
-        print(f"[elasticd] error: --scale-at refused ({refused}). The job trained on at its size from there; its "
-              "result is what its N workers compute, but the resizes asked for did not happen",
-              file=sys.stderr, flush=True)
+        say(f"[elasticd] error: --scale-at refused ({refused}). The job trained on at its size from there; its "
+            "result is what its N workers compute, but the resizes asked for did not happen")
         return 1
     left = [f"{e.step}:{e.devices}" for e in info.scale_at] + [
         f"{r.step}:{r.dst}" for r in info.resizes if r.outcome == ResizeOutcome.NOT_APPLIED.value]
     if not left:
         return 0
     if "total_steps" not in info.metrics:
-        print(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
-              f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
-              f"on {info.devices} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`",
-              file=sys.stderr, flush=True)
+        say(f"[elasticd] error: --scale-at {','.join(left)} refused: the function never reached a step "
+            f"boundary of `ctx.steps`, the only place a job can be resized. Its result is what it computed "
+            f"on {info.devices} device(s). To resize it, drive its loop with `for step in ctx.steps(n)`")
         return 1
     _say(f"--scale-at {','.join(left)} not applied: the job ended after step {info.step}, "
          f"before reaching {'them' if len(left) > 1 else 'it'}")

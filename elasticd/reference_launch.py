@@ -18,6 +18,7 @@ import time
 
 from elasticd.core.commands import module_command
 from elasticd.core.env_names import torchrun_variables
+from elasticd.core.text import say
 from elasticd.forked import ForkedProcess, ForkServer, shared_server, supported
 
 _POLL_S = 0.05   # how often the launcher looks at cold ranks' exits
@@ -93,7 +94,7 @@ def _wait_all(procs: list[subprocess.Popen[bytes] | ForkedProcess], forks: ForkS
         if not running:
             return 0
         if time.monotonic() > deadline:
-            print(f"[native ddp] timed out after {timeout:.0f}s; killing all ranks", file=sys.stderr, flush=True)
+            say(f"[native ddp] timed out after {timeout:.0f}s; killing all ranks")
             return 124
         if forks is not None and not forks.broken:
             forks.pump(_POLL_S)   # returns at once when a forked rank's exit is reported

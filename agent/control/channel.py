@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from typing import Protocol
 
 from elasticd import protocol as p
+from elasticd.core.text import say
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class NullControl:
         if self._print and now - self._last >= self._every:
             self._last = now
             shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-            print(f"[elasticd] step {step} {shown}".rstrip(), file=sys.stderr, flush=True)
+            say(f"[elasticd] step {step} {shown}".rstrip())
 
     def done(self, stopped: bool) -> None:
         pass

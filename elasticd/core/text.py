@@ -10,6 +10,7 @@ this (json.dumps escapes them already).
 from __future__ import annotations
 
 import re
+import sys
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
@@ -24,3 +25,11 @@ def printable(value: object, *, keep_newlines: bool = False, keep_tabs: bool = F
     """`value` as text with every control character escaped (newlines, and tabs, kept if asked)."""
     pattern = (_CONTROL_BUT_LAYOUT if keep_tabs else _CONTROL_BUT_NEWLINE) if keep_newlines else _CONTROL
     return pattern.sub(_escape, str(value))
+
+
+def say(line: str) -> None:
+    """Write `line` and its newline to stderr in one write: stderr is unbuffered under PYTHONUNBUFFERED (as
+    agents run), where `print` writes the text and the newline apart, and the job's own output, sharing the
+    stream, could land between them."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
