@@ -771,7 +771,10 @@ class SchedulerState:
             return self.resizes.agent_failed(job, now, {"message": reason, "node": node}, joiner=True)
         if self.recoveries.recovering(job):
             return self.recoveries.lost(job, node, now)
-        if job.state in (JobState.STARTING, JobState.RESERVED) and not job.restore_epoch:
+        # A start is retried here, but not a portion's: its agents were meeting other islands' at a rendezvous
+        # that will not wait for a retry, so it fails, and the front restarts the whole job.
+        if job.state is JobState.RESERVED or (job.state is JobState.STARTING and not job.restore_epoch
+                                              and job.spec.portion is None):
             out = self.end_job(job, JobState.QUEUED, now, reason + "; requeued", gone=node)
             job.placement, job.launched, job.ready, job.ended = [], [], [], []
             return out

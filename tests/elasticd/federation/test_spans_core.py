@@ -305,3 +305,14 @@ def test_the_front_keeps_a_bounded_table_and_counts_each_key_s_jobs(monkeypatch)
         s.stop(span_id, 2.0)
     s.tick(3.0, {})
     assert sorted(s.spans) == ["s2", "s3", "s4"] and s.active("alice") == 1
+
+
+def test_a_portion_whose_node_is_lost_while_starting_fails_for_the_front_to_restart_not_requeued():
+    f = Front({"A": 2, "B": 2})
+    span, _a = started(f, req(workers=8))
+    b = f.job("B")
+    assert b.state is JobState.STARTING
+    f.isl["B"].tick(11.0)   # b1 silent past the node timeout
+    assert b.state is JobState.FAILED and b.error["cause"] == "node_lost"
+    f.beat()
+    assert span.state == "recovering" and "node b1 lost" in span.reason
