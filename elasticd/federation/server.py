@@ -109,7 +109,7 @@ class FederationServer:
             out: list[Send] = []
             for island in self.state.tick(now):
                 out += self.spans.island_lost(island, self.state.islands[island].reason, now)
-            self._send(out + self.spans.tick(now, self._free()))
+            self._send(out + self.spans.tick(now, self._free(), self._speed()))
         except Exception:  # a bug in one tick must not take the front down
             log.exception("federation tick failed")
 
@@ -121,6 +121,9 @@ class FederationServer:
 
     def _free(self) -> dict[str, int]:
         return {i.island_id: i.capacity.free for i in self.state.islands.values() if i.state == UP}
+
+    def _speed(self) -> dict[str, float]:
+        return {i.island_id: i.capacity.free_speed for i in self.state.islands.values() if i.state == UP}
 
     def _send(self, out: list[Send]) -> None:
         for island, msg in out:
@@ -199,7 +202,7 @@ class FederationServer:
             if not who.admin and self.spans.active(who.owner) >= MAX_ACTIVE_PER_OWNER:
                 raise FederationError(p.QUOTA, f"{who.describe()} has {MAX_ACTIVE_PER_OWNER} jobs not ended at this "
                                       "front, the most one key may; stop one or wait for one to end")
-            span, out = self.spans.submit(msg, who.owner, now, self._free())
+            span, out = self.spans.submit(msg, who.owner, now, self._free(), self._speed())
             self._send(out)
             return p.SpanSubmitted(job_id=span.span_id)
         if isinstance(msg, p.ListSpans):

@@ -111,13 +111,15 @@ class Spans:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def submit(self, req: p.SubmitSpanning, owner: str, now: float, free: dict[str, int]) -> tuple[Span, list[Send]]:
+    def submit(self, req: p.SubmitSpanning, owner: str, now: float, free: dict[str, int],
+               speed: dict[str, float] | None = None) -> tuple[Span, list[Send]]:
+        """`free`: the islands up, with their free devices; `speed`: those devices' speeds added up."""
         self._seq += 1
         span = Span(f"s{self._seq}", self._seq, req, owner, now, history=[(round(now, 3), WAITING, "submitted")])
         self.spans[span.span_id] = span
         log.info("job %s submitted: %s workers=%d islands=%s", span.span_id, req.script, req.workers,
                  ",".join(req.islands) or f"any (at most {req.max_islands or 'all'})")
-        return span, self._try(span, now, free)
+        return span, self._try(span, now, free, speed)
 
     def active(self, owner: str) -> int:
         return sum(s.owner == owner and s.state not in ENDED for s in self.spans.values())
@@ -187,16 +189,16 @@ class Spans:
                 span.go(RECOVERING, f"island {island} lost ({why}); {span.reason}", now, note=True)
         return out
 
-    def tick(self, now: float, free: dict[str, int]) -> list[Send]:
+    def tick(self, now: float, free: dict[str, int], speed: dict[str, float] | None = None) -> list[Send]:
         ended = [s for s in sorted(self.spans.values(), key=lambda s: s.seq) if s.state in ENDED]
         for s in ended[:max(0, len(ended) - KEEP_ENDED)]:
             del self.spans[s.span_id]
         out: list[Send] = []
         for span in sorted(self.spans.values(), key=lambda s: s.seq):
             if span.state == WAITING and now >= span.retry_at:
-                out += self._try(span, now, free)
+                out += self._try(span, now, free, speed)
             elif span.state == RECOVERING:
-                out += self._restart(span, now, free)
+                out += self._restart(span, now, free, speed)
             elif span.state == RUNNING and (back := self._back(span, free)):
                 out += self._regrow(span, back, now)
             elif span.state == RESERVING and now > span.deadline:
@@ -209,8 +211,9 @@ class Spans:
 
     # --- internals -------------------------------------------------------------------------------
 
-    def _try(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:
-        s = split(span.req, free, partial=span.restore)
+    def _try(self, span: Span, now: float, free: dict[str, int], speed: dict[str, float] | None = None
+             ) -> list[Send]:
+        s = split(span.req, free, partial=span.restore, speed=speed)
         if isinstance(s, str):
             if span.state == RECOVERING:   # tried again at every tick: the islands' reports bring free devices
                 span.go(RECOVERING, f"restarting once devices are free: {s}", now)
@@ -326,12 +329,13 @@ class Spans:
                             "snapshot", now)
         return out
 
-    def _restart(self, span: Span, now: float, free: dict[str, int]) -> list[Send]:
+    def _restart(self, span: Span, now: float, free: dict[str, int], speed: dict[str, float] | None = None
+                 ) -> list[Send]:
         """Once no portion of the failed attempt runs (each ended, or its island is gone), split it again; or
         after `reserve_timeout_s` in any case (an island that forgot its portion never reports it ended)."""
         if now <= span.deadline and any(pt.state() not in _ROW_ENDED and pt.island in free for pt in span.parts):
             return []   # a cancel goes again with each island row that still shows its portion (`rows`)
-        return self._try(span, now, free)
+        return self._try(span, now, free, speed)
 
     def _fail(self, span: Span, reason: str, now: float) -> list[Send]:
         out = self._cancel(span, f"job {span.span_id} failed: {reason}")

@@ -2,8 +2,9 @@
 
 A pure function of the request and what each island last reported free. Devices go to islands in
 proportion to their free devices (largest remainders, at least one each, never more than free); the
-job's N logical workers take the uniform layout over its M agents, and each island gets the consecutive
-block of agents its share names, so portion i's ranks start where portion i-1's end. An island is a run
+job's N logical workers go to its M agents in proportion to the mean speed of their island's free
+devices (the uniform layout when the islands are alike), and each island gets the consecutive block of
+agents its share names, so portion i's ranks start where portion i-1's end. An island is a run
 of consecutive ranks, which is what the two-level sums need (agent/comm/islands.py).
 """
 
@@ -54,8 +55,11 @@ def choose(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False) -
     return tuple(chosen)
 
 
-def split(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False) -> Split | str:
-    """The portions of `req` over the islands `choose` picks, or why the job must wait."""
+def split(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False,
+          speed: dict[str, float] | None = None) -> Split | str:
+    """The portions of `req` over the islands `choose` picks, or why the job must wait. `speed`: each
+    island's free devices' speeds added up; the agents of an island whose devices are faster host more
+    logical workers (none given, or 0 for an island: the uniform layout's)."""
     islands = choose(req, free, partial)
     if isinstance(islands, str):
         return islands
@@ -81,4 +85,26 @@ def split(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False) ->
     while sum(sizes) > m:   # the at-least-one floor took more than m asked
         k = max(range(len(islands)), key=lambda j: (sizes[j], -j))
         sizes[k] -= 1
-    return Split(islands=islands, devices=tuple(sizes), blocks=uniform_sizes(req.workers, m))
+    mean = [(speed or {}).get(i, 0.0) / have[i] for i in islands]
+    if all(x > 0 for x in mean) and max(mean) > min(mean):
+        blocks = weighted_blocks(req.workers, [x for x, n in zip(mean, sizes, strict=True) for _ in range(n)])
+    else:
+        blocks = uniform_sizes(req.workers, m)
+    return Split(islands=islands, devices=tuple(sizes), blocks=tuple(blocks))
+
+
+def weighted_blocks(workers: int, weights: list[float]) -> list[int]:
+    """`workers` logical workers over agents in proportion to their weights: at least one each, largest
+    remainders first (ties to the earlier agent)."""
+    total = sum(weights)
+    exact = [workers * w / total for w in weights]
+    blocks = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(weights)), key=lambda k: (-(exact[k] - int(exact[k])), k))
+    k = 0
+    while sum(blocks) < workers:
+        blocks[order[k % len(order)]] += 1
+        k += 1
+    while sum(blocks) > workers:   # the at-least-one floor took more than there are
+        j = max(range(len(blocks)), key=lambda i: (blocks[i], -i))
+        blocks[j] -= 1
+    return blocks

@@ -27,6 +27,9 @@ class IslandCapacity:
     running: int = 0          # jobs placed there (starting, running, resizing or recovering)
     queued: int = 0           # jobs waiting for devices
     device_types: list[str] = field(default_factory=list)   # the kinds of device it has ("cpu", "cuda")
+    # Its free devices' speeds added up (1.0 each unless declared or measured: elasticd/placement/speeds.py);
+    # 0: not reported.
+    free_speed: float = 0.0
 
 
 def _bad_capacity(island_id: str, c: IslandCapacity) -> str | None:
@@ -35,6 +38,8 @@ def _bad_capacity(island_id: str, c: IslandCapacity) -> str | None:
     counts = (c.nodes, c.devices, c.free, c.running, c.queued)
     if min(counts) < 0 or max(counts) > L.MAX_ISLAND_COUNT or c.free > c.devices:
         return f"capacity {counts}: counts must be in 0..{L.MAX_ISLAND_COUNT}, free at most devices"
+    if not 0 <= c.free_speed <= 1e9:   # NaN fails this too
+        return f"free_speed {c.free_speed}: a speed total in 0..1e9"
     if len(c.device_types) > 8 or any(L.bad_text("device type", t, 16) for t in c.device_types):
         return "device_types: at most 8 names of at most 16 characters"
     return None

@@ -45,7 +45,7 @@ def test_islands_join_report_their_devices_and_are_seen_lost_back_and_gone(clust
                       30, what="both islands, A with its node's devices")
     assert seen["A"]["state"] == seen["B"]["state"] == "up"
     assert seen["A"]["capacity"] | {"running": 0} == {"nodes": 1, "devices": 3, "free": 3, "running": 0, "queued": 0,
-                                                      "device_types": ["cpu"]}
+                                                      "device_types": ["cpu"], "free_speed": 3.0}
     assert seen["B"]["capacity"]["devices"] == 0
     text = cli("islands", "--state-dir", str(front.state_dir)).out
     assert "ISLAND" in text and "3/3" in text

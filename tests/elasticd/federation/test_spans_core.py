@@ -316,3 +316,17 @@ def test_a_portion_whose_node_is_lost_while_starting_fails_for_the_front_to_rest
     assert b.state is JobState.FAILED and b.error["cause"] == "node_lost"
     f.beat()
     assert span.state == "recovering" and "node b1 lost" in span.reason
+
+
+def test_agents_on_an_island_of_faster_devices_host_more_workers_and_islands_report_their_speed():
+    from elasticd.scheduler.federation_link import capacity
+
+    s = split(req(workers=12), {"A": 2, "B": 2}, speed={"A": 4.0, "B": 2.0})   # A's devices twice as fast
+    assert (s.devices, s.blocks) == ((2, 2), (4, 4, 2, 2))
+    assert split(req(workers=12), {"A": 2, "B": 2}, speed={"A": 2.0, "B": 2.0}).blocks == (3, 3, 3, 3)
+    assert split(req(workers=12), {"A": 2, "B": 2}, speed={"A": 4.0}).blocks == (3, 3, 3, 3)   # B's unknown
+    assert split(req(workers=12), {"A": 2, "B": 2}, speed={"A": 4.0, "B": 2.0}).portion("s1", 1, 1, 12).own_blocks == [2, 2]
+    isl = Island()
+    devs = [p.DeviceInfo(device_id=f"cpu:{i}", type="cpu", index=i, speed=0.5) for i in range(3)]
+    isl.s.node_hello(p.NodeHello(node_id="b1", host="h", devices=devs), isl.now)
+    assert capacity(isl.s).free_speed == 1.5 and capacity(isl.s).free == 3
