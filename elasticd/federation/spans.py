@@ -231,8 +231,8 @@ class Spans:
 
     def _reserve(self, span: Span, pt: Part) -> p.ReservePortion:
         r = span.req
-        name = f"{r.name or span.span_id}/{pt.island}"[:p.MAX_TEXT_CHARS]
-        return p.ReservePortion(portion=pt.spec, script=r.script, func=r.func, name=name[:128], cwd=r.cwd,
+        name = f"{r.name or span.span_id}/{pt.island}"[:128]
+        return p.ReservePortion(portion=pt.spec, script=r.script, func=r.func, name=name, cwd=r.cwd,
                                 env=dict(r.env), priority=r.priority, snapshot_every=r.snapshot_every,
                                 threads=r.threads, owner=span.owner)
 
@@ -241,8 +241,11 @@ class Spans:
         bad = next((pt for pt in span.parts if pt.state() in ("failed", "stopped")), None)
         if span.state == RESERVING:
             if bad is not None:
-                return self._release(span, f"island {bad.island} {bad.state()} its portion"
-                                           + (f": {bad.row.error}" if bad.row and bad.row.error else ""), now)
+                why = f"island {bad.island} {bad.state()} its portion" + (f": {bad.row.error}" if bad.row and bad.row.error
+                                                                        else "")
+                if bad.state() == "failed" and not (bad.row is not None and is_infrastructure(bad.row.cause)):
+                    return self._fail(span, why, now)   # refused (a bad request): asking again would be refused again
+                return self._release(span, why, now)
             if all(s == "reserved" for s in states):
                 span.planned = span.planned or tuple(pt.island for pt in span.parts)
                 lead = span.parts[0]

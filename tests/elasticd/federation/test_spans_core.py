@@ -208,7 +208,7 @@ def test_the_script_s_own_failure_fails_the_job_and_so_does_one_past_max_restart
     assert f.spans.stop(span.span_id, f.now)[0] == f"job {span.span_id} already failed"
 
 
-def test_an_island_that_refuses_its_portion_releases_the_others_and_a_stale_reservation_is_cancelled():
+def test_an_island_that_refuses_its_portion_fails_the_job_releasing_the_others_and_a_stale_reservation_is_cancelled():
     f = Front({"A": 2, "B": 3})
     stale = p.PortionSpec(span_id="s9", attempt=1, index=0, workers=2, world=1, rank_offset=0, blocks=[2], islands=[1])
     f.isl["B"].s.portions.apply(p.ReservePortion(portion=stale, script="/s.py"), f.now)
@@ -217,7 +217,7 @@ def test_an_island_that_refuses_its_portion_releases_the_others_and_a_stale_rese
     f.deliver(out)
     f.beat()
     assert f.isl["B"].s.portions.find("s9", 1).state is JobState.STOPPED   # no job of this front's
-    assert span.state == "waiting" and "island B failed its portion: script path is empty" in span.reason
+    assert span.state == "failed" and "island B failed its portion: script path is empty" in span.reason
     assert f.isl["A"].s.jobs[span.parts[0].row.job_id].state is JobState.STOPPED
     assert f.isl["A"].s.free_count() == 2
 
@@ -330,3 +330,15 @@ def test_agents_on_an_island_of_faster_devices_host_more_workers_and_islands_rep
     devs = [p.DeviceInfo(device_id=f"cpu:{i}", type="cpu", index=i, speed=0.5) for i in range(3)]
     isl.s.node_hello(p.NodeHello(node_id="b1", host="h", devices=devs), isl.now)
     assert capacity(isl.s).free_speed == 1.5 and capacity(isl.s).free == 3
+
+
+def test_a_reservation_its_island_stops_releases_the_others_and_the_job_waits_to_try_again():
+    f = Front({"A": 2, "B": 2})
+    f.isl["B"].submit(workers=2, lo=2, hi=2)   # B is full: A holds its portion, B's waits in B's queue
+    span, out = f.spans.submit(req(workers=8), "alice", f.now, {"A": 2, "B": 2})
+    f.deliver(out)
+    a = f.job("A")
+    f.isl["A"].s.stop(a.job_id, f.now)   # A's admin stops it
+    f.beat()
+    assert span.state == "waiting" and "island A stopped its portion" in span.reason
+    assert [j.state for j in f.isl["B"].s.jobs.values() if j.spec.portion is not None] == [JobState.STOPPED]
