@@ -154,8 +154,8 @@ class PeriodicSnapshots:
         if len(firsts) < 2:
             return
         first_agent = {t: tags.index(t) for t in firsts}
-        buddy = [first_agent[buddy_node(firsts, firsts.index(t), [self._island(phys, first_agent[f]) for f in firsts])]
-                 for t in tags]
+        islands = [phys.islands.islands.of(first_agent[f]) if phys.islands is not None else 0 for f in firsts]
+        buddy = [first_agent[buddy_node(firsts, firsts.index(t), islands)] for t in tags]
         d = periodic_dir(self.root, step)
         me = phys.rank
         # One global order (by sender): the smallest pending transfer has both its agents waiting on it.
@@ -170,10 +170,6 @@ class PeriodicSnapshots:
                 for _ in range(count):
                     part = int.from_bytes(phys.recv_bytes(src, side=True), "little", signed=True)
                     write_bytes(d, part, phys.recv_bytes(src, side=True))
-
-    @staticmethod
-    def _island(phys: PhysicalGroup, agent: int) -> int:
-        return phys.islands.islands.of(agent) if phys.islands is not None else 0
 
     def _drop_others(self, step: int) -> None:
         # Every agent is idle here (the vote said so), so all but the complete snapshot is superseded. (What a

@@ -50,16 +50,16 @@ def resolve(state_dir: str | None, endpoint: str | None = None, server_key: str 
             raise click.UsageError(str(e)) from None
         identity = keys.load_identity(sd.root) or keys.ensure_identity(sd.root)
         return Target(endpoint, public, identity, what=f"scheduler at {endpoint}")
-    for sock, info_path, what in ((sd.daemon_sock, sd.daemon_info, "daemon"),
-                                  (sd.scheduler_sock, sd.scheduler_info, "scheduler"),
-                                  (sd.federation_sock, sd.federation_info, "federation front")):
+    for sock, info_path, what, command in ((sd.daemon_sock, sd.daemon_info, "daemon", "start"),
+                                           (sd.scheduler_sock, sd.scheduler_info, "scheduler", "start"),
+                                           (sd.federation_sock, sd.federation_info, "federation front", "federation")):
         if not sock.exists():
             continue
         info = read_info(info_path) or {}
         pid = info.get("pid")
         if isinstance(pid, int) and not pid_alive(pid):
             raise Unreachable(f"the {what} of {sd.root} (pid {pid}) is not running (stale socket); "
-                              f"start one with `elasticd {'federation' if what.startswith('fed') else 'start'}`")
+                              f"start one with `elasticd {command}`")
         return Target(transport.ipc_endpoint(sock), what=f"{what} of {sd.root}")
     raise Unreachable(f"no elasticd daemon is running with state dir {sd.root} (no {sd.daemon_sock.name}); "
                       "start one with `elasticd start`, or pass --state-dir / set ELASTICD_STATE_DIR")

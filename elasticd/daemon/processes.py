@@ -377,21 +377,11 @@ MAX_ERROR_REPORT = 1 << 20   # bytes of an agent's error report read (a tracebac
 def sweep_span_snapshots(sd: StateDir, now: float, live: set[str], keep_s: float = SPAN_SNAPSHOT_KEEP_S) -> list[str]:
     """Delete the snapshot folders of portions of jobs spanning islands that no job here uses and that
     nothing has written to for `keep_s`. Returns their names."""
-    gone = []
     try:
         folders = [f for f in sd.agent_root.iterdir() if f.name.startswith("span-")]
     except OSError:
-        return gone
-    for folder in folders:
-        if folder.name in live or folder.is_symlink() or not folder.is_dir():
-            continue
-        try:
-            newest = max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.rglob("*"))])
-        except OSError:
-            continue
-        if now - newest > keep_s:
-            shutil.rmtree(folder, ignore_errors=True)
-            gone.append(folder.name)
+        return []
+    gone = _drop_stale(folders, now, keep_s, live, deep=True)
     if gone:
         log.info("dropped the snapshots of %d job(s) spanning islands, unused for %.0f s: %s", len(gone), keep_s,
                  ", ".join(gone[:10]))
@@ -401,25 +391,33 @@ def sweep_span_snapshots(sd: StateDir, now: float, live: set[str], keep_s: float
 def sweep_logs(sd: StateDir, now: float, keep_s: float, live: set[str]) -> list[str]:
     """Delete the log folders of jobs not running here whose newest file is older than `keep_s`:
     by then the scheduler has purged the job, and its output is nobody's to read. Returns their names."""
-    gone = []
-    for kind in (sd.root / "logs",):
-        try:
-            folders = list(kind.iterdir())
-        except OSError:
-            continue
-        for folder in folders:
-            if folder.name in live or folder.is_symlink() or not folder.is_dir():
-                continue
-            try:
-                newest = max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.iterdir())])
-            except OSError:
-                continue
-            if now - newest > keep_s:
-                shutil.rmtree(folder, ignore_errors=True)
-                gone.append(f"{kind.name}/{folder.name}")
+    kind = sd.root / "logs"
+    try:
+        folders = list(kind.iterdir())
+    except OSError:
+        return []
+    gone = [f"{kind.name}/{name}" for name in _drop_stale(folders, now, keep_s, live)]
     if gone:
         log.info("dropped the logs of %d job(s) ended more than %.0f s ago: %s", len(gone), keep_s,
                  ", ".join(gone[:10]))
+    return gone
+
+
+def _drop_stale(folders: list[Path], now: float, keep_s: float, live: set[str], deep: bool = False) -> list[str]:
+    """Delete the folders not named in `live` whose newest entry (any depth if `deep`, else the top level)
+    is older than `keep_s`; returns their names."""
+    gone = []
+    for folder in folders:
+        if folder.name in live or folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            inside = folder.rglob("*") if deep else folder.iterdir()
+            newest = max([folder.stat().st_mtime, *(f.stat().st_mtime for f in inside)])
+        except OSError:
+            continue
+        if now - newest > keep_s:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder.name)
     return gone
 
 

@@ -18,7 +18,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.federation import authz, events
-from elasticd.federation.spans import MAX_ACTIVE_PER_OWNER, Send, Spans
+from elasticd.federation.spans import MAX_ACTIVE_PER_OWNER, Send, Span, Spans
 from elasticd.federation.state import UP, FederationError, FederationState
 from elasticd.scheduler import admission
 from elasticd.scheduler import authz as principals
@@ -206,25 +206,26 @@ class FederationServer:
             self._send(out)
             return p.SpanSubmitted(job_id=span.span_id)
         if isinstance(msg, p.ListSpans):
-            return self.spans.table(self._span(msg.span_id).span_id) if msg.span_id else self.spans.table()
+            return p.SpansReply(spans=[self._span(msg.span_id).info()]) if msg.span_id else self.spans.table()
         if isinstance(msg, p.Stop):
             span = self._span(msg.job_id)
-            if not (who.admin or span.owner == who.owner):
+            if not _sees(who, span):
                 raise FederationError(p.FORBIDDEN, f"{who.describe()} may not stop job {span.span_id}: only the key "
                                       "that submitted it, or an admin, may")
             text, out = self.spans.stop(span.span_id, now)
             self._send(out)
             return p.Ok(message=text)
-        if isinstance(msg, p.Events):
-            if msg.job_id is not None:
-                span = self._span(msg.job_id)
-                mine = [span] if who.admin or span.owner == who.owner else []
-                evs, more = events.select([(s.span_id, s.history) for s in mine], None, msg.after)
-            else:
-                mine = [s for s in self.spans.spans.values() if who.admin or s.owner == who.owner]
-                evs, more = events.select([(s.span_id, s.history) for s in mine], self.state.events, msg.after)
+        if isinstance(msg, p.Events):   # one job's, or every job's and the islands'
+            spans = [self._span(msg.job_id)] if msg.job_id is not None else list(self.spans.spans.values())
+            evs, more = events.select([(s.span_id, s.history) for s in spans if _sees(who, s)],
+                                      None if msg.job_id is not None else self.state.events, msg.after)
             return p.EventsReply(events=evs, more=more)
         if isinstance(msg, p.Status):
             raise FederationError(p.UNEXPECTED, "a federation front has no island's job table: `elasticd islands "
                                   "--jobs` shows the jobs spanning its islands; ask an island's scheduler for its own")
         raise FederationError(p.UNEXPECTED, f"a federation front does not serve {msg.op}")
+
+
+def _sees(who: principals.Principal, span: Span) -> bool:
+    """Whether `who` may stop `span` or read its events: the key that submitted it, or an admin."""
+    return who.admin or span.owner == who.owner

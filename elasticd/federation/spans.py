@@ -139,9 +139,8 @@ class Spans:
             raise KeyError(f"no job {span_id!r} at this front")
         return span
 
-    def table(self, span_id: str = "") -> p.SpansReply:
-        spans = [self.get(span_id)] if span_id else sorted(self.spans.values(), key=lambda s: s.seq)
-        return p.SpansReply(spans=[s.info() for s in spans])
+    def table(self) -> p.SpansReply:
+        return p.SpansReply(spans=[s.info() for s in sorted(self.spans.values(), key=lambda s: s.seq)])
 
     # --- islands ---------------------------------------------------------------------------------
 

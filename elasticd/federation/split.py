@@ -74,37 +74,28 @@ def split(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False,
     if total < m:
         shown = ", ".join(f"{i} {n}" for i, n in have.items())
         return f"{m} devices wanted, {total} free on its islands ({shown})"
-    # Proportional to free devices, largest remainders first; ties to the earlier island.
-    exact = [m * have[i] / total for i in islands]
-    sizes = [max(1, min(have[i], int(x))) for i, x in zip(islands, exact, strict=True)]
-    order = sorted(range(len(islands)), key=lambda k: (-(exact[k] - int(exact[k])), k))
-    while sum(sizes) < m:
-        k = next(k for k in order + list(range(len(islands))) if sizes[k] < have[islands[k]])
-        sizes[k] += 1
-        order = [j for j in order if j != k]
-    while sum(sizes) > m:   # the at-least-one floor took more than m asked
-        k = max(range(len(islands)), key=lambda j: (sizes[j], -j))
-        sizes[k] -= 1
+    sizes = apportion(m, [have[i] for i in islands], caps=[have[i] for i in islands])
     mean = [(speed or {}).get(i, 0.0) / have[i] for i in islands]
     if all(x > 0 for x in mean) and max(mean) > min(mean):
-        blocks = weighted_blocks(req.workers, [x for x, n in zip(mean, sizes, strict=True) for _ in range(n)])
+        blocks = apportion(req.workers, [x for x, n in zip(mean, sizes, strict=True) for _ in range(n)])
     else:
-        blocks = uniform_sizes(req.workers, m)
+        blocks = list(uniform_sizes(req.workers, m))
     return Split(islands=islands, devices=tuple(sizes), blocks=tuple(blocks))
 
 
-def weighted_blocks(workers: int, weights: list[float]) -> list[int]:
-    """`workers` logical workers over agents in proportion to their weights: at least one each, largest
-    remainders first (ties to the earlier agent)."""
-    total = sum(weights)
-    exact = [workers * w / total for w in weights]
-    blocks = [max(1, int(x)) for x in exact]
-    order = sorted(range(len(weights)), key=lambda k: (-(exact[k] - int(exact[k])), k))
-    k = 0
-    while sum(blocks) < workers:
-        blocks[order[k % len(order)]] += 1
-        k += 1
-    while sum(blocks) > workers:   # the at-least-one floor took more than there are
-        j = max(range(len(blocks)), key=lambda i: (blocks[i], -i))
-        blocks[j] -= 1
-    return blocks
+def apportion(total: int, weights: list[float], caps: list[int] | None = None) -> list[int]:
+    """`total` split in proportion to `weights`: at least one each and at most `caps` (when given), largest
+    remainders first, ties to the earlier one. `total` must be at least len(weights) and at most sum(caps)."""
+    n = len(weights)
+    cap = caps or [total] * n
+    exact = [total * w / sum(weights) for w in weights]
+    shares = [max(1, min(cap[k], int(x))) for k, x in enumerate(exact)]
+    order = sorted(range(n), key=lambda k: (-(exact[k] - int(exact[k])), k))
+    while sum(shares) < total:
+        k = next(k for k in order + list(range(n)) if shares[k] < cap[k])
+        shares[k] += 1
+        order = [j for j in order if j != k]
+    while sum(shares) > total:   # the at-least-one floor took more than there is
+        k = max(range(n), key=lambda j: (shares[j], -j))
+        shares[k] -= 1
+    return shares

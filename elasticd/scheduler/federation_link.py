@@ -27,9 +27,10 @@ _COMMANDS = (p.ReservePortion, p.StartPortion, p.CancelPortion)
 def capacity(state: SchedulerState) -> p.IslandCapacity:
     live = [nd for nd in state.nodes.values() if nd.alive and nd.known]
     jobs = list(state.jobs.values())
-    free_speed = sum(state.speeds.speed(v.node_id, d) for v in state.free_views() for d in v.free)
-    return p.IslandCapacity(free_speed=round(free_speed, 3),
-        nodes=len(live), devices=sum(len(nd.devices) for nd in live), free=state.free_count(),
+    free = [(v.node_id, d) for v in state.free_views() for d in v.free]
+    return p.IslandCapacity(
+        free_speed=round(sum(state.speeds.speed(node, d) for node, d in free), 3),
+        nodes=len(live), devices=sum(len(nd.devices) for nd in live), free=len(free),
         running=sum(j.state.active for j in jobs), queued=sum(j.state is JobState.QUEUED for j in jobs),
         device_types=sorted({d.split(":", 1)[0] for nd in live for d in nd.devices}))
 

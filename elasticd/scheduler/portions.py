@@ -85,7 +85,6 @@ class Portions:
         if job is None or job.state.terminal:
             return []
         log.info("job %s: portion of %s cancelled by its federation front: %s", job.job_id, msg.span_id, msg.reason)
-        self.state.reschedule()
         return self.state.end_job(job, JobState.STOPPED, now, msg.reason or "cancelled by its federation front")
 
     def find(self, span_id: str, attempt: int) -> Job | None:
