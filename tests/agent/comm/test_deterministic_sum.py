@@ -174,3 +174,11 @@ def test_pieces_cut_a_block_into_subtrees_in_rank_order() -> None:
         pieces(8, 3, 3)
     with pytest.raises(KeyError):
         tree_sum({(0, 4): torch.zeros(1), (5, 8): torch.zeros(1)}, (0, 8))
+
+
+def test_a_snapshot_copy_goes_to_the_next_node_on_another_island_so_losing_an_island_loses_no_part() -> None:
+    from elasticd.agent.resize.periodic import buddy_node
+
+    # nodes 10, 11 on island 0 and 12, 13 on island 1: each island's copies are on the other
+    assert [buddy_node([10, 11, 12, 13], k, [0, 0, 1, 1]) for k in range(4)] == [12, 12, 10, 10]
+    assert [buddy_node([10, 11, 12], k, [0, 0, 0]) for k in range(3)] == [11, 12, 10]   # one island: a ring
