@@ -175,6 +175,16 @@ def prepare_msg(job: str = "j", epoch: int = 1, joiners=((2, "cpu:2"), (3, "cpu:
                            workers=4, **kw)
 
 
+def test_joiners_on_a_node_new_to_the_job_run_as_the_jobs_user_with_its_options():
+    # The node knows the job only from the prepare: its agents must start as the job says, not as the
+    # node's default user.
+    node = Node()
+    spawns = node.core.prepare(prepare_msg("k", run_as="alice", threads=2, stuck_after="90s"), port=0)
+    assert [(s.rank, s.standby) for s in spawns] == [(2, True), (3, True)]
+    launch = spawns[0].launch
+    assert (launch.run_as, launch.threads, launch.stuck_after, launch.script) == ("alice", 2, "90s", "/s.py")
+
+
 def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_step():
     node = Node()
     idents = running(node)
