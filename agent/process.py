@@ -18,7 +18,7 @@ import torch
 
 from elasticd import protocol as p
 from elasticd.agent import proc_name
-from elasticd.agent.comm import beat
+from elasticd.agent.comm import beat, islands
 from elasticd.agent.comm.islands import emulated_islands, emulated_link
 from elasticd.agent.comm.physical import PeerLost, PhysicalGroup
 from elasticd.agent.compat.torch_dist import install as install_torch_dist
@@ -270,6 +270,7 @@ class AgentProcess:
             return False
         self.cfg = joined(self.cfg, join.rank, join.world, join.join_from, join.master_addr, join.master_port,
                           join.device_index)
+        islands.adopt(join.islands, join.world)
         self.device = _device(self.cfg)
         self.control.renumber(join.rank)   # its messages speak as the rank it joins as
         proc_name.set_name(join.rank, False)
@@ -343,6 +344,7 @@ class AgentProcess:
         addr, port = command.master_addr, command.master_port
         old = cfg.layout
         new = Layout.of(cfg.workers, new_world, command.blocks)  # checked when the command came (runtime)
+        islands.adopt(command.islands, new_world)                 # likewise
         if new_world < phys.world:
             self.phys, snap = shrink(phys, snap, old, new, addr, port, command.keep or None)
         elif new_world > phys.world:

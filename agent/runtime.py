@@ -55,6 +55,7 @@ from elasticd.core.errors import ElasticdInterrupt, JobError
 from elasticd.core.layout import Layout, blocks_problem
 from elasticd.core.timing import StepTiming
 from elasticd.protocol.agents import AgentResize, AgentStop, RefusedInfo
+from elasticd.protocol.nodes import bad_islands
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +421,7 @@ class Runtime:
             if isinstance(cmd, AgentStop):
                 vote = VOTE_STOP
             elif isinstance(cmd, AgentResize):
-                problem = blocks_problem(self.workers, cmd.world, cmd.blocks)
+                problem = blocks_problem(self.workers, cmd.world, cmd.blocks) or bad_islands(cmd.islands, cmd.world)
                 if problem is not None:   # every agent gets the same command, so every agent refuses it
                     log.error("refusing resize %s to %d agents: %s", cmd.epoch, cmd.world, problem)
                     continue

@@ -32,7 +32,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -138,6 +138,25 @@ def emulated_islands(world: int, environ: Mapping[str, str] = os.environ) -> Isl
         if islands.world != world:
             raise ValueError(f"{ISLANDS_VAR}={raw!r}: islands of {islands.world} agents, but the job has {world}")
     return islands if len(islands.sizes) > 1 else None
+
+
+def adopt(sizes: list[int], world: int, environ: MutableMapping[str, str] = os.environ) -> None:
+    """A resize of a job spanning islands names the new group's islands (`sizes`, agents per island in rank
+    order; empty: as they are): set before the group re-forms, which reads them (`emulated_islands`), and
+    kept for the groups it forms later.
+
+    Raises:
+        ValueError: sizes that do not cut `world` agents into islands of at least one.
+    """
+    if not sizes:
+        return
+    islands = Islands(tuple(sizes))
+    if islands.world != world:
+        raise ValueError(f"islands {list(sizes)} hold {islands.world} agents, the new group has {world}")
+    if len(sizes) == 1:
+        environ.pop(ISLANDS_VAR, None)   # one number alone would mean that many even islands
+    else:
+        environ[ISLANDS_VAR] = ",".join(map(str, sizes))
 
 
 class IslandGroups:

@@ -67,6 +67,7 @@ class DropSnapshots:
     job_id: str
     upto: int | None
     span_key: str = ""   # also the periodic snapshots under this key (a portion of a job spanning islands that finished)
+    under_key: str = ""  # the resize snapshots live under this key, not the job's directory (a portion's)
 
 
 Action = Spawn | Signal | SendToAgent | Report | DropSnapshots

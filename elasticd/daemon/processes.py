@@ -248,8 +248,8 @@ class AgentProcesses:
             return 0, []
         return epochs[-1], saved_parts.parts(root, epochs[-1])
 
-    def _drop_snapshots(self, job_id: str, upto: int | None) -> None:
-        root = self.sd.snapshot_dir(job_id)
+    def _drop_snapshots(self, job_id: str, upto: int | None, under_key: str = "") -> None:
+        root = self.sd.span_snapshot_dir(under_key) if under_key and upto is not None else self.sd.snapshot_dir(job_id)
         if upto is None and root == self.sd.job_dir(job_id):
             shutil.rmtree(root, ignore_errors=True)
             return
@@ -286,7 +286,7 @@ class AgentProcesses:
             elif isinstance(a, Report):
                 self.changed = True
             elif isinstance(a, DropSnapshots):
-                self._drop_snapshots(a.job_id, a.upto)
+                self._drop_snapshots(a.job_id, a.upto, a.under_key)
                 if a.span_key:
                     shutil.rmtree(self.sd.span_snapshot_dir(a.span_key), ignore_errors=True)
         return sends

@@ -104,7 +104,7 @@ class NodeResizes:
         job.before_go = dict(job.agents)
         resize = p.AgentResize(epoch=msg.epoch, world=msg.devices, master_addr=msg.master_addr,
                                master_port=msg.master_port, keep=list(msg.keep), blocks=list(msg.blocks),
-                               standby=msg.standby and not msg.keep)
+                               standby=msg.standby and not msg.keep, islands=list(msg.islands))
         out: list[Action] = []
         if msg.keep:   # a drain's shrink: every agent here hears it, then the stayers take their new ranks
             out = [SendToAgent(a.identity, resize) for a in job.agents.values()
@@ -123,7 +123,7 @@ class NodeResizes:
                 a.standby, a.joining = False, True
                 out.append(SendToAgent(a.identity, p.AgentJoin(rank=rank, world=msg.devices, join_from=msg.devices_from,
                                                         master_addr=msg.master_addr, master_port=msg.master_port,
-                                                        device_index=a.device.index)))
+                                                        device_index=a.device.index, islands=list(msg.islands))))
             else:
                 out.append(SendToAgent(a.identity, resize))
                 if rank >= msg.devices and resize.standby:   # leaves, and stays for the coming grow
@@ -188,10 +188,10 @@ class NodeResizes:
             agent.stepped = agent.epoch
             # A step at the new size ran a collective with every agent: nothing falls back to the
             # snapshot of this resize any more (nor of an older one).
-            return [Report(), DropSnapshots(job.job_id, agent.epoch)]
+            return [Report(), DropSnapshots(job.job_id, agent.epoch, under_key=job.launch.snapshot_key)]
         if job.launch.restore_epoch and not job.restored:
             job.restored = True   # the same, for the snapshot this launch started from
-            return [DropSnapshots(job.job_id, job.launch.restore_epoch)]
+            return [DropSnapshots(job.job_id, job.launch.restore_epoch, under_key=job.launch.snapshot_key)]
         return []
 
     def joiner_died(self, job: NodeJob, agent: Agent, code: int, error: dict[str, Any]) -> list[Action]:

@@ -119,7 +119,8 @@ class Supervision:
             launch = p.LaunchJob(job_id=msg.job_id, script=msg.script, func=msg.func, workers=msg.workers,
                                  devices=msg.devices, placements=[], master_addr="", master_port=0, cwd=msg.cwd,
                                  env=msg.env, snapshot_every=msg.snapshot_every, stuck_after=msg.stuck_after,
-                                 run_as=msg.run_as, threads=msg.threads, device_memory=msg.device_memory)
+                                 run_as=msg.run_as, threads=msg.threads, device_memory=msg.device_memory,
+                                 snapshot_key=msg.snapshot_key)
             job = NodeJob(msg.job_id, launch, 0)
             self.jobs[msg.job_id] = job
         return self.resizes.prepare(job, msg, port)

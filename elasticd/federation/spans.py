@@ -10,6 +10,8 @@ messages for island schedulers out.
     starting   portion 0 was sent `StartPortion`; its rank 0's node picks the rendezvous port, which its
                island reports; the other portions are then started with it. All agents form one group.
     running    every portion's agents are up.
+    growing    an island it lost is back: the job grows onto it live, its agents going on where they are
+               (elasticd/federation/moves.py); then running again, on more islands.
     recovering a portion failed for the infrastructure's reasons (an agent died, its peers lost their group,
                a node or a whole island was lost): the other portions are stopped and, once each has ended
                or its island is gone, the job is split again over its islands that are up and starts from
@@ -32,11 +34,14 @@ from dataclasses import dataclass, field
 
 from elasticd import protocol as p
 from elasticd.core.failures import is_infrastructure
-from elasticd.federation.split import split
+from elasticd.federation import moves
+from elasticd.federation.moves import Grow
+from elasticd.federation.split import grown, split
 
 log = logging.getLogger(__name__)
 
 WAITING, RESERVING, STARTING, RUNNING, RECOVERING = "waiting", "reserving", "starting", "running", "recovering"
+GROWING = "growing"
 FINISHED, FAILED, STOPPED = "finished", "failed", "stopped"
 ENDED = (FINISHED, FAILED, STOPPED)
 _ROW_ENDED = ("finished", "failed", "stopped")
@@ -77,6 +82,9 @@ class Span:
     restarts: int = 0
     restore: bool = False      # it ran: every later attempt starts from its newest complete snapshot
     planned: tuple[str, ...] = ()   # the islands of its first start: one it left is offered its portion back
+    grow: Grow | None = None   # a live move onto islands in flight
+    grow_at: float = 0.0       # islands back are offered again from then (a live move was called off)
+    moves: int = 0             # live moves of this attempt (each one's epoch)
 
     def go(self, state: str, reason: str, now: float, note: bool = False) -> None:
         """`note`: keep this reason in the history though the state stays."""
@@ -152,7 +160,7 @@ class Spans:
             span = self.spans.get(row.span_id)
             part = (span.parts[row.index] if span is not None and row.attempt == span.attempt
                     and 0 <= row.index < len(span.parts) and span.parts[row.index].island == island else None)
-            live = span is not None and span.state in (RESERVING, STARTING, RUNNING)
+            live = span is not None and span.state in (RESERVING, STARTING, RUNNING, GROWING)
             if part is None or not live:
                 # A reservation of an attempt this front released (or of a job a restarted front never
                 # knew) holds devices for nothing, and a portion of a job that ended here must stop; a
@@ -182,8 +190,11 @@ class Spans:
                 continue
             if span.state == RESERVING:
                 out += self._release(span, f"island {island} lost ({why})", now)
-            elif span.state in (STARTING, RUNNING):
-                out += self._recover(span, f"island {island} lost ({why})", now)
+            elif span.state == GROWING and span.grow is not None and not span.grow.went and all(
+                    pt.island != island for pt in span.parts[:span.grow.joining]):
+                out += moves.call_off(self, span, f"island {island} lost ({why})", now)
+            elif span.state in (STARTING, RUNNING, GROWING):
+                out += self.recover(span, f"island {island} lost ({why})", now)
             elif span.state == RECOVERING:   # what its portions' failures came from, seen after them
                 span.go(RECOVERING, f"island {island} lost ({why}); {span.reason}", now, note=True)
         return out
@@ -198,8 +209,12 @@ class Spans:
                 out += self._try(span, now, free, speed)
             elif span.state == RECOVERING:
                 out += self._restart(span, now, free, speed)
-            elif span.state == RUNNING and (back := self._back(span, free)):
-                out += self._regrow(span, back, now)
+            elif span.state == RUNNING and now >= span.grow_at and (back := self._back(span, free)):
+                out += self._regrow(span, back, now, free, speed)
+            elif span.state == GROWING and span.grow is not None and now > span.grow.deadline:
+                out += moves.expired(self, span, now)
+            elif span.state == GROWING:
+                out += moves.resend(self, span, now, RESEND_S)
             elif span.state == RESERVING and now > span.deadline:
                 late = [pt.island for pt in span.parts if pt.state() != "reserved"]
                 out += self._release(span, f"island {', '.join(late)} did not grant its portion within "
@@ -220,15 +235,16 @@ class Spans:
                 span.go(WAITING, s, now)
             return []
         span.attempt += 1
+        span.grow, span.moves = None, 0
         span.parts = [Part(isl, s.portion(span.span_id, span.attempt, k, span.req.workers), sent_at=now)
                       for k, isl in enumerate(s.islands)]
         for pt in span.parts:
             pt.spec.key, pt.spec.restore = span.key, span.restore
         span.deadline = now + self.reserve_timeout_s
         span.go(RESERVING, "reserving " + ", ".join(f"{pt.spec.devices} on {pt.island}" for pt in span.parts), now)
-        return [(pt.island, self._reserve(span, pt)) for pt in span.parts]
+        return [(pt.island, self.reserve_msg(span, pt)) for pt in span.parts]
 
-    def _reserve(self, span: Span, pt: Part) -> p.ReservePortion:
+    def reserve_msg(self, span: Span, pt: Part) -> p.ReservePortion:
         r = span.req
         name = f"{r.name or span.span_id}/{pt.island}"[:128]
         return p.ReservePortion(portion=pt.spec, script=r.script, func=r.func, name=name, cwd=r.cwd,
@@ -236,6 +252,8 @@ class Spans:
                                 threads=r.threads, owner=span.owner)
 
     def _advance(self, span: Span, now: float) -> list[Send]:
+        if span.state == GROWING:
+            return moves.advance(self, span, now)
         states = [pt.state() for pt in span.parts]
         bad = next((pt for pt in span.parts if pt.state() in ("failed", "stopped")), None)
         if span.state == RESERVING:
@@ -243,7 +261,7 @@ class Spans:
                 why = f"island {bad.island} {bad.state()} its portion" + (f": {bad.row.error}" if bad.row and bad.row.error
                                                                         else "")
                 if bad.state() == "failed" and not (bad.row is not None and is_infrastructure(bad.row.cause)):
-                    return self._fail(span, why, now)   # refused (a bad request): asking again would be refused again
+                    return self.fail(span, why, now)   # refused (a bad request): asking again would be refused again
                 return self._release(span, why, now)
             if all(s == "reserved" for s in states):
                 span.planned = span.planned or tuple(pt.island for pt in span.parts)
@@ -256,8 +274,8 @@ class Spans:
             why = f"its portion on island {bad.island} {bad.state()}" + (f": {bad.row.error}" if bad.row and bad.row.error
                                                                          else "")
             if bad.row is not None and is_infrastructure(bad.row.cause):
-                return self._recover(span, why, now)
-            return self._fail(span, why, now)
+                return self.recover(span, why, now)
+            return self.fail(span, why, now)
         out: list[Send] = []
         lead = span.parts[0].row
         if lead is not None and lead.master_port:
@@ -284,7 +302,7 @@ class Spans:
                 continue
             if span.state == RESERVING and pt.row is None:
                 pt.sent_at = now
-                out.append((pt.island, self._reserve(span, pt)))
+                out.append((pt.island, self.reserve_msg(span, pt)))
             elif pt.started and pt.state() == "reserved":
                 pt.sent_at = now
                 if pt.spec.index == 0:
@@ -294,6 +312,7 @@ class Spans:
         return out
 
     def _cancel(self, span: Span, reason: str) -> list[Send]:
+        span.grow = None   # a live move in flight ends with the attempt
         return [(pt.island, p.CancelPortion(span_id=span.span_id, attempt=span.attempt, reason=reason))
                 for pt in span.parts if pt.state() not in _ROW_ENDED]
 
@@ -303,10 +322,10 @@ class Spans:
         span.go(WAITING, reason, now)
         return out
 
-    def _recover(self, span: Span, reason: str, now: float) -> list[Send]:
+    def recover(self, span: Span, reason: str, now: float) -> list[Send]:
         """An infrastructure failure: stop what is left, then `_restart` (or fail: no restart left)."""
         if span.restarts >= span.req.max_restarts:
-            return self._fail(span, f"{reason}; not restarting: {span.restarts} restart(s) of --max-restarts "
+            return self.fail(span, f"{reason}; not restarting: {span.restarts} restart(s) of --max-restarts "
                                     f"{span.req.max_restarts} used", now)
         out = self._cancel(span, f"job {span.span_id} restarting: {reason}")
         span.restarts += 1
@@ -321,15 +340,19 @@ class Spans:
         have = {pt.island for pt in span.parts}
         return [i for i in span.planned if i not in have and free.get(i, 0) > 0]
 
-    def _regrow(self, span: Span, back: list[str], now: float) -> list[Send]:
-        """An island it lost is back: the job stops and starts again across it too, from its newest complete
-        snapshot (its portions cannot grow across islands live). Not a failure: no restart is counted."""
-        out = self._cancel(span, f"job {span.span_id} restarting onto island {', '.join(back)}, back")
-        span.restore = True
-        span.deadline = now + self.reserve_timeout_s
-        span.go(RECOVERING, f"island {', '.join(back)} is back; restarting across it from the newest complete "
-                            "snapshot", now)
-        return out
+    def _regrow(self, span: Span, back: list[str], now: float, free: dict[str, int],
+                speed: dict[str, float] | None) -> list[Send]:
+        """An island it lost is back: the job grows onto it live (elasticd/federation/moves.py)."""
+        s = grown(span.req, [(pt.island, pt.spec.devices) for pt in span.parts], back, free, speed)
+        if isinstance(s, str):
+            span.grow_at = now + moves.REGROW_AFTER_S
+            return []
+        g = span.grow = moves.plan(span, s, now + self.reserve_timeout_s)
+        span.moves = g.epoch
+        span.parts += [Part(isl, g.specs[k], sent_at=now) for k, isl in enumerate(s.islands) if k >= g.joining]
+        joining = ", ".join(f"{pt.spec.devices} on {pt.island}" for pt in span.parts[g.joining:])
+        span.go(GROWING, f"growing live onto {joining}: {g.devices_from} -> {s.world} agents", now)
+        return [(pt.island, self.reserve_msg(span, pt)) for pt in span.parts[g.joining:]]
 
     def _restart(self, span: Span, now: float, free: dict[str, int], speed: dict[str, float] | None = None
                  ) -> list[Send]:
@@ -339,7 +362,7 @@ class Spans:
             return []   # a cancel goes again with each island row that still shows its portion (`rows`)
         return self._try(span, now, free, speed)
 
-    def _fail(self, span: Span, reason: str, now: float) -> list[Send]:
+    def fail(self, span: Span, reason: str, now: float) -> list[Send]:
         out = self._cancel(span, f"job {span.span_id} failed: {reason}")
         span.go(FAILED, reason, now)
         return out

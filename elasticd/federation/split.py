@@ -83,6 +83,30 @@ def split(req: p.SubmitSpanning, free: dict[str, int], partial: bool = False,
     return Split(islands=islands, devices=tuple(sizes), blocks=tuple(blocks))
 
 
+def grown(req: p.SubmitSpanning, parts: list[tuple[str, int]], back: list[str], free: dict[str, int],
+          speed: dict[str, float] | None = None) -> Split | str:
+    """The running job (`parts`: its islands and their agents, in rank order) grown onto the islands `back`
+    live: its agents keep their ranks and devices, each island of `back` that has free devices gets agents
+    after them (an island stays a run of consecutive ranks) up to the devices the job asked for, and the N
+    workers are laid out over them all again. Or why it cannot grow."""
+    room = (req.devices or req.workers) - sum(n for _i, n in parts)
+    added: list[tuple[str, int]] = []
+    for i in back:
+        n = min(free.get(i, 0), room)
+        if n >= 1:
+            added.append((i, n))
+            room -= n
+    if not added:
+        return "no device to grow onto: it has the devices it asked for, or its islands have none free"
+    islands, devices = zip(*parts, *added, strict=True)
+    mean = [(speed or {}).get(i, 0.0) / free[i] if free.get(i) else 0.0 for i in islands]
+    if all(x > 0 for x in mean) and max(mean) > min(mean):
+        blocks = apportion(req.workers, [x for x, n in zip(mean, devices, strict=True) for _ in range(n)])
+    else:
+        blocks = list(uniform_sizes(req.workers, sum(devices)))
+    return Split(islands=tuple(islands), devices=tuple(devices), blocks=tuple(blocks))
+
+
 def apportion(total: int, weights: list[float], caps: list[int] | None = None) -> list[int]:
     """`total` split in proportion to `weights`: at least one each and at most `caps` (when given), largest
     remainders first, ties to the earlier one. `total` must be at least len(weights) and at most sum(caps)."""

@@ -74,7 +74,10 @@ from elasticd.protocol.requests import (  # noqa: F401
 )
 from elasticd.protocol.spans import (  # noqa: F401
     MAX_SPAN_ISLANDS,
+    AbortPortionMove,
     CancelPortion,
+    GoPortion,
+    GrowPortion,
     ListSpans,
     PortionInfo,
     PortionRow,

@@ -128,6 +128,9 @@ class AgentResize(Message):
     # layout at `world`. At the same `world` with other sizes it is a live re-layout: the same agents,
     # ranks moved between them (agent/resize/moves.py `relayout`).
     blocks: list[int] = field(default_factory=list)
+    # Agents per island of the new group, in rank order (its two-level sums, agent/comm/islands.py); empty:
+    # as before.
+    islands: list[int] = field(default_factory=list)
 
 
 @message
@@ -144,6 +147,7 @@ class AgentJoin(Message):
     # The GPU it takes, named by whoever holds the node's device table (-1: its rank's, or none on CPU). Never
     # the one it had: a standby that left in a shrink may join as another rank, whose GPU is another.
     device_index: int = -1
+    islands: list[int] = field(default_factory=list)   # as in AgentResize
 
 
 @message

@@ -25,6 +25,13 @@ def bad_blocks(blocks: list[int], world: int, workers: int | None = None) -> str
     return None
 
 
+def bad_islands(islands: list[int], world: int) -> str | None:
+    """Why `islands` is no cut of `world` agents into islands (None: it is one; empty: none given)."""
+    if islands and (min(islands) < 1 or sum(islands) != world or len(islands) > 1024):
+        return f"islands {islands[:16]}: agent counts >= 1 that add up to the {world} agents"
+    return None
+
+
 def bad_run_as(name: str) -> str | None:
     return f"run_as: {why}" if name and (why := bad_user_name(name)) else None
 
@@ -236,10 +243,11 @@ class PrepareResize(Message):
     hold_at: list[int] = field(default_factory=list)   # as in LaunchJob, for the joiners
     threads: int = 0              # as in LaunchJob
     device_memory: int = 0        # as in LaunchJob
+    snapshot_key: str = ""        # as in LaunchJob
 
     def check(self) -> str | None:
         return (bad_blocks(self.blocks, self.devices, self.workers or None) or bad_stuck_after(self.stuck_after)
-                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at)
+                or bad_run_as(self.run_as) or bad_hold_at(self.hold_at) or bad_snapshot_key(self.snapshot_key)
                 or bad_agent_options(self.threads, self.device_memory))
 
 
@@ -263,9 +271,12 @@ class ResizeJob(Message):
     # The agents that leave stay warm (the job's --scale-at grows again later): the node keeps them, their
     # devices free, and starts the coming grow's joiners on this node from them instead of from spares.
     standby: bool = False
+    # Agents per island of the new layout, in rank order (a job spanning islands: its two-level sums);
+    # empty: the islands stay as the agents have them.
+    islands: list[int] = field(default_factory=list)
 
     def check(self) -> str | None:
-        return bad_blocks(self.blocks, self.devices)
+        return bad_blocks(self.blocks, self.devices) or bad_islands(self.islands, self.devices)
 
 
 @message

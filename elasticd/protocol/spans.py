@@ -6,6 +6,11 @@ scheduler gets `ReservePortion`, queues the portion as a job of its own and hold
 (`reserved`); `StartPortion` launches it, with the rendezvous of the whole job; `CancelPortion` releases or
 stops it. Each island reports its portions in every `IslandStatus` (`PortionRow`), full state, so a lost
 message is repaired by the next beat.
+
+A running job grows onto an island live (elasticd/federation/moves.py): the island's portion is reserved
+with `join_from` and started as warm joiners; the running portions get `GrowPortion` (the one hosting
+rank 0 picks the new group's port); `GoPortion` then re-forms every agent at the next step boundary, and
+`AbortPortionMove` calls off a move that has not gone.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ class PortionSpec:
     islands: list[int]        # agents per island, in rank order (the two-level sums' islands)
     key: str = ""             # names the job's periodic snapshots on every node, the same on every attempt
     restore: bool = False     # start from the newest complete periodic snapshot its nodes hold (a restart)
+    # > 0: a portion joining the running job of that many agents live (resize `epoch`): its agents start
+    # as warm joiners and take their state from the running ones at the go (`GoPortion`).
+    join_from: int = 0
+    epoch: int = 0
 
     @property
     def devices(self) -> int:
@@ -56,6 +65,10 @@ class PortionSpec:
             return f"portion {self.index} at rank {self.rank_offset} is not one of islands {self.islands}"
         if not 0 <= self.attempt <= L.MAX_ISLAND_COUNT:
             return f"attempt {self.attempt} out of range"
+        if not 0 <= self.join_from < self.world or (self.join_from and not self.rank_offset >= self.join_from):
+            return f"a portion joining {self.join_from} agents must come after them in a job of {self.world}"
+        if not 0 <= self.epoch <= L.MAX_ISLAND_COUNT:
+            return f"epoch {self.epoch} out of range"
         return L.bad_snapshot_key(self.key)
 
 
@@ -149,6 +162,55 @@ class CancelPortion(Message):
         return bad_span_id(self.span_id)
 
 
+@message
+class GrowPortion(Message):
+    """Front -> island: this running portion becomes `portion` (the job grows onto other islands) at resize
+    `epoch`, once the front says go. The portion hosting rank 0 picks the new group's rendezvous port now,
+    reported in its row."""
+
+    op: ClassVar[str] = "grow_portion"
+    portion: PortionSpec      # the same span, attempt and ranks; the grown world, layout and islands
+    devices_from: int         # agents of the job before the move
+
+    def check(self) -> str | None:
+        if not 0 < self.devices_from < self.portion.world or not 0 < self.portion.epoch:
+            return f"a grow from {self.devices_from} agents to {self.portion.world} at epoch {self.portion.epoch}"
+        return self.portion.check()
+
+
+@message
+class GoPortion(Message):
+    """Front -> island: every joiner is warm and the port is picked; the portion's agents re-form at their
+    next step boundary (joiners join) at master_addr:master_port."""
+
+    op: ClassVar[str] = "go_portion"
+    span_id: str
+    attempt: int
+    epoch: int
+    master_addr: str
+    master_port: int
+
+    def check(self) -> str | None:
+        if not 0 < self.master_port < 65536:
+            return f"master_port {self.master_port} out of range"
+        return bad_span_id(self.span_id) or L.bad_text("master_addr", self.master_addr, 255)
+
+
+@message
+class AbortPortionMove(Message):
+    """Front -> island: the move `epoch` will not happen (a joining island failed, or it was not ready in
+    time); a running portion stays as it is."""
+
+    op: ClassVar[str] = "abort_portion_move"
+    span_id: str
+    attempt: int
+    epoch: int
+    reason: str = ""
+
+    def check(self) -> str | None:
+        return bad_span_id(self.span_id)
+
+
 @record
 class PortionRow:
     """Island -> front, in every status: one portion as the island's scheduler has it."""
@@ -165,6 +227,15 @@ class PortionRow:
     error: str = ""
     cause: str = ""           # its failure's cause (elasticd/core/failures.py): the front restarts the job
                               # after the infrastructure's, never after the script's
+    # A live move (GrowPortion, or a joining portion): its epoch; the port, once the portion hosting rank 0
+    # picked it; ready: its part is prepared (joiners warm, the port picked); moved: every agent of the
+    # portion re-formed at that epoch and completed a step after it.
+    move_epoch: int = 0
+    move_addr: str = ""
+    move_port: int = 0
+    move_ready: bool = False
+    moved: bool = False
+    move_error: str = ""      # why the move failed here (its agents refused it, a joiner died)
 
 
 @message

@@ -9,7 +9,8 @@ idempotent, keyed by (job at the front, attempt): the front sends one again when
 show it yet.
 
 A portion never restarts on its own (its island's agents are one part of a process group that spans
-islands) and is not resized; a failure ends it, and the front ends the job's other portions.
+islands) and is not resized by its island; a failure ends it, and the front ends the job's other portions.
+The front may grow the job onto another island live (elasticd.scheduler.portion_moves).
 
 Commands come only from the front this scheduler joined: they arrive on its own connection to that
 front (elasticd.scheduler.federation_link), never on the sockets clients and nodes use.
@@ -24,6 +25,7 @@ from elasticd import protocol as p
 from elasticd.core.errors import ControlPlaneError
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
+from elasticd.scheduler.portion_moves import PortionMoves
 
 if TYPE_CHECKING:   # annotations only: state.py holds a `Portions`
     from elasticd.scheduler.state import SchedulerState
@@ -37,7 +39,8 @@ MAX_ROWS = 1024     # portions reported, newest first
 class Portions:
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
-        self._refused: dict[tuple[str, int], p.PortionRow] = {}
+        self._refused: dict[tuple[str, int, int], p.PortionRow] = {}
+        self.moves = PortionMoves(state)
 
     def apply(self, msg: p.Message, now: float) -> list[SendToNode]:
         if isinstance(msg, p.ReservePortion):
@@ -46,13 +49,22 @@ class Portions:
             return self.start(msg, now)
         if isinstance(msg, p.CancelPortion):
             return self.cancel(msg, now)
+        if isinstance(msg, p.GrowPortion):
+            job = self.find(msg.portion.span_id, msg.portion.attempt)
+            return [] if job is None else self.moves.grow(job, msg, now)
+        if isinstance(msg, p.GoPortion):
+            job = self.find(msg.span_id, msg.attempt)
+            return [] if job is None else self.moves.go(job, msg, now)
+        if isinstance(msg, p.AbortPortionMove):
+            job = self.find(msg.span_id, msg.attempt)
+            return [] if job is None else self.moves.abort(job, msg, now)
         log.warning("federation front sent %s, which an island scheduler does not take from it", msg.op)
         return []
 
     def reserve(self, msg: p.ReservePortion, now: float) -> list[SendToNode]:
         spec = msg.portion
-        key = (spec.span_id, spec.attempt)
-        if self.find(*key) is not None or key in self._refused:
+        key = (spec.span_id, spec.attempt, spec.epoch)
+        if self.find(spec.span_id, spec.attempt, spec.epoch) is not None or key in self._refused:
             return []
         blocks = spec.own_blocks
         req = p.Submit(script=msg.script, func=msg.func, workers=sum(blocks), min_devices=spec.devices,
@@ -77,34 +89,49 @@ class Portions:
         job = self.find(msg.span_id, msg.attempt)
         if job is None or job.state is not JobState.RESERVED:
             return []   # started already (a command sent again), or gone
+        if job.spec.portion is not None and job.spec.portion.join_from:
+            return self.moves.start_joining(job, now)
         return self.state.start_portion(job, msg.master_addr, msg.master_port, now)
 
     def cancel(self, msg: p.CancelPortion, now: float) -> list[SendToNode]:
-        self._refused.pop((msg.span_id, msg.attempt), None)
+        for key in [k for k in self._refused if k[:2] == (msg.span_id, msg.attempt)]:
+            del self._refused[key]
         job = self.find(msg.span_id, msg.attempt)
         if job is None or job.state.terminal:
             return []
         log.info("job %s: portion of %s cancelled by its federation front: %s", job.job_id, msg.span_id, msg.reason)
         return self.state.end_job(job, JobState.STOPPED, now, msg.reason or "cancelled by its federation front")
 
-    def find(self, span_id: str, attempt: int) -> Job | None:
-        for job in self.state.jobs.values():
-            spec = job.spec.portion
-            if spec is not None and spec.span_id == span_id and spec.attempt == attempt:
-                return job
-        return None
+    def find(self, span_id: str, attempt: int, join_epoch: int | None = None) -> Job | None:
+        """The island's job of this attempt of a spanning job: one not ended first, then the newest (a portion
+        that joined it live is of the same attempt; `join_epoch`: only the one that joined at that move)."""
+        found = [j for j in self.state.jobs.values() if (s := j.spec.portion) is not None and s.span_id == span_id
+                 and s.attempt == attempt and (join_epoch is None or s.join_from and s.epoch == join_epoch
+                                               or not join_epoch and not s.join_from)]
+        return max(found, key=lambda j: (not j.state.terminal, j.seq), default=None)
 
     def rows(self) -> list[p.PortionRow]:
+        """The newest job of each portion: an island joining live again after a move called off has the
+        same place in the job as the portion that was cancelled."""
         jobs = sorted((j for j in self.state.jobs.values() if j.spec.portion is not None), key=lambda j: -j.seq)
-        return [_row(j) for j in jobs[:MAX_ROWS]] + list(self._refused.values())
+        seen: set[tuple[str, int, int]] = set()
+        rows = []
+        for job in jobs:
+            spec = job.spec.portion
+            assert spec is not None
+            if job.state.terminal:
+                self.moves.ended(job)
+            if (spec.span_id, spec.attempt, spec.index) not in seen and len(rows) < MAX_ROWS:
+                seen.add((spec.span_id, spec.attempt, spec.index))
+                rows.append(self._row(job))
+        return rows + list(self._refused.values())
 
-
-def _row(job: Job) -> p.PortionRow:
-    spec = job.spec.portion
-    assert spec is not None
-    lead = spec.index == 0 and bool(job.master_port)
-    return p.PortionRow(span_id=spec.span_id, attempt=spec.attempt, index=spec.index, job_id=job.job_id,
-                        state=job.state.value, step=job.step, steps_per_s=job.steps_per_s,
-                        master_addr=job.master_addr if lead else "", master_port=job.master_port if lead else 0,
-                        error=str((job.error or {}).get("message", ""))[:p.MAX_TEXT_CHARS],
-                        cause=str((job.error or {}).get("cause", ""))[:32])
+    def _row(self, job: Job) -> p.PortionRow:
+        spec = job.spec.portion
+        assert spec is not None
+        lead = spec.index == 0 and bool(job.master_port)
+        return p.PortionRow(span_id=spec.span_id, attempt=spec.attempt, index=spec.index, job_id=job.job_id,
+                            state=job.state.value, step=job.step, steps_per_s=job.steps_per_s,
+                            master_addr=job.master_addr if lead else "", master_port=job.master_port if lead else 0,
+                            error=str((job.error or {}).get("message", ""))[:p.MAX_TEXT_CHARS],
+                            cause=str((job.error or {}).get("cause", ""))[:32], **self.moves.row(job))

@@ -638,6 +638,8 @@ class SchedulerState:
                     forget.append(job.job_id)
                 continue
             out += self.resizes.report(job, node, r, now)
+            if job.spec.portion is not None:
+                out += self.portions.moves.report(job, node, r, now)
             self._release(job, node, r)   # a resize this report completed: its leavers may be gone already
             if not (job.state.active and node in job.launched):   # the report ended the job, or the node's part
                 continue
@@ -651,7 +653,7 @@ class SchedulerState:
                 job.master_port = r.master_port
                 self.dirty.add(job.job_id)
                 out += [self.launch(job, other) for other in job.nodes[1:]]
-            if r.state == "running" and node not in job.ready:
+            if r.state == "running" and node not in job.ready and not self.portions.moves.holds_start(job):
                 job.ready.append(node)
                 self.dirty.add(job.job_id)
                 if job.state is JobState.STARTING and set(job.ready) == set(job.nodes):

@@ -63,3 +63,18 @@ def test_all_reduces_across_islands_give_the_flat_sums_in_order(tmp_path: Path, 
             assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), f"agent {rank}: sum {i} of {SIZES[i]} differs"
         assert got["max"].item() == world - 1
         assert got["collectives"] == len(SIZES) + 1   # counted as the flat ones are (comm/carried_vote.py)
+
+
+def test_a_resize_across_islands_sets_the_islands_its_new_group_forms_with():
+    from elasticd.agent.comm.islands import adopt, emulated_islands
+
+    env: dict[str, str] = {}
+    adopt([], 4, env)
+    assert env == {}   # an ordinary resize: the islands stay as they are
+    adopt([2, 2], 4, env)
+    islands = emulated_islands(4, env)
+    assert islands is not None and islands.sizes == (2, 2)
+    adopt([4], 4, env)   # one island ("4" alone would mean four even islands)
+    assert env == {} and emulated_islands(4, env) is None
+    with pytest.raises(ValueError, match="hold 3 agents, the new group has 4"):
+        adopt([2, 1], 4, env)

@@ -185,6 +185,24 @@ def test_joiners_on_a_node_new_to_the_job_run_as_the_jobs_user_with_its_options(
     assert (launch.run_as, launch.threads, launch.stuck_after, launch.script) == ("alice", 2, "90s", "/s.py")
 
 
+def test_a_move_across_islands_tells_running_agents_and_joiners_the_new_islands():
+    node = Node()
+    idents = running(node)
+    node.start(node.core.prepare(prepare_msg(snapshot_key="k1"), port=0))
+    joiners = [node.hello("j", 2), node.hello("j", 3)]
+    go = node.core.go(p.ResizeJob(job_id="j", devices=4, epoch=1, master_addr="h", master_port=29600, devices_from=2,
+                                  islands=[2, 2]))
+    assert [(a.identity, a.msg.islands) for a in go] == [(i, [2, 2]) for i in [*idents, *joiners]]
+    # A portion joining on a node new to it: the resize snapshots it drops live under its job's key, where
+    # its agents write them.
+    node.start(node.core.prepare(prepare_msg("k", joiners=((2, "cpu:2"),), snapshot_key="k1"), port=0))
+    ident = node.hello("k", 2)
+    node.core.go(p.ResizeJob(job_id="k", devices=3, epoch=1, master_addr="h", master_port=1, devices_from=2))
+    node.core.agent_message(ident, p.AgentResized(job_id="k", rank=2, info=resized(None, 2)), T0)
+    _err, actions = node.core.agent_message(ident, p.AgentStep(job_id="k", rank=2, step=5), T0)
+    assert DropSnapshots("k", 1, under_key="k1") in actions
+
+
 def test_a_grow_starts_warm_joiners_then_tells_everyone_and_ends_at_the_first_step():
     node = Node()
     idents = running(node)

@@ -4,6 +4,8 @@ each fed what the other sends."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from island_core import Island, agent, launches, report
 
@@ -72,7 +74,7 @@ class Front:
 
     def deliver(self, sends) -> None:
         for island, msg in sends:
-            out = self.isl[island].s.portions.apply(msg, self.isl[island].now)
+            out = self.isl[island]._take(self.isl[island].s.portions.apply(msg, self.isl[island].now))
             self.launched[island] += [m for _n, m in launches(out)]
 
     def beat(self) -> None:
@@ -152,8 +154,9 @@ def started(f: Front, req_: p.SubmitSpanning):
     return span, a
 
 
-def test_a_lost_island_restarts_the_job_on_the_islands_left_from_its_snapshot_under_the_same_key():
-    f = Front({"A": 2, "B": 2})
+def on_a_alone(**kw):
+    """A job over A and B that lost B: restarted on A alone, from its snapshot, and running there."""
+    f = Front({"A": 2, "B": 2}, **kw)
     span, a = started(f, req(workers=8))
     key = span.parts[0].spec.key
     f.deliver(f.spans.island_lost("B", "no status for 11s", f.now))
@@ -177,20 +180,126 @@ def test_a_lost_island_restarts_the_job_on_the_islands_left_from_its_snapshot_un
     f.isl["A"].report("a1", report(a2.job_id, [agent(0, 0), agent(1, 1)], master_port=4243))
     f.beat()
     assert span.state == "running"
+    return f, span, a2
+
+
+def test_a_lost_island_restarts_the_job_on_the_islands_left_from_its_snapshot_under_the_same_key():
+    on_a_alone()
+
+
+def b_is_back(f: Front, devices: int = 2) -> None:
+    f.isl["B"] = Island()
+    f.isl["B"].hello("b1", devices)
+    f.launched["B"] = []
+
+
+def sent_to(isl: Island, kind) -> list:
+    return [(m.node_id, m.msg) for m in isl.sent if isinstance(m.msg, kind)]
+
+
+def test_an_island_back_is_grown_onto_live_its_agents_joining_the_running_ones():
+    f, span, a = on_a_alone()
+    key = span.parts[0].spec.key
     f.deliver(f.spans.tick(f.now + 0.3, {"A": 0}))
     assert span.state == "running"   # B is not back
-    # B is back with its devices: the job stops and starts again across both, from its newest snapshot
-    f.isl["B"] = Island()
-    f.isl["B"].hello("b1", 2)
-    f.launched["B"] = []
-    f.deliver(f.spans.tick(f.now + 0.4, {"A": 0, "B": 2}))
-    assert span.state == "recovering" and "island B is back" in span.reason and span.restarts == 1
-    assert a2.state is JobState.STOPPED
-    f.isl["A"].report("a1", report(a2.job_id, [agent(0, 0, alive=False), agent(1, 1, alive=False)], state="ended"))
+    b_is_back(f)
+    f.deliver(f.spans.tick(f.now + 0.4, f.free()))
+    # B holds its devices for a portion joining the 2 agents on A; A's agents go on training meanwhile
+    assert span.state == "growing" and "growing live onto 2 on B: 2 -> 4 agents" in span.reason
+    b = f.job("B")
+    spec = b.spec.portion
+    assert (b.state, spec.join_from, spec.epoch, spec.rank_offset, spec.world, spec.islands, spec.key) == (
+        JobState.RESERVED, 2, 1, 2, 4, [2, 2], key)
+    assert a.state is JobState.RUNNING and not [m for _n, m in sent_to(f.isl["A"], p.KillJob) if m.job_id == a.job_id]
+    f.beat()   # B reserved: its joiners start warm, and A's rank 0's node picks the new group's port
+    ((node, prep_b),) = sent_to(f.isl["B"], p.PrepareResize)
+    assert (node, [(j.rank, j.device_id) for j in prep_b.joiners], prep_b.devices_from, prep_b.devices) == (
+        "b1", [(2, "cpu:0"), (3, "cpu:1")], 2, 4)
+    assert prep_b.env["ELASTICD_ISLANDS"] == "2,2" and prep_b.snapshot_key == key and prep_b.blocks == [2, 2, 2, 2]
+    ((node, prep_a),) = sent_to(f.isl["A"], p.PrepareResize)
+    assert (node, prep_a.pick_port, prep_a.joiners, prep_a.epoch) == ("a1", True, [], 1)
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5555))
     f.beat()
-    f.deliver(f.spans.tick(f.now + 0.5, f.free()))
-    assert [pt.island for pt in span.parts] == ["A", "B"] and span.attempt == 3
-    assert f.job("B").spec.portion.restore and f.job("B").spec.portion.key == key
+    assert not sent_to(f.isl["A"], p.ResizeJob), "went before B's joiners were warm"
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=1))
+    assert b.state is JobState.STARTING   # its nodes report waiting joiners as running: not up before they join
+    f.beat()
+    go = p.ResizeJob(job_id=a.job_id, devices=4, epoch=1, master_addr="a1.host", master_port=5555, devices_from=2,
+                     blocks=[2, 2, 2, 2], islands=[2, 2])
+    assert sent_to(f.isl["A"], p.ResizeJob) == [("a1", go)]
+    assert sent_to(f.isl["B"], p.ResizeJob) == [("b1", dataclasses.replace(go, job_id=b.job_id))]
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1, stepped=1)]))
+    f.beat()
+    assert span.state == "growing"   # B's agents have not stepped yet
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, epoch=1, stepped=1), agent(3, 1, epoch=1, stepped=1)]))
+    f.beat()
+    assert span.state == "running" and "grew live onto island B: 4 agents (move 1)" in span.reason
+    assert b.state is JobState.RUNNING and a.state is JobState.RUNNING
+    assert span.restarts == 1 and span.attempt == 2   # the loss's restart only: this was no restart
+    assert [(pt.island, pt.spec.world, pt.spec.rank_offset) for pt in span.parts] == [("A", 4, 0), ("B", 4, 2)]
+    assert "portion 1 of 2: ranks 0-1 of 4, 4 of its 8 workers" in f.isl["A"].s.status(a.job_id, f.now).jobs[0].portion_of
+    info = f.spans.table().spans[0]
+    assert [(x.island, x.ranks, x.workers) for x in info.portions] == [("A", "0-1", 4), ("B", "2-3", 4)]
+    f.deliver(f.spans.tick(f.now + 100, f.free()))
+    assert span.state == "running"   # nothing more to grow onto
+
+
+def test_a_live_grow_whose_joiners_fail_is_called_off_the_job_runs_on_and_the_island_is_offered_again():
+    f, span, a = on_a_alone()
+    b_is_back(f)
+    f.deliver(f.spans.tick(f.now + 0.4, f.free()))
+    f.beat()
+    b = f.job("B")
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=5555))
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, standby=True)], resize_epoch=1,
+                                   resize_error={"message": "cannot load /s.py: SyntaxError"}))
+    assert b.state is JobState.FAILED
+    f.beat()
+    assert span.state == "running" and "growing live called off (island B failed its portion" in span.reason
+    assert [pt.island for pt in span.parts] == ["A"] and span.restarts == 1
+    assert sent_to(f.isl["A"], p.AbortResize) == [("a1", p.AbortResize(job_id=a.job_id, epoch=1, reason=ANY_REASON))]
+    assert a.state is JobState.RUNNING and not sent_to(f.isl["A"], p.ResizeJob)
+    f.deliver(f.spans.tick(f.now + 30, f.free()))
+    assert span.state == "running"   # not offered again at once
+    f.deliver(f.spans.tick(f.now + 61, f.free()))
+    assert span.state == "growing" and span.grow.epoch == 2
+
+
+def test_a_live_grow_not_ready_in_time_is_called_off_and_one_that_fails_after_the_go_restarts_the_job():
+    f, span, a = on_a_alone(reserve_timeout_s=10.0)
+    b_is_back(f)
+    f.deliver(f.spans.tick(f.now + 0.4, f.free()))
+    f.beat()
+    f.tick(11.0)   # A picked no port, B's joiners never said hello
+    assert span.state == "running" and "island A, B not ready within 10s" in span.reason
+    b_old = f.isl["B"].s.jobs[span_job_ids(f, "B")[-1]]
+    assert b_old.state is JobState.STOPPED
+    f.isl["B"].report("b1", report(b_old.job_id, [agent(2, 0, alive=False, standby=True)], state="ended"))
+    f.tick(61.0)
+    assert span.state == "growing"
+    f.beat()
+    b = f.job("B")
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], resize_epoch=2, resize_port=5555))
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=2))
+    f.beat()
+    assert span.grow.went
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, alive=False), agent(1, 1)], state="ended", ok=False,
+                                   error={"message": "PeerLost: the group re-forming failed", "cause": "peer_lost"}))
+    f.beat()
+    assert span.state == "recovering" and "PeerLost" in span.reason and span.restarts == 2
+    assert b.state is JobState.STOPPED
+
+
+def span_job_ids(f: Front, island: str) -> list[str]:
+    return [j.job_id for j in f.isl[island].s.jobs.values() if j.spec.portion is not None]
+
+
+class _Any:
+    def __eq__(self, other) -> bool:
+        return True
+
+
+ANY_REASON = _Any()
 
 
 def test_the_script_s_own_failure_fails_the_job_and_so_does_one_past_max_restarts():

@@ -122,11 +122,11 @@ def test_with_island_b_full_the_job_waits_holding_nothing_then_runs_as_ddp_does(
 
 
 @pytest.mark.slow
-def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapshot_and_back_across_both(tmp_path):
+def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapshot_and_b_back_joins_live(tmp_path):
     """Island B (its scheduler, its node, its agents) is killed mid-run: the job restarts on A alone from its
-    newest periodic snapshot, whose parts of B's workers A holds as copies. B comes back: the job restarts
-    across both again. It ends bitwise as if nothing had happened, every step taken once per logical rank
-    as far as the run kept."""
+    newest periodic snapshot, whose parts of B's workers A holds as copies. B comes back: the job grows onto
+    it live, A's agents going on where they are. It ends bitwise as if nothing had happened, every step taken
+    once per logical rank as far as the run kept."""
     c = Cluster(tmp_path)
     try:
         front = c.federation(island_timeout=2.0)
@@ -158,8 +158,13 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         node_b.start()
         again = wait_until(lambda: (s := spans(front, job)[0])["state"] == "running" and len(s["portions"]) == 2
                            and s, 120, what="the job to run across A and B again")
-        assert [(pt["island"], pt["ranks"]) for pt in again["portions"]] == [("A", "0-1"), ("B", "2-3")]
-        assert again["restarts"] == 1 and any("island B is back" in h[2] for h in again["history"]), again
+        assert [(pt["island"], pt["ranks"], pt["workers"]) for pt in again["portions"]] == [("A", "0-1", 4),
+                                                                                           ("B", "2-3", 4)]
+        assert again["restarts"] == 1 and again["attempt"] == back["attempt"], again
+        assert any("grew live onto island B" in h[2] for h in again["history"]), again["history"]
+        # live: A's portion is the same island job, its agents the same processes, no step done again
+        assert again["portions"][0]["job_id"] == back["portions"][0]["job_id"]
+        redone_before = completed_twice(out)
         (out / "release").touch()
         done = wait_until(lambda: (s := spans(front, job)[0])["state"] in ("finished", "failed") and s, 180,
                           what="the job to end")
@@ -167,6 +172,7 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         assert_same_run(out, ref, steps, ranks=WORKERS, recovered=True)
         redone = completed_twice(out)
         assert 0 not in redone, f"restarted from the beginning, not from a snapshot: redid {redone}"
+        assert redone == redone_before, f"steps done again after B joined: {sorted(set(redone) - set(redone_before))}"
     finally:
         c.cleanup()
 

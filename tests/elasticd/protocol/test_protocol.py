@@ -53,8 +53,8 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
               "launch_job": {"workers": 8, "devices": 2, "blocks": [6, 2], "stuck_after": "90s", "hold_at": [4, 9],
                              "threads": 3, "device_memory": 5, "snapshot_key": "0af3"},
               "prepare_resize": {"workers": 8, "devices": 2, "blocks": [5, 3], "stuck_after": "off", "hold_at": [9],
-                                 "threads": 0, "device_memory": 7},
-              "resize_job": {"devices": 2, "blocks": [7, 1]},
+                                 "threads": 0, "device_memory": 7, "snapshot_key": "77aa"},
+              "resize_job": {"devices": 3, "blocks": [7, 1, 2], "islands": [1, 2]},
               "island_hello": {"island_id": "A", "capacity": p.IslandCapacity(nodes=1, devices=4, free=2)},
               "island_status": {"island_id": "b-2", "capacity": p.IslandCapacity(devices=3, free=3, running=1,
                                                                                  device_types=["cuda"])},
@@ -65,6 +65,12 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
               "submit_spanning": {"script": "/s.py", "workers": 8, "devices": 4, "islands": ["A", "B"],
                                   "max_islands": 2, "threads": 1, "max_restarts": 2},
               "start_portion": {"span_id": "s3", "master_port": 4242},
+              # a portion joining the 2 agents before it live, at move 3
+              "grow_portion": {"devices_from": 2, "portion": p.PortionSpec(
+                  span_id="s3", attempt=2, index=1, workers=8, world=3, rank_offset=2, blocks=[3, 3, 2],
+                  islands=[2, 1], key="9c0e", join_from=2, epoch=3)},
+              "go_portion": {"span_id": "s3", "master_addr": "h", "master_port": 4243},
+              "abort_portion_move": {"span_id": "s3"},
               "cancel_portion": {"span_id": "s3"},
               "islands_reply": {"islands": [p.IslandInfo(island_id="A", state="up", capacity=p.IslandCapacity(),
                                                          joined_at=1.0, last_seen=2.0)]}}
