@@ -26,6 +26,10 @@ def drain(node_id: str, deadline: float | None, as_json: bool, **opts: object) -
     naming the drain; resubmit it or lower its --min-devices. `elasticd status` shows the node draining,
     then drained once no agent runs there: the node can go. `elasticd undrain NODE` puts it back.
 
+    A portion of a job spanning islands is moved by its federation front: the whole job shrinks off the
+    ranks NODE hosts, live, onto its agents elsewhere (on this island or others). One with no agent
+    elsewhere fails at the deadline, and the front restarts it from its newest snapshot.
+
     A node daemon started with `--drain-grace SECONDS` drains itself this way on SIGTERM and exits once
     its agents are gone (or at the deadline).
     """

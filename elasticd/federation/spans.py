@@ -10,8 +10,9 @@ messages for island schedulers out.
     starting   portion 0 was sent `StartPortion`; its rank 0's node picks the rendezvous port, which its
                island reports; the other portions are then started with it. All agents form one group.
     running    every portion's agents are up.
-    growing    an island it lost is back: the job grows onto it live, its agents going on where they are
-               (elasticd/federation/moves.py); then running again, on more islands.
+    moving     it grows live onto an island it lost that is back, or shrinks live off ranks an island wants
+               back (a draining node), its agents going on where they are (elasticd/federation/moves.py);
+               then running again.
     recovering a portion failed for the infrastructure's reasons (an agent died, its peers lost their group,
                a node or a whole island was lost): the other portions are stopped and, once each has ended
                or its island is gone, the job is split again over its islands that are up and starts from
@@ -35,13 +36,13 @@ from dataclasses import dataclass, field
 from elasticd import protocol as p
 from elasticd.core.failures import is_infrastructure
 from elasticd.federation import moves
-from elasticd.federation.moves import Grow
-from elasticd.federation.split import grown, split
+from elasticd.federation.moves import LiveMove
+from elasticd.federation.split import Split, grown, shrunk, split
 
 log = logging.getLogger(__name__)
 
 WAITING, RESERVING, STARTING, RUNNING, RECOVERING = "waiting", "reserving", "starting", "running", "recovering"
-GROWING = "growing"
+MOVING = "moving"
 FINISHED, FAILED, STOPPED = "finished", "failed", "stopped"
 ENDED = (FINISHED, FAILED, STOPPED)
 _ROW_ENDED = ("finished", "failed", "stopped")
@@ -82,8 +83,8 @@ class Span:
     restarts: int = 0
     restore: bool = False      # it ran: every later attempt starts from its newest complete snapshot
     planned: tuple[str, ...] = ()   # the islands of its first start: one it left is offered its portion back
-    grow: Grow | None = None   # a live move onto islands in flight
-    grow_at: float = 0.0       # islands back are offered again from then (a live move was called off)
+    move: LiveMove | None = None   # a live move in flight
+    move_at: float = 0.0       # no live move before then (one was called off)
     moves: int = 0             # live moves of this attempt (each one's epoch)
 
     def go(self, state: str, reason: str, now: float, note: bool = False) -> None:
@@ -158,9 +159,11 @@ class Spans:
         touched: list[Span] = []
         for row in rows:
             span = self.spans.get(row.span_id)
-            part = (span.parts[row.index] if span is not None and row.attempt == span.attempt
-                    and 0 <= row.index < len(span.parts) and span.parts[row.index].island == island else None)
-            live = span is not None and span.state in (RESERVING, STARTING, RUNNING, GROWING)
+            # By island, not by place: a live move changes a portion's place in the job (its island's row may
+            # show the new one before the front is done with the move); an island holds one portion of a job.
+            part = (next((pt for pt in span.parts if pt.island == island), None)
+                    if span is not None and row.attempt == span.attempt else None)
+            live = span is not None and span.state in (RESERVING, STARTING, RUNNING, MOVING)
             if part is None or not live:
                 # A reservation of an attempt this front released (or of a job a restarted front never
                 # knew) holds devices for nothing, and a portion of a job that ended here must stop; a
@@ -190,10 +193,10 @@ class Spans:
                 continue
             if span.state == RESERVING:
                 out += self._release(span, f"island {island} lost ({why})", now)
-            elif span.state == GROWING and span.grow is not None and not span.grow.went and all(
-                    pt.island != island for pt in span.parts[:span.grow.joining]):
+            elif span.state == MOVING and span.move is not None and not span.move.went and all(
+                    pt.island != island for pt in span.parts[:span.move.old]):
                 out += moves.call_off(self, span, f"island {island} lost ({why})", now)
-            elif span.state in (STARTING, RUNNING, GROWING):
+            elif span.state in (STARTING, RUNNING, MOVING):
                 out += self.recover(span, f"island {island} lost ({why})", now)
             elif span.state == RECOVERING:   # what its portions' failures came from, seen after them
                 span.go(RECOVERING, f"island {island} lost ({why}); {span.reason}", now, note=True)
@@ -209,11 +212,13 @@ class Spans:
                 out += self._try(span, now, free, speed)
             elif span.state == RECOVERING:
                 out += self._restart(span, now, free, speed)
-            elif span.state == RUNNING and now >= span.grow_at and (back := self._back(span, free)):
+            elif span.state == RUNNING and now >= span.move_at and (keep := self._keep(span)) is not None:
+                out += self._shrink(span, keep, now)
+            elif span.state == RUNNING and now >= span.move_at and (back := self._back(span, free)):
                 out += self._regrow(span, back, now, free, speed)
-            elif span.state == GROWING and span.grow is not None and now > span.grow.deadline:
+            elif span.state == MOVING and span.move is not None and now > span.move.deadline:
                 out += moves.expired(self, span, now)
-            elif span.state == GROWING:
+            elif span.state == MOVING:
                 out += moves.resend(self, span, now, RESEND_S)
             elif span.state == RESERVING and now > span.deadline:
                 late = [pt.island for pt in span.parts if pt.state() != "reserved"]
@@ -235,7 +240,7 @@ class Spans:
                 span.go(WAITING, s, now)
             return []
         span.attempt += 1
-        span.grow, span.moves = None, 0
+        span.move, span.moves = None, 0
         span.parts = [Part(isl, s.portion(span.span_id, span.attempt, k, span.req.workers), sent_at=now)
                       for k, isl in enumerate(s.islands)]
         for pt in span.parts:
@@ -252,7 +257,7 @@ class Spans:
                                 threads=r.threads, owner=span.owner)
 
     def _advance(self, span: Span, now: float) -> list[Send]:
-        if span.state == GROWING:
+        if span.state == MOVING:
             return moves.advance(self, span, now)
         states = [pt.state() for pt in span.parts]
         bad = next((pt for pt in span.parts if pt.state() in ("failed", "stopped")), None)
@@ -312,7 +317,7 @@ class Spans:
         return out
 
     def _cancel(self, span: Span, reason: str) -> list[Send]:
-        span.grow = None   # a live move in flight ends with the attempt
+        span.move = None   # a live move in flight ends with the attempt
         return [(pt.island, p.CancelPortion(span_id=span.span_id, attempt=span.attempt, reason=reason))
                 for pt in span.parts if pt.state() not in _ROW_ENDED]
 
@@ -345,14 +350,35 @@ class Spans:
         """An island it lost is back: the job grows onto it live (elasticd/federation/moves.py)."""
         s = grown(span.req, [(pt.island, pt.spec.devices) for pt in span.parts], back, free, speed)
         if isinstance(s, str):
-            span.grow_at = now + moves.REGROW_AFTER_S
+            span.move_at = now + moves.RETRY_S
             return []
-        g = span.grow = moves.plan(span, s, now + self.reserve_timeout_s)
-        span.moves = g.epoch
-        span.parts += [Part(isl, g.specs[k], sent_at=now) for k, isl in enumerate(s.islands) if k >= g.joining]
-        joining = ", ".join(f"{pt.spec.devices} on {pt.island}" for pt in span.parts[g.joining:])
-        span.go(GROWING, f"growing live onto {joining}: {g.devices_from} -> {s.world} agents", now)
-        return [(pt.island, self.reserve_msg(span, pt)) for pt in span.parts[g.joining:]]
+        mv = self._begin(span, s, [], now)
+        span.parts += [Part(isl, mv.specs[k], sent_at=now) for k, isl in enumerate(s.islands) if k >= mv.old]
+        joining = ", ".join(f"{pt.spec.devices} on {pt.island}" for pt in span.parts[mv.old:])
+        span.go(MOVING, f"growing live onto {joining}: {mv.devices_from} -> {s.world} agents", now)
+        return [(pt.island, self.reserve_msg(span, pt)) for pt in span.parts[mv.old:]]
+
+    def _keep(self, span: Span) -> list[int] | None:
+        """The ranks it keeps when it moves off those its islands want back (None: none is wanted back, or
+        every one is: a drain of them all fails it at the drain's deadline, and the front restarts it)."""
+        leaving = {r for pt in span.parts if pt.row is not None for r in pt.row.leaving}
+        world = sum(pt.spec.devices for pt in span.parts)
+        keep = [r for r in range(world) if r not in leaving]
+        return keep if leaving and keep else None
+
+    def _shrink(self, span: Span, keep: list[int], now: float) -> list[Send]:
+        s = shrunk(span.req, [(pt.island, pt.spec.devices) for pt in span.parts], keep)
+        mv = self._begin(span, s, keep, now)
+        span.go(MOVING, f"moving live off {mv.devices_from - len(keep)} device(s) its islands want back: "
+                        f"{mv.devices_from} -> {s.world} agents", now)
+        for pt in span.parts:
+            pt.sent_at = now
+        return moves.move_msgs(span, mv)
+
+    def _begin(self, span: Span, s: Split, keep: list[int], now: float) -> LiveMove:
+        mv = span.move = moves.plan(span, s, keep, now + self.reserve_timeout_s)
+        span.moves = mv.epoch
+        return mv
 
     def _restart(self, span: Span, now: float, free: dict[str, int], speed: dict[str, float] | None = None
                  ) -> list[Send]:

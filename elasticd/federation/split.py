@@ -107,6 +107,20 @@ def grown(req: p.SubmitSpanning, parts: list[tuple[str, int]], back: list[str], 
     return Split(islands=tuple(islands), devices=tuple(devices), blocks=tuple(blocks))
 
 
+def shrunk(req: p.SubmitSpanning, parts: list[tuple[str, int]], keep: list[int]) -> Split:
+    """The running job (`parts`: its islands and their agents, in rank order) on its old ranks `keep` (in
+    order): each island keeps its agents that stay, an island none of whose agents stays drops out, and
+    the N workers are laid out again over the agents left."""
+    kept = set(keep)
+    islands, devices, lo = [], [], 0
+    for island, n in parts:
+        if (m := sum(1 for r in range(lo, lo + n) if r in kept)) > 0:
+            islands.append(island)
+            devices.append(m)
+        lo += n
+    return Split(islands=tuple(islands), devices=tuple(devices), blocks=tuple(uniform_sizes(req.workers, len(keep))))
+
+
 def apportion(total: int, weights: list[float], caps: list[int] | None = None) -> list[int]:
     """`total` split in proportion to `weights`: at least one each and at most `caps` (when given), largest
     remainders first, ties to the earlier one. `total` must be at least len(weights) and at most sum(caps)."""

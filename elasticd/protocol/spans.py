@@ -8,7 +8,7 @@ stops it. Each island reports its portions in every `IslandStatus` (`PortionRow`
 message is repaired by the next beat.
 
 A running job grows onto an island live (elasticd/federation/moves.py): the island's portion is reserved
-with `join_from` and started as warm joiners; the running portions get `GrowPortion` (the one hosting
+with `join_from` and started as warm joiners; the running portions get `MovePortion` (the one hosting
 rank 0 picks the new group's port); `GoPortion` then re-forms every agent at the next step boundary, and
 `AbortPortionMove` calls off a move that has not gone.
 """
@@ -19,7 +19,7 @@ from dataclasses import field
 from typing import ClassVar
 
 from elasticd.protocol import limits as L
-from elasticd.protocol.nodes import bad_blocks
+from elasticd.protocol.nodes import bad_blocks, bad_islands
 from elasticd.protocol.wire import Message, message, record
 
 MAX_SPAN_ISLANDS = 64   # islands one job may span
@@ -163,19 +163,36 @@ class CancelPortion(Message):
 
 
 @message
-class GrowPortion(Message):
-    """Front -> island: this running portion becomes `portion` (the job grows onto other islands) at resize
-    `epoch`, once the front says go. The portion hosting rank 0 picks the new group's rendezvous port now,
-    reported in its row."""
+class MovePortion(Message):
+    """Front -> island: the running job moves live at resize `epoch`, once the front says go: it grows onto
+    other islands (`keep` empty: every agent stays, joiners come after), or shrinks off ranks its islands
+    want back (`keep`: the old ranks that stay, in their new rank order). This portion becomes portion
+    `index` of the new group (-1: none of its agents stays; it leaves the job). The portion hosting the new
+    rank 0 picks the new group's rendezvous port now, reported in its row."""
 
-    op: ClassVar[str] = "grow_portion"
-    portion: PortionSpec      # the same span, attempt and ranks; the grown world, layout and islands
-    devices_from: int         # agents of the job before the move
+    op: ClassVar[str] = "move_portion"
+    span_id: str
+    attempt: int
+    epoch: int
+    devices_from: int             # agents of the job before the move
+    world: int                    # and after it
+    blocks: list[int]             # the new layout
+    islands: list[int]            # the new group's agents per island
+    keep: list[int] = field(default_factory=list)
+    index: int = 0
 
     def check(self) -> str | None:
-        if not 0 < self.devices_from < self.portion.world or not 0 < self.portion.epoch:
-            return f"a grow from {self.devices_from} agents to {self.portion.world} at epoch {self.portion.epoch}"
-        return self.portion.check()
+        if (why := bad_span_id(self.span_id) or bad_blocks(self.blocks, self.world) or bad_islands(self.islands, self.world)):
+            return why
+        if not self.islands or not 0 < self.epoch <= L.MAX_ISLAND_COUNT or not -1 <= self.index < len(self.islands):
+            return f"move {self.epoch}: portion {self.index} of islands {self.islands[:8]}"
+        if self.keep:
+            if len(set(self.keep)) != len(self.keep) or len(self.keep) != self.world or not all(
+                    0 <= k < self.devices_from for k in self.keep):
+                return f"keep {self.keep[:16]}: {self.world} distinct ranks of the {self.devices_from} agents"
+        elif not 0 < self.devices_from < self.world:
+            return f"a grow from {self.devices_from} agents to {self.world}"
+        return None
 
 
 @message
@@ -227,7 +244,7 @@ class PortionRow:
     error: str = ""
     cause: str = ""           # its failure's cause (elasticd/core/failures.py): the front restarts the job
                               # after the infrastructure's, never after the script's
-    # A live move (GrowPortion, or a joining portion): its epoch; the port, once the portion hosting rank 0
+    # A live move (MovePortion, or a joining portion): its epoch; the port, once the portion hosting rank 0
     # picked it; ready: its part is prepared (joiners warm, the port picked); moved: every agent of the
     # portion re-formed at that epoch and completed a step after it.
     move_epoch: int = 0
@@ -236,6 +253,8 @@ class PortionRow:
     move_ready: bool = False
     moved: bool = False
     move_error: str = ""      # why the move failed here (its agents refused it, a joiner died)
+    # Ranks of this portion its island wants back (their node is draining): the front moves the job off them.
+    leaving: list[int] = field(default_factory=list)
 
 
 @message

@@ -26,7 +26,7 @@ from elasticd.core.errors import ControlPlaneError
 from elasticd.core.records import wire_name
 from elasticd.protocol.limits import MAX_METRIC_CHARS, MAX_METRICS
 
-PROTOCOL_VERSION = 10  # 10: live moves of jobs spanning islands (GrowPortion, GoPortion, AbortPortionMove, islands in resizes)
+PROTOCOL_VERSION = 10  # 10: live moves of jobs spanning islands (MovePortion, GoPortion, AbortPortionMove, islands in resizes)
 MAX_FRAME_BYTES = 1 << 20  # requests are small; logs are paged below this
 
 # Error codes (the ``code`` of an `Error` reply).

@@ -194,8 +194,12 @@ class Drains:
             # called off, and happens at its step wherever the job is then.
             out += self.state.resizes.call_off_ahead(job, now, f"drain of node {d.node_id}")
         if job.spec.portion is not None:
-            return (f"a portion of job {job.spec.portion.span_id} spanning islands: it moves only with that whole "
-                    "job, and a job spanning islands is not resized")
+            if job.state is not JobState.RUNNING:
+                return ""
+            # Its agents are part of a group that spans islands: the front moves the whole job off them (the
+            # portion's row names its ranks on draining nodes, elasticd.scheduler.portion_moves).
+            return (f"a portion of job {job.spec.portion.span_id} spanning islands: waiting for its federation "
+                    "front to move that job off the node")
         if job.state is not JobState.RUNNING or job.resize is not None:
             return ""   # starting, or a resize in flight: looked at again once it runs
         what = f"drain of node {d.node_id}"

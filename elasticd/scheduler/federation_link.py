@@ -21,7 +21,7 @@ from elasticd.scheduler.state import SchedulerState
 
 log = logging.getLogger(__name__)
 
-_COMMANDS = (p.ReservePortion, p.StartPortion, p.CancelPortion, p.GrowPortion, p.GoPortion, p.AbortPortionMove)
+_COMMANDS = (p.ReservePortion, p.StartPortion, p.CancelPortion, p.MovePortion, p.GoPortion, p.AbortPortionMove)
 
 
 def capacity(state: SchedulerState) -> p.IslandCapacity:

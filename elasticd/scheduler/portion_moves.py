@@ -1,16 +1,21 @@
-"""An island's side of a live move of a job spanning islands: its portion grows the job onto another island.
+"""An island's side of a live move of a job spanning islands: the job grows onto another island, or shrinks
+off ranks an island wants back (their node is draining).
 
 The front decides (elasticd/federation/moves.py); an island executes its portion's part and reports it in
 the portion's row, as a node does for a resize of the island's own jobs (elasticd/daemon/resizing.py):
 
-- a running portion gets `GrowPortion`: if it hosts rank 0, its rank 0's node picks the new group's port
-  (`PrepareResize` with no joiner); the others have nothing to prepare.
+- a drain of a node hosting agents of a portion asks the front for those ranks (the row's `leaving`)
+  instead of moving the portion itself: its agents are part of a group that spans islands.
+- a running portion gets `MovePortion`: the one hosting the new rank 0 has that rank's node pick the
+  new group's port (`PrepareResize` with no joiner); the others have nothing to prepare.
 - a joining portion (reserved with `join_from`) gets `StartPortion`: its nodes start its agents as warm
   standby joiners (`PrepareResize` with the joiners), ready once each said hello.
-- `GoPortion` (every portion ready): every node of the portion gets `ResizeJob`, with the new layout and
-  its islands; the running agents re-form at their next step boundary and the joiners join them.
-- moved: every agent of the portion reports the epoch re-formed and a step completed after it. The
-  portion is then the one the front asked for (its world, layout and islands).
+- `GoPortion` (every portion ready): every node of the portion gets `ResizeJob` with the new layout, its
+  islands and the ranks kept; the agents re-form at their next step boundary, joiners join, leavers
+  hand their workers over and exit.
+- moved: every agent that stays re-formed at that epoch and completed a step after it, and every one that
+  leaves has left. The portion is then the one the front asked for (its place, world, layout, islands,
+  devices); one that left the job altogether is cancelled by the front.
 
 `AbortPortionMove` before the go calls it off (a joining portion is cancelled instead); after the go
 only the front's restart of the whole job undoes it. The agents refusing the move at the step boundary
@@ -19,6 +24,7 @@ only the front's restart of the whole job undoes it. The agents refusing the mov
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,17 +43,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class PortionMove:
-    spec: p.PortionSpec           # what the portion becomes; `spec.epoch` names the move
+    spec: p.PortionSpec           # what the portion becomes (as it was, if it leaves); `spec.epoch` names it
     devices_from: int             # agents of the whole job before it
-    joining: bool                 # this portion's agents are the joiners
-    addr: str = ""                # the new group's rendezvous (the portion hosting rank 0 picks it)
+    keep: list[int]               # the old ranks that stay, in new rank order (empty: all, as they are)
+    joining: bool = False         # this portion's agents are the joiners
+    leaves: bool = False          # none of this portion's agents stays
+    addr: str = ""                # the new group's rendezvous (the portion hosting its rank 0 picks it)
     port: int = 0
     ready: bool = False
     went: bool = False
     moved: bool = False
     error: str = ""
     warm: set[str] = field(default_factory=set)   # nodes whose joiners all said hello
-    done: set[str] = field(default_factory=set)   # nodes whose agents re-formed and stepped
+    done: set[str] = field(default_factory=set)   # nodes whose part is done
 
 
 class PortionMoves:
@@ -58,22 +66,38 @@ class PortionMoves:
         self.state = state
         self.moves: dict[str, PortionMove] = {}
 
-    def grow(self, job: Job, msg: p.GrowPortion, now: float) -> list[SendToNode]:
-        spec = msg.portion
+    def leaving(self, job: Job) -> list[int]:
+        """The ranks of a running portion on draining nodes: its row asks the front to move the job off them."""
+        spec = job.spec.portion
+        if spec is None or job.state is not JobState.RUNNING:
+            return []
+        return [spec.rank_offset + k for k, (n, _d) in enumerate(job.placement) if self.state.drains.holds(n)]
+
+    def move(self, job: Job, msg: p.MovePortion, now: float) -> list[SendToNode]:
+        old = job.spec.portion
+        assert old is not None
         mv = self.moves.get(job.job_id)
-        if mv is not None and mv.spec.epoch == spec.epoch:
+        if mv is not None and mv.spec.epoch == msg.epoch:
             return []   # sent again
-        if job.state is not JobState.RUNNING:
-            log.warning("job %s: cannot grow portion of %s live: it is %s", job.job_id, spec.span_id, job.state.value)
+        if job.state is not JobState.RUNNING or msg.devices_from != old.world:
+            log.warning("job %s: cannot move portion of %s live: it is %s, of %d agents (move from %d)", job.job_id,
+                        old.span_id, job.state.value, old.world, msg.devices_from)
             return []
-        mv = self.moves[job.job_id] = PortionMove(spec, msg.devices_from, joining=False)
-        job.history.append([round(now, 3), job.state.value, f"growing live with job {spec.span_id}: "
-                            f"{msg.devices_from} -> {spec.world} agents (move {spec.epoch})"])
+        spec = old if msg.index < 0 else dataclasses.replace(
+            old, index=msg.index, world=msg.world, rank_offset=sum(msg.islands[:msg.index]), blocks=list(msg.blocks),
+            islands=list(msg.islands))
+        spec = dataclasses.replace(spec, epoch=msg.epoch)
+        mv = self.moves[job.job_id] = PortionMove(spec, msg.devices_from, list(msg.keep), leaves=msg.index < 0)
+        what = "leaving" if mv.leaves else f"{msg.devices_from} -> {msg.world} agents"
+        job.history.append([round(now, 3), job.state.value, f"moving live with job {old.span_id}: {what} "
+                            f"(move {msg.epoch})"])
         self.state.dirty.add(job.job_id)
-        if spec.index != 0:
-            mv.ready = True   # only the portion hosting rank 0 prepares anything (the port)
+        first = msg.keep[0] if msg.keep else 0   # the old rank that is the new rank 0
+        k = first - old.rank_offset
+        if not 0 <= k < len(job.placement):
+            mv.ready = True   # only the portion hosting the new rank 0 prepares anything (the port)
             return []
-        lead = job.nodes[0]
+        lead = job.placement[k][0]
         mv.addr = self.state.nodes[lead].host
         return [SendToNode(lead, self._prepare(job, mv, joiners=[], pick_port=True))]
 
@@ -81,7 +105,7 @@ class PortionMoves:
         """A reserved portion joining a running job: its nodes start its agents as warm joiners."""
         spec = job.spec.portion
         assert spec is not None and spec.join_from and job.state is JobState.RESERVED
-        mv = self.moves[job.job_id] = PortionMove(spec, spec.join_from, joining=True)
+        mv = self.moves[job.job_id] = PortionMove(spec, spec.join_from, [], joining=True)
         job.transition(JobState.STARTING, now, f"joining job {spec.span_id} live: ranks {spec.rank_offset}-"
                        f"{spec.rank_offset + spec.devices - 1} of {spec.world} (move {spec.epoch})")
         job.launched = list(job.nodes)
@@ -112,12 +136,13 @@ class PortionMoves:
         if mv.joining:
             job.master_addr, job.master_port = msg.master_addr, msg.master_port
         spec = mv.spec
-        log.info("job %s: move %d of job %s goes: %d -> %d agents at %s:%d", job.job_id, spec.epoch, spec.span_id,
-                 mv.devices_from, spec.world, msg.master_addr, msg.master_port)
+        log.info("job %s: move %d of job %s goes at %s:%d", job.job_id, spec.epoch, spec.span_id, msg.master_addr,
+                 msg.master_port)
         self.state.dirty.add(job.job_id)
-        go = p.ResizeJob(job_id=job.job_id, devices=spec.world, epoch=spec.epoch, master_addr=msg.master_addr,
-                         master_port=msg.master_port, devices_from=mv.devices_from, blocks=list(spec.blocks),
-                         islands=list(spec.islands))
+        world = len(mv.keep) if mv.leaves else spec.world
+        go = p.ResizeJob(job_id=job.job_id, devices=world, epoch=spec.epoch, master_addr=msg.master_addr,
+                         master_port=msg.master_port, devices_from=mv.devices_from, keep=list(mv.keep),
+                         blocks=[] if mv.leaves else list(spec.blocks), islands=[] if mv.leaves else list(spec.islands))
         return [SendToNode(node, go) for node in job.nodes]
 
     def abort(self, job: Job, msg: p.AbortPortionMove, now: float) -> list[SendToNode]:
@@ -148,35 +173,58 @@ class PortionMoves:
                                           f"{mv.error}", error={"message": mv.error, "cause": Cause.DIED.value})
             return []
         if not mv.went:
-            if not mv.joining and r.resize_epoch == epoch and r.resize_port and node == job.nodes[0]:
+            if not mv.joining and r.resize_epoch == epoch and r.resize_port and mv.addr and not mv.port:
                 mv.port, mv.ready = r.resize_port, True
             elif mv.joining:
                 warm = {a.rank for a in r.agents if a.standby and a.connected and a.alive}
-                mine = {mv.spec.rank_offset + k for k, (n, _d) in enumerate(job.placement) if n == node}
-                if mine <= warm:
+                if self._ranks_on(job, node) <= warm:
                     mv.warm.add(node)
                 mv.ready = set(job.nodes) <= mv.warm
             return []
-        live = [a for a in r.agents if a.alive and not a.left]
-        if live and all(a.epoch >= epoch and a.stepped >= epoch for a in live):
+        kept = set(mv.keep) if mv.keep else None
+        stay = [r for r in self._ranks_on(job, node) if kept is None or r in kept]
+        # Counted, not named: a shrink renumbers the agents that stay on their node at the go.
+        staying = [a for a in r.agents if a.alive and not a.left]
+        if len(staying) == len(stay) and all(a.epoch >= epoch and a.stepped >= epoch for a in staying):
             mv.done.add(node)
         if set(job.nodes) <= mv.done:
-            mv.moved = True
+            self._moved(job, mv, now)
+        return []
+
+    def _ranks_on(self, job: Job, node: str) -> set[int]:
+        spec = job.spec.portion
+        assert spec is not None
+        return {spec.rank_offset + k for k, (n, _d) in enumerate(job.placement) if n == node}
+
+    def _moved(self, job: Job, mv: PortionMove, now: float) -> None:
+        old = job.spec.portion
+        assert old is not None
+        mv.moved = True
+        if mv.keep and not mv.leaves:
+            # The devices of the ranks that left are free once their agents are gone (`_release`).
+            kept = set(mv.keep)
+            for k, (node, dev) in enumerate(job.placement):
+                if old.rank_offset + k not in kept:
+                    job.zombies.setdefault(node, []).append(dev)
+            job.placement = [pl for k, pl in enumerate(job.placement) if old.rank_offset + k in kept]
+        if not mv.leaves:
             job.spec.portion = mv.spec
             job.spec.workers = sum(mv.spec.own_blocks)
             job.blocks = list(mv.spec.own_blocks)
-            job.history.append([round(now, 3), job.state.value, f"moved live: ranks {mv.spec.rank_offset}-"
-                                f"{mv.spec.rank_offset + mv.spec.devices - 1} of {mv.spec.world} (move {epoch})"])
-            self.state.dirty.add(job.job_id)
-            log.info("job %s: move %d of job %s done", job.job_id, epoch, mv.spec.span_id)
-        return []
+            self.state.changed(job, resched=True)
+        what = ("its agents left the job" if mv.leaves else f"ranks {mv.spec.rank_offset}-"
+                f"{mv.spec.rank_offset + mv.spec.devices - 1} of {mv.spec.world}")
+        job.history.append([round(now, 3), job.state.value, f"moved live: {what} (move {mv.spec.epoch})"])
+        self.state.dirty.add(job.job_id)
+        log.info("job %s: move %d of job %s done: %s", job.job_id, mv.spec.epoch, mv.spec.span_id, what)
 
     def ended(self, job: Job) -> None:
         self.moves.pop(job.job_id, None)
 
     def row(self, job: Job) -> dict[str, object]:
         mv = self.moves.get(job.job_id)
+        leaving = {"leaving": self.leaving(job)}
         if mv is None:
-            return {}
+            return leaving
         return {"move_epoch": mv.spec.epoch, "move_addr": mv.addr if mv.port else "", "move_port": mv.port,
-                "move_ready": mv.ready, "moved": mv.moved, "move_error": mv.error}
+                "move_ready": mv.ready, "moved": mv.moved, "move_error": mv.error, **leaving}

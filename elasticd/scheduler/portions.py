@@ -49,9 +49,9 @@ class Portions:
             return self.start(msg, now)
         if isinstance(msg, p.CancelPortion):
             return self.cancel(msg, now)
-        if isinstance(msg, p.GrowPortion):
-            job = self.find(msg.portion.span_id, msg.portion.attempt)
-            return [] if job is None else self.moves.grow(job, msg, now)
+        if isinstance(msg, p.MovePortion):
+            job = self.find(msg.span_id, msg.attempt)
+            return [] if job is None else self.moves.move(job, msg, now)
         if isinstance(msg, p.GoPortion):
             job = self.find(msg.span_id, msg.attempt)
             return [] if job is None else self.moves.go(job, msg, now)
@@ -111,18 +111,19 @@ class Portions:
         return max(found, key=lambda j: (not j.state.terminal, j.seq), default=None)
 
     def rows(self) -> list[p.PortionRow]:
-        """The newest job of each portion: an island joining live again after a move called off has the
-        same place in the job as the portion that was cancelled."""
-        jobs = sorted((j for j in self.state.jobs.values() if j.spec.portion is not None), key=lambda j: -j.seq)
-        seen: set[tuple[str, int, int]] = set()
+        """One row per attempt of a spanning job, the job `find` names: an island joining live again after a
+        move was called off holds a new job for the portion that was cancelled."""
+        jobs = sorted((j for j in self.state.jobs.values() if j.spec.portion is not None),
+                      key=lambda j: (j.state.terminal, -j.seq))
+        seen: set[tuple[str, int]] = set()
         rows = []
         for job in jobs:
             spec = job.spec.portion
             assert spec is not None
             if job.state.terminal:
                 self.moves.ended(job)
-            if (spec.span_id, spec.attempt, spec.index) not in seen and len(rows) < MAX_ROWS:
-                seen.add((spec.span_id, spec.attempt, spec.index))
+            if (spec.span_id, spec.attempt) not in seen and len(rows) < MAX_ROWS:
+                seen.add((spec.span_id, spec.attempt))
                 rows.append(self._row(job))
         return rows + list(self._refused.values())
 

@@ -325,7 +325,7 @@ class SchedulerServer:
             log.info("shutdown requested")
             self._stop.set()
             return p.Ok(message="scheduler shutting down"), []
-        if isinstance(msg, (p.ReservePortion, p.StartPortion, p.CancelPortion, p.GrowPortion, p.GoPortion,
+        if isinstance(msg, (p.ReservePortion, p.StartPortion, p.CancelPortion, p.MovePortion, p.GoPortion,
                             p.AbortPortionMove)):
             return p.Error(code=p.UNEXPECTED, message=f"{msg.op} is taken only from the federation front this "
                            "island joined, on its own connection to it"), []

@@ -205,7 +205,7 @@ def test_an_island_back_is_grown_onto_live_its_agents_joining_the_running_ones()
     b_is_back(f)
     f.deliver(f.spans.tick(f.now + 0.4, f.free()))
     # B holds its devices for a portion joining the 2 agents on A; A's agents go on training meanwhile
-    assert span.state == "growing" and "growing live onto 2 on B: 2 -> 4 agents" in span.reason
+    assert span.state == "moving" and "growing live onto 2 on B: 2 -> 4 agents" in span.reason
     b = f.job("B")
     spec = b.spec.portion
     assert (b.state, spec.join_from, spec.epoch, spec.rank_offset, spec.world, spec.islands, spec.key) == (
@@ -230,7 +230,7 @@ def test_an_island_back_is_grown_onto_live_its_agents_joining_the_running_ones()
     assert sent_to(f.isl["B"], p.ResizeJob) == [("b1", dataclasses.replace(go, job_id=b.job_id))]
     f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1, stepped=1)]))
     f.beat()
-    assert span.state == "growing"   # B's agents have not stepped yet
+    assert span.state == "moving"   # B's agents have not stepped yet
     f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, epoch=1, stepped=1), agent(3, 1, epoch=1, stepped=1)]))
     f.beat()
     assert span.state == "running" and "grew live onto island B: 4 agents (move 1)" in span.reason
@@ -255,14 +255,14 @@ def test_a_live_grow_whose_joiners_fail_is_called_off_the_job_runs_on_and_the_is
                                    resize_error={"message": "cannot load /s.py: SyntaxError"}))
     assert b.state is JobState.FAILED
     f.beat()
-    assert span.state == "running" and "growing live called off (island B failed its portion" in span.reason
+    assert span.state == "running" and "moving live called off (island B failed its portion" in span.reason
     assert [pt.island for pt in span.parts] == ["A"] and span.restarts == 1
     assert sent_to(f.isl["A"], p.AbortResize) == [("a1", p.AbortResize(job_id=a.job_id, epoch=1, reason=ANY_REASON))]
     assert a.state is JobState.RUNNING and not sent_to(f.isl["A"], p.ResizeJob)
     f.deliver(f.spans.tick(f.now + 30, f.free()))
     assert span.state == "running"   # not offered again at once
     f.deliver(f.spans.tick(f.now + 61, f.free()))
-    assert span.state == "growing" and span.grow.epoch == 2
+    assert span.state == "moving" and span.move.epoch == 2
 
 
 def test_a_live_grow_not_ready_in_time_is_called_off_and_one_that_fails_after_the_go_restarts_the_job():
@@ -276,13 +276,13 @@ def test_a_live_grow_not_ready_in_time_is_called_off_and_one_that_fails_after_th
     assert b_old.state is JobState.STOPPED
     f.isl["B"].report("b1", report(b_old.job_id, [agent(2, 0, alive=False, standby=True)], state="ended"))
     f.tick(61.0)
-    assert span.state == "growing"
+    assert span.state == "moving"
     f.beat()
     b = f.job("B")
     f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], resize_epoch=2, resize_port=5555))
     f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, standby=True), agent(3, 1, standby=True)], resize_epoch=2))
     f.beat()
-    assert span.grow.went
+    assert span.move.went
     f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, alive=False), agent(1, 1)], state="ended", ok=False,
                                    error={"message": "PeerLost: the group re-forming failed", "cause": "peer_lost"}))
     f.beat()
@@ -353,15 +353,64 @@ def test_a_portion_is_not_resized_and_only_the_front_may_command_one():
     assert authz.check(client, p.StartPortion(span_id="s1", attempt=1)) is not None
 
 
-def test_a_drain_does_not_move_a_portion_and_at_its_deadline_the_front_restarts_the_job():
+def running_on_both(f: Front, req_: p.SubmitSpanning):
+    span, a = started(f, req_)
+    b = f.job("B")
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0), agent(3, 1)]))
+    f.beat()
+    assert span.state == "running"
+    return span, a, b
+
+
+def test_a_drain_moves_the_job_off_the_island_s_ranks_live_the_rest_going_on_where_they_are():
     f = Front({"A": 2, "B": 2})
-    span, a = started(f, req(workers=8))
+    span, a, b = running_on_both(f, req(workers=8))
     isl = f.isl["A"]
-    isl.s.drain("a1", 5.0, isl.now)
+    isl.s.drain("a1", 60.0, isl.now)
     f.tick(1.0)
-    assert "moves only with that whole job" in isl.s.drains.info("a1", isl.now).waiting
-    assert a.state is JobState.RUNNING and not [m for m in isl.sent if isinstance(m.msg, p.PrepareResize)]
-    f.tick(5.0)   # the deadline: the portion fails (drained), which the front restarts the job after
+    assert "waiting for its federation front to move that job off the node" in isl.s.drains.info("a1", isl.now).waiting
+    assert isl.s.portions.rows()[0].leaving == [0, 1]
+    f.beat()
+    f.tick(0.5)   # the front moves the job off ranks 0-1: ranks 2-3 on B stay, as ranks 0-1 of 2
+    assert span.state == "moving" and "moving live off 2 device(s) its islands want back: 4 -> 2 agents" in span.reason
+    # B hosts the new rank 0 (old rank 2): its node picks the new group's port; A has nothing to prepare
+    ((node, prep),) = sent_to(f.isl["B"], p.PrepareResize)
+    assert (node, prep.pick_port, prep.joiners, prep.devices_from, prep.devices) == ("b1", True, [], 4, 2)
+    assert not sent_to(isl, p.PrepareResize)
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0), agent(3, 1)], resize_epoch=1, resize_port=6000))
+    f.beat()
+    go = p.ResizeJob(job_id=a.job_id, devices=2, epoch=1, master_addr="b1.host", master_port=6000, devices_from=4,
+                     keep=[2, 3])
+    assert sent_to(isl, p.ResizeJob) == [("a1", go)]
+    assert sent_to(f.isl["B"], p.ResizeJob) == [("b1", dataclasses.replace(go, job_id=b.job_id, blocks=[4, 4],
+                                                                           islands=[2]))]
+    # A's agents hand their workers over and leave; B's re-form as ranks 0-1 and step
+    isl.report("a1", report(a.job_id, [agent(0, 0, epoch=1, left=True), agent(1, 1, epoch=1, left=True)]))
+    f.beat()
+    assert span.state == "moving"
+    f.isl["B"].report("b1", report(b.job_id, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1, stepped=1)]))
+    f.beat()
+    assert span.state == "running" and "moved live off 2 draining device(s), leaving island A: 2 agents" in span.reason
+    assert [(pt.island, pt.spec.index, pt.spec.world, pt.spec.rank_offset, pt.spec.blocks) for pt in span.parts] == [
+        ("B", 0, 2, 0, [4, 4])]
+    assert a.state is JobState.STOPPED and span.restarts == 0   # cancelled once its agents left: no restart
+    assert f.job("B").spec.portion.islands == [2] and f.job("B").blocks == [4, 4]
+    isl.report("a1", report(a.job_id, [agent(0, 0, alive=False, exitcode=0), agent(1, 1, alive=False, exitcode=0)],
+                            state="ended"))
+    isl.tick(0.1)
+    assert isl.s.drains.info("a1", isl.now).drained   # nothing of the job holds the node any more
+
+
+def test_a_drain_of_every_rank_waits_and_at_its_deadline_the_front_restarts_the_job():
+    f = Front({"A": 2, "B": 2})
+    span, a, b = running_on_both(f, req(workers=8))
+    f.isl["A"].s.drain("a1", 5.0, f.isl["A"].now)
+    f.isl["B"].s.drain("b1", 5.0, f.isl["B"].now)
+    f.tick(1.0)
+    f.beat()
+    f.tick(1.0)
+    assert span.state == "running" and not sent_to(f.isl["A"], p.PrepareResize)   # nowhere to move to
+    f.tick(5.0)   # the deadline: the portions fail (drained), which the front restarts the job after
     assert a.state is JobState.FAILED and a.error["cause"] == "drained"
     f.beat()
     assert span.state == "recovering" and "drained" in span.reason

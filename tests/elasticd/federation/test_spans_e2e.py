@@ -177,6 +177,36 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         c.cleanup()
 
 
+@pytest.mark.slow
+def test_draining_an_island_s_node_moves_the_job_off_it_live_onto_the_other_island(islands, tmp_path):
+    """A drain of A's only node: the front shrinks the job off A's ranks live, B's agents going on as ranks
+    0-1 of 2 and taking A's workers. Nothing is redone, the node drains, and the run is bitwise the
+    one-island run."""
+    _c, front, a, b = islands
+    steps = 40
+    ref = one_island_run(tmp_path, steps)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = submit_spanning(front, JOB, job_env(out, steps, WORKERS))
+    assert r.code == 0, r
+    job = r.out.strip()
+    wait_until(lambda: spans(front, job)[0]["step"] >= 3, 120, what="a few steps across both islands")
+    assert cli("drain", "a1", "--state-dir", str(a.state_dir)).code == 0
+    moved = wait_until(lambda: (s := spans(front, job)[0])["state"] == "running" and len(s["portions"]) == 1 and s,
+                       120, what="the job to move off A's node")
+    assert [(pt["island"], pt["ranks"], pt["workers"]) for pt in moved["portions"]] == [("B", "0-1", 8)]
+    assert any("moved live off 2 draining device(s), leaving island A" in h[2] for h in moved["history"]), moved
+    assert moved["restarts"] == 0 and moved["attempt"] == 1
+    wait_until(lambda: (status(a.state_dir)["nodes"][0].get("draining") or {}).get("drained"), 60,
+               what="A's node drained once the job's agents left it")
+    (out / "release").touch()
+    done = wait_until(lambda: (s := spans(front, job)[0])["state"] in ("finished", "failed") and s, 180,
+                      what="the job to end")
+    assert done["state"] == "finished", done
+    assert_same_run(out, ref, steps, ranks=WORKERS)
+    assert completed_twice(out) == []
+
+
 def test_only_the_key_that_submitted_a_job_stops_it_and_only_the_front_commands_a_portion(tmp_path):
     """No agents: a front and island A with no node (the job waits). Client keys of the front submit and
     stop their own jobs only; an island key submits nothing; the island's scheduler takes a portion's

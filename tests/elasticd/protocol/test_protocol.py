@@ -65,10 +65,8 @@ _IN_BOUNDS = {"submit": {"script": "/s.py", "cwd": "/w", "workers": 8, "min_devi
               "submit_spanning": {"script": "/s.py", "workers": 8, "devices": 4, "islands": ["A", "B"],
                                   "max_islands": 2, "threads": 1, "max_restarts": 2},
               "start_portion": {"span_id": "s3", "master_port": 4242},
-              # a portion joining the 2 agents before it live, at move 3
-              "grow_portion": {"devices_from": 2, "portion": p.PortionSpec(
-                  span_id="s3", attempt=2, index=1, workers=8, world=3, rank_offset=2, blocks=[3, 3, 2],
-                  islands=[2, 1], key="9c0e", join_from=2, epoch=3)},
+              "move_portion": {"span_id": "s3", "epoch": 3, "devices_from": 4, "world": 3, "blocks": [3, 3, 2],
+                               "islands": [2, 1], "keep": [0, 1, 3], "index": 1},
               "go_portion": {"span_id": "s3", "master_addr": "h", "master_port": 4243},
               "abort_portion_move": {"span_id": "s3"},
               "cancel_portion": {"span_id": "s3"},
