@@ -401,6 +401,43 @@ def test_a_drain_moves_the_job_off_the_island_s_ranks_live_the_rest_going_on_whe
     assert isl.s.drains.info("a1", isl.now).drained   # nothing of the job holds the node any more
 
 
+def test_a_drain_of_one_node_of_an_island_shrinks_its_portion_there_and_frees_that_device():
+    f = Front({"A": 1, "B": 2})
+    f.isl["A"].hello("a2", 1)
+    span, out = f.spans.submit(req(workers=8), "alice", f.now, f.free())
+    f.deliver(out)
+    f.beat()
+    a = f.job("A")
+    assert a.placement == [["a1", "cpu:0"], ["a2", "cpu:0"]]
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0)], master_port=4242))
+    f.beat()
+    f.isl["A"].report("a2", report(a.job_id, [agent(1, 0)]))
+    b = f.job("B")
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0), agent(3, 1)]))
+    f.beat()
+    assert span.state == "running"
+    f.isl["A"].s.drain("a2", 60.0, f.isl["A"].now)
+    f.tick(1.0)
+    f.beat()
+    f.tick(0.5)
+    assert span.state == "moving" and span.move.keep == [0, 2, 3]
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0)], resize_epoch=1, resize_port=6001))
+    f.beat()
+    (_node, go), = sent_to(f.isl["A"], p.ResizeJob)[:1]
+    assert (go.keep, go.devices, go.islands, go.blocks) == ([0, 2, 3], 3, [1, 2], [3, 3, 2])
+    f.isl["A"].report("a2", report(a.job_id, [agent(1, 0, epoch=1, left=True)]))
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, epoch=1, stepped=1)]))
+    f.isl["B"].report("b1", report(b.job_id, [agent(1, 0, epoch=1, stepped=1), agent(2, 1, epoch=1, stepped=1)]))
+    f.beat()
+    assert span.state == "running" and [(pt.island, pt.spec.rank_offset, pt.spec.devices) for pt in span.parts] == [
+        ("A", 0, 1), ("B", 1, 2)]
+    assert a.state is JobState.RUNNING and a.placement == [["a1", "cpu:0"]] and a.blocks == [3]
+    assert f.isl["A"].s.free_count() == 0   # the left agent's device is free once it is gone
+    f.isl["A"].report("a2", report(a.job_id, [agent(1, 0, alive=False, exitcode=0, left=True)], state="ended"))
+    assert f.isl["A"].s.free_count() == 0   # a2 is draining: it takes no work, but holds nothing of the job
+    assert not f.isl["A"].s.jobs[a.job_id].zombies
+
+
 def test_a_drain_of_every_rank_waits_and_at_its_deadline_the_front_restarts_the_job():
     f = Front({"A": 2, "B": 2})
     span, a, b = running_on_both(f, req(workers=8))
