@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 from elasticd import protocol as p
 from elasticd.core.env_names import ISLANDS_VAR
 from elasticd.core.failures import Cause
+from elasticd.core.lifecycle import ResizeOutcome
+from elasticd.core.records import ResizeEntry
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
 
@@ -54,6 +56,10 @@ class PortionMove:
     went: bool = False
     moved: bool = False
     error: str = ""
+    at: float = 0.0               # when the island was told
+    went_at: float = 0.0
+    handover_s: float | None = None   # its lead agent's, from the vote to the new group
+    stopped_step: int | None = None   # the step the agents stopped after
     warm: set[str] = field(default_factory=set)   # nodes whose joiners all said hello
     done: set[str] = field(default_factory=set)   # nodes whose part is done
 
@@ -87,7 +93,7 @@ class PortionMoves:
             old, index=msg.index, world=msg.world, rank_offset=sum(msg.islands[:msg.index]), blocks=list(msg.blocks),
             islands=list(msg.islands))
         spec = dataclasses.replace(spec, epoch=msg.epoch)
-        mv = self.moves[job.job_id] = PortionMove(spec, msg.devices_from, list(msg.keep), leaves=msg.index < 0)
+        mv = self.moves[job.job_id] = PortionMove(spec, msg.devices_from, list(msg.keep), leaves=msg.index < 0, at=now)
         what = "leaving" if mv.leaves else f"{msg.devices_from} -> {msg.world} agents"
         job.history.append([round(now, 3), job.state.value, f"moving live with job {old.span_id}: {what} "
                             f"(move {msg.epoch})"])
@@ -105,7 +111,7 @@ class PortionMoves:
         """A reserved portion joining a running job: its nodes start its agents as warm joiners."""
         spec = job.spec.portion
         assert spec is not None and spec.join_from and job.state is JobState.RESERVED
-        mv = self.moves[job.job_id] = PortionMove(spec, spec.join_from, [], joining=True)
+        mv = self.moves[job.job_id] = PortionMove(spec, spec.join_from, [], joining=True, at=now)
         job.transition(JobState.STARTING, now, f"joining job {spec.span_id} live: ranks {spec.rank_offset}-"
                        f"{spec.rank_offset + spec.devices - 1} of {spec.world} (move {spec.epoch})")
         job.launched = list(job.nodes)
@@ -132,7 +138,7 @@ class PortionMoves:
         mv = self.moves.get(job.job_id)
         if mv is None or mv.spec.epoch != msg.epoch or mv.went or mv.error or not job.state.active:
             return []
-        mv.went = True
+        mv.went, mv.went_at = True, now
         if mv.joining:
             job.master_addr, job.master_port = msg.master_addr, msg.master_port
         spec = mv.spec
@@ -181,6 +187,9 @@ class PortionMoves:
                     mv.warm.add(node)
                 mv.ready = set(job.nodes) <= mv.warm
             return []
+        for info in r.resizes:
+            if info.epoch == epoch and not info.left and mv.handover_s is None:
+                mv.handover_s, mv.stopped_step = round(info.seconds, 3), info.step
         kept = set(mv.keep) if mv.keep else None
         stay = [r for r in self._ranks_on(job, node) if kept is None or r in kept]
         # Counted, not named: a shrink renumbers the agents that stay on their node at the go.
@@ -214,6 +223,15 @@ class PortionMoves:
             self.state.changed(job, resched=True)
         what = ("its agents left the job" if mv.leaves else f"ranks {mv.spec.rank_offset}-"
                 f"{mv.spec.rank_offset + mv.spec.devices - 1} of {mv.spec.world}")
+        # In the job's resize history as any resize: `status` shows its times.
+        job.add_resize(ResizeEntry(src=0 if mv.joining else old.devices, dst=0 if mv.leaves else mv.spec.devices,
+                                   outcome=ResizeOutcome.DONE.value, at=round(mv.at, 3), epoch=mv.spec.epoch,
+                                   why=f"move {mv.spec.epoch} of job {old.span_id} spanning islands: "
+                                       f"{mv.devices_from} -> {mv.spec.world if not mv.leaves else len(mv.keep)} "
+                                       "agents in all",
+                                   step=mv.stopped_step, blocks=[] if mv.leaves else list(mv.spec.own_blocks),
+                                   seconds=round(now - mv.at, 3), handover_s=mv.handover_s,
+                                   prepare_s=round(mv.went_at - mv.at, 3), done_step=job.step))
         job.history.append([round(now, 3), job.state.value, f"moved live: {what} (move {mv.spec.epoch})"])
         self.state.dirty.add(job.job_id)
         log.info("job %s: move %d of job %s done: %s", job.job_id, mv.spec.epoch, mv.spec.span_id, what)

@@ -234,6 +234,10 @@ def test_an_island_back_is_grown_onto_live_its_agents_joining_the_running_ones()
     f.isl["B"].report("b1", report(b.job_id, [agent(2, 0, epoch=1, stepped=1), agent(3, 1, epoch=1, stepped=1)]))
     f.beat()
     assert span.state == "running" and "grew live onto island B: 4 agents (move 1)" in span.reason
+    (entry,) = a.resizes   # each island's status shows the move as a resize of its portion
+    assert (entry.src, entry.dst, entry.outcome, entry.blocks) == (2, 2, "done", [2, 2])
+    assert "move 1 of job s1 spanning islands: 2 -> 4 agents in all" in entry.why
+    assert [(e.src, e.dst) for e in b.resizes] == [(0, 2)]
     assert b.state is JobState.RUNNING and a.state is JobState.RUNNING
     assert span.restarts == 1 and span.attempt == 2   # the loss's restart only: this was no restart
     assert [(pt.island, pt.spec.world, pt.spec.rank_offset) for pt in span.parts] == [("A", 4, 0), ("B", 4, 2)]

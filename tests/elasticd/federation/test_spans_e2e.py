@@ -165,6 +165,10 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         # live: A's portion is the same island job, its agents the same processes, no step done again
         assert again["portions"][0]["job_id"] == back["portions"][0]["job_id"]
         redone_before = completed_twice(out)
+        (portion_a,) = [j for j in status(a.state_dir)["jobs"] if j["job_id"] == back["portions"][0]["job_id"]]
+        move = portion_a["resizes"][-1]
+        assert move["outcome"] == "done" and "spanning islands: 2 -> 4 agents in all" in move["why"], move
+        assert move["handover_s"] is not None and move["step"] is not None, move
         (out / "release").touch()
         done = wait_until(lambda: (s := spans(front, job)[0])["state"] in ("finished", "failed") and s, 180,
                           what="the job to end")
