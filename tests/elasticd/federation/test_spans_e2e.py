@@ -250,7 +250,11 @@ def test_only_the_key_that_submitted_a_job_stops_it_and_only_the_front_commands_
         spec = p.PortionSpec(span_id="s1", attempt=1, index=0, workers=4, world=1, rank_offset=0, blocks=[4],
                              islands=[1])
         with Client(Target(f"ipc://{a.state_dir / 'scheduler.sock'}")) as cl:
-            for msg in (p.ReservePortion(portion=spec, script=str(JOB)), p.StartPortion(span_id="s1", attempt=1)):
+            for msg in (p.ReservePortion(portion=spec, script=str(JOB)), p.StartPortion(span_id="s1", attempt=1),
+                        p.MovePortion(span_id="s1", attempt=1, epoch=1, devices_from=1, world=2, blocks=[2, 2],
+                                      islands=[2]),
+                        p.GoPortion(span_id="s1", attempt=1, epoch=1, master_addr="127.0.0.1", master_port=1),
+                        p.AbortPortionMove(span_id="s1", attempt=1, epoch=1)):
                 with pytest.raises(ErrorReply, match="taken only from the federation front"):
                     cl.request(msg)
         assert status(a.state_dir)["jobs"] == []
