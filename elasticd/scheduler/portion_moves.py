@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BUSY_S = 300.0
+
 
 @dataclass(slots=True)
 class PortionMove:
@@ -71,13 +73,31 @@ class PortionMoves:
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
         self.moves: dict[str, PortionMove] = {}
+        self.preempted: dict[str, tuple[int, str]] = {}   # devices the island's policy wants back, and why
+
+    def preempt(self, job: Job, devices: int, why: str) -> None:
+        """The island's policy wants `devices` of this running portion back (a job of higher priority waits):
+        asked of the front as its last ranks in the row's `leaving`."""
+        if 0 < devices < len(job.placement) and self.preempted.get(job.job_id, (0, ""))[0] != devices:
+            self.preempted[job.job_id] = (devices, why)
+            log.info("job %s: %d device(s) of its portion asked back from its front (%s)", job.job_id, devices, why)
 
     def leaving(self, job: Job) -> list[int]:
-        """The ranks of a running portion on draining nodes: its row asks the front to move the job off them."""
+        """The ranks of a running portion its island wants back, on draining nodes or preempted: its row
+        asks the front to move the job off them."""
         spec = job.spec.portion
         if spec is None or job.state is not JobState.RUNNING:
             return []
-        return [spec.rank_offset + k for k, (n, _d) in enumerate(job.placement) if self.state.drains.holds(n)]
+        ranks = [spec.rank_offset + k for k, (n, _d) in enumerate(job.placement) if self.state.drains.holds(n)]
+        wanted = self.preempted.get(job.job_id, (0, ""))[0]
+        ranks += [r for r in range(spec.rank_offset + len(job.placement) - wanted, spec.rank_offset + len(job.placement))
+                  if r not in ranks]
+        return sorted(ranks)
+
+    def busy(self, now: float) -> bool:
+        """A move under way: the island's policy waits for it (it changes what the island holds); not past
+        BUSY_S, after which its front has called it off or restarted the job, or is gone."""
+        return any(not mv.moved and not mv.error and now - mv.at < BUSY_S for mv in self.moves.values())
 
     def move(self, job: Job, msg: p.MovePortion, now: float) -> list[SendToNode]:
         old = job.spec.portion
@@ -209,6 +229,7 @@ class PortionMoves:
         old = job.spec.portion
         assert old is not None
         mv.moved = True
+        self.preempted.pop(job.job_id, None)
         if mv.keep and not mv.leaves:
             # The devices of the ranks that left are free once their agents are gone (`_release`).
             kept = set(mv.keep)
@@ -238,6 +259,7 @@ class PortionMoves:
 
     def ended(self, job: Job) -> None:
         self.moves.pop(job.job_id, None)
+        self.preempted.pop(job.job_id, None)
 
     def row(self, job: Job) -> dict[str, object]:
         mv = self.moves.get(job.job_id)

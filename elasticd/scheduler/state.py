@@ -471,22 +471,30 @@ class SchedulerState:
     def _rebalance(self, waiting: list[policy.JobRequest], now: float) -> list[SendToNode]:
         """Policy-driven live resizes (policy rules 5 and 6), one wave at a time: nothing is decided while
         a resize is in flight or devices are still being freed, so decisions see the settled island."""
+        if not waiting:
+            self.portions.moves.preempted.clear()   # nothing waits for what was asked back any more
         if not self.cfg.resize_enabled:
             return []
         if any(j.resize is not None or (j.zombies and j.state.active) or self.recoveries.restarting(j)
-               for j in self.jobs.values()):
+               for j in self.jobs.values()) or self.portions.moves.busy(now):
             return []
-        running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement), j.spec.min_devices,
-                                     j.spec.max_devices, j.spec.priority, j.seq,
-                                     tuple((n, d) for n, d in j.placement))
+        # A portion of a job spanning islands may be preempted (its front moves the job off the ranks asked
+        # for, elasticd.scheduler.portion_moves), down to one device; it never grows here.
+        running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement),
+                                     1 if j.spec.portion is not None else j.spec.min_devices,
+                                     len(j.placement) if j.spec.portion is not None else j.spec.max_devices,
+                                     j.spec.priority, j.seq, tuple((n, d) for n, d in j.placement))
                    for j in self.jobs.values() if j.state is JobState.RUNNING and j.requested_devices is None
-                   and j.spec.min_devices < j.spec.max_devices
+                   and (j.spec.min_devices < j.spec.max_devices or j.spec.portion is not None)
                    and not any(self.drains.holds(n) for n in j.nodes)]   # a drain is moving those
         if not running:
             return []
         out: list[SendToNode] = []
         for d in policy.rebalance(waiting, running, self.free_views(), self.speeds.costs):
             job = self.jobs[d.job_id]
+            if job.spec.portion is not None:
+                self.portions.moves.preempt(job, len(job.placement) - d.devices, d.why)
+                continue
             if d.devices > len(job.placement) and d.devices - len(job.placement) > self.free_count():
                 continue   # an earlier grow of this wave took the devices (cannot happen with one node view)
             out += self.resizes.begin(job, d.devices, d.why, now)

@@ -442,6 +442,29 @@ def test_a_drain_of_one_node_of_an_island_shrinks_its_portion_there_and_frees_th
     assert not f.isl["A"].s.jobs[a.job_id].zombies
 
 
+def test_a_local_job_of_higher_priority_preempts_a_portion_through_its_front_live():
+    f = Front({"A": 2, "B": 2})
+    span, a, b = running_on_both(f, req(workers=8))
+    local, _ = f.isl["A"].submit(workers=1, lo=1, hi=1, prio=5)
+    assert f.isl["A"].state(local) is JobState.QUEUED
+    f.tick(0.5)
+    assert f.isl["A"].s.portions.rows()[0].leaving == [1]   # its last rank, asked back from the front
+    f.beat()
+    f.tick(0.5)
+    assert span.state == "moving" and span.move.keep == [0, 2, 3]
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_port=6002))
+    f.beat()
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1, left=True)]))
+    f.isl["B"].report("b1", report(b.job_id, [agent(1, 0, epoch=1, stepped=1), agent(2, 1, epoch=1, stepped=1)]))
+    f.beat()
+    assert span.state == "running" and [(pt.island, pt.spec.devices) for pt in span.parts] == [("A", 1), ("B", 2)]
+    assert f.isl["A"].state(local) is JobState.QUEUED   # the device is free once the agent that left is gone
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, alive=False, left=True)]))
+    f.isl["A"].tick(0.1)
+    assert f.isl["A"].state(local) is JobState.STARTING
+    assert f.isl["A"].s.portions.rows()[0].leaving == []
+
+
 def test_a_drain_of_every_rank_waits_and_at_its_deadline_the_front_restarts_the_job():
     f = Front({"A": 2, "B": 2})
     span, a, b = running_on_both(f, req(workers=8))
