@@ -34,6 +34,7 @@ from elasticd.core.env_names import ISLANDS_VAR
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome
 from elasticd.core.records import ResizeEntry
+from elasticd.core.timing import STALL_METRIC
 from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.jobs import Job, JobState
 
@@ -61,6 +62,7 @@ class PortionMove:
     at: float = 0.0               # when the island was told
     went_at: float = 0.0
     handover_s: float | None = None   # its lead agent's, from the vote to the new group
+    stall_s: float | None = None      # its lead agent's, from its last step before to its first after
     stopped_step: int | None = None   # the step the agents stopped after
     warm: set[str] = field(default_factory=set)   # nodes whose joiners all said hello
     done: set[str] = field(default_factory=set)   # nodes whose part is done
@@ -211,11 +213,14 @@ class PortionMoves:
             if info.epoch == epoch and not info.left and mv.handover_s is None:
                 mv.handover_s, mv.stopped_step = round(info.seconds, 3), info.step
         kept = set(mv.keep) if mv.keep else None
-        stay = [r for r in self._ranks_on(job, node) if kept is None or r in kept]
+        stay = [rank for rank in self._ranks_on(job, node) if kept is None or rank in kept]
         # Counted, not named: a shrink renumbers the agents that stay on their node at the go.
         staying = [a for a in r.agents if a.alive and not a.left]
         if len(staying) == len(stay) and all(a.epoch >= epoch and a.stepped >= epoch for a in staying):
             mv.done.add(node)
+            stall = p.flat_metrics(r.metrics).get(STALL_METRIC)   # its lead agent's, after its first new step
+            if stay and mv.stall_s is None and isinstance(stall, int | float) and not isinstance(stall, bool):
+                mv.stall_s = float(stall)
         if set(job.nodes) <= mv.done:
             self._moved(job, mv, now)
         return []
@@ -251,7 +256,7 @@ class PortionMoves:
                                        f"{mv.devices_from} -> {mv.spec.world if not mv.leaves else len(mv.keep)} "
                                        "agents in all",
                                    step=mv.stopped_step, blocks=[] if mv.leaves else list(mv.spec.own_blocks),
-                                   seconds=round(now - mv.at, 3), handover_s=mv.handover_s,
+                                   seconds=round(now - mv.at, 3), handover_s=mv.handover_s, stall=mv.stall_s,
                                    prepare_s=round(mv.went_at - mv.at, 3), done_step=job.step))
         job.history.append([round(now, 3), job.state.value, f"moved live: {what} (move {mv.spec.epoch})"])
         self.state.dirty.add(job.job_id)
