@@ -46,6 +46,7 @@ ON_SHARED_SERVERS = {"bench_torchrun_mode.py", "bench_scheduled_resize.py"}
     ("bench_islands.py", "cross_island_bytes_ratio"),
     ("bench_islands_link.py", "two_islands_vs_one"),
     ("bench_island_loss.py", "island_loss_vs_node_loss"),
+    ("bench_island_moves.py", "island_move_vs_node_move"),
 ])
 def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
     env = {**os.environ, **(shared_servers() if script in ON_SHARED_SERVERS else {})}
@@ -62,7 +63,7 @@ def test_quick_run_ends_with_name_equals_float(script: str, name: str) -> None:
 
 HELPED = ["bench_multiplex.py", "bench_handover.py", "bench_determinism.py", "bench_resize.py",
           "bench_daemon_grow.py", "bench_scheduled_resize.py", "bench_torchrun_mode.py", "bench_resize_memory.py",
-          "bench_islands.py", "bench_islands_link.py", "bench_island_loss.py"]
+          "bench_islands.py", "bench_islands_link.py", "bench_island_loss.py", "bench_island_moves.py"]
 # Each script's `-h` run as `python SCRIPT -h` runs it, in one interpreter for all of them: most import torch
 # before they parse their arguments, seconds each.
 HELP_DRIVER = """
