@@ -18,6 +18,7 @@ import zmq
 from elasticd import keys, transport
 from elasticd import protocol as p
 from elasticd.federation import authz, events
+from elasticd.federation.observe import FrontWatch
 from elasticd.federation.spans import MAX_ACTIVE_PER_OWNER, Send, Span, Spans
 from elasticd.federation.state import UP, FederationError, FederationState
 from elasticd.scheduler import admission
@@ -43,7 +44,8 @@ class FederationServer:
     """
 
     def __init__(self, state_dir: StateDir, *, bind: str | None, timeout_s: float = 10.0,
-                 reserve_timeout_s: float = 30.0, ctx: zmq.Context | None = None) -> None:
+                 reserve_timeout_s: float = 30.0, ctx: zmq.Context | None = None,
+                 metrics: tuple[str, int] | None = None) -> None:
         self.sd = state_dir.create()
         self.ctx = ctx or zmq.Context.instance()
         self.state = FederationState(timeout_s=timeout_s)
@@ -58,7 +60,10 @@ class FederationServer:
         self.allow: transport.AllowList | None = None
         self._refused = principals.Refusals(log)
         self._budget = admission.KeyBudget()   # requests per second of each client and admin key
+        self.watch: FrontWatch | None = None
         try:
+            if metrics is not None:
+                self.watch = FrontWatch(*metrics)
             if bind:
                 transport.raise_fd_limit()
                 self.allow = transport.AllowList(self.sd.root)
@@ -80,9 +85,13 @@ class FederationServer:
     def public_key(self) -> str:
         return self.identity[0].decode()
 
+    @property
+    def metrics_url(self) -> str | None:
+        return self.watch.url if self.watch is not None else None
+
     def write_info(self) -> None:
         write_info(info_path(self.sd), {"pid": os.getpid(), "tcp": self.tcp_endpoint, "local": self.local_endpoint,
-                                        "public_key": self.public_key})
+                                        "public_key": self.public_key, "metrics": self.metrics_url})
 
     def stop(self) -> None:
         self._stop.set()
@@ -110,6 +119,8 @@ class FederationServer:
             for island in self.state.tick(now):
                 out += self.spans.island_lost(island, self.state.islands[island].reason, now)
             self._send(out + self.spans.tick(now, self._free(), self._speed()))
+            if self.watch is not None:
+                self.watch.observer.refresh(self.spans, self.state, now)
         except Exception:  # a bug in one tick must not take the front down
             log.exception("federation tick failed")
 
@@ -134,6 +145,9 @@ class FederationServer:
             transport.send(route[0], msg, route[1])
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
         for s in self.sockets:
             s.close(linger=0)
         self.sockets = []
@@ -169,6 +183,7 @@ class FederationServer:
             self._refused(who, msg, why, str(getattr(msg, "island_id", "")))
             reply = p.Error(code=p.FORBIDDEN, message=why)
         else:
+            started = time.perf_counter()
             try:
                 reply = self._dispatch(msg, who, sock, ident)
             except FederationError as e:
@@ -176,6 +191,10 @@ class FederationServer:
             except Exception as e:  # the front must outlive any one request
                 log.exception("internal error serving %s", msg.op)
                 reply = p.Error(code=p.INTERNAL, message=f"{type(e).__name__}: {e}")
+            if self.watch is not None:
+                self.watch.observer.request(msg.op, time.perf_counter() - started)
+                if isinstance(msg, p.IslandStatus):
+                    self.watch.observer.statuses.inc()
         if reply is not None:
             reply.rid = msg.rid
             transport.send(sock, reply, ident)

@@ -23,6 +23,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -106,11 +107,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], observer: Observer, page: bytes) -> None:
+    def __init__(self, addr: tuple[str, int], observer: Observer, page: bytes,
+                 doc: Callable[[Any], dict[str, Any]]) -> None:
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
         self.observer = observer
-        self.page = page
+        self.page, self.doc = page, doc
         self.csp = _csp(page)
         self.names = _names()
         self._lock = threading.Lock()
@@ -128,7 +130,7 @@ class _Server(ThreadingHTTPServer):
             if got is not None and (now - got[1] < METRICS_MAX_AGE_S if what == "metrics" else got[0] is snapshot):
                 return got[2]
             data = (generate_latest(self.observer.registry) if what == "metrics"
-                    else json.dumps(status_doc(self.observer)).encode())
+                    else json.dumps(self.doc(self.observer)).encode())
             self._cache[what] = (snapshot, now, data)
             return data
 
@@ -211,15 +213,17 @@ def status_doc(observer: Observer) -> dict[str, Any]:
 
 
 class ObserveHTTP:
-    """The HTTP endpoint of an `Observer`, serving in a daemon thread.
+    """The HTTP endpoint of an `Observer` (or of anything with its `snapshot` and `registry`, such as a
+    federation front's), serving in a daemon thread: `page` from this package, `doc` its JSON.
 
     Raises:
         OSError: if the address cannot be bound.
     """
 
-    def __init__(self, observer: Observer, host: str, port: int) -> None:
-        page = resources.files("elasticd.observe").joinpath(_PAGE).read_bytes()
-        self._httpd = _Server((host, port), observer, page)
+    def __init__(self, observer: Any, host: str, port: int, page: str = _PAGE,
+                 doc: Callable[[Any], dict[str, Any]] = status_doc) -> None:
+        self._httpd = _Server((host, port), observer, resources.files("elasticd.observe").joinpath(page).read_bytes(),
+                              doc)
         self.host, self.port = host, self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="elasticd-http", daemon=True)

@@ -167,10 +167,10 @@ class Cluster:
         self.procs.append(proc)
         return proc.start()
 
-    def federation(self, name: str = "front", island_timeout: float = 2.0) -> Proc:
+    def federation(self, name: str = "front", island_timeout: float = 2.0, *extra: str) -> Proc:
         sd = self.root / name
         proc = Proc(["federation", "--bind", "tcp://127.0.0.1:0", "--state-dir", str(sd), "--island-timeout",
-                     str(island_timeout), "--log-level", "DEBUG"], sd, "federation.json")
+                     str(island_timeout), "--log-level", "DEBUG", *extra], sd, "federation.json")
         self.procs.append(proc)
         return proc.start()
 
