@@ -15,7 +15,7 @@ from elasticd.cli import EXIT_DAEMON_ERROR, metrics_option
 @click.option("--bind", default="tcp://127.0.0.1:7460", show_default=True, metavar="tcp://HOST:PORT",
               help="TCP endpoint island schedulers and remote CLIs connect to (CURVE); port 0 picks a free one.")
 @click.option("--state-dir", default=None, envvar="ELASTICD_STATE_DIR", metavar="DIR",
-              help="The front's keys and allow-list [default: ~/.elasticd].")
+              help="The front's keys, allow-list and table of jobs spanning islands [default: ~/.elasticd].")
 @click.option("--island-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds without a status after which an island is declared lost.")
 @click.option("--reserve-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
@@ -44,6 +44,7 @@ def federation(bind: str, state_dir: str | None, island_timeout: float, reserve_
     from elasticd.daemon.server import DaemonError, lock_state_dir
     from elasticd.federation.server import FederationServer, info_path, sock_path
     from elasticd.keys import BadKeyError
+    from elasticd.scheduler.store import StoreError
     from elasticd.transport import TransportError
 
     sd = serving_state_dir(state_dir, log_level, "federation.log")
@@ -51,7 +52,7 @@ def federation(bind: str, state_dir: str | None, island_timeout: float, reserve_
         lock = lock_state_dir(sd, "federation")
         server = FederationServer(sd, bind=bind, timeout_s=island_timeout, reserve_timeout_s=reserve_timeout,
                                   metrics=metrics)
-    except (DaemonError, TransportError, BadKeyError, OSError) as e:
+    except (DaemonError, TransportError, BadKeyError, StoreError, OSError) as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(EXIT_DAEMON_ERROR)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())

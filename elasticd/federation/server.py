@@ -21,6 +21,7 @@ from elasticd.federation import authz, events
 from elasticd.federation.observe import FrontWatch
 from elasticd.federation.spans import MAX_ACTIVE_PER_OWNER, Send, Span, Spans
 from elasticd.federation.state import UP, FederationError, FederationState
+from elasticd.federation.store import SpanStore
 from elasticd.scheduler import admission
 from elasticd.scheduler import authz as principals
 from elasticd.statedir import StateDir, write_info
@@ -61,7 +62,10 @@ class FederationServer:
         self._refused = principals.Refusals(log)
         self._budget = admission.KeyBudget()   # requests per second of each client and admin key
         self.watch: FrontWatch | None = None
+        self.store: SpanStore | None = None
         try:
+            self.store = SpanStore(self.sd.root / "federation.db")
+            self.spans.load(self.store.load(), time.time())
             if metrics is not None:
                 self.watch = FrontWatch(*metrics)
             if bind:
@@ -119,10 +123,15 @@ class FederationServer:
             for island in self.state.tick(now):
                 out += self.spans.island_lost(island, self.state.islands[island].reason, now)
             self._send(out + self.spans.tick(now, self._free(), self._speed()))
+            self._persist()
             if self.watch is not None:
                 self.watch.observer.refresh(self.spans, self.state, now)
         except Exception:  # a bug in one tick must not take the front down
             log.exception("federation tick failed")
+
+    def _persist(self) -> None:
+        if self.store is not None:
+            self.store.sync(self.spans.spans)
 
     def _span(self, span_id: str):
         try:
@@ -148,6 +157,9 @@ class FederationServer:
         if self.watch is not None:
             self.watch.close()
             self.watch = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         for s in self.sockets:
             s.close(linger=0)
         self.sockets = []
@@ -195,6 +207,7 @@ class FederationServer:
                 self.watch.observer.request(msg.op, time.perf_counter() - started)
                 if isinstance(msg, p.IslandStatus):
                     self.watch.observer.statuses.inc()
+        self._persist()   # before the answer: a job a client was told of survives the front
         if reply is not None:
             reply.rid = msg.rid
             transport.send(sock, reply, ident)

@@ -23,8 +23,9 @@ messages for island schedulers out.
                every portion finished; one failed and no restart is left (or the script raised), or it was
                stopped on its island; `elasticd stop`.
 
-The front keeps no table on disk: a restarted front knows none of these jobs. Portions still running on
-their islands run to their end; a reservation it no longer knows is cancelled when its island reports it.
+The front keeps the table on disk (elasticd/federation/store.py, `Span.to_doc`): a restarted front goes on
+with its jobs as their islands report their portions again. A live move under way when it stopped is not
+kept: such a job restarts from its newest snapshot.
 """
 
 from __future__ import annotations
@@ -86,15 +87,43 @@ class Span:
     move: LiveMove | None = None   # a live move in flight
     move_at: float = 0.0       # no live move before then (one was called off)
     moves: int = 0             # live moves of this attempt (each one's epoch)
+    changed: bool = True       # since the front last wrote it to disk
 
     def go(self, state: str, reason: str, now: float, note: bool = False) -> None:
         """`note`: keep this reason in the history though the state stays."""
+        self.changed = True
         if (state, reason) != (self.state, self.reason):
             log.info("job %s %s: %s", self.span_id, state, reason)
         if state != self.state or note:
             self.history.append((round(now, 3), state, reason))
             del self.history[:-100]
         self.state, self.reason = state, reason
+
+    def to_doc(self) -> dict:
+        """What the front's table on disk keeps (not the islands' rows, which they report again, nor a live
+        move under way)."""
+        return {"span_id": self.span_id, "seq": self.seq, "req": self.req.to_wire(), "owner": self.owner,
+                "submitted_at": self.submitted_at, "state": self.state, "reason": self.reason,
+                "attempt": self.attempt, "history": [list(h) for h in self.history], "deadline": self.deadline,
+                "retry_at": self.retry_at, "key": self.key, "restarts": self.restarts, "restore": self.restore,
+                "planned": list(self.planned), "move_at": self.move_at, "moves": self.moves,
+                "parts": [{"island": pt.island, "spec": p.plain(pt.spec), "started": pt.started} for pt in self.parts]}
+
+    @classmethod
+    def from_doc(cls, d: dict, now: float, reserve_timeout_s: float) -> Span:
+        """A job read back by a restarted front. One that was moving live restarts from its newest snapshot:
+        what the move did on its islands is not known (its portions are cancelled as they report)."""
+        span = cls(d["span_id"], d["seq"], p.SubmitSpanning.from_wire(d["req"]), d["owner"], d["submitted_at"],
+                   state=d["state"], reason=d["reason"], attempt=d["attempt"],
+                   parts=[Part(x["island"], p.PortionSpec(**x["spec"]), started=x["started"]) for x in d["parts"]],
+                   history=[(float(a), str(b), str(c)) for a, b, c in d["history"]], deadline=d["deadline"],
+                   retry_at=d["retry_at"], key=d["key"], restarts=d["restarts"], restore=d["restore"],
+                   planned=tuple(d["planned"]), move_at=d["move_at"], moves=d["moves"], changed=False)
+        if span.state == MOVING:
+            span.restore, span.deadline = True, now + reserve_timeout_s
+            span.go(RECOVERING, "the front restarted during a live move; restarting from the newest complete "
+                                "snapshot", now)
+        return span
 
     def info(self) -> p.SpanInfo:
         lead = self.parts[0].row if self.parts else None
@@ -129,6 +158,18 @@ class Spans:
         log.info("job %s submitted: %s workers=%d islands=%s", span.span_id, req.script, req.workers,
                  ",".join(req.islands) or f"any (at most {req.max_islands or 'all'})")
         return span, self._try(span, now, free, speed)
+
+    def load(self, docs: list[dict], now: float) -> None:
+        """The table a restarted front read back (elasticd/federation/store.py); a row it cannot read is
+        skipped, named in the log."""
+        for d in docs:
+            try:
+                span = Span.from_doc(d, now, self.reserve_timeout_s)
+            except Exception as e:  # noqa: BLE001 - one bad row must not keep the front down
+                log.error("skipping unreadable job row %s: %s: %s", d.get("span_id"), type(e).__name__, e)
+                continue
+            self.spans[span.span_id] = span
+            self._seq = max(self._seq, span.seq)
 
     def active(self, owner: str) -> int:
         return sum(s.owner == owner and s.state not in ENDED for s in self.spans.values())

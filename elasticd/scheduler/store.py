@@ -27,30 +27,41 @@ class StoreError(ControlPlaneError, RuntimeError):
     """The job table cannot be opened safely (a symlink in its place, another schema)."""
 
 
+def open_table(path: Path, schema: int) -> sqlite3.Connection:
+    """A job table's SQLite file (created owner-only), with its `meta` and `jobs` tables at `schema`.
+
+    Raises:
+        StoreError: a symlink in its place, or a table of another schema.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.is_symlink():   # sqlite would follow it and write the job table to its target
+            raise StoreError(f"{p} is a symlink: refusing to open the job table through it")
+    # Owner-only, whatever the umask: the table holds every job's environment. SQLite gives its -wal and
+    # -shm files the database file's mode.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    os.chmod(path, 0o600)
+    # The loop owns the connection; check_same_thread=False only lets the embedded scheduler thread open
+    # it in __init__ and use it in run().
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, "
+               "state TEXT NOT NULL, doc TEXT NOT NULL)")
+    row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    if row is None:
+        db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(schema),))
+    elif int(row[0]) != schema:
+        db.close()
+        raise StoreError(f"{path}: job table schema {row[0]}, this elasticd reads {schema}")
+    return db
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for p in (self.path, self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
-            if p.is_symlink():   # sqlite would follow it and write the job table to its target
-                raise StoreError(f"{p} is a symlink: refusing to open the job table through it")
-        # Owner-only, whatever the umask: the table holds every job's environment. SQLite gives its -wal and
-        # -shm files the database file's mode.
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        os.chmod(self.path, 0o600)
-        # The scheduler loop owns the connection; check_same_thread=False only lets the embedded
-        # scheduler thread open it in __init__ and use it in run().
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, "
-                         "state TEXT NOT NULL, doc TEXT NOT NULL)")
-        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: job table schema {row[0]}, this elasticd reads {SCHEMA_VERSION}")
+        self._db = open_table(self.path, SCHEMA_VERSION)
 
     def load(self) -> list[Job]:
         jobs = []

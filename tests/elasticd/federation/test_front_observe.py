@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from cluster import Cluster
+from cluster import Cluster, status
 from scrape import get, samples, value
 from util import JOBS, cli, wait_until
 
@@ -48,3 +48,47 @@ def test_the_front_shows_its_jobs_with_their_portions_per_island_and_its_islands
         assert value(samples(url), "elasticd_front_job_devices", job=job, name="wide", island="A") is None
     finally:
         c.cleanup()
+
+
+def test_a_front_killed_and_restarted_goes_on_with_its_jobs(tmp_path):
+    """The front's table is on disk: SIGKILLed and started again on its address, it knows its job spanning
+    islands again as the islands report its portions, and can still stop it everywhere."""
+    c = Cluster(tmp_path)
+    try:
+        front = c.federation("front", 2.0)
+        islands = [c.island(front, name) for name in ("A", "B")]
+        for isl in islands:
+            c.node(isl, f"{isl.state_dir.name.lower()}1", cpu=2)
+        wait_until(lambda: len(spans_of(front, "")) == 0 and islands_up(front) == 2, 60, what="both islands up")
+        r = cli("submit", FAKE_SCRIPT, "--workers", "8", "--islands", "A,B", "--env", "FAKE_MODE=hang", "--env",
+                "FAKE_STEP_S=0.05", "--state-dir", str(front.state_dir))
+        assert r.code == 0, r.err
+        job = r.out.strip()
+        wait_until(lambda: spans_of(front, job)[0]["state"] == "running", 60, what="the job running")
+        front.kill()
+        front.argv[front.argv.index("--bind") + 1] = front.info()["tcp"]   # where its islands look for it
+        front.start()
+        again = wait_until(lambda: (s := spans_of(front, job)[0])["state"] == "running"
+                           and all(pt["state"] == "running" for pt in s["portions"]) and s, 60,
+                           what="the restarted front to see its job's portions again")
+        assert [(pt["island"], pt["ranks"]) for pt in again["portions"]] == [("A", "0-1"), ("B", "2-3")]
+        assert again["restarts"] == 0 and again["attempt"] == 1
+        assert cli("stop", job, "--state-dir", str(front.state_dir)).code == 0
+        for isl in islands:
+            wait_until(lambda isl=isl: [j["state"] for j in status(isl.state_dir)["jobs"]] == ["stopped"], 30,
+                       what=f"its portion stopped on {isl.state_dir.name}")
+        r = cli("submit", FAKE_SCRIPT, "--workers", "2", "--islands", "A", "--state-dir", str(front.state_dir))
+        assert r.code == 0 and r.out.strip() != job, r   # ids go on from where they were
+    finally:
+        c.cleanup()
+
+
+def spans_of(front, job: str) -> list[dict]:
+    r = cli("islands", "--jobs", *([job] if job else []), "--json", "--state-dir", str(front.state_dir))
+    assert r.code == 0, r
+    return r.json()["jobs"]
+
+
+def islands_up(front) -> int:
+    r = cli("islands", "--json", "--state-dir", str(front.state_dir))
+    return sum(i["state"] == "up" for i in r.json()["islands"]) if r.code == 0 else 0

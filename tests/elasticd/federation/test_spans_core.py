@@ -564,3 +564,28 @@ def test_a_reservation_its_island_stops_releases_the_others_and_the_job_waits_to
     f.beat()
     assert span.state == "waiting" and "island A stopped its portion" in span.reason
     assert [j.state for j in f.isl["B"].s.jobs.values() if j.spec.portion is not None] == [JobState.STOPPED]
+
+
+def test_a_job_read_back_from_disk_is_the_one_written_and_one_caught_moving_restarts_from_its_snapshot():
+    import json
+
+    from elasticd.federation.spans import Span
+
+    f = Front({"A": 2, "B": 2})
+    span, a, b = running_on_both(f, req(workers=8))
+    doc = json.loads(json.dumps(span.to_doc()))   # as the front's table stores it
+    back = Span.from_doc(doc, f.now, 30.0)
+    assert back.info() == dataclasses.replace(span.info(), portions=[
+        dataclasses.replace(pt, job_id="", state="", step=0, error="") for pt in span.info().portions])
+    assert [pt.spec for pt in back.parts] == [pt.spec for pt in span.parts] and back.key == span.key
+    spans = Spans()
+    spans.load([doc, {"span_id": "s9", "seq": 9}], f.now)   # a row it cannot read is skipped
+    assert list(spans.spans) == [span.span_id]
+    f.isl["A"].s.drain("a1", 60.0, f.isl["A"].now)
+    f.tick(1.0)
+    f.beat()
+    f.tick(0.5)
+    assert span.state == "moving"
+    moving = Span.from_doc(json.loads(json.dumps(span.to_doc())), f.now, 30.0)
+    assert moving.state == "recovering" and moving.restore and moving.restarts == 0
+    assert "the front restarted during a live move" in moving.reason and moving.changed
