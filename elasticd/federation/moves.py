@@ -147,7 +147,7 @@ def advance(spans: Spans, span: Span, now: float) -> list[Send]:
                        for pt in leave if pt.state() not in _ENDED]
     gone = [pt.island for pt in leave]
     what = (f"grew live onto island {', '.join(pt.island for pt in joining)}" if mv.grow else
-            f"moved live off {mv.devices_from - len(mv.keep)} draining device(s)"
+            f"moved live off {mv.devices_from - len(mv.keep)} device(s) its islands wanted back"
             + (f", leaving island {', '.join(gone)}" if gone else ""))
     span.go("running", f"{what}: {mv.split.world} agents (move {mv.epoch})", now, note=True)
     return out

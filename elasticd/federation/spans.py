@@ -134,7 +134,7 @@ class Span:
             step=lead.step if lead else 0, steps_per_s=lead.steps_per_s if lead else 0.0,
             portions=[p.PortionInfo(island=pt.island, index=pt.spec.index, devices=pt.spec.devices,
                                     workers=sum(pt.spec.own_blocks),
-                                    ranks=f"{pt.spec.rank_offset}-{pt.spec.rank_offset + pt.spec.devices - 1}",
+                                    ranks=_ranks(pt.spec),
                                     job_id=pt.row.job_id if pt.row else "", state=pt.state(),
                                     step=pt.row.step if pt.row else 0, error=pt.row.error if pt.row else "")
                       for pt in self.parts],
@@ -433,3 +433,9 @@ class Spans:
         out = self._cancel(span, f"job {span.span_id} failed: {reason}")
         span.go(FAILED, reason, now)
         return out
+
+
+def _ranks(spec: p.PortionSpec) -> str:
+    """A portion's ranks as `islands --jobs` shows them: "2-3", or "2" for one."""
+    last = spec.rank_offset + spec.devices - 1
+    return str(last) if spec.devices == 1 else f"{spec.rank_offset}-{last}"

@@ -394,7 +394,7 @@ def test_a_drain_moves_the_job_off_the_island_s_ranks_live_the_rest_going_on_whe
     assert span.state == "moving"
     f.isl["B"].report("b1", report(b.job_id, [agent(0, 0, epoch=1, stepped=1), agent(1, 1, epoch=1, stepped=1)]))
     f.beat()
-    assert span.state == "running" and "moved live off 2 draining device(s), leaving island A: 2 agents" in span.reason
+    assert span.state == "running" and "moved live off 2 device(s) its islands wanted back, leaving island A: 2 agents" in span.reason
     assert [(pt.island, pt.spec.index, pt.spec.world, pt.spec.rank_offset, pt.spec.blocks) for pt in span.parts] == [
         ("B", 0, 2, 0, [4, 4])]
     assert a.state is JobState.STOPPED and span.restarts == 0   # cancelled once its agents left: no restart

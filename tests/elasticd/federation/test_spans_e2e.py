@@ -199,7 +199,7 @@ def test_draining_an_island_s_node_moves_the_job_off_it_live_onto_the_other_isla
     moved = wait_until(lambda: (s := spans(front, job)[0])["state"] == "running" and len(s["portions"]) == 1 and s,
                        120, what="the job to move off A's node")
     assert [(pt["island"], pt["ranks"], pt["workers"]) for pt in moved["portions"]] == [("B", "0-1", 8)]
-    assert any("moved live off 2 draining device(s), leaving island A" in h[2] for h in moved["history"]), moved
+    assert any("moved live off 2 device(s) its islands wanted back, leaving island A" in h[2] for h in moved["history"]), moved
     assert moved["restarts"] == 0 and moved["attempt"] == 1
     wait_until(lambda: (status(a.state_dir)["nodes"][0].get("draining") or {}).get("drained"), 60,
                what="A's node drained once the job's agents left it")
