@@ -17,9 +17,10 @@ the portion's row, as a node does for a resize of the island's own jobs (elastic
   leaves has left. The portion is then the one the front asked for (its place, world, layout, islands,
   devices); one that left the job altogether is cancelled by the front.
 
-`AbortPortionMove` before the go calls it off (a joining portion is cancelled instead); after the go
-only the front's restart of the whole job undoes it. The agents refusing the move at the step boundary
-(a state they cannot carry) is reported as the move's error; they train on as they were.
+`AbortPortionMove` calls it off (a joining portion is cancelled instead): before the go, or after it when
+the agents refused the move at the step boundary (a state they cannot carry; reported as the move's error),
+so they train on as they were. Any other failure after the go is undone only by the front's restart of
+the whole job.
 """
 
 from __future__ import annotations
@@ -175,8 +176,10 @@ class PortionMoves:
 
     def abort(self, job: Job, msg: p.AbortPortionMove, now: float) -> list[SendToNode]:
         mv = self.moves.get(job.job_id)
-        if mv is None or mv.spec.epoch != msg.epoch or (mv.went and not mv.error):
-            return []   # gone ahead: only the front's restart of the whole job undoes it
+        if mv is None or mv.spec.epoch != msg.epoch or mv.moved:
+            return []
+        # Before the go, or after it when agents refused the move (on this island or another): their nodes
+        # put back what the go changed, and send joiners still waiting away.
         del self.moves[job.job_id]
         job.history.append([round(now, 3), job.state.value, f"move {msg.epoch} called off: {msg.reason}"])
         self.state.dirty.add(job.job_id)

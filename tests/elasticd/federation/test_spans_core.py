@@ -465,6 +465,28 @@ def test_a_local_job_of_higher_priority_preempts_a_portion_through_its_front_liv
     assert f.isl["A"].s.portions.rows()[0].leaving == []
 
 
+def test_a_move_its_agents_refuse_is_called_off_on_every_island_and_the_job_trains_on_as_it_was():
+    f = Front({"A": 2, "B": 2})
+    span, a, b = running_on_both(f, req(workers=8))
+    f.isl["A"].s.drain("a1", 60.0, f.isl["A"].now)
+    f.tick(1.0)
+    f.beat()
+    f.tick(0.5)
+    f.isl["B"].report("b1", report(b.job_id, [agent(2, 0), agent(3, 1)], resize_epoch=1, resize_port=6000))
+    f.beat()
+    assert span.move.went
+    # at the step boundary the agents find a state they cannot carry: each node says so
+    refusal = {"message": "a generator in flight", "refused": True, "step": 7}
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], resize_epoch=1, resize_error=refusal))
+    f.beat()
+    assert span.state == "running" and "moving live called off (island A: a generator in flight)" in span.reason
+    assert [pt.island for pt in span.parts] == ["A", "B"] and span.parts[1].spec.rank_offset == 2
+    for isl, job in (("A", a), ("B", b)):   # B's nodes too: its agents refused as well, and it went
+        assert [m.epoch for _n, m in sent_to(f.isl[isl], p.AbortResize)] == [1], isl
+        assert job.state is JobState.RUNNING and job.spec.portion.world == 4
+    assert span.restarts == 0 and span.move_at > f.now
+
+
 def test_a_drain_of_every_rank_waits_and_at_its_deadline_the_front_restarts_the_job():
     f = Front({"A": 2, "B": 2})
     span, a, b = running_on_both(f, req(workers=8))
