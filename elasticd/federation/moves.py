@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from elasticd import protocol as p
-from elasticd.core.failures import is_infrastructure
 
 if TYPE_CHECKING:
     from elasticd.federation.spans import Part, Send, Span, Spans
@@ -103,11 +102,7 @@ def advance(spans: Spans, span: Span, now: float) -> list[Send]:
     bad = next((pt for k, pt in enumerate(running) if pt.state() in ("failed", "stopped")
                 and not _moved(pt, mv, leaves=mv.index[k] < 0)), None)
     if bad is not None:
-        why = f"its portion on island {bad.island} {bad.state()}" + (f": {bad.row.error}" if bad.row and bad.row.error
-                                                                     else "")
-        if bad.row is not None and is_infrastructure(bad.row.cause):
-            return spans.recover(span, why, now)
-        return spans.fail(span, why, now)
+        return spans.portion_ended(span, bad, now)
     failed = next((pt for pt in joining if pt.state() in ("failed", "stopped")), None)
     refused = next((pt for pt in span.parts if pt.row is not None and pt.row.move_epoch == mv.epoch
                     and pt.row.move_error), None)

@@ -317,11 +317,7 @@ class Spans:
                 return [(lead.island, p.StartPortion(span_id=span.span_id, attempt=span.attempt))]
             return []
         if bad is not None:
-            why = f"its portion on island {bad.island} {bad.state()}" + (f": {bad.row.error}" if bad.row and bad.row.error
-                                                                         else "")
-            if bad.row is not None and is_infrastructure(bad.row.cause):
-                return self.recover(span, why, now)
-            return self.fail(span, why, now)
+            return self.portion_ended(span, bad, now)
         out: list[Send] = []
         lead = span.parts[0].row
         if lead is not None and lead.master_port:
@@ -334,6 +330,15 @@ class Spans:
         elif span.state == STARTING and all(s in ("running", "finished") for s in states):
             span.go(RUNNING, "every portion's agents are up", now)
         return out
+
+    def portion_ended(self, span: Span, bad: Part, now: float) -> list[Send]:
+        """A running portion failed or was stopped on its island: a restart after the infrastructure's
+        failure, else the job fails (the script's own error, or stopped there)."""
+        why = f"its portion on island {bad.island} {bad.state()}" + (f": {bad.row.error}" if bad.row and bad.row.error
+                                                                     else "")
+        if bad.row is not None and is_infrastructure(bad.row.cause):
+            return self.recover(span, why, now)
+        return self.fail(span, why, now)
 
     def _start(self, span: Span, lead: p.PortionRow) -> p.StartPortion:
         return p.StartPortion(span_id=span.span_id, attempt=span.attempt, master_addr=lead.master_addr,
