@@ -10,9 +10,9 @@ messages for island schedulers out.
     starting   portion 0 was sent `StartPortion`; its rank 0's node picks the rendezvous port, which its
                island reports; the other portions are then started with it. All agents form one group.
     running    every portion's agents are up.
-    moving     it grows live onto an island it lost that is back, or shrinks live off ranks an island wants
-               back (a draining node), its agents going on where they are (elasticd/federation/moves.py);
-               then running again.
+    moving     it grows live onto an island with free devices (one it lost first) while it has fewer devices
+               than it asked for, or shrinks live off ranks an island wants back (a drain, a preemption), its
+               agents going on where they are (elasticd/federation/moves.py); then running again.
     recovering a portion failed for the infrastructure's reasons (an agent died, its peers lost their group,
                a node or a whole island was lost): the other portions are stopped and, once each has ended
                or its island is gone, the job is split again over its islands that are up and starts from
@@ -83,7 +83,7 @@ class Span:
     key: str = field(default_factory=lambda: secrets.token_hex(8))   # its snapshots' name on every node
     restarts: int = 0
     restore: bool = False      # it ran: every later attempt starts from its newest complete snapshot
-    planned: tuple[str, ...] = ()   # the islands of its first start: one it left is offered its portion back
+    planned: tuple[str, ...] = ()   # the islands of its first start: one it lost is offered its portion back first
     move: LiveMove | None = None   # a live move in flight
     move_at: float = 0.0       # no live move before then (one was called off)
     moves: int = 0             # live moves of this attempt (each one's epoch)
@@ -387,9 +387,16 @@ class Spans:
         return out
 
     def _back(self, span: Span, free: dict[str, int]) -> list[str]:
-        """Islands of its first start that it runs without (it lost them) and that are up with free devices."""
+        """Islands up with free devices that it may grow onto while it has fewer devices than it asked for:
+        those of its first start it lost first, then any other its request allows (`--islands`, or up to
+        `--max-islands`), the most free devices first."""
         have = {pt.island for pt in span.parts}
-        return [i for i in span.planned if i not in have and free.get(i, 0) > 0]
+        if sum(pt.spec.devices for pt in span.parts) >= (span.req.devices or span.req.workers):
+            return []
+        others = span.req.islands or sorted(free, key=lambda i: (-free[i], i))
+        room = (span.req.max_islands or p.MAX_SPAN_ISLANDS) - len(have)
+        order = [*span.planned, *(i for i in others if i not in span.planned)]
+        return [i for i in order if i not in have and free.get(i, 0) > 0][:max(0, room)]
 
     def _regrow(self, span: Span, back: list[str], now: float, free: dict[str, int],
                 speed: dict[str, float] | None) -> list[Send]:

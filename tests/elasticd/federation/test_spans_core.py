@@ -248,6 +248,30 @@ def test_an_island_back_is_grown_onto_live_its_agents_joining_the_running_ones()
     assert span.state == "running"   # nothing more to grow onto
 
 
+def test_a_job_short_of_the_devices_it_asked_for_grows_live_onto_an_island_that_frees_some():
+    f = Front({"A": 2, "B": 2, "C": 2})
+    local_b, _ = f.isl["B"].submit(workers=2, lo=2, hi=2)   # B and C busy with their own jobs
+    local_c, _ = f.isl["C"].submit(workers=2, lo=2, hi=2)
+    span, out = f.spans.submit(req(workers=8, islands=(), max_islands=2), "alice", f.now, f.free())
+    f.deliver(out)
+    f.beat()
+    a = f.job("A")
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], master_port=4242))
+    f.beat()
+    assert span.state == "running" and [pt.island for pt in span.parts] == ["A"]
+    f.deliver(f.spans.tick(f.now + 1, f.free()))
+    assert span.state == "running"   # nothing free to grow onto
+    for isl, job in (("B", local_b), ("C", local_c)):
+        f.isl[isl].s.stop(job, f.isl[isl].now)
+        f.isl[isl].report(f"{isl.lower()}1", report(job, [agent(0, 0, alive=False), agent(1, 1, alive=False)],
+                                                     state="ended"))
+    assert f.free() == {"A": 0, "B": 2, "C": 2}
+    f.deliver(f.spans.tick(f.now + 2, f.free()))
+    # up to --max-islands 2: onto one of them, as far as the 8 devices it asked for allow
+    assert span.state == "moving" and "growing live onto 2 on B: 2 -> 4 agents" in span.reason
+    assert [pt.island for pt in span.parts] == ["A", "B"]
+
+
 def test_a_live_grow_whose_joiners_fail_is_called_off_the_job_runs_on_and_the_island_is_offered_again():
     f, span, a = on_a_alone()
     b_is_back(f)
