@@ -1,5 +1,5 @@
-"""A running job spanning islands moves live: the front's half. It grows onto an island that is back, or
-shrinks off ranks an island wants back (their node is draining), without stopping.
+"""A running job spanning islands moves live: the front's half. It grows onto an island with free devices
+(one it lost, back), or shrinks off ranks an island wants back (a drain, a preemption), without stopping.
 
 Its agents that stay keep their devices and processes; at a step boundary the group re-forms across the
 islands, as a live resize does inside one island (elasticd/scheduler/resizing.py), with the island
