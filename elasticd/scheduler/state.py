@@ -688,7 +688,7 @@ class SchedulerState:
     def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         if node in job.ended:
             return []
-        if node == job.nodes[0]:
+        if node == job.nodes[0] and r.step >= job.step:   # agents that left the job report no step
             self._progress(job, r)
         if not r.ok:
             err = dict(p.flat_scalars(r.error or {}))
