@@ -52,6 +52,10 @@ class PortionMove:
     spec: p.PortionSpec           # what the portion becomes (as it was, if it leaves); `spec.epoch` names it
     devices_from: int             # agents of the whole job before it
     keep: list[int]               # the old ranks that stay, in new rank order (empty: all, as they are)
+    # The new group, the same on every agent, those that leave too (they hand their workers over by it).
+    world: int
+    blocks: list[int]
+    islands: list[int]
     joining: bool = False         # this portion's agents are the joiners
     leaves: bool = False          # none of this portion's agents stays
     addr: str = ""                # the new group's rendezvous (the portion hosting its rank 0 picks it)
@@ -116,7 +120,8 @@ class PortionMoves:
             old, index=msg.index, world=msg.world, rank_offset=sum(msg.islands[:msg.index]), blocks=list(msg.blocks),
             islands=list(msg.islands))
         spec = dataclasses.replace(spec, epoch=msg.epoch)
-        mv = self.moves[job.job_id] = PortionMove(spec, msg.devices_from, list(msg.keep), leaves=msg.index < 0, at=now)
+        mv = self.moves[job.job_id] = PortionMove(spec, msg.devices_from, list(msg.keep), msg.world, list(msg.blocks),
+                                                  list(msg.islands), leaves=msg.index < 0, at=now)
         what = "leaving" if mv.leaves else f"{msg.devices_from} -> {msg.world} agents"
         job.history.append([round(now, 3), job.state.value, f"moving live with job {old.span_id}: {what} "
                             f"(move {msg.epoch})"])
@@ -134,7 +139,8 @@ class PortionMoves:
         """A reserved portion joining a running job: its nodes start its agents as warm joiners."""
         spec = job.spec.portion
         assert spec is not None and spec.join_from and job.state is JobState.RESERVED
-        mv = self.moves[job.job_id] = PortionMove(spec, spec.join_from, [], joining=True, at=now)
+        mv = self.moves[job.job_id] = PortionMove(spec, spec.join_from, [], spec.world, list(spec.blocks),
+                                                  list(spec.islands), joining=True, at=now)
         job.transition(JobState.STARTING, now, f"joining job {spec.span_id} live: ranks {spec.rank_offset}-"
                        f"{spec.rank_offset + spec.devices - 1} of {spec.world} (move {spec.epoch})")
         job.launched = list(job.nodes)
@@ -168,10 +174,9 @@ class PortionMoves:
         log.info("job %s: move %d of job %s goes at %s:%d", job.job_id, spec.epoch, spec.span_id, msg.master_addr,
                  msg.master_port)
         self.state.dirty.add(job.job_id)
-        world = len(mv.keep) if mv.leaves else spec.world
-        go = p.ResizeJob(job_id=job.job_id, devices=world, epoch=spec.epoch, master_addr=msg.master_addr,
+        go = p.ResizeJob(job_id=job.job_id, devices=mv.world, epoch=spec.epoch, master_addr=msg.master_addr,
                          master_port=msg.master_port, devices_from=mv.devices_from, keep=list(mv.keep),
-                         blocks=[] if mv.leaves else list(spec.blocks), islands=[] if mv.leaves else list(spec.islands))
+                         blocks=list(mv.blocks), islands=list(mv.islands))
         return [SendToNode(node, go) for node in job.nodes]
 
     def abort(self, job: Job, msg: p.AbortPortionMove, now: float) -> list[SendToNode]:
@@ -256,8 +261,7 @@ class PortionMoves:
         job.add_resize(ResizeEntry(src=0 if mv.joining else old.devices, dst=0 if mv.leaves else mv.spec.devices,
                                    outcome=ResizeOutcome.DONE.value, at=round(mv.at, 3), epoch=mv.spec.epoch,
                                    why=f"move {mv.spec.epoch} of job {old.span_id} spanning islands: "
-                                       f"{mv.devices_from} -> {mv.spec.world if not mv.leaves else len(mv.keep)} "
-                                       "agents in all",
+                                       f"{mv.devices_from} -> {mv.world} agents in all",
                                    step=mv.stopped_step, blocks=[] if mv.leaves else list(mv.spec.own_blocks),
                                    seconds=round(now - mv.at, 3), handover_s=mv.handover_s, stall=mv.stall_s,
                                    prepare_s=round(mv.went_at - mv.at, 3), done_step=job.step))

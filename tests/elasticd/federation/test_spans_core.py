@@ -407,11 +407,11 @@ def test_a_drain_moves_the_job_off_the_island_s_ranks_live_the_rest_going_on_whe
     assert not sent_to(isl, p.PrepareResize)
     f.isl["B"].report("b1", report(b.job_id, [agent(2, 0), agent(3, 1)], resize_epoch=1, resize_port=6000))
     f.beat()
+    # every agent, those that leave too, is told the same new group: they hand their workers over by it
     go = p.ResizeJob(job_id=a.job_id, devices=2, epoch=1, master_addr="b1.host", master_port=6000, devices_from=4,
-                     keep=[2, 3])
+                     keep=[2, 3], blocks=[4, 4], islands=[2])
     assert sent_to(isl, p.ResizeJob) == [("a1", go)]
-    assert sent_to(f.isl["B"], p.ResizeJob) == [("b1", dataclasses.replace(go, job_id=b.job_id, blocks=[4, 4],
-                                                                           islands=[2]))]
+    assert sent_to(f.isl["B"], p.ResizeJob) == [("b1", dataclasses.replace(go, job_id=b.job_id))]
     # A's agents hand their workers over and leave; B's re-form as ranks 0-1 and step
     isl.report("a1", report(a.job_id, [agent(0, 0, epoch=1, left=True), agent(1, 1, epoch=1, left=True)], step=12))
     f.beat()
