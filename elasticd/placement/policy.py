@@ -184,7 +184,7 @@ class RunningJob:
     job_id: str
     workers: int
     devices: int                 # current M
-    min_devices: int
+    min_devices: int             # 0: it may give every device back (a portion of a job spanning islands)
     max_devices: int
     priority: int = 0
     seq: int = 0
@@ -258,7 +258,8 @@ def _preempt(head: JobRequest, running: Sequence[RunningJob], avail: int) -> lis
     for job in victims:
         if deficit <= 0:
             break
-        target = best_device_count(job.workers, job.min_devices, max(job.min_devices, job.devices - deficit))
+        floor = max(job.min_devices, job.devices - deficit)
+        target = best_device_count(job.workers, job.min_devices, floor) if floor > 0 else 0
         out.append(ResizeOrder(job.job_id, target, f"policy: preempted by job {head.job_id}"))
         deficit -= job.devices - target
     return out if deficit <= 0 else []

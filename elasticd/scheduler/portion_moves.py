@@ -85,7 +85,7 @@ class PortionMoves:
     def preempt(self, job: Job, devices: int, why: str) -> None:
         """The island's policy wants `devices` of this running portion back (a job of higher priority waits):
         asked of the front as its last ranks in the row's `leaving`."""
-        if 0 < devices < len(job.placement) and self.preempted.get(job.job_id, (0, ""))[0] != devices:
+        if 0 < devices <= len(job.placement) and self.preempted.get(job.job_id, (0, ""))[0] != devices:
             self.preempted[job.job_id] = (devices, why)
             log.info("job %s: %d device(s) of its portion asked back from its front (%s)", job.job_id, devices, why)
 

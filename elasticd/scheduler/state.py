@@ -479,9 +479,9 @@ class SchedulerState:
                for j in self.jobs.values()) or self.portions.moves.busy(now):
             return []
         # A portion of a job spanning islands may be preempted (its front moves the job off the ranks asked
-        # for, elasticd.scheduler.portion_moves), down to one device; it never grows here.
+        # for, elasticd.scheduler.portion_moves), every device of it; it never grows here.
         running = [policy.RunningJob(j.job_id, j.spec.workers, len(j.placement),
-                                     1 if j.spec.portion is not None else j.spec.min_devices,
+                                     0 if j.spec.portion is not None else j.spec.min_devices,
                                      len(j.placement) if j.spec.portion is not None else j.spec.max_devices,
                                      j.spec.priority, j.seq, tuple((n, d) for n, d in j.placement))
                    for j in self.jobs.values() if j.state is JobState.RUNNING and j.requested_devices is None

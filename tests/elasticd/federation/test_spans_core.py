@@ -515,6 +515,26 @@ def test_a_move_its_agents_refuse_is_called_off_on_every_island_and_the_job_trai
     assert span.restarts == 0 and span.move_at > f.now
 
 
+def test_a_portion_s_last_device_is_preempted_too_the_job_moving_off_its_island():
+    f = Front({"A": 1, "B": 2})
+    span, out = f.spans.submit(req(workers=8), "alice", f.now, f.free())
+    f.deliver(out)
+    f.beat()
+    a = f.job("A")
+    f.isl["A"].report("a1", report(a.job_id, [agent(0, 0)], master_port=4242))
+    f.beat()
+    b = f.job("B")
+    f.isl["B"].report("b1", report(b.job_id, [agent(1, 0), agent(2, 1)]))
+    f.beat()
+    assert span.state == "running" and [pt.spec.devices for pt in span.parts] == [1, 2]
+    local, _ = f.isl["A"].submit(workers=1, lo=1, hi=1, prio=5)
+    f.tick(0.5)
+    assert f.isl["A"].s.portions.rows()[0].leaving == [0]
+    f.beat()
+    f.tick(0.5)
+    assert span.state == "moving" and span.move.keep == [1, 2] and span.move.index == [-1, 0]
+
+
 def test_a_drain_of_every_rank_waits_and_at_its_deadline_the_front_restarts_the_job():
     f = Front({"A": 2, "B": 2})
     span, a, b = running_on_both(f, req(workers=8))

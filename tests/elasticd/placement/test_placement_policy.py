@@ -93,6 +93,17 @@ def test_rebalance_preempts_lowest_priority_newest_first_just_enough_and_never_f
     assert rebalance([JobRequest("q", 2, 2, 2, priority=0, seq=9)], [old], [NodeView("n0", (), 4, 4)]) == []
 
 
+def test_a_job_that_may_give_every_device_back_is_preempted_to_none():
+    from elasticd.placement.policy import RunningJob, rebalance
+
+    # a portion of a job spanning islands: its front moves the whole job off what it gives back
+    portion = RunningJob("p", workers=4, devices=1, min_devices=0, max_devices=1, priority=0, seq=1)
+    head = JobRequest("q", workers=1, min_devices=1, max_devices=1, priority=5, seq=9)
+    assert [(r.job_id, r.devices) for r in rebalance([head], [portion], [NodeView("n0", (), 1, 1)])] == [("p", 0)]
+    two = RunningJob("p", workers=4, devices=2, min_devices=0, max_devices=2, priority=0, seq=1)
+    assert [(r.job_id, r.devices) for r in rebalance([head], [two], [NodeView("n0", (), 2, 2)])] == [("p", 1)]
+
+
 def test_rebalance_grows_into_free_devices_only_when_nothing_can_start_and_it_helps():
     from elasticd.placement.policy import RunningJob, rebalance
 
