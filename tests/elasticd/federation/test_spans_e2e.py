@@ -142,8 +142,9 @@ def test_losing_an_island_mid_run_restarts_the_job_on_the_other_from_its_snapsho
         r = submit_spanning(front, JOB, job_env(out, steps, WORKERS), "--snapshot-every", "3")
         assert r.code == 0, r
         job = r.out.strip()
-        wait_until(lambda: (status(a.state_dir)["jobs"][0].get("snapshot") or {}).get("step", 0) >= 6, 120,
-                   what="a periodic snapshot or two, taken across both islands")
+        # A's portion shows on A once the front's reservation reached it, a moment after the submit returned.
+        wait_until(lambda: any((j.get("snapshot") or {}).get("step", 0) >= 6 for j in status(a.state_dir)["jobs"]),
+                   120, what="a periodic snapshot or two, taken across both islands")
         agents = node_b.agents()
         b.kill(signal.SIGKILL)
         node_b.kill(signal.SIGKILL)
