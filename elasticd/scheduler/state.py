@@ -676,7 +676,10 @@ class SchedulerState:
 
     @staticmethod
     def _progress(job: Job, r: p.JobReport) -> None:
-        """Rank 0's node reports the job's step, rate and metrics; the periodic snapshot's are set apart."""
+        """Rank 0's node reports the job's step, rate and metrics; the periodic snapshot's are set apart. A
+        node whose agents all left the job (a portion moved off its island) names no rank and says nothing."""
+        if not r.ranks:
+            return
         metrics = p.flat_metrics(r.metrics)
         snapshot = {k.removeprefix("snapshot_"): metrics.pop(k) for k in list(metrics) if k.startswith("snapshot_")}
         metrics.pop("resumed_from", None)
@@ -688,7 +691,7 @@ class SchedulerState:
     def _ended(self, job: Job, node: str, r: p.JobReport, now: float) -> list[SendToNode]:
         if node in job.ended:
             return []
-        if node == job.nodes[0] and r.step >= job.step:   # agents that left the job report no step
+        if node == job.nodes[0]:
             self._progress(job, r)
         if not r.ok:
             err = dict(p.flat_scalars(r.error or {}))

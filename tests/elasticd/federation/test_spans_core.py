@@ -412,13 +412,16 @@ def test_a_drain_moves_the_job_off_the_island_s_ranks_live_the_rest_going_on_whe
                      keep=[2, 3], blocks=[4, 4], islands=[2])
     assert sent_to(isl, p.ResizeJob) == [("a1", go)]
     assert sent_to(f.isl["B"], p.ResizeJob) == [("b1", dataclasses.replace(go, job_id=b.job_id))]
-    # A's agents hand their workers over and leave; B's re-form as ranks 0-1 and step
-    isl.report("a1", report(a.job_id, [agent(0, 0, epoch=1, left=True), agent(1, 1, epoch=1, left=True)], step=12))
+    # A's agents hand their workers over and leave; B's re-form as ranks 0-1 and step. A's node names no
+    # rank of the job any more (its agents are retired there) and reports no step.
+    isl.report("a1", report(a.job_id, [agent(0, 0), agent(1, 1)], step=12))
+    left = [agent(0, 0, epoch=1, left=True), agent(1, 1, epoch=1, left=True)]
+    isl.report("a1", dataclasses.replace(report(a.job_id, left), ranks=[]))
     f.beat()
-    assert span.state == "moving"
+    assert span.state == "moving" and a.step == 12
     # they exit 0 at once: A's portion finishes, which is no failure of the job while it moves off A
-    isl.report("a1", report(a.job_id, [agent(0, 0, alive=False, exitcode=0), agent(1, 1, alive=False, exitcode=0)],
-                            state="ended", step=0))
+    gone = [agent(0, 0, alive=False, exitcode=0, left=True), agent(1, 1, alive=False, exitcode=0, left=True)]
+    isl.report("a1", dataclasses.replace(report(a.job_id, gone, state="ended"), ranks=[]))
     assert a.state is JobState.FINISHED and a.step == 12   # what it had run, not the step of agents that left
     f.beat()
     assert span.state == "moving"
