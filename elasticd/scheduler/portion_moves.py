@@ -73,6 +73,12 @@ class PortionMove:
     done: set[str] = field(default_factory=set)   # nodes whose part is done
 
 
+def with_islands(env: dict[str, str], spec: p.PortionSpec) -> dict[str, str]:
+    """A portion's agents' environment: the job's, and its islands when there are several (the two-level sums,
+    agent/comm/islands.py; one island is no `ELASTICD_ISLANDS` at all)."""
+    return {**env, ISLANDS_VAR: ",".join(map(str, spec.islands))} if len(spec.islands) > 1 else env
+
+
 class PortionMoves:
     """Moves in flight, by island job id (in memory: a restarted scheduler's are called off by the front's
     deadline)."""
@@ -154,9 +160,7 @@ class PortionMoves:
 
     def _prepare(self, job: Job, mv: PortionMove, joiners: list[p.RankPlacement], pick_port: bool) -> p.PrepareResize:
         s, spec = job.spec, mv.spec
-        env = dict(s.env)
-        if len(spec.islands) > 1:
-            env[ISLANDS_VAR] = ",".join(map(str, spec.islands))
+        env = with_islands(s.env, spec)
         return p.PrepareResize(job_id=job.job_id, epoch=spec.epoch, devices_from=mv.devices_from, devices=spec.world,
                                joiners=joiners, pick_port=pick_port, script=s.script, func=s.func,
                                workers=spec.workers, cwd=s.cwd, env=env, snapshot_every=s.snapshot_every,

@@ -18,7 +18,7 @@ from typing import Any
 
 from elasticd import protocol as p
 from elasticd.core.cadence import Every
-from elasticd.core.env_names import ISLANDS_VAR, RESTARTS_VAR, STEP_OFFSET_VAR
+from elasticd.core.env_names import RESTARTS_VAR, STEP_OFFSET_VAR
 from elasticd.core.errors import ControlPlaneError
 from elasticd.core.failures import Cause
 from elasticd.core.lifecycle import ResizeOutcome, ResizePhase
@@ -31,6 +31,7 @@ from elasticd.scheduler.actions import SendToNode
 from elasticd.scheduler.draining import Drains
 from elasticd.scheduler.events import NodeEvents, select
 from elasticd.scheduler.jobs import Job, JobSpec, JobState
+from elasticd.scheduler.portion_moves import with_islands
 from elasticd.scheduler.portions import Portions
 from elasticd.scheduler.recovery import Recoveries, infrastructure
 from elasticd.scheduler.resizing import Resizes, refused_at
@@ -576,9 +577,7 @@ class SchedulerState:
         # A portion's agents are ranks of the whole job spanning islands, in its layout and process group.
         portion = job.spec.portion
         offset = portion.rank_offset if portion is not None else 0
-        env = self._env(job)
-        if portion is not None and len(portion.islands) > 1:
-            env = {**env, ISLANDS_VAR: ",".join(map(str, portion.islands))}
+        env = self._env(job) if portion is None else with_islands(self._env(job), portion)
         return SendToNode(node, p.LaunchJob(
             job_id=job.job_id, script=job.spec.script, func=job.spec.func,
             workers=portion.workers if portion is not None else job.spec.workers,
