@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 from _benchdaemon import wait_for
-from _benchjob_common import REPO, BenchError, elasticd_cmd, unpin
+from _benchjob_common import REPO, BenchError, elasticd_cmd, tempdir, unpin
 
 from elasticd import protocol as pr
 from elasticd.control_client import Client, Target
@@ -114,3 +116,13 @@ def env_args(steps: int) -> list[str]:
 def ask(sock: Path, msg):
     with Client(Target(f"ipc://{sock}", what=str(sock))) as c:
         return c.request(msg)
+
+
+def alternating(repeats: int, setups: list[tuple[str, Callable[[Path, int], Any]]], steps: int
+                ) -> Iterator[tuple[int, str, Any]]:
+    """Each set-up once per round, in a fresh directory, the order reversed every other round (the machine's
+    drift falls on both alike): (round from 1, set-up name, what it returned)."""
+    for r in range(repeats):
+        for name, fn in (setups if r % 2 == 0 else setups[::-1]):
+            with tempdir() as tmp:
+                yield r + 1, name, fn(Path(tmp), steps)

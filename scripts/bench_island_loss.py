@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from _benchdaemon import wait_for
-from _benchislands import WORKERS, Procs, ask, env_args
-from _benchjob_common import JOB, BenchError, load_average, median, table, tempdir
+from _benchislands import WORKERS, Procs, alternating, ask, env_args
+from _benchjob_common import JOB, BenchError, load_average, median, table
 
 from elasticd import protocol as pr
 
@@ -111,14 +111,11 @@ def two_islands(root: Path, steps: int) -> float:
 def main() -> None:
     rows, times = [], {"one island, node lost": [], "two islands, island lost": []}
     steps = 100_000   # never ends on its own: each round kills it
-    for r in range(ARGS.repeats):
-        order = [("one island, node lost", one_island), ("two islands, island lost", two_islands)]
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
-            with tempdir() as tmp:
-                s = fn(Path(tmp), steps)
-            times[name].append(s)
-            rows.append([str(r + 1), name, f"{s:.2f}"])
-            print(f"round {r + 1}: {name}: a step completed {s:.2f}s after the kill", flush=True)
+    setups = [("one island, node lost", one_island), ("two islands, island lost", two_islands)]
+    for r, name, s in alternating(ARGS.repeats, setups, steps):
+        times[name].append(s)
+        rows.append([str(r), name, f"{s:.2f}"])
+        print(f"round {r}: {name}: a step completed {s:.2f}s after the kill", flush=True)
     print(table(["round", "set-up", "kill -> first step after (s)"], rows))
     print(f"timeouts {ARGS.timeout:.1f}s, snapshots every {ARGS.every} steps; {load_average()}")
     one, two = median(times["one island, node lost"]), median(times["two islands, island lost"])

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from _benchdaemon import wait_for
-from _benchislands import WORKERS, Procs, ask, env_args
-from _benchjob_common import JOB, BenchError, load_average, median, table, tempdir
+from _benchislands import WORKERS, Procs, alternating, ask, env_args
+from _benchjob_common import JOB, BenchError, load_average, median, table
 
 from elasticd import protocol as pr
 
@@ -101,16 +101,13 @@ def main() -> None:
     names = ("one island, node drained", "two islands, island B's node drained")
     rows, stalls = [], {n: [] for n in names}
     steps = 100_000   # never ends on its own: each round ends with its set-up
-    for r in range(ARGS.repeats):
-        order = list(zip(names, (one_island, two_islands), strict=True))
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
-            with tempdir() as tmp:
-                stall, took = fn(Path(tmp), steps)
-            if stall is None:
-                raise BenchError(f"{name}: the move's record has no stall")
-            stalls[name].append(stall)
-            rows.append([str(r + 1), name, f"{stall:.3f}", f"{took:.2f}"])
-            print(f"round {r + 1}: {name}: stall {stall:.3f}s, drain -> moved {took:.2f}s", flush=True)
+    for r, name, (stall, took) in alternating(ARGS.repeats, list(zip(names, (one_island, two_islands), strict=True)),
+                                              steps):
+        if stall is None:
+            raise BenchError(f"{name}: the move's record has no stall")
+        stalls[name].append(stall)
+        rows.append([str(r), name, f"{stall:.3f}", f"{took:.2f}"])
+        print(f"round {r}: {name}: stall {stall:.3f}s, drain -> moved {took:.2f}s", flush=True)
     print(table(["round", "set-up", "stall (s)", "drain -> moved (s)"], rows))
     print(f"4 -> 2 devices, N={WORKERS}; {load_average()}")
     one, two = median(stalls[names[0]]), median(stalls[names[1]])
